@@ -1,0 +1,232 @@
+package sessionstore
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// Key names one session. Session ids are unique within a (tenant, project):
+// two tenants may both have a session called "alice" and never see each other.
+type Key struct {
+	TenantID  string
+	ProjectID string
+	SessionID string
+}
+
+// Session is one registered agent session as the store keeps it.
+type Session struct {
+	Key
+	Surface           string
+	RuntimeMode       string // "stateless" or "sticky"
+	RuntimeModeSource string // "explicit", "adaptive-classifier" or "default"
+	ClientID          string
+	// TokenHash is the SHA-256 of the session token; the token itself is never stored.
+	TokenHash    []byte
+	RegisteredAt time.Time
+	LastSeenAt   time.Time // heartbeats and WebSocket activity; zero when never seen
+	LastVerbAt   time.Time // any authenticated session call; zero when none yet
+	ExpiresAt    time.Time
+	// AssignedInstance is the instance a sticky session is placed on; empty for stateless.
+	AssignedInstance string
+	// QueueInstance is the instance holding the session's WebSocket queue; empty when none.
+	QueueInstance   string
+	QueueAttachedAt time.Time // when QueueInstance attached; zero when none
+	// QueueDetachedAt is when the last queue detached; zero if never attached.
+	// It starts the reconnect grace window.
+	QueueDetachedAt time.Time
+}
+
+// FreshestProofOfLife is max(last_seen_at, last_verb_at, registered_at).
+func (s Session) FreshestProofOfLife() time.Time {
+	t := s.RegisteredAt
+	if s.LastSeenAt.After(t) {
+		t = s.LastSeenAt
+	}
+	if s.LastVerbAt.After(t) {
+		t = s.LastVerbAt
+	}
+	return t
+}
+
+// Touch is a proof-of-life update. Zero times leave their column alone; the
+// store never moves a time backwards.
+type Touch struct {
+	SeenAt    time.Time
+	VerbAt    time.Time
+	ExpiresAt time.Time
+}
+
+// SessionFilter selects sessions for ListSessions. Empty fields match all.
+type SessionFilter struct {
+	TenantID  string
+	ProjectID string
+	Limit     int // 0 means no limit
+}
+
+// APIKey is a project API key as stored: only its hash.
+type APIKey struct {
+	Hash      []byte // SHA-256 of the key
+	TenantID  string
+	ProjectID string
+	CreatedAt time.Time
+}
+
+// Signal is one durable signal addressed to a session.
+type Signal struct {
+	ID          string
+	Seq         int64 // per recipient, from 1, gap-free
+	To          Key
+	FromSession string // sender's session id (same tenant and project as To)
+	Kind        string
+	Payload     json.RawMessage
+	CreatedAt   time.Time
+	// IdempotencyKey is the sender's key, empty when none was given.
+	IdempotencyKey string
+	// Delivery and RouteState record how the send was classified, so that a
+	// duplicate send can answer with the first response.
+	Delivery   string
+	RouteState string
+}
+
+// NewSignal is what AppendSignal stores. The store assigns Seq.
+type NewSignal struct {
+	ID             string
+	To             Key
+	FromSession    string
+	Kind           string
+	Payload        json.RawMessage
+	CreatedAt      time.Time
+	IdempotencyKey string
+	// IdempotencySince bounds the idempotency window: an earlier signal from
+	// the same sender with the same key created at or after it is a duplicate.
+	IdempotencySince time.Time
+	Delivery         string
+	RouteState       string
+}
+
+// Instance is one hub instance as seen in the shared registry.
+type Instance struct {
+	ID              string
+	URL             string
+	Draining        bool
+	StartedAt       time.Time
+	LastHeartbeatAt time.Time
+}
+
+// FallbackEvent records a sticky session taken over by another instance.
+type FallbackEvent struct {
+	Key
+	FromInstance      string
+	ToInstance        string
+	RuntimeMode       string
+	RuntimeModeSource string
+	Reason            string
+	At                time.Time
+}
+
+// Counts are cluster-wide counters kept by the store (fabric summary).
+type Counts struct {
+	Fallbacks                   int64
+	Reassignments               int64
+	AdaptivePlacements          int64
+	AdaptivePlacementMismatches int64
+}
+
+// Counter names one of the Counts.
+type Counter string
+
+// Counter names.
+const (
+	CounterFallbacks                   Counter = "fallbacks"
+	CounterReassignments               Counter = "reassignments"
+	CounterAdaptivePlacements          Counter = "adaptive_placements"
+	CounterAdaptivePlacementMismatches Counter = "adaptive_placement_mismatches"
+)
+
+// Store is the durable registry. Implementations are safe for concurrent use.
+// Every method may also return ErrUnavailable when the backing store cannot
+// be reached; other failures are wrapped internal errors.
+type Store interface {
+	// Ping checks that the store is reachable. Returns ErrUnavailable otherwise.
+	Ping(ctx context.Context) error
+	// Close releases the store's resources.
+	Close() error
+
+	// CreateSession stores a new session. A session with the same key that
+	// expired before now is replaced (its signals and idempotency keys go with
+	// it). Returns ErrConflict when a live session with the key exists, or
+	// when the token hash is already in use.
+	CreateSession(ctx context.Context, s Session, now time.Time) (Session, error)
+	// ResumeSession swaps the token hash of a live session from oldHash to
+	// newHash and applies t. Returns ErrNotFound when no live session has the
+	// key, ErrTokenMismatch when oldHash is not its current hash.
+	ResumeSession(ctx context.Context, k Key, oldHash, newHash []byte, t Touch, now time.Time) (Session, error)
+	// SessionByToken returns the live session whose token hash is h.
+	// Returns ErrNotFound when none.
+	SessionByToken(ctx context.Context, h []byte, now time.Time) (Session, error)
+	// GetSession returns the live session with key k. Returns ErrNotFound when none.
+	GetSession(ctx context.Context, k Key, now time.Time) (Session, error)
+	// ListSessions returns live sessions matching f, ordered by tenant,
+	// project and session id.
+	ListSessions(ctx context.Context, f SessionFilter, now time.Time) ([]Session, error)
+	// TouchSession records proof of life. Returns ErrNotFound when no live
+	// session has the key.
+	TouchSession(ctx context.Context, k Key, t Touch, now time.Time) error
+	// DeleteSession removes a session with its signals. Returns ErrNotFound
+	// when no session has the key.
+	DeleteSession(ctx context.Context, k Key) error
+
+	// SetQueue records that instance holds the session's queue since at.
+	// Returns ErrNotFound when no session has the key.
+	SetQueue(ctx context.Context, k Key, instance string, at time.Time) error
+	// ClearQueue records that the queue detached at at, but only while
+	// instance still holds it (a newer attach elsewhere wins). It reports
+	// whether it cleared anything.
+	ClearQueue(ctx context.Context, k Key, instance string, at time.Time) (bool, error)
+	// AssignInstance sets the sticky assignment of a session. Returns
+	// ErrNotFound when no session has the key.
+	AssignInstance(ctx context.Context, k Key, instance string) error
+
+	// PutAPIKey stores an API key hash. Returns ErrConflict when the hash exists.
+	PutAPIKey(ctx context.Context, k APIKey) error
+	// APIKeyByHash returns the API key with hash h. Returns ErrNotFound when none.
+	APIKeyByHash(ctx context.Context, h []byte) (APIKey, error)
+
+	// AppendSignal stores a signal for a live recipient with the next seq of
+	// that recipient, atomically. When the sender already sent a signal with
+	// the same non-empty idempotency key since IdempotencySince, nothing is
+	// stored and that signal is returned with duplicate true. Returns
+	// ErrNotFound when the recipient is not a live session.
+	AppendSignal(ctx context.Context, s NewSignal, now time.Time) (sig Signal, duplicate bool, err error)
+	// PendingSignals returns the unacknowledged signals of k with seq >
+	// afterSeq, in seq order, at most limit of them.
+	PendingSignals(ctx context.Context, k Key, afterSeq int64, limit int) ([]Signal, error)
+	// AckSignals acknowledges every signal of k with seq <= upToSeq and
+	// returns how many this call acknowledged.
+	AckSignals(ctx context.Context, k Key, upToSeq int64, at time.Time) (int, error)
+	// CountPending returns how many signals of k are unacknowledged.
+	CountPending(ctx context.Context, k Key) (int, error)
+	// DropPending acknowledges every pending signal of k without delivery
+	// (disconnect policy drop) and returns how many.
+	DropPending(ctx context.Context, k Key, at time.Time) (int, error)
+	// Prune deletes signals acknowledged before ackedBefore and sessions
+	// (with all their signals) that expired before expiredBefore. It returns
+	// how many signals and sessions it removed. An acknowledged signal keeps
+	// its idempotency key until pruned, so callers keep acknowledged signals
+	// at least as long as the idempotency window.
+	Prune(ctx context.Context, ackedBefore, expiredBefore time.Time) (signals, sessions int, err error)
+
+	// HeartbeatInstance inserts or updates an instance row.
+	HeartbeatInstance(ctx context.Context, in Instance) error
+	// ListInstances returns every known instance, ordered by id.
+	ListInstances(ctx context.Context) ([]Instance, error)
+	// RecordFallback stores a fallback event and counts it.
+	RecordFallback(ctx context.Context, e FallbackEvent) error
+	// ListFallbacks returns the newest fallback events first, at most limit.
+	ListFallbacks(ctx context.Context, limit int) ([]FallbackEvent, error)
+	// AddCount adds n to a cluster-wide counter.
+	AddCount(ctx context.Context, c Counter, n int64) error
+	// Counts returns the cluster-wide counters.
+	Counts(ctx context.Context) (Counts, error)
+}
