@@ -1,0 +1,242 @@
+package bootstrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// Config says which hub and session the client talks to and what it calls
+// back. HubURL, APIKey and Surface are required; every other field has a
+// default.
+type Config struct {
+	HubURL      string // any hub instance, e.g. http://127.0.0.1:8080
+	APIKey      string
+	SessionID   string // optional: empty lets the hub choose
+	Surface     string // e.g. "claude_code"
+	RuntimeMode string // "", "stateless" or "sticky"
+	ClientID    string
+
+	// OnSignal receives every signal addressed to the session: once per
+	// signal id, in seq order, from one goroutine. The signal is acknowledged
+	// after it returns, so it should return promptly: while it runs, no other
+	// signal is delivered and the WebSocket stops being read. It must not call
+	// Close. Nil drops (and acknowledges) signals.
+	OnSignal func(Signal)
+	// OnAffinityReset is called (from the same goroutine as OnSignal, before
+	// any signal replayed on the new attachment) when the hub says the
+	// session's runtime-local state is gone: rehydrate it.
+	OnAffinityReset func()
+	// Logger receives the client's diagnostics; nil discards them.
+	Logger *slog.Logger
+
+	// ReconnectBaseDelay is the backoff ceiling of the first redial of a
+	// dropped WebSocket; each failed attempt doubles it. Default 250ms.
+	ReconnectBaseDelay time.Duration
+	// ReconnectMaxDelay caps the backoff ceiling. Default 15s. The actual
+	// wait is uniform between zero and the ceiling (full jitter).
+	ReconnectMaxDelay time.Duration
+}
+
+// Client is one registered, attached session. It is safe for concurrent use:
+// Send, Stats and SessionID may be called from any goroutine; Close once
+// stops it.
+type Client struct {
+	cfg       Config
+	hubURL    string
+	log       *slog.Logger
+	transport *http.Transport
+	http      *http.Client
+	backoff   backoff
+
+	ctx       context.Context // ends at Close
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup // every goroutine the client started
+	closeOnce sync.Once
+
+	deliveries chan delivery // to the dispatcher; bounded
+	heal       chan struct{} // cap 1: wakes the supervisor for a self-heal reconnect
+	regMu      sync.Mutex    // serializes (re)registrations
+
+	mu        sync.Mutex
+	sessionID string
+	token     string
+	epoch     uint64        // registration count: a new registration starts seq afresh
+	hbEvery   time.Duration // heartbeat interval from the last registration
+	conn      *websocket.Conn
+	gen       uint64 // connection generation, +1 per successful attach
+	healFor   uint64 // generation for which a self-heal reconnect was requested
+	immediate bool   // the next redial skips the backoff wait
+	stopped   bool   // the supervisor gave up: replaced (4409) or refused by the hub
+
+	highest atomic.Int64 // highest seq handed to OnSignal, for drain
+
+	reconnects, selfHeals, reregistrations atomic.Int64
+}
+
+// Close codes of the hub (docs/api.md, WebSocket).
+const (
+	statusReplaced       websocket.StatusCode = 4409
+	statusSessionExpired websocket.StatusCode = 4410
+)
+
+const (
+	defaultHeartbeat = 20 * time.Second
+	// readLimit bounds one WebSocket message from the hub: a signal's payload
+	// may be 64 KiB by default, larger when the hub allows it.
+	readLimit = 4 << 20
+	// maxWrongInstanceHops bounds how many 409 wrong_instance redirects one
+	// attach follows.
+	maxWrongInstanceHops = 3
+	welcomeTimeout       = 15 * time.Second
+	deliveryQueue        = 64
+)
+
+// errClosed is returned by calls on a closed client.
+var errClosed = fmt.Errorf("bootstrap: client closed: %w", net.ErrClosed)
+
+// Dial registers the session (a new one, or the one named by cfg.SessionID),
+// attaches its WebSocket and starts the heartbeat, read and delivery loops.
+// It returns once the hub has welcomed the connection, or with the error that
+// stopped it (an *Error when the hub answered one). ctx bounds only the dial;
+// the client lives until Close.
+func Dial(ctx context.Context, cfg Config) (*Client, error) {
+	c, err := newClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c.wg.Add(1)
+	go c.dispatch()
+	conn, gen, err := c.connect(ctx)
+	if err != nil {
+		c.cancel()
+		c.wg.Wait()
+		c.transport.CloseIdleConnections()
+		return nil, err
+	}
+	c.wg.Add(2)
+	go c.supervise(conn, gen)
+	go c.heartbeatLoop()
+	return c, nil
+}
+
+func newClient(cfg Config) (*Client, error) {
+	u, err := url.Parse(cfg.HubURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("bootstrap: HubURL %q is not an http(s) URL", cfg.HubURL)
+	}
+	if cfg.APIKey == "" {
+		return nil, errors.New("bootstrap: APIKey is required")
+	}
+	if cfg.Surface == "" {
+		return nil, errors.New("bootstrap: Surface is required")
+	}
+	if cfg.ReconnectBaseDelay < 0 || cfg.ReconnectMaxDelay < 0 {
+		return nil, errors.New("bootstrap: reconnect delays must not be negative")
+	}
+	if cfg.ReconnectBaseDelay == 0 {
+		cfg.ReconnectBaseDelay = defaultReconnectBaseDelay
+	}
+	if cfg.ReconnectMaxDelay == 0 {
+		cfg.ReconnectMaxDelay = max(defaultReconnectMaxDelay, cfg.ReconnectBaseDelay)
+	}
+	if cfg.ReconnectMaxDelay < cfg.ReconnectBaseDelay {
+		return nil, errors.New("bootstrap: ReconnectMaxDelay is below ReconnectBaseDelay")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	// The client owns its transport so that Close can release its idle
+	// connections: nothing of the client outlives Close.
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	c := &Client{
+		cfg:        cfg,
+		hubURL:     strings.TrimRight(cfg.HubURL, "/"),
+		log:        log,
+		transport:  tr,
+		http:       &http.Client{Transport: tr},
+		backoff:    backoff{base: cfg.ReconnectBaseDelay, max: cfg.ReconnectMaxDelay, int63n: rand.Int64N},
+		deliveries: make(chan delivery, deliveryQueue),
+		heal:       make(chan struct{}, 1),
+		sessionID:  cfg.SessionID,
+		hbEvery:    defaultHeartbeat,
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	return c, nil
+}
+
+// SessionID is the session's id, as the hub registered it.
+func (c *Client) SessionID() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sessionID
+}
+
+// Stats returns what the client has done so far to keep its route.
+func (c *Client) Stats() Stats {
+	return Stats{
+		Reconnects:         int(c.reconnects.Load()),
+		SelfHealReconnects: int(c.selfHeals.Load()),
+		Reregistrations:    int(c.reregistrations.Load()),
+	}
+}
+
+// Close closes the WebSocket normally (1000) and stops every goroutine the
+// client started, waiting for them (and for a running OnSignal to return).
+// The session stays registered on the hub until its TTL runs out; signals not
+// yet acknowledged are delivered again to the next client of the session.
+// Close is idempotent and always returns nil.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.cancel()
+		c.wg.Wait()
+		c.transport.CloseIdleConnections()
+	})
+	return nil
+}
+
+// auth is what one session call used: the token, and the registration epoch
+// and connection generation current when it started.
+type auth struct {
+	token      string
+	epoch, gen uint64
+}
+
+func (c *Client) currentAuth() auth {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return auth{token: c.token, epoch: c.epoch, gen: c.gen}
+}
+
+// requestSelfHeal closes the WebSocket of generation gen and has the
+// supervisor run the connect sequence again, unless that was already done or
+// requested for gen: many sends answered sender_route_stale at once cause one
+// reconnect.
+func (c *Client) requestSelfHeal(gen uint64) {
+	c.mu.Lock()
+	if c.ctx.Err() != nil || c.stopped || c.gen > gen || c.healFor >= gen {
+		c.mu.Unlock()
+		return
+	}
+	c.healFor = gen
+	c.immediate = true
+	c.mu.Unlock()
+	c.selfHeals.Add(1)
+	c.log.Info("marconi: sender route stale, reconnecting", "session_id", c.SessionID(), "generation", gen)
+	select {
+	case c.heal <- struct{}{}:
+	default: // a wake-up is already pending
+	}
+}

@@ -1,0 +1,91 @@
+package bootstrap
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestNewClientConfig(t *testing.T) {
+	ok := Config{HubURL: "http://127.0.0.1:8080/", APIKey: "k", Surface: "claude_code"}
+	c, err := newClient(ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.cancel()
+	if c.hubURL != "http://127.0.0.1:8080" {
+		t.Errorf("hubURL = %q, want the trailing slash trimmed", c.hubURL)
+	}
+	if c.backoff.base != 250*time.Millisecond || c.backoff.max != 15*time.Second {
+		t.Errorf("default backoff %v..%v, want 250ms..15s", c.backoff.base, c.backoff.max)
+	}
+	if c.log == nil {
+		t.Error("nil logger not replaced by a discard logger")
+	}
+
+	bad := map[string]Config{
+		"no URL":         {APIKey: "k", Surface: "claude_code"},
+		"ws scheme":      {HubURL: "ws://h", APIKey: "k", Surface: "claude_code"},
+		"no key":         {HubURL: "http://h", Surface: "claude_code"},
+		"no surface":     {HubURL: "http://h", APIKey: "k"},
+		"negative":       {HubURL: "http://h", APIKey: "k", Surface: "codex", ReconnectBaseDelay: -1},
+		"max below base": {HubURL: "http://h", APIKey: "k", Surface: "codex", ReconnectBaseDelay: time.Second, ReconnectMaxDelay: time.Millisecond},
+	}
+	for name, cfg := range bad {
+		if _, err := newClient(cfg); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	big, err := newClient(Config{HubURL: "http://h", APIKey: "k", Surface: "codex", ReconnectBaseDelay: time.Minute})
+	if err != nil {
+		t.Fatalf("base above the default cap with no cap set: %v", err)
+	}
+	defer big.cancel()
+	if big.backoff.max != time.Minute {
+		t.Errorf("cap = %v, want raised to the base", big.backoff.max)
+	}
+}
+
+// Many sends of one connection generation reporting sender_route_stale at
+// once request one reconnect; a late report about a former generation none.
+func TestRequestSelfHealOncePerGeneration(t *testing.T) {
+	c, err := newClient(Config{HubURL: "http://h", APIKey: "k", Surface: "claude_code"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.cancel()
+	c.gen = 3
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.requestSelfHeal(3)
+		}()
+	}
+	wg.Wait()
+	if got := c.Stats().SelfHealReconnects; got != 1 {
+		t.Fatalf("SelfHealReconnects = %d after 50 concurrent reports, want 1", got)
+	}
+	if len(c.heal) != 1 || !c.immediate || c.healFor != 3 {
+		t.Fatalf("wake-ups pending %d, immediate %v, healFor %d; want 1, true, 3", len(c.heal), c.immediate, c.healFor)
+	}
+	<-c.heal
+
+	c.gen = 4 // the reconnect happened
+	c.requestSelfHeal(3)
+	if got := c.Stats().SelfHealReconnects; got != 1 || len(c.heal) != 0 {
+		t.Errorf("a report about generation 3 after generation 4 attached caused a reconnect")
+	}
+	c.requestSelfHeal(4)
+	if got := c.Stats().SelfHealReconnects; got != 2 {
+		t.Errorf("SelfHealReconnects = %d, want 2: the new connection may be healed too", got)
+	}
+
+	c.stopped = true
+	c.gen = 5
+	c.requestSelfHeal(5)
+	if got := c.Stats().SelfHealReconnects; got != 2 {
+		t.Error("a stopped client (replaced by a newer connection) reconnected: it must not fight")
+	}
+}

@@ -1,0 +1,370 @@
+package bootstrap
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// delivery is a batch of signals for the dispatcher, tagged with the
+// registration epoch under which they were received, possibly preceded by an
+// affinity reset.
+type delivery struct {
+	signals       []Signal
+	epoch         uint64
+	affinityReset bool
+}
+
+// connect runs the bootstrap connect sequence: register (or resume), attach
+// the WebSocket, wait for the welcome. It returns the attached connection and
+// its generation.
+func (c *Client) connect(ctx context.Context) (*websocket.Conn, uint64, error) {
+	if err := c.register(ctx); err != nil {
+		return nil, 0, err
+	}
+	a := c.currentAuth()
+	conn, gen, err := c.attach(ctx)
+	var he *Error
+	if errors.As(err, &he) && he.Code == codeSessionExpired {
+		if err := c.reregister(ctx, a.token); err != nil {
+			return nil, 0, err
+		}
+		conn, gen, err = c.attach(ctx)
+	}
+	return conn, gen, err
+}
+
+// attach opens GET /v1/ws with the session token, following 409
+// wrong_instance to the instance that holds the session, and waits for the
+// welcome. The connection becomes the client's current one.
+func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
+	base := c.hubURL
+	for hop := 0; ; hop++ {
+		a := c.currentAuth()
+		conn, resp, err := websocket.Dial(ctx, base+"/v1/ws", &websocket.DialOptions{
+			HTTPClient: c.http,
+			HTTPHeader: http.Header{"Authorization": {"Bearer " + a.token}},
+		})
+		if err != nil {
+			if resp == nil || resp.StatusCode == http.StatusSwitchingProtocols {
+				return nil, 0, fmt.Errorf("bootstrap: attach %s: %w", base, err)
+			}
+			var body []byte
+			if resp.Body != nil {
+				body, _ = io.ReadAll(resp.Body)
+			}
+			he := decodeError(resp.StatusCode, body)
+			if he.Code == codeWrongInstance && he.instanceURL != "" && hop < maxWrongInstanceHops {
+				c.log.Debug("marconi: following wrong_instance", "instance_url", he.instanceURL)
+				base = trimSlash(he.instanceURL)
+				continue
+			}
+			return nil, 0, he
+		}
+		conn.SetReadLimit(readLimit)
+		w, err := readWelcome(ctx, conn)
+		if err != nil {
+			_ = conn.CloseNow()
+			return nil, 0, err
+		}
+		c.mu.Lock()
+		c.conn = conn
+		c.gen++
+		gen := c.gen
+		c.immediate = false
+		c.mu.Unlock()
+		c.log.Info("marconi: attached", "session_id", w.SessionID, "instance_id", w.InstanceID,
+			"resumed", w.Resumed, "affinity_reset", w.AffinityReset, "replayed", w.Replayed, "generation", gen)
+		if w.AffinityReset {
+			if w.Dropped > 0 {
+				c.log.Warn("marconi: affinity reset dropped signals", "dropped", w.Dropped)
+			}
+			c.enqueue(ctx, delivery{affinityReset: true, epoch: a.epoch})
+		}
+		return conn, gen, nil
+	}
+}
+
+func trimSlash(s string) string {
+	for len(s) > 0 && s[len(s)-1] == '/' {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// welcome is the first frame of an attached WebSocket.
+type welcome struct {
+	SessionID     string `json:"session_id"`
+	InstanceID    string `json:"instance_id"`
+	Resumed       bool   `json:"resumed"`
+	AffinityReset bool   `json:"affinity_reset"`
+	Replayed      int    `json:"replayed"`
+	Dropped       int    `json:"dropped"`
+}
+
+func readWelcome(ctx context.Context, conn *websocket.Conn) (welcome, error) {
+	ctx, cancel := context.WithTimeout(ctx, welcomeTimeout)
+	defer cancel()
+	_, data, err := conn.Read(ctx)
+	if err != nil {
+		return welcome{}, fmt.Errorf("bootstrap: wait for welcome: %w", err)
+	}
+	var w struct {
+		Type string `json:"type"`
+		welcome
+	}
+	if err := json.Unmarshal(data, &w); err != nil || w.Type != "welcome" {
+		return welcome{}, fmt.Errorf("bootstrap: first frame is not a welcome: %.100s", data)
+	}
+	return w.welcome, nil
+}
+
+// supervise owns the WebSocket: it runs a reader for the current connection
+// and, when the connection ends, decides whether and how to connect again.
+func (c *Client) supervise(conn *websocket.Conn, gen uint64) {
+	defer c.wg.Done()
+	for {
+		a := c.currentAuth()
+		readDone := make(chan error, 1)
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			readDone <- c.readLoop(conn, a.epoch)
+		}()
+		var err error
+	wait:
+		for {
+			select {
+			case err = <-readDone:
+				break wait
+			case <-c.heal:
+				c.mu.Lock()
+				forThis := c.healFor >= gen // not a request about a former connection
+				c.mu.Unlock()
+				if forThis {
+					_ = conn.Close(websocket.StatusNormalClosure, "self-heal reconnect")
+				}
+			case <-c.ctx.Done():
+				_ = conn.Close(websocket.StatusNormalClosure, "client closed")
+				<-readDone
+				c.detach(gen)
+				return
+			}
+		}
+		_ = conn.CloseNow()
+		c.detach(gen)
+		if c.ctx.Err() != nil {
+			return
+		}
+		c.mu.Lock()
+		immediate := c.immediate
+		c.mu.Unlock()
+		status := websocket.CloseStatus(err)
+		if !immediate {
+			switch status {
+			case statusReplaced:
+				c.stop()
+				c.log.Warn("marconi: connection replaced by a newer one of this session; not redialing")
+				return
+			case statusSessionExpired:
+				if rerr := c.reregister(c.ctx, a.token); rerr != nil {
+					c.log.Warn("marconi: re-register after 4410 failed", "err", rerr)
+				}
+			}
+		}
+		c.log.Info("marconi: WebSocket ended, reconnecting", "status", int(status), "err", err, "immediate", immediate)
+		var ok bool
+		if conn, gen, ok = c.redial(); !ok {
+			c.stop()
+			return
+		}
+	}
+}
+
+// stop records that the supervisor gave the session up (replaced, or refused
+// by the hub): no more reconnects and heartbeats.
+func (c *Client) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
+}
+
+// detach forgets the connection of generation gen.
+func (c *Client) detach(gen uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen == gen {
+		c.conn = nil
+	}
+}
+
+// readLoop reads the hub's frames until the connection ends and hands the
+// signals to the dispatcher. It returns the error that ended the connection.
+func (c *Client) readLoop(conn *websocket.Conn, epoch uint64) error {
+	for {
+		// Not c.ctx: a cancelled read closes the connection abruptly; the
+		// supervisor closes it normally instead, which ends this read.
+		_, data, err := conn.Read(context.Background())
+		if err != nil {
+			return err
+		}
+		var f frame
+		if err := json.Unmarshal(data, &f); err != nil {
+			c.log.Warn("marconi: undecodable frame", "err", err)
+			continue
+		}
+		if f.Type != "signal" {
+			c.log.Debug("marconi: ignoring frame", "type", f.Type)
+			continue
+		}
+		if !c.enqueue(c.ctx, delivery{signals: []Signal{f.Signal}, epoch: epoch}) {
+			return c.ctx.Err()
+		}
+	}
+}
+
+// redial attaches again, waiting between attempts with backoff and draining
+// while the WebSocket is down, until it is attached (true), the client
+// closes, or the hub refuses for good (false).
+func (c *Client) redial() (*websocket.Conn, uint64, bool) {
+	for attempt := 0; ; attempt++ {
+		c.mu.Lock()
+		immediate := c.immediate
+		c.mu.Unlock()
+		if !immediate {
+			c.drain(c.ctx)
+			if !c.wait(c.backoff.delay(attempt)) {
+				return nil, 0, false
+			}
+		}
+		conn, gen, err := c.connect(c.ctx)
+		if err == nil {
+			c.reconnects.Add(1)
+			return conn, gen, true
+		}
+		if c.ctx.Err() != nil {
+			return nil, 0, false
+		}
+		c.mu.Lock()
+		c.immediate = false
+		c.mu.Unlock()
+		if permanent(err) {
+			c.log.Error("marconi: hub refuses the session; giving up reconnecting", "err", err)
+			return nil, 0, false
+		}
+		c.log.Warn("marconi: reconnect failed", "attempt", attempt, "err", err)
+	}
+}
+
+// permanent reports whether err is an answer that retrying cannot change: a
+// bad request, a credential refused, a session that belongs to someone else.
+func permanent(err error) bool {
+	var he *Error
+	if !errors.As(err, &he) {
+		return false
+	}
+	switch he.Status {
+	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
+		return true
+	}
+	return false
+}
+
+// wait sleeps d, cut short by a self-heal request; false when the client closes.
+func (c *Client) wait(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-c.ctx.Done():
+		return false
+	case <-c.heal:
+		return true
+	case <-t.C:
+		return true
+	}
+}
+
+// enqueue hands d to the dispatcher; false when ctx or the client ended first
+// (the signals stay unacknowledged on the hub and come again).
+func (c *Client) enqueue(ctx context.Context, d delivery) bool {
+	select {
+	case c.deliveries <- d:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-c.ctx.Done():
+		return false
+	}
+}
+
+// ackEvery bounds how many deliveries may be handled before an ack is sent
+// even though more are queued.
+const ackEvery = 32
+
+// dispatch is the one goroutine that calls OnSignal and OnAffinityReset. It
+// acknowledges what it delivered after the handler returned: at once when no
+// other delivery is queued, else at least every ackEvery deliveries.
+func (c *Client) dispatch() {
+	defer c.wg.Done()
+	seq := newSequencer(defaultSeenIDs)
+	unacked := 0
+	for {
+		var d delivery
+		select {
+		case <-c.ctx.Done():
+			return
+		case d = <-c.deliveries:
+		}
+		if d.affinityReset && d.epoch >= seq.epoch && c.cfg.OnAffinityReset != nil {
+			c.cfg.OnAffinityReset()
+		}
+		for _, s := range d.signals {
+			if !seq.accept(d.epoch, s) {
+				continue
+			}
+			c.highest.Store(s.Seq)
+			if c.cfg.OnSignal != nil {
+				c.cfg.OnSignal(s)
+			}
+		}
+		if len(d.signals) > 0 && d.epoch == seq.epoch {
+			unacked++
+		}
+		if unacked > 0 && (len(c.deliveries) == 0 || unacked >= ackEvery) {
+			c.ack(seq.epoch, seq.highest)
+			unacked = 0
+		}
+	}
+}
+
+// ack acknowledges every signal up to upTo: on the WebSocket when attached,
+// else over HTTP. A failed ack is only logged: the signals come again and are
+// deduplicated.
+func (c *Client) ack(epoch uint64, upTo int64) {
+	if upTo <= 0 {
+		return
+	}
+	c.mu.Lock()
+	conn, current := c.conn, c.epoch
+	c.mu.Unlock()
+	if epoch != current {
+		return // the registration these signals belonged to is gone
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	defer cancel()
+	if conn != nil {
+		frame, _ := json.Marshal(ackRequest{Type: "ack", UpToSeq: upTo})
+		if err := conn.Write(ctx, websocket.MessageText, frame); err == nil {
+			return
+		}
+	}
+	if _, err := c.sessionCall(ctx, http.MethodPost, "/v1/signals/ack", ackRequest{UpToSeq: upTo}, nil); err != nil && c.ctx.Err() == nil {
+		c.log.Warn("marconi: ack failed", "up_to_seq", upTo, "err", err)
+	}
+}

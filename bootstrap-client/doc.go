@@ -1,0 +1,31 @@
+// Package bootstrap is the Go client of the Marconi hub: it registers (or
+// resumes) a session, holds the session's one WebSocket ("bootstrap"
+// connection), heartbeats, sends signals over HTTP and hands every signal
+// addressed to the session to one handler.
+//
+// It shares nothing with the hub but the wire contract (docs/api.md): it
+// imports no server package. What it does on each hub answer:
+//
+//   - sender_route_stale: true in a send answer: the hub has no queue for this
+//     session although it is alive (SPEC-168 AC-4). The client closes its
+//     WebSocket and runs the connect sequence again, once per connection even
+//     when many concurrent sends report it.
+//   - recipient_route_stale: true alone: logged; the recipient repairs its own
+//     route on its next send.
+//   - a dropped WebSocket: redialed with exponential backoff and full jitter
+//     (Config.ReconnectBaseDelay, Config.ReconnectMaxDelay); close code 1012
+//     (hub restarting) and abnormal closes included. While it is down, the
+//     client drains its signals over HTTP.
+//   - close code 4409 (replaced by a newer connection of this session): not
+//     redialed; the client does not fight the newer connection.
+//   - 410 session_expired from any call, or close code 4410: the same
+//     session_id is registered again and the WebSocket reattached.
+//   - welcome with affinity_reset: true: Config.OnAffinityReset is called; the
+//     application rehydrates its runtime-local state.
+//
+// Delivery is at least once on the wire; the client turns it into once per
+// signal id for the handler: signals from the WebSocket, from drain and from
+// piggyback (pending in send and heartbeat answers) reach Config.OnSignal in
+// seq order, each id once, from a single goroutine, and are acknowledged after
+// the handler returns.
+package bootstrap

@@ -1,0 +1,267 @@
+package bootstrap
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// maxAnswer bounds how much of one HTTP answer the client reads: a drain or
+// piggyback page of 50 signals of 64 KiB each fits with room to spare.
+const maxAnswer = 16 << 20
+
+// drainLimit is the page size of GET /v1/signals.
+const drainLimit = 50
+
+// do performs one JSON call on the hub with the given bearer credential. A
+// non-2xx answer comes back as *Error; out is filled from a 2xx body.
+func (c *Client) do(ctx context.Context, method, path, bearer string, header http.Header, in, out any) (int, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return 0, fmt.Errorf("bootstrap: encode %s %s: %w", method, path, err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.hubURL+path, body)
+	if err != nil {
+		return 0, fmt.Errorf("bootstrap: %s %s: %w", method, path, err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	req.Header.Set("Authorization", "Bearer "+bearer)
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("bootstrap: %s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	if err != nil {
+		return resp.StatusCode, fmt.Errorf("bootstrap: read answer to %s %s: %w", method, path, err)
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return resp.StatusCode, decodeError(resp.StatusCode, data)
+	}
+	if out != nil && len(data) > 0 {
+		if err := json.Unmarshal(data, out); err != nil {
+			return resp.StatusCode, fmt.Errorf("bootstrap: decode answer to %s %s: %w", method, path, err)
+		}
+	}
+	return resp.StatusCode, nil
+}
+
+// sessionCall performs a call with the session token. When the token turned
+// out to be rotated meanwhile by a resume (401), or the session is gone (410
+// session_expired, after which the same session_id is registered again), the
+// call is made once more with the new token.
+func (c *Client) sessionCall(ctx context.Context, method, path string, in, out any) (auth, error) {
+	for retried := false; ; retried = true {
+		a := c.currentAuth()
+		_, err := c.do(ctx, method, path, a.token, nil, in, out)
+		var he *Error
+		if err == nil || retried || !errors.As(err, &he) {
+			return a, err
+		}
+		switch {
+		case he.Status == http.StatusUnauthorized && c.currentAuth().token != a.token:
+			continue
+		case he.Code == codeSessionExpired:
+			if rerr := c.reregister(ctx, a.token); rerr != nil {
+				return a, errors.Join(err, rerr)
+			}
+			continue
+		}
+		return a, err
+	}
+}
+
+// register registers the session, or resumes it when the client holds a
+// token (X-Marconi-Session-Token). A resume of a session the hub no longer
+// knows becomes a registration of the same session_id.
+func (c *Client) register(ctx context.Context) error {
+	c.regMu.Lock()
+	defer c.regMu.Unlock()
+	c.mu.Lock()
+	id, token := c.sessionID, c.token
+	c.mu.Unlock()
+	res, status, err := c.postRegister(ctx, id, token)
+	var he *Error
+	if token != "" && errors.As(err, &he) && he.Code == codeSessionExpired {
+		res, status, err = c.postRegister(ctx, id, "")
+	}
+	if err != nil {
+		return err
+	}
+	c.adopt(res, status == http.StatusCreated)
+	if token != "" && status == http.StatusCreated {
+		c.reregistrations.Add(1)
+		c.log.Warn("marconi: session was gone, registered again", "session_id", res.SessionID)
+	}
+	return nil
+}
+
+// reregister registers the session_id again after the hub answered 410
+// session_expired to a call made with token stale. Only the first of several
+// concurrent callers registers; the others find the token changed and return.
+// The WebSocket of the old registration is closed so the supervisor attaches
+// anew right away.
+func (c *Client) reregister(ctx context.Context, stale string) error {
+	c.regMu.Lock()
+	defer c.regMu.Unlock()
+	c.mu.Lock()
+	id, token := c.sessionID, c.token
+	c.mu.Unlock()
+	if token != stale {
+		return nil
+	}
+	res, status, err := c.postRegister(ctx, id, "")
+	if err != nil {
+		return fmt.Errorf("bootstrap: register session %s again: %w", id, err)
+	}
+	c.adopt(res, status == http.StatusCreated)
+	c.reregistrations.Add(1)
+	c.log.Warn("marconi: session expired, registered again", "session_id", res.SessionID)
+	c.mu.Lock()
+	conn := c.conn
+	c.immediate = true
+	c.mu.Unlock()
+	if conn != nil {
+		_ = conn.CloseNow() // it belongs to the registration that is gone
+	}
+	return nil
+}
+
+func (c *Client) postRegister(ctx context.Context, id, token string) (registerResponse, int, error) {
+	var h http.Header
+	if token != "" {
+		h = http.Header{"X-Marconi-Session-Token": {token}}
+	}
+	req := registerRequest{SessionID: id, Surface: c.cfg.Surface, RuntimeMode: c.cfg.RuntimeMode, ClientID: c.cfg.ClientID}
+	var res registerResponse
+	status, err := c.do(ctx, http.MethodPost, "/v1/sessions", c.cfg.APIKey, h, req, &res)
+	if err == nil && res.Token == "" {
+		err = fmt.Errorf("bootstrap: register answered %d without a token", status)
+	}
+	return res, status, err
+}
+
+// adopt takes a registration answer as the client's current session. A new
+// registration (created) starts a new epoch: the hub numbers its signals
+// afresh.
+func (c *Client) adopt(res registerResponse, created bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sessionID = res.SessionID
+	c.token = res.Token
+	if created {
+		c.epoch++
+	}
+	if res.HeartbeatIntervalSeconds > 0 {
+		c.hbEvery = time.Duration(res.HeartbeatIntervalSeconds) * time.Second
+	}
+}
+
+// Send sends a signal to the session to. kind may be empty (the hub's
+// default, "signal"); payload is encoded as JSON. The answer is returned as a
+// SendResult; signals waiting for this session that came with it (piggyback)
+// go to OnSignal. When the hub says sender_route_stale, Send has already
+// started the reconnect when it returns. Errors of the hub are *Error.
+func (c *Client) Send(ctx context.Context, to, kind string, payload any) (SendResult, error) {
+	if c.ctx.Err() != nil {
+		return SendResult{}, errClosed
+	}
+	raw, err := json.Marshal(payload)
+	if err != nil {
+		return SendResult{}, fmt.Errorf("bootstrap: encode payload: %w", err)
+	}
+	var resp sendResponse
+	a, err := c.sessionCall(ctx, http.MethodPost, "/v1/signals", sendRequest{ToSession: to, Kind: kind, Payload: raw}, &resp)
+	if err != nil {
+		return SendResult{}, err
+	}
+	res := resp.result()
+	if len(resp.Pending) > 0 {
+		c.enqueue(ctx, delivery{signals: resp.Pending, epoch: a.epoch})
+	}
+	if res.RecipientRouteStale {
+		c.log.Info("marconi: recipient route stale; it repairs on its own next send",
+			"to_session", to, "signal_id", res.SignalID, "selfheal_outcome", res.SelfhealOutcome)
+	}
+	if res.SenderRouteStale {
+		c.requestSelfHeal(a.gen)
+	}
+	return res, nil
+}
+
+// heartbeatLoop proves the session alive every heartbeat interval and hands
+// the pending signals of each answer to the dispatcher.
+func (c *Client) heartbeatLoop() {
+	defer c.wg.Done()
+	t := time.NewTimer(c.heartbeatEvery())
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		stopped := c.stopped
+		c.mu.Unlock()
+		if stopped {
+			return // replaced: the newer connection keeps the session alive; refused: pointless
+		}
+		every := c.heartbeatEvery()
+		c.heartbeat(every)
+		t.Reset(c.heartbeatEvery())
+	}
+}
+
+func (c *Client) heartbeatEvery() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hbEvery
+}
+
+func (c *Client) heartbeat(timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(c.ctx, timeout)
+	defer cancel()
+	var res heartbeatResponse
+	a, err := c.sessionCall(ctx, http.MethodPost, "/v1/heartbeat", nil, &res)
+	if err != nil {
+		if c.ctx.Err() == nil {
+			c.log.Warn("marconi: heartbeat failed", "err", err)
+		}
+		return
+	}
+	c.log.Debug("marconi: heartbeat", "route_state", res.RouteState, "pending", len(res.Pending))
+	if len(res.Pending) > 0 {
+		c.enqueue(ctx, delivery{signals: res.Pending, epoch: a.epoch})
+	}
+}
+
+// drain fetches, while the WebSocket is down, the signals the hub holds for
+// this session beyond the highest one delivered.
+func (c *Client) drain(ctx context.Context) {
+	var res drainResponse
+	path := "/v1/signals?after_seq=" + strconv.FormatInt(c.highest.Load(), 10) + "&limit=" + strconv.Itoa(drainLimit)
+	a, err := c.sessionCall(ctx, http.MethodGet, path, nil, &res)
+	if err != nil {
+		c.log.Debug("marconi: drain failed", "err", err)
+		return
+	}
+	if len(res.Signals) > 0 {
+		c.enqueue(ctx, delivery{signals: res.Signals, epoch: a.epoch})
+	}
+}

@@ -1,0 +1,166 @@
+package bootstrap
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Error is an error answered by the hub: the HTTP status and the stable code
+// and message of its {"error": {...}} body (see docs/api.md for the codes).
+// Use errors.As to get it from an error returned by this package.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+
+	// instanceURL is set on 409 wrong_instance: where the session's queue lives.
+	instanceURL string
+}
+
+// Error formats the hub's answer.
+func (e *Error) Error() string {
+	return fmt.Sprintf("marconi hub: %d %s: %s", e.Status, e.Code, e.Message)
+}
+
+// Error codes the client acts on.
+const (
+	codeSessionExpired = "session_expired"
+	codeWrongInstance  = "wrong_instance"
+	// codeUnexpected is the code of an *Error built from an answer that did not
+	// carry the hub's error body (a proxy's page, an empty body).
+	codeUnexpected = "unexpected_response"
+)
+
+// decodeError turns a non-2xx answer into an *Error. It never fails: a body
+// that is not the hub's error object still yields the status.
+func decodeError(status int, body []byte) *Error {
+	var w struct {
+		Error struct {
+			Code        string  `json:"code"`
+			Message     string  `json:"message"`
+			InstanceURL *string `json:"instance_url"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &w); err != nil || w.Error.Code == "" {
+		msg := strings.TrimSpace(string(body))
+		if len(msg) > 200 {
+			msg = msg[:200]
+		}
+		if msg == "" {
+			msg = http.StatusText(status)
+		}
+		return &Error{Status: status, Code: codeUnexpected, Message: msg}
+	}
+	e := &Error{Status: status, Code: w.Error.Code, Message: w.Error.Message}
+	if w.Error.InstanceURL != nil {
+		e.instanceURL = *w.Error.InstanceURL
+	}
+	return e
+}
+
+// Signal is one signal addressed to this session, as the hub delivers it.
+type Signal struct {
+	ID          string          `json:"id"`
+	FromSession string          `json:"from_session"`
+	ToSession   string          `json:"to_session"`
+	Kind        string          `json:"kind"`
+	Seq         int64           `json:"seq"`
+	Payload     json.RawMessage `json:"payload"`
+	CreatedAt   time.Time       `json:"created_at"`
+}
+
+// SendResult is the hub's answer to a send. The self-heal fields are what the
+// hub observed (SPEC-168); the client has already acted on SenderRouteStale
+// when Send returns. SelfhealOutcome is "" when the hub sent null.
+type SendResult struct {
+	SignalID, Delivery, RecipientRouteState, SelfhealOutcome string
+	Seq                                                      int64
+	RecipientRouteStale, SenderRouteStale, Duplicate         bool
+}
+
+// Stats counts what the client did to keep its route. Reconnects counts every
+// successful reattachment after the first, whatever the cause;
+// SelfHealReconnects counts the reconnects started by a send answered with
+// sender_route_stale; Reregistrations counts the times the session had to be
+// registered again because the hub no longer knew it.
+type Stats struct{ Reconnects, SelfHealReconnects, Reregistrations int }
+
+// sendRequest is the body of POST /v1/signals.
+type sendRequest struct {
+	ToSession string          `json:"to_session"`
+	Kind      string          `json:"kind,omitempty"`
+	Payload   json.RawMessage `json:"payload"`
+}
+
+// sendResponse is the hub's 200 answer to POST /v1/signals.
+type sendResponse struct {
+	SignalID            string   `json:"signal_id"`
+	Seq                 int64    `json:"seq"`
+	Delivery            string   `json:"delivery"`
+	RecipientRouteState string   `json:"recipient_route_state"`
+	SelfhealOutcome     *string  `json:"selfheal_outcome"`
+	RecipientRouteStale bool     `json:"recipient_route_stale"`
+	SenderRouteStale    bool     `json:"sender_route_stale"`
+	Duplicate           bool     `json:"duplicate"`
+	Pending             []Signal `json:"pending"`
+}
+
+func (r sendResponse) result() SendResult {
+	res := SendResult{
+		SignalID:            r.SignalID,
+		Delivery:            r.Delivery,
+		RecipientRouteState: r.RecipientRouteState,
+		Seq:                 r.Seq,
+		RecipientRouteStale: r.RecipientRouteStale,
+		SenderRouteStale:    r.SenderRouteStale,
+		Duplicate:           r.Duplicate,
+	}
+	if r.SelfhealOutcome != nil {
+		res.SelfhealOutcome = *r.SelfhealOutcome
+	}
+	return res
+}
+
+// registerRequest is the body of POST /v1/sessions.
+type registerRequest struct {
+	SessionID   string `json:"session_id,omitempty"`
+	Surface     string `json:"surface"`
+	RuntimeMode string `json:"runtime_mode,omitempty"`
+	ClientID    string `json:"client_id,omitempty"`
+}
+
+// registerResponse is the part of the hub's answer to POST /v1/sessions the
+// client uses.
+type registerResponse struct {
+	SessionID                string `json:"session_id"`
+	Token                    string `json:"token"`
+	HeartbeatIntervalSeconds int    `json:"heartbeat_interval_seconds"`
+}
+
+// heartbeatResponse is the part of the answer to POST /v1/heartbeat the client uses.
+type heartbeatResponse struct {
+	RouteState string   `json:"route_state"`
+	Pending    []Signal `json:"pending"`
+}
+
+// drainResponse is the answer to GET /v1/signals.
+type drainResponse struct {
+	Signals      []Signal `json:"signals"`
+	NextAfterSeq int64    `json:"next_after_seq"`
+}
+
+// ackRequest is both the body of POST /v1/signals/ack and, with Type "ack",
+// the WebSocket ack frame.
+type ackRequest struct {
+	Type    string `json:"type,omitempty"`
+	UpToSeq int64  `json:"up_to_seq"`
+}
+
+// frame is one message from the hub on the WebSocket after the welcome.
+type frame struct {
+	Type string `json:"type"`
+	Signal
+}
