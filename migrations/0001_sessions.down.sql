@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS api_keys;
+DROP TABLE IF EXISTS sessions;

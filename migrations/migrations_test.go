@@ -1,0 +1,157 @@
+package migrations_test
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/marconihub/marconi/internal/pgtest"
+	"github.com/marconihub/marconi/migrations"
+)
+
+// latestOnDisk is the highest NNNN of the *.up.sql files beside this test.
+func latestOnDisk(t *testing.T) uint {
+	t.Helper()
+	entries, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var latest uint
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".up.sql") {
+			continue
+		}
+		n, err := strconv.ParseUint(name[:strings.IndexByte(name, '_')], 10, 32)
+		if err != nil {
+			t.Fatalf("migration %s: %v", name, err)
+		}
+		latest = max(latest, uint(n))
+	}
+	if latest == 0 {
+		t.Fatal("no migrations found")
+	}
+	return latest
+}
+
+func tablesIn(t *testing.T, ctx context.Context, conn *pgx.Conn) map[string]bool {
+	t.Helper()
+	rows, err := conn.Query(ctx, `SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, n := range names {
+		got[n] = true
+	}
+	return got
+}
+
+func TestUpDownUp(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptySchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	if v, dirty, err := migrations.Version(u); err != nil || v != 0 || dirty {
+		t.Fatalf("Version on an empty schema = %d, %v, %v; want 0, false, nil", v, dirty, err)
+	}
+	if err := migrations.Up(ctx, u); err != nil {
+		t.Fatalf("Up: %v", err)
+	}
+	if err := migrations.Up(ctx, u); err != nil {
+		t.Fatalf("second Up (no change) must succeed: %v", err)
+	}
+	if err := migrations.Down(ctx, u); err != nil {
+		t.Fatalf("Down: %v", err)
+	}
+	if v, dirty, err := migrations.Version(u); err != nil || v != 0 || dirty {
+		t.Fatalf("Version after Down = %d, %v, %v; want 0, false, nil", v, dirty, err)
+	}
+
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, table := range []string{"sessions", "api_keys", "signals", "instances", "fallback_events", "counters"} {
+		if tablesIn(t, ctx, conn)[table] {
+			t.Errorf("table %s survived Down", table)
+		}
+	}
+
+	if err := migrations.Up(ctx, u); err != nil {
+		t.Fatalf("Up after Down: %v", err)
+	}
+	want := latestOnDisk(t)
+	if v, dirty, err := migrations.Version(u); err != nil || v != want || dirty {
+		t.Fatalf("Version = %d, %v, %v; want %d, false, nil", v, dirty, err, want)
+	}
+
+	// Everything, golang-migrate's own table included, is in the test schema.
+	tables := tablesIn(t, ctx, conn)
+	for _, table := range []string{"sessions", "api_keys", "signals", "instances", "fallback_events", "counters", "schema_migrations"} {
+		if !tables[table] {
+			t.Errorf("table %s missing from the test schema (have %v)", table, tables)
+		}
+	}
+
+	// The schema works: a session, a signal for it, and the cascade on delete.
+	now := time.Now()
+	if _, err := conn.Exec(ctx, `INSERT INTO sessions (tenant_id, project_id, session_id, token_hash, registered_at, expires_at)
+		VALUES ('t', 'p', 'bob', '\x01', $1, $2)`, now, now.Add(time.Hour)); err != nil {
+		t.Fatalf("insert session: %v", err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, payload, created_at)
+		VALUES ('t', 'p', 'bob', 1, 'sig-1', 'alice', 'k', '{"a":1}', $1)`, now); err != nil {
+		t.Fatalf("insert signal: %v", err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, created_at)
+		VALUES ('t', 'p', 'nobody', 1, 'sig-2', 'alice', 'k', $1)`, now); err == nil {
+		t.Error("a signal for a session that does not exist was accepted")
+	}
+	if _, err := conn.Exec(ctx, `DELETE FROM sessions WHERE session_id = 'bob'`); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM signals`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("signals after deleting their recipient = %d, %v; want 0 (cascade)", n, err)
+	}
+}
+
+func TestDriverURL(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"postgres://u@h:5432/db?sslmode=disable", "pgx5://u@h:5432/db?connect_timeout=5&sslmode=disable"},
+		{"postgresql://u@h/db?connect_timeout=2", "pgx5://u@h/db?connect_timeout=2"},
+		{"postgres://u@h/db?search_path=t_1", "pgx5://u@h/db?connect_timeout=5&search_path=t_1"},
+	} {
+		got, err := migrations.DriverURL(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("DriverURL(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"mysql://h/db", "host=h dbname=db", "://"} {
+		if _, err := migrations.DriverURL(bad); err == nil {
+			t.Errorf("DriverURL(%q) succeeded; want an error", bad)
+		}
+	}
+}
+
+func TestUpUnreachableFailsFast(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// Port 1 on loopback refuses at once.
+	if err := migrations.Up(ctx, "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable"); err == nil {
+		t.Fatal("Up against a closed port succeeded")
+	}
+}
