@@ -1,0 +1,599 @@
+package memstore
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+// MaxFallbackEvents is how many fallback events the store keeps: the most
+// recently recorded ones. Counts.Fallbacks still counts every event.
+const MaxFallbackEvents = 1000
+
+var _ sessionstore.Store = (*Store)(nil)
+
+// Store is an in-memory sessionstore.Store. Nothing is durable and it serves
+// one hub instance only. It is safe for concurrent use: one mutex guards
+// everything. Times are kept truncated to the microsecond, as Postgres keeps
+// them, so that both stores answer alike. Byte slices and payloads are copied
+// in and out, so callers never share the store's memory.
+type Store struct {
+	mu        sync.Mutex
+	closed    bool
+	sessions  map[sessionstore.Key]*session
+	byToken   map[string]sessionstore.Key // token hash -> key, for every stored session
+	apiKeys   map[string]sessionstore.APIKey
+	instances map[string]sessionstore.Instance
+	fallbacks []sessionstore.FallbackEvent // in recording order, at most MaxFallbackEvents
+	counts    sessionstore.Counts
+}
+
+// session is a stored session with the signals addressed to it.
+type session struct {
+	s       sessionstore.Session
+	lastSeq int64     // last seq given out; survives pruning
+	signals []*signal // ascending seq
+}
+
+type signal struct {
+	sig     sessionstore.Signal
+	ackedAt time.Time // zero while pending
+}
+
+// New returns an empty store.
+func New() *Store {
+	return &Store{
+		sessions:  make(map[sessionstore.Key]*session),
+		byToken:   make(map[string]sessionstore.Key),
+		apiKeys:   make(map[string]sessionstore.APIKey),
+		instances: make(map[string]sessionstore.Instance),
+	}
+}
+
+var errClosed = fmt.Errorf("memstore: closed: %w", sessionstore.ErrUnavailable)
+
+// lock takes the mutex, or reports the store closed. On nil the caller must unlock.
+func (m *Store) lock() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return errClosed
+	}
+	return nil
+}
+
+// ts truncates a time to the microsecond and drops its monotonic reading.
+func ts(t time.Time) time.Time { return t.Truncate(time.Microsecond) }
+
+// live reports whether a session is live at now: it expired only when its
+// expiry is before now.
+func live(s *session, now time.Time) bool { return !s.s.ExpiresAt.Before(now) }
+
+func cloneSession(s sessionstore.Session) sessionstore.Session {
+	s.TokenHash = bytes.Clone(s.TokenHash)
+	return s
+}
+
+func cloneSignal(s sessionstore.Signal) sessionstore.Signal {
+	s.Payload = bytes.Clone(s.Payload)
+	return s
+}
+
+// later returns the later of cur and t; a zero t leaves cur alone.
+func later(cur, t time.Time) time.Time {
+	if t.IsZero() || !t.After(cur) {
+		return cur
+	}
+	return ts(t)
+}
+
+// Ping always succeeds while the store is open.
+func (m *Store) Ping(ctx context.Context) error {
+	if err := m.lock(); err != nil {
+		return err
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// Close makes every later call return sessionstore.ErrUnavailable. Closing
+// twice is harmless.
+func (m *Store) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	return nil
+}
+
+// CreateSession implements sessionstore.Store.
+func (m *Store) CreateSession(ctx context.Context, s sessionstore.Session, now time.Time) (sessionstore.Session, error) {
+	if err := m.lock(); err != nil {
+		return sessionstore.Session{}, err
+	}
+	defer m.mu.Unlock()
+	old, exists := m.sessions[s.Key]
+	if exists && live(old, now) {
+		return sessionstore.Session{}, fmt.Errorf("memstore: session %v is live: %w", s.Key, sessionstore.ErrConflict)
+	}
+	if holder, ok := m.byToken[string(s.TokenHash)]; ok && !(exists && holder == s.Key) {
+		return sessionstore.Session{}, fmt.Errorf("memstore: token hash in use: %w", sessionstore.ErrConflict)
+	}
+	if exists {
+		m.remove(s.Key)
+	}
+	s = cloneSession(s)
+	s.RegisteredAt = ts(s.RegisteredAt)
+	s.LastSeenAt = ts(s.LastSeenAt)
+	s.LastVerbAt = ts(s.LastVerbAt)
+	s.ExpiresAt = ts(s.ExpiresAt)
+	s.QueueAttachedAt = ts(s.QueueAttachedAt)
+	s.QueueDetachedAt = ts(s.QueueDetachedAt)
+	m.sessions[s.Key] = &session{s: s}
+	m.byToken[string(s.TokenHash)] = s.Key
+	return cloneSession(s), nil
+}
+
+// remove deletes a session with its signals. The caller holds the mutex.
+func (m *Store) remove(k sessionstore.Key) {
+	if s, ok := m.sessions[k]; ok {
+		delete(m.byToken, string(s.s.TokenHash))
+		delete(m.sessions, k)
+	}
+}
+
+// liveSession returns the live session with key k, or ErrNotFound. The
+// caller holds the mutex.
+func (m *Store) liveSession(k sessionstore.Key, now time.Time) (*session, error) {
+	s, ok := m.sessions[k]
+	if !ok || !live(s, now) {
+		return nil, fmt.Errorf("memstore: session %v: %w", k, sessionstore.ErrNotFound)
+	}
+	return s, nil
+}
+
+// anySession returns the stored session with key k, live or not, or ErrNotFound.
+func (m *Store) anySession(k sessionstore.Key) (*session, error) {
+	s, ok := m.sessions[k]
+	if !ok {
+		return nil, fmt.Errorf("memstore: session %v: %w", k, sessionstore.ErrNotFound)
+	}
+	return s, nil
+}
+
+func (s *session) touch(t sessionstore.Touch) {
+	s.s.LastSeenAt = later(s.s.LastSeenAt, t.SeenAt)
+	s.s.LastVerbAt = later(s.s.LastVerbAt, t.VerbAt)
+	s.s.ExpiresAt = later(s.s.ExpiresAt, t.ExpiresAt)
+}
+
+// ResumeSession implements sessionstore.Store. A new hash held by another
+// session is ErrConflict.
+func (m *Store) ResumeSession(ctx context.Context, k sessionstore.Key, oldHash, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error) {
+	if err := m.lock(); err != nil {
+		return sessionstore.Session{}, err
+	}
+	defer m.mu.Unlock()
+	s, err := m.liveSession(k, now)
+	if err != nil {
+		return sessionstore.Session{}, err
+	}
+	if !bytes.Equal(s.s.TokenHash, oldHash) {
+		return sessionstore.Session{}, fmt.Errorf("memstore: resume %v: %w", k, sessionstore.ErrTokenMismatch)
+	}
+	if holder, ok := m.byToken[string(newHash)]; ok && holder != k {
+		return sessionstore.Session{}, fmt.Errorf("memstore: token hash in use: %w", sessionstore.ErrConflict)
+	}
+	delete(m.byToken, string(s.s.TokenHash))
+	s.s.TokenHash = bytes.Clone(newHash)
+	m.byToken[string(newHash)] = k
+	s.touch(t)
+	return cloneSession(s.s), nil
+}
+
+// SessionByToken implements sessionstore.Store.
+func (m *Store) SessionByToken(ctx context.Context, h []byte, now time.Time) (sessionstore.Session, error) {
+	if err := m.lock(); err != nil {
+		return sessionstore.Session{}, err
+	}
+	defer m.mu.Unlock()
+	k, ok := m.byToken[string(h)]
+	if !ok {
+		return sessionstore.Session{}, fmt.Errorf("memstore: session by token: %w", sessionstore.ErrNotFound)
+	}
+	s, err := m.liveSession(k, now)
+	if err != nil {
+		return sessionstore.Session{}, err
+	}
+	return cloneSession(s.s), nil
+}
+
+// GetSession implements sessionstore.Store.
+func (m *Store) GetSession(ctx context.Context, k sessionstore.Key, now time.Time) (sessionstore.Session, error) {
+	if err := m.lock(); err != nil {
+		return sessionstore.Session{}, err
+	}
+	defer m.mu.Unlock()
+	s, err := m.liveSession(k, now)
+	if err != nil {
+		return sessionstore.Session{}, err
+	}
+	return cloneSession(s.s), nil
+}
+
+// ListSessions implements sessionstore.Store.
+func (m *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) ([]sessionstore.Session, error) {
+	if err := m.lock(); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	var out []sessionstore.Session
+	for k, s := range m.sessions {
+		if (f.TenantID != "" && k.TenantID != f.TenantID) ||
+			(f.ProjectID != "" && k.ProjectID != f.ProjectID) || !live(s, now) {
+			continue
+		}
+		out = append(out, cloneSession(s.s))
+	}
+	slices.SortFunc(out, func(a, b sessionstore.Session) int {
+		return cmp.Or(cmp.Compare(a.TenantID, b.TenantID), cmp.Compare(a.ProjectID, b.ProjectID),
+			cmp.Compare(a.SessionID, b.SessionID))
+	})
+	if f.Limit > 0 && len(out) > f.Limit {
+		out = out[:f.Limit]
+	}
+	return out, nil
+}
+
+// TouchSession implements sessionstore.Store.
+func (m *Store) TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error {
+	if err := m.lock(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	s, err := m.liveSession(k, now)
+	if err != nil {
+		return err
+	}
+	s.touch(t)
+	return nil
+}
+
+// DeleteSession implements sessionstore.Store.
+func (m *Store) DeleteSession(ctx context.Context, k sessionstore.Key) error {
+	if err := m.lock(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if _, err := m.anySession(k); err != nil {
+		return err
+	}
+	m.remove(k)
+	return nil
+}
+
+// SetQueue implements sessionstore.Store.
+func (m *Store) SetQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) error {
+	if err := m.lock(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	s, err := m.anySession(k)
+	if err != nil {
+		return err
+	}
+	s.s.QueueInstance = instance
+	s.s.QueueAttachedAt = ts(at)
+	return nil
+}
+
+// ClearQueue implements sessionstore.Store. An unknown key clears nothing.
+func (m *Store) ClearQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) (bool, error) {
+	if err := m.lock(); err != nil {
+		return false, err
+	}
+	defer m.mu.Unlock()
+	s, ok := m.sessions[k]
+	if !ok || s.s.QueueInstance == "" || s.s.QueueInstance != instance {
+		return false, nil
+	}
+	s.s.QueueInstance = ""
+	s.s.QueueAttachedAt = time.Time{}
+	s.s.QueueDetachedAt = ts(at)
+	return true, nil
+}
+
+// AssignInstance implements sessionstore.Store.
+func (m *Store) AssignInstance(ctx context.Context, k sessionstore.Key, instance string) error {
+	if err := m.lock(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	s, err := m.anySession(k)
+	if err != nil {
+		return err
+	}
+	s.s.AssignedInstance = instance
+	return nil
+}
+
+// PutAPIKey implements sessionstore.Store.
+func (m *Store) PutAPIKey(ctx context.Context, k sessionstore.APIKey) error {
+	if err := m.lock(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if _, ok := m.apiKeys[string(k.Hash)]; ok {
+		return fmt.Errorf("memstore: api key: %w", sessionstore.ErrConflict)
+	}
+	k.Hash = bytes.Clone(k.Hash)
+	k.CreatedAt = ts(k.CreatedAt)
+	m.apiKeys[string(k.Hash)] = k
+	return nil
+}
+
+// APIKeyByHash implements sessionstore.Store.
+func (m *Store) APIKeyByHash(ctx context.Context, h []byte) (sessionstore.APIKey, error) {
+	if err := m.lock(); err != nil {
+		return sessionstore.APIKey{}, err
+	}
+	defer m.mu.Unlock()
+	k, ok := m.apiKeys[string(h)]
+	if !ok {
+		return sessionstore.APIKey{}, fmt.Errorf("memstore: api key: %w", sessionstore.ErrNotFound)
+	}
+	k.Hash = bytes.Clone(k.Hash)
+	return k, nil
+}
+
+// AppendSignal implements sessionstore.Store. The idempotency lookup scans
+// the signals of the recipient's tenant and project: fine for the one
+// instance a memstore serves.
+func (m *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now time.Time) (sessionstore.Signal, bool, error) {
+	if err := m.lock(); err != nil {
+		return sessionstore.Signal{}, false, err
+	}
+	defer m.mu.Unlock()
+	to, err := m.liveSession(ns.To, now)
+	if err != nil {
+		return sessionstore.Signal{}, false, err
+	}
+	if ns.IdempotencyKey != "" {
+		if dup := m.findIdempotent(ns); dup != nil {
+			return cloneSignal(dup.sig), true, nil
+		}
+	}
+	to.lastSeq++
+	sig := sessionstore.Signal{
+		ID:             ns.ID,
+		Seq:            to.lastSeq,
+		To:             ns.To,
+		FromSession:    ns.FromSession,
+		Kind:           ns.Kind,
+		Payload:        bytes.Clone(ns.Payload),
+		CreatedAt:      ts(ns.CreatedAt),
+		IdempotencyKey: ns.IdempotencyKey,
+		Delivery:       ns.Delivery,
+		RouteState:     ns.RouteState,
+	}
+	to.signals = append(to.signals, &signal{sig: sig})
+	return cloneSignal(sig), false, nil
+}
+
+// findIdempotent returns the newest stored signal from ns's sender with ns's
+// idempotency key created at or after ns.IdempotencySince, or nil. The caller
+// holds the mutex.
+func (m *Store) findIdempotent(ns sessionstore.NewSignal) *signal {
+	since := ts(ns.IdempotencySince)
+	var found *signal
+	for k, s := range m.sessions {
+		if k.TenantID != ns.To.TenantID || k.ProjectID != ns.To.ProjectID {
+			continue
+		}
+		for _, sg := range s.signals {
+			if sg.sig.FromSession == ns.FromSession && sg.sig.IdempotencyKey == ns.IdempotencyKey &&
+				!sg.sig.CreatedAt.Before(since) && (found == nil || sg.sig.CreatedAt.After(found.sig.CreatedAt)) {
+				found = sg
+			}
+		}
+	}
+	return found
+}
+
+// PendingSignals implements sessionstore.Store. A limit of 0 or less means no limit.
+func (m *Store) PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq int64, limit int) ([]sessionstore.Signal, error) {
+	if err := m.lock(); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	s, ok := m.sessions[k]
+	if !ok {
+		return nil, nil
+	}
+	var out []sessionstore.Signal
+	for _, sg := range s.signals {
+		if limit > 0 && len(out) >= limit {
+			break
+		}
+		if sg.sig.Seq > afterSeq && sg.ackedAt.IsZero() {
+			out = append(out, cloneSignal(sg.sig))
+		}
+	}
+	return out, nil
+}
+
+// AckSignals implements sessionstore.Store.
+func (m *Store) AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int64, at time.Time) (int, error) {
+	if err := m.lock(); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	return m.ack(k, upToSeq, at), nil
+}
+
+// ack acknowledges the pending signals of k up to upToSeq. The caller holds the mutex.
+func (m *Store) ack(k sessionstore.Key, upToSeq int64, at time.Time) int {
+	s, ok := m.sessions[k]
+	if !ok {
+		return 0
+	}
+	n := 0
+	for _, sg := range s.signals {
+		if sg.sig.Seq > upToSeq {
+			break
+		}
+		if sg.ackedAt.IsZero() {
+			sg.ackedAt = ts(at)
+			n++
+		}
+	}
+	return n
+}
+
+// CountPending implements sessionstore.Store.
+func (m *Store) CountPending(ctx context.Context, k sessionstore.Key) (int, error) {
+	if err := m.lock(); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	s, ok := m.sessions[k]
+	if !ok {
+		return 0, nil
+	}
+	n := 0
+	for _, sg := range s.signals {
+		if sg.ackedAt.IsZero() {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// DropPending implements sessionstore.Store.
+func (m *Store) DropPending(ctx context.Context, k sessionstore.Key, at time.Time) (int, error) {
+	if err := m.lock(); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	s, ok := m.sessions[k]
+	if !ok || len(s.signals) == 0 {
+		return 0, nil
+	}
+	return m.ack(k, s.lastSeq, at), nil
+}
+
+// Prune implements sessionstore.Store. The signals count is the acknowledged
+// signals removed; the signals of a removed session are not counted.
+func (m *Store) Prune(ctx context.Context, ackedBefore, expiredBefore time.Time) (int, int, error) {
+	if err := m.lock(); err != nil {
+		return 0, 0, err
+	}
+	defer m.mu.Unlock()
+	ackedBefore, expiredBefore = ts(ackedBefore), ts(expiredBefore)
+	nsig, nsess := 0, 0
+	for k, s := range m.sessions {
+		before := len(s.signals)
+		s.signals = slices.DeleteFunc(s.signals, func(sg *signal) bool {
+			return !sg.ackedAt.IsZero() && sg.ackedAt.Before(ackedBefore)
+		})
+		nsig += before - len(s.signals)
+		if s.s.ExpiresAt.Before(expiredBefore) {
+			m.remove(k)
+			nsess++
+		}
+	}
+	return nsig, nsess, nil
+}
+
+// HeartbeatInstance implements sessionstore.Store.
+func (m *Store) HeartbeatInstance(ctx context.Context, in sessionstore.Instance) error {
+	if err := m.lock(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	in.StartedAt = ts(in.StartedAt)
+	in.LastHeartbeatAt = ts(in.LastHeartbeatAt)
+	m.instances[in.ID] = in
+	return nil
+}
+
+// ListInstances implements sessionstore.Store.
+func (m *Store) ListInstances(ctx context.Context) ([]sessionstore.Instance, error) {
+	if err := m.lock(); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	out := make([]sessionstore.Instance, 0, len(m.instances))
+	for _, in := range m.instances {
+		out = append(out, in)
+	}
+	slices.SortFunc(out, func(a, b sessionstore.Instance) int { return cmp.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// RecordFallback implements sessionstore.Store. Only the last
+// MaxFallbackEvents recorded events are kept.
+func (m *Store) RecordFallback(ctx context.Context, e sessionstore.FallbackEvent) error {
+	if err := m.lock(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	e.At = ts(e.At)
+	m.fallbacks = append(m.fallbacks, e)
+	if len(m.fallbacks) > MaxFallbackEvents {
+		m.fallbacks = slices.Delete(m.fallbacks, 0, 1)
+	}
+	m.counts.Fallbacks++
+	return nil
+}
+
+// ListFallbacks implements sessionstore.Store: newest At first, the later
+// recorded first among equal times. A limit of 0 or less means no limit.
+func (m *Store) ListFallbacks(ctx context.Context, limit int) ([]sessionstore.FallbackEvent, error) {
+	if err := m.lock(); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	out := slices.Clone(m.fallbacks)
+	slices.Reverse(out)
+	slices.SortStableFunc(out, func(a, b sessionstore.FallbackEvent) int { return b.At.Compare(a.At) })
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// AddCount implements sessionstore.Store. An unknown counter is an error.
+func (m *Store) AddCount(ctx context.Context, c sessionstore.Counter, n int64) error {
+	if err := m.lock(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	switch c {
+	case sessionstore.CounterFallbacks:
+		m.counts.Fallbacks += n
+	case sessionstore.CounterReassignments:
+		m.counts.Reassignments += n
+	case sessionstore.CounterAdaptivePlacements:
+		m.counts.AdaptivePlacements += n
+	case sessionstore.CounterAdaptivePlacementMismatches:
+		m.counts.AdaptivePlacementMismatches += n
+	default:
+		return fmt.Errorf("memstore: unknown counter %q", c)
+	}
+	return nil
+}
+
+// Counts implements sessionstore.Store.
+func (m *Store) Counts(ctx context.Context) (sessionstore.Counts, error) {
+	if err := m.lock(); err != nil {
+		return sessionstore.Counts{}, err
+	}
+	defer m.mu.Unlock()
+	return m.counts, nil
+}
