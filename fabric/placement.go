@@ -1,0 +1,77 @@
+package fabric
+
+import (
+	"context"
+	"slices"
+	"strings"
+)
+
+// Hints are what a registration says about its workload; the adaptive
+// classifier reads them.
+type Hints struct {
+	Surface     string
+	LocalState  bool
+	SideEffects bool
+}
+
+// Classify is the adaptive classifier: the mode it recommends for a new
+// session. Work that keeps runtime-local state or has side effects needs
+// sticky (the recovery matrix: side-effecting or local-stateful requests
+// should use sticky); so does a live-WebSocket surface whose agent holds a
+// terminal (claude_code, headless_cc, headless_cx) when it declares local
+// state. Everything else is replay-safe and goes stateless.
+func Classify(h Hints) string {
+	if h.LocalState || h.SideEffects {
+		return ModeSticky
+	}
+	return ModeStateless
+}
+
+// PlacementConfig configures runtime-mode resolution.
+type PlacementConfig struct {
+	// DefaultMode is MARCONI_DEFAULT_RUNTIME_MODE (stateless).
+	DefaultMode string
+	// Adaptive is MARCONI_ADAPTIVE_PLACEMENT=on.
+	Adaptive bool
+	// AdaptiveClients is MARCONI_ADAPTIVE_CLIENTS: client ids the classifier
+	// may place; "*" allows every client.
+	AdaptiveClients []string
+}
+
+// ParseClientList splits a comma list of client ids, dropping blanks.
+func ParseClientList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// AdaptiveGate decides whether the classifier may place a session.
+// The zero value is closed.
+type AdaptiveGate interface {
+	// Open reports whether the classifier may place a new session of clientID.
+	Open(clientID string) bool
+}
+
+// ResolveMode picks a new session's runtime mode and its source: an explicit
+// mode always wins; else the classifier when the gate is open for clientID;
+// else the default.
+func ResolveMode(explicit, clientID string, h Hints, gate AdaptiveGate, defaultMode string) (mode, source string) {
+	if explicit != "" {
+		return explicit, SourceExplicit
+	}
+	if gate != nil && clientID != "" && gate.Open(clientID) {
+		return Classify(h), SourceAdaptive
+	}
+	return defaultMode, SourceDefault
+}
+
+// allowlisted reports whether clientID is on list ("*" allows all).
+func allowlisted(list []string, clientID string) bool {
+	return slices.Contains(list, "*") || slices.Contains(list, clientID)
+}
+
+var _ = context.Background

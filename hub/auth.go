@@ -1,0 +1,158 @@
+package hub
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+// Credential prefixes tell the kinds apart, so a credential of the wrong kind
+// is refused before any lookup.
+const (
+	prefixSessionToken = "mst_"
+	prefixAPIKey       = "mak_"
+)
+
+// NewSecret returns a fresh credential: prefix and 32 random bytes, base64url.
+func NewSecret(prefix string) string {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("hub: crypto/rand failed: " + err.Error())
+	}
+	return prefix + base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// NewAPIKey returns a fresh project API key.
+func NewAPIKey() string { return NewSecret(prefixAPIKey) }
+
+// NewAdminToken returns a fresh admin token.
+func NewAdminToken() string { return NewSecret("madm_") }
+
+// hashSecret is how every credential is stored: its SHA-256. The secrets are
+// 256-bit random values, so a fast hash is enough.
+func hashSecret(secret string) []byte {
+	h := sha256.Sum256([]byte(secret))
+	return h[:]
+}
+
+// credentials holds the credentials configured at start, hashed.
+type credentials struct {
+	apiKeys    map[[32]byte]TenantProject
+	adminToken []byte // hash; nil when none is configured
+}
+
+func newCredentials(apiKeys map[string]TenantProject, adminToken string) *credentials {
+	c := &credentials{apiKeys: make(map[[32]byte]TenantProject, len(apiKeys))}
+	for k, tp := range apiKeys {
+		c.apiKeys[sha256.Sum256([]byte(k))] = tp
+	}
+	if adminToken != "" {
+		c.adminToken = hashSecret(adminToken)
+	}
+	return c
+}
+
+var errUnauthorized = marconi.Errorf(marconi.CodeUnauthorized, "missing or malformed credential")
+
+// bearer returns the bearer credential of the request, or "".
+func bearer(c echo.Context) string {
+	h := c.Request().Header.Get(echo.HeaderAuthorization)
+	scheme, cred, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(cred)
+}
+
+// apiKeyOwner authenticates a project API key.
+func (s *Server) apiKeyOwner(c echo.Context) (TenantProject, error) {
+	key := bearer(c)
+	if !strings.HasPrefix(key, prefixAPIKey) && !s.creds.isConfiguredKey(key) {
+		return TenantProject{}, errUnauthorized
+	}
+	sum := sha256.Sum256([]byte(key))
+	if tp, ok := s.creds.apiKeys[sum]; ok {
+		return tp, nil
+	}
+	k, err := s.store.APIKeyByHash(c.Request().Context(), sum[:])
+	if errors.Is(err, sessionstore.ErrNotFound) {
+		return TenantProject{}, marconi.Errorf(marconi.CodeUnauthorized, "unknown API key")
+	}
+	if err != nil {
+		return TenantProject{}, err
+	}
+	return TenantProject{TenantID: k.TenantID, ProjectID: k.ProjectID}, nil
+}
+
+// isConfiguredKey reports whether key is one of MARCONI_API_KEYS, which an
+// operator may have written without the mak_ prefix.
+func (c *credentials) isConfiguredKey(key string) bool {
+	if key == "" {
+		return false
+	}
+	_, ok := c.apiKeys[sha256.Sum256([]byte(key))]
+	return ok
+}
+
+// ctxSession is where sessionAuth leaves the caller's session.
+const ctxSession = "marconi.session"
+
+// sessionAuth authenticates a session token and loads the caller's session
+// as it was before this call (the self-heal gates need that). It then records
+// the call as proof of life (last_verb_at), at most once per TouchInterval.
+func (s *Server) sessionAuth(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		sess, err := s.authenticateSessionCtx(c.Request().Context(), bearer(c))
+		if err != nil {
+			return err
+		}
+		c.Set(ctxSession, sess)
+		return next(c)
+	}
+}
+
+func (s *Server) authenticateSessionCtx(ctx context.Context, token string) (sessionstore.Session, error) {
+	if !strings.HasPrefix(token, prefixSessionToken) {
+		return sessionstore.Session{}, errUnauthorized
+	}
+	h := hashSecret(token)
+	sess, err := s.store.SessionByToken(ctx, h, s.now())
+	if errors.Is(err, sessionstore.ErrNotFound) {
+		return sessionstore.Session{}, marconi.Errorf(marconi.CodeSessionExpired, "this session token matches no live session; register again")
+	}
+	if err != nil {
+		return sessionstore.Session{}, err
+	}
+	if subtle.ConstantTimeCompare(sess.TokenHash, h) != 1 {
+		return sessionstore.Session{}, marconi.Errorf(marconi.CodeSessionExpired, "this session token matches no live session; register again")
+	}
+	return sess, nil
+}
+
+// session returns the caller's session loaded by sessionAuth.
+func session(c echo.Context) sessionstore.Session {
+	return c.Get(ctxSession).(sessionstore.Session)
+}
+
+// adminAuth guards /v1/ops/*.
+func (s *Server) adminAuth(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		tok := bearer(c)
+		if tok == "" || s.creds.adminToken == nil {
+			return errUnauthorized
+		}
+		if subtle.ConstantTimeCompare(hashSecret(tok), s.creds.adminToken) != 1 {
+			return marconi.Errorf(marconi.CodeUnauthorized, "unknown admin token")
+		}
+		return next(c)
+	}
+}

@@ -1,0 +1,45 @@
+package hub
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/marconihub/marconi"
+)
+
+// decodeBody reads the request body as exactly one JSON object into v, with
+// at most limit bytes. It answers invalid_json for anything that is not one
+// object, invalid_field (naming the field) for a wrong type, and
+// payload_too_large past the limit.
+func decodeBody(c echo.Context, limit int64, v any) error {
+	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), c.Request().Body, limit))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return marconi.Errorf(marconi.CodePayloadTooLarge, "request body is larger than %d bytes", limit)
+		}
+		return marconi.Errorf(marconi.CodeInvalidJSON, "could not read the request body")
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '{' {
+		return marconi.Errorf(marconi.CodeInvalidJSON, "the body must be one JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(v); err != nil {
+		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok && te.Field != "" {
+			return marconi.Errorf(marconi.CodeInvalidField, "field %s: expected %s, got %s", te.Field, te.Type.Kind(), te.Value)
+		}
+		return marconi.Errorf(marconi.CodeInvalidJSON, "the body is not valid JSON: %v", err)
+	}
+	if dec.More() {
+		return marconi.Errorf(marconi.CodeInvalidJSON, "the body must be one JSON object, with nothing after it")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return marconi.Errorf(marconi.CodeInvalidJSON, "the body must be one JSON object, with nothing after it")
+	}
+	return nil
+}

@@ -1,0 +1,110 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+// statusByCode is the one table from error code to HTTP status.
+var statusByCode = map[string]int{
+	marconi.CodeInvalidJSON:            http.StatusBadRequest,
+	marconi.CodeInvalidField:           http.StatusBadRequest,
+	marconi.CodeInvalidSurface:         http.StatusBadRequest,
+	marconi.CodeInvalidRuntimeMode:     http.StatusBadRequest,
+	marconi.CodeReservedRuntimeMode:    http.StatusBadRequest,
+	marconi.CodeUnauthorized:           http.StatusUnauthorized,
+	marconi.CodeForbidden:              http.StatusForbidden,
+	marconi.CodeRecipientNotRegistered: http.StatusNotFound,
+	marconi.CodeNotFound:               http.StatusNotFound,
+	marconi.CodeWrongInstance:          http.StatusConflict,
+	marconi.CodeNotAdaptivePlacement:   http.StatusConflict,
+	marconi.CodeSessionExpired:         http.StatusGone,
+	marconi.CodePayloadTooLarge:        http.StatusRequestEntityTooLarge,
+	marconi.CodeTooManyRequests:        http.StatusTooManyRequests,
+	marconi.CodeRegistryUnavailable:    http.StatusServiceUnavailable,
+	marconi.CodeDraining:               http.StatusServiceUnavailable,
+	marconi.CodeInternal:               http.StatusInternalServerError,
+}
+
+// errorBody is the wire shape of every error.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Code        string `json:"code"`
+	Message     string `json:"message"`
+	InstanceID  string `json:"instance_id,omitempty"`
+	InstanceURL string `json:"instance_url,omitempty"`
+}
+
+// publicError turns any error into the *marconi.Error a client may see.
+// Store unavailability becomes registry_unavailable; anything unknown is
+// internal, and its text stays in the log.
+func publicError(err error) *marconi.Error {
+	if e, ok := errors.AsType[*marconi.Error](err); ok {
+		return e
+	}
+	if errors.Is(err, sessionstore.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+		return marconi.Errorf(marconi.CodeRegistryUnavailable, "the session registry cannot be reached; try again shortly")
+	}
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		switch he.Code {
+		case http.StatusNotFound, http.StatusMethodNotAllowed:
+			return marconi.Errorf(marconi.CodeNotFound, "no such endpoint")
+		case http.StatusRequestEntityTooLarge:
+			return marconi.Errorf(marconi.CodePayloadTooLarge, "request body too large")
+		}
+	}
+	return marconi.Errorf(marconi.CodeInternal, "internal error")
+}
+
+// errorHandler is echo's HTTPErrorHandler: one error shape for every error.
+func (s *Server) errorHandler(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	pe := publicError(err)
+	status := statusByCode[pe.Code]
+	if status == 0 {
+		status = http.StatusInternalServerError
+	}
+	var he *echo.HTTPError
+	if status == http.StatusNotFound && errors.As(err, &he) && he.Code == http.StatusMethodNotAllowed {
+		status = http.StatusMethodNotAllowed
+	}
+	switch {
+	case pe.Code == marconi.CodeInternal:
+		s.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
+	case pe.Code == marconi.CodeRegistryUnavailable:
+		s.metrics.registryErrors.Inc()
+		s.log.Warn("store unavailable", "method", c.Request().Method, "path", c.Path(), "err", err)
+	default:
+		s.log.Debug("request refused", "method", c.Request().Method, "path", c.Path(), "code", pe.Code, "msg", pe.Message)
+	}
+	if pe.Code == marconi.CodeTooManyRequests {
+		c.Response().Header().Set("Retry-After", "1")
+	}
+	body := errorBody{Error: errorDetail{Code: pe.Code, Message: pe.Message, InstanceID: pe.InstanceID, InstanceURL: pe.InstanceURL}}
+	if c.Request().Method == http.MethodHead {
+		err = c.NoContent(status)
+	} else {
+		err = c.JSON(status, body)
+	}
+	if err != nil {
+		s.log.Debug("writing error response", "err", err)
+	}
+}
+
+// logAttrs is a small helper for structured logs of a session key.
+func keyAttrs(k sessionstore.Key) slog.Attr {
+	return slog.Group("session", "tenant_id", k.TenantID, "project_id", k.ProjectID, "session_id", k.SessionID)
+}

@@ -1,0 +1,203 @@
+package hub_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/marconihub/marconi/hub/hubtest"
+)
+
+// call does one HTTP request and decodes the JSON answer into a map.
+func call(t *testing.T, method, url, cred string, body any, hdr ...string) (int, map[string]any) {
+	t.Helper()
+	var r io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		r = strings.NewReader(b)
+	case []byte:
+		r = bytes.NewReader(b)
+	default:
+		raw, err := json.Marshal(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequest(method, url, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if cred != "" {
+		req.Header.Set("Authorization", "Bearer "+cred)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]any
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &out); err != nil {
+			t.Fatalf("%s %s: answer is not JSON: %q", method, url, raw)
+		}
+	}
+	return resp.StatusCode, out
+}
+
+// errCode returns the error code of an error answer.
+func errCode(body map[string]any) string {
+	e, _ := body["error"].(map[string]any)
+	c, _ := e["code"].(string)
+	return c
+}
+
+type agent struct {
+	ID, Token string
+}
+
+// register registers a session and fails the test unless it gets 201.
+func register(t *testing.T, h *hubtest.Hub, id, surface string, extra ...map[string]any) agent {
+	t.Helper()
+	body := map[string]any{"session_id": id, "surface": surface}
+	for _, e := range extra {
+		for k, v := range e {
+			body[k] = v
+		}
+	}
+	st, resp := call(t, "POST", h.URL+"/v1/sessions", h.APIKey, body)
+	if st != http.StatusCreated {
+		t.Fatalf("register %s: %d %v", id, st, resp)
+	}
+	return agent{ID: resp["session_id"].(string), Token: resp["token"].(string)}
+}
+
+func send(t *testing.T, h *hubtest.Hub, from agent, to string, payload any) map[string]any {
+	t.Helper()
+	st, resp := call(t, "POST", h.URL+"/v1/signals", from.Token, map[string]any{"to_session": to, "payload": payload})
+	if st != http.StatusOK {
+		t.Fatalf("send %s→%s: %d %v", from.ID, to, st, resp)
+	}
+	return resp
+}
+
+// dial attaches a's WebSocket and reads the welcome frame.
+func dial(t *testing.T, h *hubtest.Hub, a agent) (*websocket.Conn, map[string]any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, h.WSURL(), &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + a.Token}}})
+	if err != nil {
+		t.Fatalf("dial %s: %v", a.ID, err)
+	}
+	c.SetReadLimit(1 << 20)
+	t.Cleanup(func() { c.CloseNow() })
+	w := readFrame(t, c)
+	if w["type"] != "welcome" {
+		t.Fatalf("first frame is %v, want welcome", w)
+	}
+	return c, w
+}
+
+func readFrame(t *testing.T, c *websocket.Conn) map[string]any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, data, err := c.Read(ctx)
+	if err != nil {
+		t.Fatalf("read frame: %v", err)
+	}
+	var f map[string]any
+	if err := json.Unmarshal(data, &f); err != nil {
+		t.Fatalf("frame is not JSON: %q", data)
+	}
+	return f
+}
+
+func writeFrame(t *testing.T, c *websocket.Conn, v any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, _ := json.Marshal(v)
+	if err := c.Write(ctx, websocket.MessageText, b); err != nil {
+		t.Fatalf("write frame: %v", err)
+	}
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// routeState reads one session's route_state through the ops API.
+func routeState(t *testing.T, h *hubtest.Hub, session string) map[string]any {
+	t.Helper()
+	st, rs := call(t, "GET", h.URL+"/v1/ops/route_state/t1/p1/"+session, h.AdminToken, nil)
+	if st != http.StatusOK {
+		t.Fatalf("route_state %s: %d %v", session, st, rs)
+	}
+	return rs
+}
+
+func metric(t *testing.T, h *hubtest.Hub, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := h.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+						found = true
+					}
+				}
+				if !found {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			}
+		}
+	}
+	t.Fatalf("metric %s%v not found", name, labels)
+	return 0
+}
+
+var _ = testutil.ToFloat64
+
+func closeStatus(err error) int { return int(websocket.CloseStatus(err)) }

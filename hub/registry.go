@@ -1,0 +1,165 @@
+package hub
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/signals"
+)
+
+// queueItem is one entry of a connection's outgoing queue: a signal to write,
+// or (sig nil) a wake-up to catch up from the store.
+type queueItem struct {
+	sig *sessionstore.Signal
+}
+
+// wsConn is one attached WebSocket: the session's queue on this instance.
+type wsConn struct {
+	key        sessionstore.Key
+	attachedAt time.Time
+	out        chan queueItem // bounded: WSQueueSize
+	ctrl       chan []byte    // frames the reader asks the writer to send (errors)
+
+	kickOnce   sync.Once
+	kicked     chan struct{}
+	kickCode   websocket.StatusCode
+	kickReason string
+	kickMetric string
+	done       chan struct{} // closed when the handler has finished
+}
+
+func newWSConn(k sessionstore.Key, at time.Time, queueSize int) *wsConn {
+	return &wsConn{
+		key: k, attachedAt: at,
+		out:    make(chan queueItem, queueSize),
+		ctrl:   make(chan []byte, 8),
+		kicked: make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+}
+
+// kick asks the connection's writer to close it with code. The first kick wins.
+func (c *wsConn) kick(code websocket.StatusCode, reason, metricReason string) {
+	c.kickOnce.Do(func() {
+		c.kickCode, c.kickReason, c.kickMetric = code, reason, metricReason
+		close(c.kicked)
+	})
+}
+
+// registry is the in-memory map of session to live queue on this instance.
+// It is safe for concurrent use.
+type registry struct {
+	mu    sync.Mutex
+	conns map[sessionstore.Key]*wsConn
+}
+
+func newRegistry() *registry {
+	return &registry{conns: make(map[sessionstore.Key]*wsConn)}
+}
+
+// attach makes c the session's queue and returns the one it replaced.
+func (r *registry) attach(c *wsConn) *wsConn {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := r.conns[c.key]
+	r.conns[c.key] = c
+	return old
+}
+
+// detach removes c if it is still the session's queue, and reports whether it was.
+func (r *registry) detach(c *wsConn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conns[c.key] != c {
+		return false
+	}
+	delete(r.conns, c.key)
+	return true
+}
+
+func (r *registry) get(k sessionstore.Key) *wsConn {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.conns[k]
+}
+
+func (r *registry) all() []*wsConn {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*wsConn, 0, len(r.conns))
+	for _, c := range r.conns {
+		out = append(out, c)
+	}
+	return out
+}
+
+func (r *registry) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.conns)
+}
+
+// offer puts an item on k's queue without blocking. A full queue means a slow
+// consumer: its connection is closed with 4429; the signals stay in the store
+// and are replayed on the next attach.
+func (s *Server) offer(k sessionstore.Key, it queueItem) bool {
+	c := s.registry.get(k)
+	if c == nil {
+		return false
+	}
+	select {
+	case c.out <- it:
+	default:
+		s.metrics.queueDrops.WithLabelValues("slow_consumer").Inc()
+		c.kick(statusSlowConsumer, "slow consumer: queue full; signals stay durable", "slow_consumer")
+	}
+	return true
+}
+
+// Route implements signals.Router: a queue in the local registry is attached;
+// a queue recorded on another instance is attached while that instance is
+// healthy.
+func (s *Server) Route(ctx context.Context, sess sessionstore.Session) signals.Route {
+	if c := s.registry.get(sess.Key); c != nil {
+		return signals.Route{Attached: !s.Draining(), InstanceID: s.cfg.InstanceID, InstanceHealthy: !s.Draining(), AttachedAt: c.attachedAt}
+	}
+	if sess.QueueInstance == "" || sess.QueueInstance == s.cfg.InstanceID {
+		return signals.Route{}
+	}
+	healthy := s.peers.Healthy(ctx, sess.QueueInstance)
+	return signals.Route{Attached: healthy, InstanceID: sess.QueueInstance, InstanceHealthy: healthy, AttachedAt: sess.QueueAttachedAt}
+}
+
+// Deliver implements signals.Router.
+func (s *Server) Deliver(ctx context.Context, to sessionstore.Session, sig sessionstore.Signal) {
+	if s.offer(to.Key, queueItem{sig: &sig}) {
+		return
+	}
+	if to.QueueInstance != "" && to.QueueInstance != s.cfg.InstanceID {
+		s.peers.Wake(ctx, to.QueueInstance, to.Key, sig.Seq)
+	}
+}
+
+// Peers is what the hub needs of the fabric to reach queues on other
+// instances. The single-instance default knows no peers.
+type Peers interface {
+	// Healthy reports whether instance is healthy (heartbeat fresh, not draining).
+	Healthy(ctx context.Context, instance string) bool
+	// Wake tells instance that k has a new signal with seq; best effort.
+	Wake(ctx context.Context, instance string, k sessionstore.Key, seq int64)
+}
+
+type noPeers struct{}
+
+func (noPeers) Healthy(context.Context, string) bool                  { return false }
+func (noPeers) Wake(context.Context, string, sessionstore.Key, int64) {}
+
+// WakeLocal is how the fabric hands a cross-instance wake-up to this
+// instance: the session's writer catches up from the store.
+func (s *Server) WakeLocal(k sessionstore.Key) {
+	s.offer(k, queueItem{})
+}

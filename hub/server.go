@@ -1,0 +1,380 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/signals"
+	"github.com/marconihub/marconi/signals/selfheal"
+)
+
+// Config is the hub's configuration. cmd/marconi fills it from the
+// environment; zero durations and sizes mean the documented defaults.
+type Config struct {
+	// Mode is development, lan or cloud.
+	Mode string
+	// InstanceID names this hub instance in the shared registry.
+	InstanceID string
+	// PublicURL is where clients reach this instance (sticky placement).
+	PublicURL string
+	// SessionTTL: a session expires this long after its freshest proof of life.
+	SessionTTL time.Duration
+	// HeartbeatInterval is what registration tells clients to heartbeat at.
+	HeartbeatInterval time.Duration
+	// TouchInterval bounds proof-of-life writes: at most one per session per interval.
+	TouchInterval time.Duration
+	// StoreTimeout bounds every store call made for a request (fail closed fast).
+	StoreTimeout time.Duration
+	// MaxPayloadBytes limits a signal's encoded payload.
+	MaxPayloadBytes int
+	// SendRatePerSecond is the per-session send limit; the burst is twice it.
+	SendRatePerSecond float64
+	// WSPingInterval: the hub pings every interval and drops a peer whose
+	// pong has not come within one more interval.
+	WSPingInterval time.Duration
+	// WSReadLimit is the largest frame the hub reads from a client.
+	WSReadLimit int64
+	// WSQueueSize bounds each connection's outgoing queue; overflow closes
+	// the connection with 4429 (the signals stay durable).
+	WSQueueSize int
+	// WSWriteTimeout bounds one frame write.
+	WSWriteTimeout time.Duration
+	// DefaultRuntimeMode applies when a registration names none.
+	DefaultRuntimeMode string
+	// DevAPIKeys maps API key to tenant/project, from MARCONI_API_KEYS.
+	APIKeys map[string]TenantProject
+	// AdminToken guards /v1/ops/*.
+	AdminToken string
+	// SelfHeal configures the SPEC-168 gates; its Freshness is also the
+	// route-state freshness window.
+	SelfHeal selfheal.Config
+	// Fabric configures runtime modes, placement and instance health.
+	Fabric fabric.Config
+	// Retention configures the pruning loop.
+	Retention Retention
+}
+
+// Retention is how long the store keeps what is done with.
+type Retention struct {
+	// Acked is MARCONI_RETAIN_ACKED_SECONDS (86400): acknowledged signals are
+	// kept this long (it is also the floor of the idempotency window).
+	Acked time.Duration
+	// Expired is MARCONI_RETAIN_EXPIRED_SECONDS (3600): expired sessions and
+	// their signals are kept this long after expiry, for operators.
+	Expired time.Duration
+	// Every is MARCONI_PRUNE_INTERVAL_SECONDS (60).
+	Every time.Duration
+}
+
+// TenantProject names the owner of an API key.
+type TenantProject struct {
+	TenantID, ProjectID string
+}
+
+func (c *Config) setDefaults() {
+	if c.Mode == "" {
+		c.Mode = "development"
+	}
+	if c.InstanceID == "" {
+		c.InstanceID = "local"
+	}
+	if c.SessionTTL == 0 {
+		c.SessionTTL = time.Hour
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = 20 * time.Second
+	}
+	if c.TouchInterval == 0 {
+		c.TouchInterval = 5 * time.Second
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = 3 * time.Second
+	}
+	if c.MaxPayloadBytes == 0 {
+		c.MaxPayloadBytes = 65536
+	}
+	if c.SendRatePerSecond == 0 {
+		c.SendRatePerSecond = 200
+	}
+	if c.WSPingInterval == 0 {
+		c.WSPingInterval = 20 * time.Second
+	}
+	if c.WSReadLimit == 0 {
+		c.WSReadLimit = 32768
+	}
+	if c.WSQueueSize == 0 {
+		c.WSQueueSize = 256
+	}
+	if c.WSWriteTimeout == 0 {
+		c.WSWriteTimeout = 10 * time.Second
+	}
+	if c.DefaultRuntimeMode == "" {
+		c.DefaultRuntimeMode = "stateless"
+	}
+	if c.SelfHeal == (selfheal.Config{}) {
+		c.SelfHeal = selfheal.DefaultConfig()
+	}
+	if c.Retention.Acked == 0 {
+		c.Retention.Acked = 24 * time.Hour
+	}
+	if c.Retention.Expired == 0 {
+		c.Retention.Expired = time.Hour
+	}
+	if c.Retention.Every == 0 {
+		c.Retention.Every = time.Minute
+	}
+	c.Fabric.InstanceID = c.InstanceID
+	c.Fabric.PublicURL = c.PublicURL
+	if c.Fabric.Placement.DefaultMode == "" {
+		c.Fabric.Placement.DefaultMode = c.DefaultRuntimeMode
+	}
+}
+
+// Deps are the collaborators the hub is wired with.
+type Deps struct {
+	Store    sessionstore.Store
+	Registry prometheus.Registerer
+	Gatherer prometheus.Gatherer
+	Logger   *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Server is one hub instance's HTTP server. It is safe for concurrent use.
+type Server struct {
+	cfg     Config
+	store   sessionstore.Store
+	log     *slog.Logger
+	now     func() time.Time
+	echo    *echo.Echo
+	metrics *metrics
+	creds    *credentials
+	limits   *sendLimiter
+	registry *registry
+	signals  *signals.Service
+	selfheal *selfheal.Evaluator
+	fabric   *fabric.Fabric
+	peers    Peers
+	placer   *fabric.Fabric
+
+	draining atomic.Bool
+
+	mu      sync.Mutex
+	closing bool
+	wsWG    sync.WaitGroup // attached WebSocket handlers (hijacked: echo.Shutdown does not wait for them)
+}
+
+// New builds a hub. It does not listen; serve Handler() or use Start.
+func New(cfg Config, d Deps) (*Server, error) {
+	cfg.setDefaults()
+	if d.Store == nil {
+		return nil, errors.New("hub: no store")
+	}
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.Registry == nil {
+		r := prometheus.NewRegistry()
+		d.Registry, d.Gatherer = r, r
+	}
+	m, err := newMetrics(d.Registry)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:      cfg,
+		store:    d.Store,
+		log:      d.Logger,
+		now:      d.Now,
+		metrics:  m,
+		creds:    newCredentials(cfg.APIKeys, cfg.AdminToken),
+		limits:   newSendLimiter(cfg.SendRatePerSecond, d.Now),
+		registry: newRegistry(),
+	}
+	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
+	if err != nil {
+		return nil, err
+	}
+	s.fabric, err = fabric.New(cfg.Fabric, d.Store, d.Now, d.Logger)
+	if err != nil {
+		return nil, err
+	}
+	s.placer, s.peers = s.fabric, s.fabric
+	s.signals, err = signals.New(signals.Config{
+		MaxPayloadBytes: cfg.MaxPayloadBytes,
+		Freshness:       cfg.SelfHeal.Freshness,
+	}, d.Store, s, s.selfheal, d.Now, d.Registry, d.Logger)
+	if err != nil {
+		return nil, err
+	}
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = s.errorHandler
+	s.echo = e
+	s.routes(d.Gatherer)
+	return s, nil
+}
+
+func (s *Server) routes(g prometheus.Gatherer) {
+	e := s.echo
+	e.GET("/healthz", s.healthz)
+	e.GET("/readyz", s.readyz)
+	if g != nil {
+		e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
+	}
+
+	v1 := e.Group("/v1", s.storeDeadline)
+	v1.POST("/sessions", s.register)
+	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth)
+	v1.DELETE("/session", s.deregister, s.sessionAuth)
+	v1.POST("/signals", s.send, s.sessionAuth)
+	v1.GET("/signals", s.drain, s.sessionAuth)
+	v1.POST("/signals/ack", s.ack, s.sessionAuth)
+	v1.GET("/ws", s.attach)
+
+	ops := v1.Group("/ops", s.adminAuth)
+	ops.POST("/api_keys", s.createAPIKey)
+	ops.GET("/route_state", s.routeStateList)
+	ops.GET("/route_state/:tenant/:project/:session", s.routeStateOne)
+}
+
+// Handler is the hub's http.Handler.
+func (s *Server) Handler() http.Handler { return s.echo }
+
+// InstanceID is this instance's id.
+func (s *Server) InstanceID() string { return s.cfg.InstanceID }
+
+// SetDraining marks the instance as draining: /readyz answers 503 and new
+// work is refused with draining. It is the first step of shutdown.
+func (s *Server) SetDraining() { s.draining.Store(true) }
+
+// Draining reports whether SetDraining was called.
+func (s *Server) Draining() bool { return s.draining.Load() }
+
+// CloseConnections is the WebSocket step of shutdown: it refuses new
+// attaches, closes every attached connection with 1012 (hub restarting) and
+// waits, until ctx ends, for their handlers to finish.
+func (s *Server) CloseConnections(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	s.closeAll(statusRestarting, "hub restarting", "shutdown")
+	done := make(chan struct{})
+	go func() {
+		s.wsWG.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("websocket handlers still running: %w", ctx.Err())
+	}
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
+// Run runs the hub's background loops (pruning, bucket sweeps) until ctx
+// ends, and returns when they have all stopped.
+func (s *Server) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { s.every(ctx, s.cfg.Retention.Every, s.prune); return nil })
+	g.Go(func() error {
+		s.every(ctx, 30*time.Second, func(context.Context) {
+			s.selfheal.Sweep()
+			s.limits.sweep()
+		})
+		return nil
+	})
+	return g.Wait()
+}
+
+// every runs fn each period until ctx ends.
+func (s *Server) every(ctx context.Context, period time.Duration, fn func(context.Context)) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn(ctx)
+		}
+	}
+}
+
+// prune applies the retention policy once.
+func (s *Server) prune(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	now := s.now()
+	sigs, sessions, err := s.store.Prune(ctx, now.Add(-s.cfg.Retention.Acked), now.Add(-s.cfg.Retention.Expired))
+	if err != nil {
+		s.log.Warn("prune", "err", err)
+		return
+	}
+	s.metrics.pruned.WithLabelValues("signals").Add(float64(sigs))
+	s.metrics.pruned.WithLabelValues("sessions").Add(float64(sessions))
+	if sigs+sessions > 0 {
+		s.log.Debug("pruned", "signals", sigs, "sessions", sessions)
+	}
+}
+
+// Shutdown stops accepting work, closes WebSockets and the HTTP server.
+// Background loops are the caller's (Run's context).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.SetDraining()
+	err := s.CloseConnections(ctx)
+	return errors.Join(err, s.echo.Shutdown(ctx))
+}
+
+// storeDeadline bounds the store calls of ordinary requests so that an
+// unreachable store answers 503 quickly instead of hanging.
+func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if c.Path() == "/v1/ws" {
+			return next(c)
+		}
+		ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
+		defer cancel()
+		c.SetRequest(c.Request().WithContext(ctx))
+		return next(c)
+	}
+}
+
+func (s *Server) healthz(c echo.Context) error {
+	return c.JSON(http.StatusOK, map[string]string{"status": "ok", "instance_id": s.cfg.InstanceID})
+}
+
+func (s *Server) readyz(c echo.Context) error {
+	if s.Draining() {
+		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "draining", Message: "this instance is draining"}})
+	}
+	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
+	defer cancel()
+	if err := s.store.Ping(ctx); err != nil {
+		s.log.Warn("readyz: store unreachable", "err", err)
+		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: "the session registry cannot be reached"}})
+	}
+	return c.JSON(http.StatusOK, map[string]string{"status": "ready", "instance_id": s.cfg.InstanceID})
+}

@@ -1,0 +1,222 @@
+package hub
+
+import (
+	"errors"
+	"net/http"
+	"regexp"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/signals"
+)
+
+// registerBodyLimit bounds a registration body.
+const registerBodyLimit = 16 << 10
+
+type registerRequest struct {
+	SessionID   string `json:"session_id"`
+	Surface     string `json:"surface"`
+	RuntimeMode string `json:"runtime_mode"`
+	ClientID    string `json:"client_id"`
+	Hints       struct {
+		LocalState  bool `json:"local_state"`
+		SideEffects bool `json:"side_effects"`
+	} `json:"hints"`
+}
+
+type sessionResponse struct {
+	SessionID                string    `json:"session_id"`
+	Token                    string    `json:"token"`
+	TenantID                 string    `json:"tenant_id"`
+	ProjectID                string    `json:"project_id"`
+	Surface                  string    `json:"surface"`
+	RuntimeMode              string    `json:"runtime_mode"`
+	RuntimeModeSource        string    `json:"runtime_mode_source"`
+	InstanceID               string    `json:"instance_id"`
+	InstanceURL              *string   `json:"instance_url"`
+	RegisteredAt             time.Time `json:"registered_at"`
+	ExpiresAt                time.Time `json:"expires_at"`
+	HeartbeatIntervalSeconds int       `json:"heartbeat_interval_seconds"`
+}
+
+var (
+	consoleSurface = regexp.MustCompile(`^console_[A-Za-z0-9._-]{1,64}$`)
+	clientIDRe     = regexp.MustCompile(`^[\x21-\x7e]{1,128}$`)
+)
+
+// validSurface reports whether surface is one of the contract's surfaces.
+func validSurface(surface string) bool {
+	switch surface {
+	case "claude_code", "headless_cc", "headless_cx", "codex":
+		return true
+	}
+	return consoleSurface.MatchString(surface)
+}
+
+// register is POST /v1/sessions: create, or resume with the current token.
+func (s *Server) register(c echo.Context) error {
+	if s.Draining() {
+		return marconi.Errorf(marconi.CodeDraining, "this instance is draining; register elsewhere")
+	}
+	owner, err := s.apiKeyOwner(c)
+	if err != nil {
+		return err
+	}
+	var req registerRequest
+	if err := decodeBody(c, registerBodyLimit, &req); err != nil {
+		return err
+	}
+	if req.SessionID != "" && !signals.ValidSessionID(req.SessionID) {
+		return marconi.Errorf(marconi.CodeInvalidField, "session_id must match [A-Za-z0-9._-]{1,128}")
+	}
+	if !validSurface(req.Surface) {
+		return marconi.Errorf(marconi.CodeInvalidSurface, "surface %q is not one of claude_code, console_<name>, headless_cc, headless_cx, codex", req.Surface)
+	}
+	if req.ClientID != "" && !clientIDRe.MatchString(req.ClientID) {
+		return marconi.Errorf(marconi.CodeInvalidField, "client_id must be 1 to 128 printable ASCII characters")
+	}
+	if req.RuntimeMode != "" {
+		if _, err := fabric.NormalizeRuntimeMode(req.RuntimeMode); err != nil {
+			if errors.Is(err, fabric.ErrReservedMode) {
+				return marconi.Errorf(marconi.CodeReservedRuntimeMode, "runtime_mode %q is reserved and not implemented; use stateless or sticky", req.RuntimeMode)
+			}
+			return marconi.Errorf(marconi.CodeInvalidRuntimeMode, "runtime_mode %q is unknown; use stateless or sticky", req.RuntimeMode)
+		}
+	}
+	ctx := c.Request().Context()
+	now := s.now()
+	token := NewSecret(prefixSessionToken)
+
+	if old := c.Request().Header.Get("X-Marconi-Session-Token"); old != "" && req.SessionID != "" {
+		k := sessionstore.Key{TenantID: owner.TenantID, ProjectID: owner.ProjectID, SessionID: req.SessionID}
+		sess, err := s.store.ResumeSession(ctx, k, hashSecret(old), hashSecret(token),
+			sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)
+		switch {
+		case err == nil:
+			s.metrics.registrations.WithLabelValues("resumed").Inc()
+			return c.JSON(http.StatusOK, s.sessionResponse(sess, token))
+		case errors.Is(err, sessionstore.ErrTokenMismatch):
+			return marconi.Errorf(marconi.CodeForbidden, "session %q is live and this is not its current token", req.SessionID)
+		case !errors.Is(err, sessionstore.ErrNotFound):
+			return err
+		}
+		// Expired or deleted: the id is free again; register anew.
+	}
+
+	id := req.SessionID
+	if id == "" {
+		id = newSessionID()
+	}
+	mode, source := s.placer.RuntimeMode(req.RuntimeMode, req.ClientID, fabric.Hints{Surface: req.Surface, LocalState: req.Hints.LocalState, SideEffects: req.Hints.SideEffects})
+	sess := sessionstore.Session{
+		Key:               sessionstore.Key{TenantID: owner.TenantID, ProjectID: owner.ProjectID, SessionID: id},
+		Surface:           req.Surface,
+		RuntimeMode:       mode,
+		RuntimeModeSource: source,
+		ClientID:          req.ClientID,
+		TokenHash:         hashSecret(token),
+		RegisteredAt:      now,
+		ExpiresAt:         now.Add(s.cfg.SessionTTL),
+	}
+	if mode == fabric.ModeSticky {
+		inst, err := s.placer.Assign(ctx)
+		if err != nil {
+			return err
+		}
+		sess.AssignedInstance = inst
+	}
+	sess, err = s.store.CreateSession(ctx, sess, now)
+	if errors.Is(err, sessionstore.ErrConflict) {
+		return marconi.Errorf(marconi.CodeForbidden, "session %q is live; present its current token in X-Marconi-Session-Token to resume it", id)
+	}
+	if err != nil {
+		return err
+	}
+	if source == fabric.SourceAdaptive {
+		s.placer.CountAdaptivePlacement(ctx)
+	}
+	s.metrics.registrations.WithLabelValues("created").Inc()
+	return c.JSON(http.StatusCreated, s.sessionResponse(sess, token))
+}
+
+func (s *Server) sessionResponse(sess sessionstore.Session, token string) sessionResponse {
+	r := sessionResponse{
+		SessionID: sess.SessionID, Token: token, TenantID: sess.TenantID, ProjectID: sess.ProjectID,
+		Surface: sess.Surface, RuntimeMode: sess.RuntimeMode, RuntimeModeSource: sess.RuntimeModeSource,
+		InstanceID:   s.cfg.InstanceID,
+		RegisteredAt: sess.RegisteredAt.UTC(), ExpiresAt: sess.ExpiresAt.UTC(),
+		HeartbeatIntervalSeconds: int(s.cfg.HeartbeatInterval / time.Second),
+	}
+	if sess.RuntimeMode == fabric.ModeSticky && sess.AssignedInstance != "" {
+		r.InstanceID = sess.AssignedInstance
+		u := s.placer.URL(sess.AssignedInstance)
+		r.InstanceURL = &u
+	}
+	return r
+}
+
+type heartbeatResponse struct {
+	SessionID  string       `json:"session_id"`
+	RouteState string       `json:"route_state"`
+	ExpiresAt  time.Time    `json:"expires_at"`
+	Pending    []signalJSON `json:"pending"`
+}
+
+// heartbeat is POST /v1/heartbeat: proof of life, expiry extended, and the
+// caller's pending signals when it has no attached queue.
+func (s *Server) heartbeat(c echo.Context) error {
+	sess := session(c)
+	ctx := c.Request().Context()
+	now := s.now()
+	exp := now.Add(s.cfg.SessionTTL)
+	if err := s.store.TouchSession(ctx, sess.Key, sessionstore.Touch{SeenAt: now, VerbAt: now, ExpiresAt: exp}, now); err != nil {
+		if errors.Is(err, sessionstore.ErrNotFound) {
+			return marconi.Errorf(marconi.CodeSessionExpired, "this session expired; register again")
+		}
+		return err
+	}
+	sess.LastSeenAt, sess.LastVerbAt, sess.ExpiresAt = now, now, exp
+	route := s.Route(ctx, sess)
+	resp := heartbeatResponse{
+		SessionID:  sess.SessionID,
+		RouteState: signals.Classify(sess, route, now, s.signals.Config().Freshness),
+		ExpiresAt:  exp.UTC(),
+		Pending:    []signalJSON{},
+	}
+	if !route.Attached {
+		p, err := s.signals.Pending(ctx, sess.Key, 0, s.signals.Config().PiggybackLimit)
+		if err != nil {
+			return err
+		}
+		resp.Pending = toSignalsJSON(p)
+	}
+	return c.JSON(http.StatusOK, resp)
+}
+
+// deregister is DELETE /v1/session.
+func (s *Server) deregister(c echo.Context) error {
+	sess := session(c)
+	err := s.store.DeleteSession(c.Request().Context(), sess.Key)
+	if err != nil && !errors.Is(err, sessionstore.ErrNotFound) {
+		return err
+	}
+	s.kickSession(sess.Key, statusSessionExpired, "session deregistered", "deregistered")
+	return c.NoContent(http.StatusNoContent)
+}
+
+// touchVerb records an authenticated call as proof of life, at most once per
+// TouchInterval per session (the loaded session says when it was last written).
+func (s *Server) touchVerb(c echo.Context, sess sessionstore.Session) {
+	now := s.now()
+	if now.Sub(sess.LastVerbAt) < s.cfg.TouchInterval {
+		return
+	}
+	err := s.store.TouchSession(c.Request().Context(), sess.Key, sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)
+	if err != nil {
+		s.log.Debug("touch verb", keyAttrs(sess.Key), "err", err)
+	}
+}

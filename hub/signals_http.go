@@ -1,0 +1,170 @@
+package hub
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/signals"
+)
+
+// signalJSON is the wire form of a signal.
+type signalJSON struct {
+	ID          string          `json:"id"`
+	Seq         int64           `json:"seq"`
+	FromSession string          `json:"from_session"`
+	ToSession   string          `json:"to_session"`
+	Kind        string          `json:"kind"`
+	Payload     json.RawMessage `json:"payload"`
+	CreatedAt   time.Time       `json:"created_at"`
+}
+
+func toSignalJSON(s sessionstore.Signal) signalJSON {
+	return signalJSON{ID: s.ID, Seq: s.Seq, FromSession: s.FromSession, ToSession: s.To.SessionID,
+		Kind: s.Kind, Payload: s.Payload, CreatedAt: s.CreatedAt.UTC()}
+}
+
+func toSignalsJSON(sigs []sessionstore.Signal) []signalJSON {
+	out := make([]signalJSON, len(sigs))
+	for i, s := range sigs {
+		out[i] = toSignalJSON(s)
+	}
+	return out
+}
+
+type sendRequest struct {
+	ToSession      string          `json:"to_session"`
+	Kind           string          `json:"kind"`
+	Payload        json.RawMessage `json:"payload"`
+	IdempotencyKey string          `json:"idempotency_key"`
+}
+
+type selfhealJSON struct {
+	Recipient *string `json:"recipient"`
+	Sender    *string `json:"sender"`
+}
+
+type sendResponse struct {
+	SignalID            string       `json:"signal_id"`
+	Seq                 int64        `json:"seq"`
+	Delivery            string       `json:"delivery"`
+	RecipientRouteState string       `json:"recipient_route_state"`
+	SelfhealOutcome     *string      `json:"selfheal_outcome"`
+	RecipientRouteStale bool         `json:"recipient_route_stale,omitzero"`
+	SenderRouteStale    bool         `json:"sender_route_stale,omitzero"`
+	Selfheal            selfhealJSON `json:"selfheal"`
+	Duplicate           bool         `json:"duplicate"`
+	Pending             []signalJSON `json:"pending"`
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// send is POST /v1/signals.
+func (s *Server) send(c echo.Context) error {
+	sender := session(c)
+	if s.Draining() {
+		return marconi.Errorf(marconi.CodeDraining, "this instance is draining; send through another")
+	}
+	if !s.limits.allow(sender.Key) {
+		return marconi.Errorf(marconi.CodeTooManyRequests, "more than %g sends a second from this session", s.cfg.SendRatePerSecond)
+	}
+	var req sendRequest
+	// The payload limit applies to the payload; the body may carry the rest.
+	if err := decodeBody(c, int64(s.cfg.MaxPayloadBytes)+16<<10, &req); err != nil {
+		return err
+	}
+	res, err := s.signals.Send(c.Request().Context(), signals.SendRequest{
+		Sender: sender, To: req.ToSession, Kind: req.Kind, Payload: req.Payload, IdempotencyKey: req.IdempotencyKey,
+	})
+	if err != nil {
+		return err
+	}
+	s.touchVerb(c, sender)
+	return c.JSON(http.StatusOK, sendResponse{
+		SignalID:            res.Signal.ID,
+		Seq:                 res.Signal.Seq,
+		Delivery:            res.Delivery,
+		RecipientRouteState: res.RouteState,
+		SelfhealOutcome:     nullable(res.SelfHeal.Outcome),
+		RecipientRouteStale: res.SelfHeal.RecipientRouteStale,
+		SenderRouteStale:    res.SelfHeal.SenderRouteStale,
+		Selfheal:            selfhealJSON{Recipient: nullable(res.SelfHeal.Recipient), Sender: nullable(res.SelfHeal.Sender)},
+		Duplicate:           res.Duplicate,
+		Pending:             toSignalsJSON(res.Pending),
+	})
+}
+
+type drainResponse struct {
+	Signals      []signalJSON `json:"signals"`
+	NextAfterSeq int64        `json:"next_after_seq"`
+}
+
+// drain is GET /v1/signals?after_seq=N&limit=M.
+func (s *Server) drain(c echo.Context) error {
+	sess := session(c)
+	after, err := queryInt(c, "after_seq", 0)
+	if err != nil {
+		return err
+	}
+	limit, err := queryInt(c, "limit", int64(s.signals.Config().DrainLimit))
+	if err != nil {
+		return err
+	}
+	if limit < 1 {
+		return marconi.Errorf(marconi.CodeInvalidField, "limit must be at least 1")
+	}
+	sigs, err := s.signals.Pending(c.Request().Context(), sess.Key, after, int(min(limit, int64(s.signals.Config().DrainLimit))))
+	if err != nil {
+		return err
+	}
+	s.touchVerb(c, sess)
+	next := after
+	if len(sigs) > 0 {
+		next = sigs[len(sigs)-1].Seq
+	}
+	return c.JSON(http.StatusOK, drainResponse{Signals: toSignalsJSON(sigs), NextAfterSeq: next})
+}
+
+func queryInt(c echo.Context, name string, def int64) (int64, error) {
+	v := c.QueryParam(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, marconi.Errorf(marconi.CodeInvalidField, "%s must be a non-negative integer", name)
+	}
+	return n, nil
+}
+
+type ackRequest struct {
+	UpToSeq *int64 `json:"up_to_seq"`
+}
+
+// ack is POST /v1/signals/ack.
+func (s *Server) ack(c echo.Context) error {
+	sess := session(c)
+	var req ackRequest
+	if err := decodeBody(c, 4<<10, &req); err != nil {
+		return err
+	}
+	if req.UpToSeq == nil || *req.UpToSeq < 0 {
+		return marconi.Errorf(marconi.CodeInvalidField, "up_to_seq is required and must be a non-negative integer")
+	}
+	n, err := s.signals.Ack(c.Request().Context(), sess.Key, *req.UpToSeq)
+	if err != nil {
+		return err
+	}
+	s.touchVerb(c, sess)
+	return c.JSON(http.StatusOK, map[string]int{"acked": n})
+}

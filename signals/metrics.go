@@ -1,0 +1,41 @@
+package signals
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	sent        *prometheus.CounterVec
+	duplicates  prometheus.Counter
+	acked       prometheus.Counter
+	sendSeconds prometheus.Histogram
+}
+
+func newMetrics(r prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "marconi_signals_sent_total",
+			Help: "Signals stored by a send, by delivery classification.",
+		}, []string{"delivery"}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "marconi_signals_duplicate_total",
+			Help: "Sends answered from an earlier signal with the same idempotency key.",
+		}),
+		acked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "marconi_signals_acked_total",
+			Help: "Signals acknowledged by their recipients.",
+		}),
+		sendSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "marconi_send_duration_seconds",
+			Help:    "Time to handle a send, from validation to the answer (excluding HTTP).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.sent, m.duplicates, m.acked, m.sendSeconds} {
+		if err := r.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	for _, d := range []string{DeliveryPushed, DeliveryQueuedOffline, DeliveryNotAvailableOffline} {
+		m.sent.WithLabelValues(d)
+	}
+	return m, nil
+}

@@ -1,0 +1,233 @@
+package signals
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/signals/selfheal"
+)
+
+// Config holds the send path's limits.
+type Config struct {
+	// MaxPayloadBytes is MARCONI_MAX_PAYLOAD_BYTES (65536): the largest
+	// encoded payload of one signal.
+	MaxPayloadBytes int
+	// IdempotencyWindow is how long an idempotency key is remembered (24 h).
+	IdempotencyWindow time.Duration
+	// Freshness is the route-state freshness window,
+	// MARCONI_SELFHEAL_FRESHNESS_SECONDS (300), whether or not self-heal is on.
+	Freshness time.Duration
+	// PiggybackLimit is how many pending signals ride on a response (50).
+	PiggybackLimit int
+	// DrainLimit caps one drain page (500).
+	DrainLimit int
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxPayloadBytes == 0 {
+		c.MaxPayloadBytes = 65536
+	}
+	if c.IdempotencyWindow == 0 {
+		c.IdempotencyWindow = 24 * time.Hour
+	}
+	if c.Freshness == 0 {
+		c.Freshness = 300 * time.Second
+	}
+	if c.PiggybackLimit == 0 {
+		c.PiggybackLimit = 50
+	}
+	if c.DrainLimit == 0 {
+		c.DrainLimit = 500
+	}
+}
+
+// Service is the send path. It is safe for concurrent use.
+type Service struct {
+	cfg      Config
+	store    sessionstore.Store
+	router   Router
+	selfheal *selfheal.Evaluator
+	now      func() time.Time
+	log      *slog.Logger
+	metrics  *metrics
+}
+
+// New builds the send path. sh may be disabled (its Config().Enabled false)
+// but not nil.
+func New(cfg Config, store sessionstore.Store, router Router, sh *selfheal.Evaluator, now func() time.Time, reg prometheus.Registerer, log *slog.Logger) (*Service, error) {
+	cfg.setDefaults()
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Service{cfg: cfg, store: store, router: router, selfheal: sh, now: now, log: log, metrics: m}, nil
+}
+
+// Config returns the service's configuration with defaults applied.
+func (s *Service) Config() Config { return s.cfg }
+
+// SendRequest is one POST /v1/signals, already authenticated.
+type SendRequest struct {
+	// Sender is the caller's session as loaded before this call.
+	Sender         sessionstore.Session
+	To             string
+	Kind           string
+	Payload        json.RawMessage
+	IdempotencyKey string
+}
+
+// SendResult is the answer to a send.
+type SendResult struct {
+	Signal     sessionstore.Signal
+	Delivery   string
+	RouteState string
+	Duplicate  bool
+	SelfHeal   selfheal.Result
+	// Pending are the sender's own unacknowledged signals when it has no
+	// attached queue (piggyback drain); nil otherwise.
+	Pending []sessionstore.Signal
+}
+
+var (
+	idPattern   = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+	kindPattern = regexp.MustCompile(`^[A-Za-z0-9._:/-]{1,64}$`)
+)
+
+// ValidSessionID reports whether id has the form of a session id.
+func ValidSessionID(id string) bool { return idPattern.MatchString(id) }
+
+// Send persists a signal, classifies its recipient's route, evaluates the
+// self-heal gates and hands it to the recipient's queue. The signal is
+// durable when Send returns without error.
+func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error) {
+	start := s.now()
+	if err := s.validate(&req); err != nil {
+		return SendResult{}, err
+	}
+	toKey := sessionstore.Key{TenantID: req.Sender.TenantID, ProjectID: req.Sender.ProjectID, SessionID: req.To}
+	recipient, err := s.store.GetSession(ctx, toKey, start)
+	if errors.Is(err, sessionstore.ErrNotFound) {
+		return SendResult{}, marconi.Errorf(marconi.CodeRecipientNotRegistered, "no live session %q in this project", req.To)
+	}
+	if err != nil {
+		return SendResult{}, fmt.Errorf("load recipient: %w", err)
+	}
+
+	rRoute := s.router.Route(ctx, recipient)
+	state := Classify(recipient, rRoute, start, s.cfg.Freshness)
+	sig, dup, err := s.store.AppendSignal(ctx, sessionstore.NewSignal{
+		ID:               uuid.NewString(),
+		To:               toKey,
+		FromSession:      req.Sender.SessionID,
+		Kind:             req.Kind,
+		Payload:          req.Payload,
+		CreatedAt:        start,
+		IdempotencyKey:   req.IdempotencyKey,
+		IdempotencySince: start.Add(-s.cfg.IdempotencyWindow),
+		Delivery:         DeliveryFor(state),
+		RouteState:       state,
+	}, start)
+	if errors.Is(err, sessionstore.ErrNotFound) {
+		return SendResult{}, marconi.Errorf(marconi.CodeRecipientNotRegistered, "no live session %q in this project", req.To)
+	}
+	if err != nil {
+		return SendResult{}, fmt.Errorf("append signal: %w", err)
+	}
+	res := SendResult{Signal: sig, Delivery: sig.Delivery, RouteState: sig.RouteState, Duplicate: dup}
+	if dup {
+		// The first send's answer; nothing new is stored, delivered or counted.
+		s.metrics.duplicates.Inc()
+		return s.piggyback(ctx, req.Sender, s.router.Route(ctx, req.Sender), res)
+	}
+	// Always offer the signal to the recipient's queue: an attach that raced
+	// this send may have missed it in its replay.
+	s.router.Deliver(ctx, recipient, sig)
+	s.metrics.sent.WithLabelValues(res.Delivery).Inc()
+
+	sRoute := s.router.Route(ctx, req.Sender)
+	res.SelfHeal = s.selfheal.Evaluate(party(recipient, rRoute), party(req.Sender, sRoute))
+	res, err = s.piggyback(ctx, req.Sender, sRoute, res)
+	s.metrics.sendSeconds.Observe(s.now().Sub(start).Seconds())
+	return res, err
+}
+
+// piggyback adds the sender's own pending signals when it has no queue.
+func (s *Service) piggyback(ctx context.Context, sender sessionstore.Session, r Route, res SendResult) (SendResult, error) {
+	if r.Attached {
+		return res, nil
+	}
+	p, err := s.Pending(ctx, sender.Key, 0, s.cfg.PiggybackLimit)
+	if err != nil {
+		return res, err
+	}
+	res.Pending = p
+	return res, nil
+}
+
+func party(sess sessionstore.Session, r Route) selfheal.Party {
+	return selfheal.Party{
+		TenantID: sess.TenantID, ProjectID: sess.ProjectID, SessionID: sess.SessionID,
+		Surface: sess.Surface, ProofOfLife: sess.FreshestProofOfLife(), HasQueue: r.Attached,
+	}
+}
+
+func (s *Service) validate(req *SendRequest) error {
+	if req.To == "" {
+		return marconi.Errorf(marconi.CodeInvalidField, "to_session is required")
+	}
+	if !ValidSessionID(req.To) {
+		return marconi.Errorf(marconi.CodeInvalidField, "to_session must match [A-Za-z0-9._-]{1,128}")
+	}
+	if req.Kind == "" {
+		req.Kind = "signal"
+	}
+	if !kindPattern.MatchString(req.Kind) {
+		return marconi.Errorf(marconi.CodeInvalidField, "kind must match [A-Za-z0-9._:/-]{1,64}")
+	}
+	if len(req.Payload) == 0 {
+		req.Payload = json.RawMessage("null")
+	}
+	if len(req.Payload) > s.cfg.MaxPayloadBytes {
+		return marconi.Errorf(marconi.CodePayloadTooLarge, "payload is %d bytes encoded; the limit is %d", len(req.Payload), s.cfg.MaxPayloadBytes)
+	}
+	if len(req.IdempotencyKey) > 256 {
+		return marconi.Errorf(marconi.CodeInvalidField, "idempotency_key is longer than 256 bytes")
+	}
+	return nil
+}
+
+// Pending returns k's unacknowledged signals after afterSeq, oldest first, at
+// most limit (capped by DrainLimit).
+func (s *Service) Pending(ctx context.Context, k sessionstore.Key, afterSeq int64, limit int) ([]sessionstore.Signal, error) {
+	if limit <= 0 || limit > s.cfg.DrainLimit {
+		limit = s.cfg.DrainLimit
+	}
+	sigs, err := s.store.PendingSignals(ctx, k, afterSeq, limit)
+	if err != nil {
+		return nil, fmt.Errorf("pending signals: %w", err)
+	}
+	return sigs, nil
+}
+
+// Ack acknowledges every signal of k with seq <= upToSeq.
+func (s *Service) Ack(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error) {
+	n, err := s.store.AckSignals(ctx, k, upToSeq, s.now())
+	if err != nil {
+		return 0, fmt.Errorf("ack signals: %w", err)
+	}
+	s.metrics.acked.Add(float64(n))
+	return n, nil
+}
