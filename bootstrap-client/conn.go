@@ -25,8 +25,13 @@ type delivery struct {
 // the WebSocket, wait for the welcome. It returns the attached connection and
 // its generation.
 func (c *Client) connect(ctx context.Context) (*websocket.Conn, uint64, error) {
-	if err := c.register(ctx); err != nil {
-		return nil, 0, err
+	c.mu.Lock()
+	fresh := c.fresh
+	c.mu.Unlock()
+	if !fresh { // a token just registered needs no resume
+		if err := c.register(ctx); err != nil {
+			return nil, 0, err
+		}
 	}
 	a := c.currentAuth()
 	conn, gen, err := c.attach(ctx)
@@ -75,6 +80,7 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 		}
 		c.mu.Lock()
 		c.conn = conn
+		c.fresh = false
 		c.gen++
 		gen := c.gen
 		c.immediate = false

@@ -66,17 +66,19 @@ func (c *Client) do(ctx context.Context, method, path, bearer string, header htt
 // session_expired, after which the same session_id is registered again), the
 // call is made once more with the new token.
 func (c *Client) sessionCall(ctx context.Context, method, path string, in, out any) (auth, error) {
-	for retried := false; ; retried = true {
+	reregistered := false
+	for attempt := 1; ; attempt++ {
 		a := c.currentAuth()
 		_, err := c.do(ctx, method, path, a.token, nil, in, out)
 		var he *Error
-		if err == nil || retried || !errors.As(err, &he) {
+		if err == nil || attempt == maxCallAttempts || !errors.As(err, &he) {
 			return a, err
 		}
 		switch {
-		case he.Status == http.StatusUnauthorized && c.currentAuth().token != a.token:
+		case he.Status == http.StatusUnauthorized && c.tokenRotated(a.token):
 			continue
-		case he.Code == codeSessionExpired:
+		case he.Code == codeSessionExpired && !reregistered:
+			reregistered = true
 			if rerr := c.reregister(ctx, a.token); rerr != nil {
 				return a, errors.Join(err, rerr)
 			}
@@ -85,6 +87,19 @@ func (c *Client) sessionCall(ctx context.Context, method, path string, in, out a
 		return a, err
 	}
 }
+
+// tokenRotated reports whether a resume replaced token, waiting for a
+// registration under way: the hub may have rotated the token before the
+// client has read the answer.
+func (c *Client) tokenRotated(token string) bool {
+	c.regMu.Lock()
+	c.regMu.Unlock() // only waits for a registration in flight
+	return c.currentAuth().token != token
+}
+
+// maxCallAttempts bounds how often one session call is made when the token
+// keeps changing under it.
+const maxCallAttempts = 3
 
 // register registers the session, or resumes it when the client holds a
 // token (X-Marconi-Session-Token). A resume of a session the hub no longer
@@ -164,6 +179,7 @@ func (c *Client) adopt(res registerResponse, created bool) {
 	defer c.mu.Unlock()
 	c.sessionID = res.SessionID
 	c.token = res.Token
+	c.fresh = true
 	if created {
 		c.epoch++
 	}

@@ -1,0 +1,435 @@
+package bootstrap
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"go.uber.org/goleak"
+)
+
+// fakeHub speaks just enough of the wire contract to drive the client's
+// reactions to each hub answer from the outside: scripted send answers, close
+// codes, wrong_instance, session_expired. The real hub's behaviour is pinned
+// by the integration tests against hubtest.
+type fakeHub struct {
+	t   *testing.T
+	srv *httptest.Server
+	// front is another "instance" sharing the hub's state whose /v1/ws
+	// answers 409 wrong_instance pointing at srv.
+	front *httptest.Server
+
+	mu            sync.Mutex
+	token         string
+	tokens        int
+	registers     []int // statuses answered by POST /v1/sessions
+	attaches      int
+	conn          *websocket.Conn
+	acks          []int64
+	affinityReset bool
+	replay        []Signal
+	sendAnswer    func(n int) (int, any) // status and body of the n-th send (from 1)
+	sends         int
+	expired       bool // the next session call answers 410
+	connDone      chan struct{}
+	closedWith    websocket.StatusCode // how the client closed the last WebSocket
+}
+
+func newFakeHub(t *testing.T) *fakeHub {
+	h := &fakeHub{t: t}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/sessions", h.register)
+	mux.HandleFunc("GET /v1/ws", h.ws)
+	mux.HandleFunc("POST /v1/signals", h.send)
+	mux.HandleFunc("POST /v1/heartbeat", func(w http.ResponseWriter, r *http.Request) {
+		if h.auth(w, r) {
+			writeJSON(w, 200, map[string]any{"route_state": "attached", "pending": []Signal{}})
+		}
+	})
+	mux.HandleFunc("GET /v1/signals", func(w http.ResponseWriter, r *http.Request) {
+		if h.auth(w, r) {
+			writeJSON(w, 200, map[string]any{"signals": []Signal{}, "next_after_seq": 0})
+		}
+	})
+	mux.HandleFunc("POST /v1/signals/ack", func(w http.ResponseWriter, r *http.Request) {
+		if h.auth(w, r) {
+			writeJSON(w, 200, map[string]any{"acked": 0})
+		}
+	})
+	h.srv = httptest.NewServer(mux)
+	h.front = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/ws" {
+			writeJSON(w, 409, map[string]any{"error": map[string]any{"code": codeWrongInstance, "message": "elsewhere", "instance_id": "b", "instance_url": h.srv.URL + "/"}})
+			return
+		}
+		mux.ServeHTTP(w, r)
+	}))
+	return h
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func hubError(w http.ResponseWriter, status int, code string) {
+	writeJSON(w, status, map[string]any{"error": map[string]any{"code": code, "message": code}})
+}
+
+// close ends the live WebSocket, then the server.
+func (h *fakeHub) close() {
+	h.mu.Lock()
+	conn := h.conn
+	h.mu.Unlock()
+	if conn != nil {
+		_ = conn.CloseNow()
+	}
+	h.srv.Close()
+	h.front.Close()
+}
+
+func (h *fakeHub) register(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Authorization") != "Bearer key" {
+		hubError(w, 401, "unauthorized")
+		return
+	}
+	var req registerRequest
+	_ = json.NewDecoder(r.Body).Decode(&req)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	status := 201
+	if presented := r.Header.Get("X-Marconi-Session-Token"); presented != "" && presented == h.token && !h.expired {
+		status = 200
+	}
+	h.expired = false
+	h.tokens++
+	h.token = fmt.Sprintf("tok%d", h.tokens)
+	h.registers = append(h.registers, status)
+	id := req.SessionID
+	if id == "" {
+		id = "s1"
+	}
+	writeJSON(w, status, map[string]any{"session_id": id, "token": h.token, "heartbeat_interval_seconds": 3600})
+}
+
+// auth checks the session token; false when it answered.
+func (h *fakeHub) auth(w http.ResponseWriter, r *http.Request) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.expired:
+		hubError(w, 410, codeSessionExpired)
+	case r.Header.Get("Authorization") != "Bearer "+h.token:
+		hubError(w, 401, "unauthorized")
+	default:
+		return true
+	}
+	return false
+}
+
+func (h *fakeHub) ws(w http.ResponseWriter, r *http.Request) {
+	if !h.auth(w, r) {
+		return
+	}
+	conn, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return
+	}
+	h.mu.Lock()
+	h.attaches++
+	h.conn = conn
+	done := make(chan struct{})
+	h.connDone = done
+	reset, replay := h.affinityReset, h.replay
+	h.mu.Unlock()
+	defer close(done)
+	ctx := r.Context()
+	_ = writeFrame(ctx, conn, map[string]any{"type": "welcome", "session_id": "s1", "instance_id": "a", "affinity_reset": reset, "replayed": len(replay)})
+	for _, s := range replay {
+		_ = writeFrame(ctx, conn, frame{Type: "signal", Signal: s})
+	}
+	for {
+		_, data, err := conn.Read(ctx)
+		if err != nil {
+			h.mu.Lock()
+			h.closedWith = websocket.CloseStatus(err)
+			h.mu.Unlock()
+			return
+		}
+		var a ackRequest
+		if json.Unmarshal(data, &a) == nil && a.Type == "ack" {
+			h.mu.Lock()
+			h.acks = append(h.acks, a.UpToSeq)
+			h.mu.Unlock()
+		}
+	}
+}
+
+func writeFrame(ctx context.Context, conn *websocket.Conn, v any) error {
+	b, _ := json.Marshal(v)
+	return conn.Write(ctx, websocket.MessageText, b)
+}
+
+func (h *fakeHub) send(w http.ResponseWriter, r *http.Request) {
+	if !h.auth(w, r) {
+		return
+	}
+	h.mu.Lock()
+	h.sends++
+	n, answer := h.sends, h.sendAnswer
+	h.mu.Unlock()
+	if answer == nil {
+		writeJSON(w, 200, map[string]any{"signal_id": fmt.Sprint("sig", n), "seq": n, "delivery": "pushed_to_ws", "recipient_route_state": "attached"})
+		return
+	}
+	status, body := answer(n)
+	writeJSON(w, status, body)
+}
+
+// closeWS closes the live WebSocket from the hub's side with code.
+func (h *fakeHub) closeWS(code websocket.StatusCode) {
+	h.mu.Lock()
+	conn, done := h.conn, h.connDone
+	h.mu.Unlock()
+	_ = conn.Close(code, "test")
+	<-done
+}
+
+func (h *fakeHub) attachCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.attaches
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func dialFake(t *testing.T, url string, cfg Config) *Client {
+	t.Helper()
+	cfg.HubURL, cfg.APIKey, cfg.Surface = url, "key", "claude_code"
+	if testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	cfg.ReconnectBaseDelay, cfg.ReconnectMaxDelay = time.Millisecond, 10*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, cfg)
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	return c
+}
+
+func TestFakeWrongInstanceWelcomeReplayAndAck(t *testing.T) {
+	home := newFakeHub(t)
+	defer home.close()
+	home.affinityReset = true
+	home.replay = []Signal{{ID: "a", Seq: 1}, {ID: "b", Seq: 2}, {ID: "a", Seq: 1}, {ID: "c", Seq: 3}}
+
+	var mu sync.Mutex
+	var events []string
+	c := dialFake(t, home.front.URL, Config{
+		OnSignal:        func(s Signal) { mu.Lock(); events = append(events, s.ID); mu.Unlock() },
+		OnAffinityReset: func() { mu.Lock(); events = append(events, "reset"); mu.Unlock() },
+	})
+	defer c.Close()
+	eventually(t, "three signals", func() bool { mu.Lock(); defer mu.Unlock(); return len(events) == 4 })
+	mu.Lock()
+	if got := strings.Join(events, ","); got != "reset,a,b,c" {
+		t.Errorf("handler saw %s, want reset,a,b,c (reset first, duplicate dropped)", got)
+	}
+	mu.Unlock()
+	if n := home.attachCount(); n != 1 {
+		t.Errorf("attaches on the home instance = %d, want 1 (wrong_instance followed)", n)
+	}
+	eventually(t, "ack up to 3", func() bool {
+		home.mu.Lock()
+		defer home.mu.Unlock()
+		return len(home.acks) > 0 && home.acks[len(home.acks)-1] == 3
+	})
+}
+
+// staleAnswer answers sends as a hub that has no queue for the sender until
+// its first reattachment (sender), and none for the recipient (recipient).
+func (h *fakeHub) staleAnswer(sender, recipient bool) func(int) (int, any) {
+	return func(n int) (int, any) {
+		body := map[string]any{"signal_id": fmt.Sprint("sig", n), "seq": n, "delivery": "queued_offline",
+			"recipient_route_state": "route_without_queue", "selfheal_outcome": "attempted"}
+		if sender && h.attachCount() == 1 {
+			body["sender_route_stale"] = true
+		}
+		if recipient {
+			body["recipient_route_stale"] = true
+		}
+		return 200, body
+	}
+}
+
+func TestFakeSenderRouteStaleReconnectsOnce(t *testing.T) {
+	h := newFakeHub(t)
+	defer h.close()
+	c := dialFake(t, h.srv.URL, Config{})
+	defer c.Close()
+
+	h.mu.Lock()
+	h.sendAnswer = h.staleAnswer(true, true)
+	h.mu.Unlock()
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := c.Send(context.Background(), "peer", "", "hi")
+			if err != nil {
+				t.Errorf("Send = %+v, %v", res, err)
+			}
+		}()
+	}
+	wg.Wait()
+	eventually(t, "the reconnect", func() bool { return c.Stats().Reconnects == 1 && h.attachCount() == 2 })
+	if got := c.Stats(); got.SelfHealReconnects != 1 {
+		t.Errorf("stats %+v after 20 concurrent stale answers, want exactly one self-heal reconnect", got)
+	}
+	h.mu.Lock()
+	if st := h.registers; len(st) != 2 || st[1] != 200 {
+		t.Errorf("register answers %v: the reconnect must resume the session (200)", st)
+	}
+	h.mu.Unlock()
+
+}
+
+func TestFakeRecipientRouteStaleAloneChangesNothing(t *testing.T) {
+	h := newFakeHub(t)
+	defer h.close()
+	c := dialFake(t, h.srv.URL, Config{})
+	defer c.Close()
+	h.mu.Lock()
+	h.sendAnswer = h.staleAnswer(false, true)
+	h.mu.Unlock()
+	for range 5 {
+		res, err := c.Send(context.Background(), "peer", "k", nil)
+		if err != nil || !res.RecipientRouteStale || res.SenderRouteStale {
+			t.Fatalf("Send = %+v, %v", res, err)
+		}
+	}
+	c.mu.Lock()
+	pending := len(c.heal)
+	c.mu.Unlock()
+	if got := c.Stats(); got != (Stats{}) || pending != 0 || h.attachCount() != 1 {
+		t.Errorf("stats %+v, wake-ups %d, attaches %d: recipient_route_stale alone must cause nothing", got, pending, h.attachCount())
+	}
+}
+
+func TestFakeReplacedIsNotRedialed(t *testing.T) {
+	h := newFakeHub(t)
+	defer h.close()
+	c := dialFake(t, h.srv.URL, Config{})
+	defer c.Close()
+	h.closeWS(statusReplaced)
+	eventually(t, "the client to stand down", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.stopped
+	})
+	if n := h.attachCount(); n != 1 || c.Stats().Reconnects != 0 {
+		t.Errorf("attaches %d, stats %+v after 4409: the client fought the newer connection", n, c.Stats())
+	}
+}
+
+func TestFakeRestartingHubIsRedialed(t *testing.T) {
+	for _, code := range []websocket.StatusCode{websocket.StatusServiceRestart, 4429} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			h := newFakeHub(t)
+			defer h.close()
+			c := dialFake(t, h.srv.URL, Config{})
+			defer c.Close()
+			h.closeWS(code)
+			eventually(t, "the redial", func() bool { return c.Stats().Reconnects == 1 && h.attachCount() == 2 })
+			if got := c.Stats(); got.SelfHealReconnects != 0 || got.Reregistrations != 0 {
+				t.Errorf("stats %+v", got)
+			}
+		})
+	}
+}
+
+func TestFakeSessionExpiredReregisters(t *testing.T) {
+	h := newFakeHub(t)
+	defer h.close()
+	c := dialFake(t, h.srv.URL, Config{SessionID: "agent-7"})
+	defer c.Close()
+	h.mu.Lock()
+	h.expired = true
+	h.mu.Unlock()
+	res, err := c.Send(context.Background(), "peer", "", 1)
+	if err != nil || res.SignalID == "" {
+		t.Fatalf("Send after expiry = %+v, %v: want it re-registered and retried", res, err)
+	}
+	eventually(t, "the reattach", func() bool { return h.attachCount() == 2 })
+	if got := c.Stats(); got.Reregistrations != 1 {
+		t.Errorf("stats %+v, want one re-registration", got)
+	}
+	if c.SessionID() != "agent-7" {
+		t.Errorf("session id %q after re-registration, want the same agent-7", c.SessionID())
+	}
+	h.mu.Lock()
+	if st := h.registers; len(st) != 2 || st[1] != 201 {
+		t.Errorf("register answers %v, want a new registration (201)", st)
+	}
+	h.mu.Unlock()
+}
+
+func TestFakeDialErrorsAreTyped(t *testing.T) {
+	h := newFakeHub(t)
+	defer h.close()
+	_, err := Dial(context.Background(), Config{HubURL: h.srv.URL, APIKey: "wrong", Surface: "claude_code"})
+	var he *Error
+	if !errorsAs(err, &he) || he.Status != 401 || he.Code != "unauthorized" {
+		t.Fatalf("Dial with a bad key = %v, want *Error 401 unauthorized", err)
+	}
+}
+
+func TestFakeCloseIsNormalAndLeavesNothing(t *testing.T) {
+	h := newFakeHub(t)
+	c := dialFake(t, h.srv.URL, Config{OnSignal: func(Signal) {}})
+	if _, err := c.Send(context.Background(), "peer", "", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	done := h.connDone
+	h.mu.Unlock()
+	<-done
+	h.mu.Lock()
+	code := h.closedWith
+	h.mu.Unlock()
+	if code != websocket.StatusNormalClosure {
+		t.Errorf("hub saw the WebSocket end with %v, want 1000", code)
+	}
+	if _, err := c.Send(context.Background(), "peer", "", nil); err == nil {
+		t.Error("Send after Close succeeded")
+	}
+	_ = c.Close() // idempotent
+	h.close()
+	goleak.VerifyNone(t)
+}
