@@ -155,12 +155,12 @@ type Deps struct {
 
 // Server is one hub instance's HTTP server. It is safe for concurrent use.
 type Server struct {
-	cfg     Config
-	store   sessionstore.Store
-	log     *slog.Logger
-	now     func() time.Time
-	echo    *echo.Echo
-	metrics *metrics
+	cfg      Config
+	store    sessionstore.Store
+	log      *slog.Logger
+	now      func() time.Time
+	echo     *echo.Echo
+	metrics  *metrics
 	creds    *credentials
 	limits   *sendLimiter
 	registry *registry
