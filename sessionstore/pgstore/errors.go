@@ -1,0 +1,93 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/puddle/v2"
+
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+// Postgres error codes and classes this package maps.
+const (
+	codeUniqueViolation  = "23505"
+	classConnection      = "08" // connection_exception
+	codeAdminShutdown    = "57P01"
+	codeCrashShutdown    = "57P02"
+	codeCannotConnectNow = "57P03"
+	codeTooManyConns     = "53300"
+	codeQueryCanceled    = "57014" // statement_timeout or a cancel request after a deadline
+)
+
+// wrap turns err into the store's error for operation op: a sessionstore
+// sentinel where one applies (ErrNotFound, ErrConflict, ErrUnavailable), the
+// cause kept visible with %w. The text names the operation, never SQL.
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	switch {
+	case errors.Is(err, sessionstore.ErrNotFound),
+		errors.Is(err, sessionstore.ErrConflict),
+		errors.Is(err, sessionstore.ErrTokenMismatch),
+		errors.Is(err, sessionstore.ErrUnavailable):
+		return fmt.Errorf("pgstore: %s: %w", op, err)
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("pgstore: %s: %w", op, sessionstore.ErrNotFound)
+	case isConflict(err):
+		return fmt.Errorf("pgstore: %s: %w: %w", op, sessionstore.ErrConflict, err)
+	case isUnavailable(err):
+		return fmt.Errorf("pgstore: %s: %w: %w", op, sessionstore.ErrUnavailable, err)
+	}
+	return fmt.Errorf("pgstore: %s: %w", op, err)
+}
+
+func isConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == codeUniqueViolation
+}
+
+// isUnavailable reports whether err means Postgres could not be reached or
+// did not answer in time: the cases where the hub fails closed.
+func isUnavailable(err error) bool {
+	// Any failure to connect, whatever the server said (too many clients,
+	// starting up, a bad password), leaves the store unreachable.
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case len(pgErr.Code) == 5 && pgErr.Code[:2] == classConnection,
+			pgErr.Code == codeAdminShutdown, pgErr.Code == codeCrashShutdown,
+			pgErr.Code == codeCannotConnectNow, pgErr.Code == codeTooManyConns,
+			pgErr.Code == codeQueryCanceled:
+			return true
+		}
+		return false
+	}
+	var netErr net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded),
+		pgconn.Timeout(err),
+		errors.Is(err, puddle.ErrClosedPool),
+		errors.Is(err, net.ErrClosed),
+		errors.Is(err, io.EOF),
+		errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED),
+		errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE),
+		errors.Is(err, pgconn.ErrConnClosed),
+		errors.As(err, &netErr):
+		return true
+	}
+	return false
+}

@@ -1,0 +1,573 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+var _ sessionstore.Store = (*Store)(nil)
+
+// Defaults of the options.
+const (
+	// DefaultConnectTimeout bounds establishing one connection, so that an
+	// unreachable Postgres turns into ErrUnavailable quickly.
+	DefaultConnectTimeout = 3 * time.Second
+	// DefaultQueryTimeout bounds every call whose context has no earlier
+	// deadline, so that a half-open connection cannot hang a caller forever.
+	DefaultQueryTimeout = 10 * time.Second
+)
+
+// Option tunes Open.
+type Option func(*options)
+
+type options struct {
+	connectTimeout time.Duration
+	queryTimeout   time.Duration
+	maxConns       int32
+}
+
+// WithConnectTimeout sets how long establishing one connection may take
+// (default DefaultConnectTimeout). It overrides connect_timeout in the URL.
+func WithConnectTimeout(d time.Duration) Option {
+	return func(o *options) { o.connectTimeout = d }
+}
+
+// WithQueryTimeout sets the deadline each call gets when its context has no
+// earlier one (default DefaultQueryTimeout); 0 means none.
+func WithQueryTimeout(d time.Duration) Option {
+	return func(o *options) { o.queryTimeout = d }
+}
+
+// WithMaxConns sets the size of the connection pool (default: pgxpool's,
+// or pool_max_conns in the URL).
+func WithMaxConns(n int32) Option {
+	return func(o *options) { o.maxConns = n }
+}
+
+// Store is the Postgres sessionstore.Store. It is safe for concurrent use.
+type Store struct {
+	pool         *pgxpool.Pool
+	queryTimeout time.Duration
+	closed       atomic.Bool
+}
+
+// Open returns a Store on the database at databaseURL (postgres://...). It
+// does not connect: a hub can start while Postgres is down, answer
+// ErrUnavailable, and recover by itself when Postgres comes back. Open fails
+// only on a malformed URL.
+func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, error) {
+	o := options{connectTimeout: DefaultConnectTimeout, queryTimeout: DefaultQueryTimeout}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: malformed database URL: %w", err)
+	}
+	if o.connectTimeout > 0 {
+		cfg.ConnConfig.ConnectTimeout = o.connectTimeout
+	}
+	if o.maxConns > 0 {
+		cfg.MaxConns = o.maxConns
+	}
+	cfg.MinConns = 0 // never connect in the background at Open
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: open pool: %w", err)
+	}
+	return &Store{pool: pool, queryTimeout: o.queryTimeout}, nil
+}
+
+// call prepares a call: ErrUnavailable once closed, and the query timeout.
+func (s *Store) call(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	if s.closed.Load() {
+		return ctx, func() {}, fmt.Errorf("store closed: %w", sessionstore.ErrUnavailable)
+	}
+	if s.queryTimeout <= 0 {
+		return ctx, func() {}, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.queryTimeout)
+	return ctx, cancel, nil
+}
+
+// inTx runs fn in a transaction, committed when fn returns nil.
+func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// Ping implements sessionstore.Store.
+func (s *Store) Ping(ctx context.Context) error {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return wrap("ping", err)
+	}
+	return wrap("ping", s.pool.Ping(ctx))
+}
+
+// Close implements sessionstore.Store. Later calls return ErrUnavailable;
+// Close may be called more than once.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.pool.Close()
+	return nil
+}
+
+// --- sessions ---
+
+const sessionCols = `tenant_id, project_id, session_id, surface, runtime_mode, runtime_mode_source,
+	client_id, token_hash, registered_at, last_seen_at, last_verb_at, expires_at,
+	assigned_instance, queue_instance, queue_attached_at, queue_detached_at`
+
+func scanSession(row pgx.Row) (sessionstore.Session, error) {
+	var (
+		s                              sessionstore.Session
+		seen, verb, attached, detached *time.Time
+		registered, expires            time.Time
+	)
+	err := row.Scan(&s.TenantID, &s.ProjectID, &s.SessionID, &s.Surface, &s.RuntimeMode, &s.RuntimeModeSource,
+		&s.ClientID, &s.TokenHash, &registered, &seen, &verb, &expires,
+		&s.AssignedInstance, &s.QueueInstance, &attached, &detached)
+	if err != nil {
+		return sessionstore.Session{}, err
+	}
+	s.RegisteredAt, s.ExpiresAt = registered.UTC(), expires.UTC()
+	s.LastSeenAt, s.LastVerbAt = fromNull(seen), fromNull(verb)
+	s.QueueAttachedAt, s.QueueDetachedAt = fromNull(attached), fromNull(detached)
+	return s, nil
+}
+
+// CreateSession implements sessionstore.Store.
+func (s *Store) CreateSession(ctx context.Context, in sessionstore.Session, now time.Time) (sessionstore.Session, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return sessionstore.Session{}, wrap("create session", err)
+	}
+	var out sessionstore.Session
+	err = s.inTx(ctx, func(tx pgx.Tx) error {
+		// An expired row with the key goes first, its signals with it
+		// (ON DELETE CASCADE), and with them their idempotency keys.
+		if _, err := tx.Exec(ctx, `DELETE FROM sessions
+			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at < $4`,
+			in.TenantID, in.ProjectID, in.SessionID, now); err != nil {
+			return err
+		}
+		var err error
+		out, err = scanSession(tx.QueryRow(ctx, `INSERT INTO sessions (
+				tenant_id, project_id, session_id, surface, runtime_mode, runtime_mode_source,
+				client_id, token_hash, registered_at, last_seen_at, last_verb_at, expires_at,
+				assigned_instance, queue_instance, queue_attached_at, queue_detached_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+			RETURNING `+sessionCols,
+			in.TenantID, in.ProjectID, in.SessionID, in.Surface, in.RuntimeMode, in.RuntimeModeSource,
+			in.ClientID, in.TokenHash, in.RegisteredAt, toNull(in.LastSeenAt), toNull(in.LastVerbAt), in.ExpiresAt,
+			in.AssignedInstance, in.QueueInstance, toNull(in.QueueAttachedAt), toNull(in.QueueDetachedAt)))
+		return err
+	})
+	if err != nil {
+		return sessionstore.Session{}, wrap("create session", err)
+	}
+	return out, nil
+}
+
+// ResumeSession implements sessionstore.Store.
+func (s *Store) ResumeSession(ctx context.Context, k sessionstore.Key, oldHash, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return sessionstore.Session{}, wrap("resume session", err)
+	}
+	var out sessionstore.Session
+	err = s.inTx(ctx, func(tx pgx.Tx) error {
+		var current []byte
+		if err := tx.QueryRow(ctx, `SELECT token_hash FROM sessions
+			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $4
+			FOR UPDATE`, k.TenantID, k.ProjectID, k.SessionID, now).Scan(&current); err != nil {
+			return err
+		}
+		if string(current) != string(oldHash) {
+			return sessionstore.ErrTokenMismatch
+		}
+		var err error
+		out, err = scanSession(tx.QueryRow(ctx, `UPDATE sessions SET
+				token_hash   = $4,
+				last_seen_at = GREATEST(last_seen_at, $5::timestamptz),
+				last_verb_at = GREATEST(last_verb_at, $6::timestamptz),
+				expires_at   = GREATEST(expires_at, $7::timestamptz)
+			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
+			RETURNING `+sessionCols,
+			k.TenantID, k.ProjectID, k.SessionID, newHash, toNull(t.SeenAt), toNull(t.VerbAt), toNull(t.ExpiresAt)))
+		return err
+	})
+	if err != nil {
+		return sessionstore.Session{}, wrap("resume session", err)
+	}
+	return out, nil
+}
+
+// SessionByToken implements sessionstore.Store.
+func (s *Store) SessionByToken(ctx context.Context, h []byte, now time.Time) (sessionstore.Session, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return sessionstore.Session{}, wrap("session by token", err)
+	}
+	out, err := scanSession(s.pool.QueryRow(ctx, `SELECT `+sessionCols+` FROM sessions
+		WHERE token_hash = $1 AND expires_at >= $2`, h, now))
+	if err != nil {
+		return sessionstore.Session{}, wrap("session by token", err)
+	}
+	return out, nil
+}
+
+// GetSession implements sessionstore.Store.
+func (s *Store) GetSession(ctx context.Context, k sessionstore.Key, now time.Time) (sessionstore.Session, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return sessionstore.Session{}, wrap("get session", err)
+	}
+	out, err := scanSession(s.pool.QueryRow(ctx, `SELECT `+sessionCols+` FROM sessions
+		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $4`,
+		k.TenantID, k.ProjectID, k.SessionID, now))
+	if err != nil {
+		return sessionstore.Session{}, wrap("get session", err)
+	}
+	return out, nil
+}
+
+// ListSessions implements sessionstore.Store. A limit of 0 or less means no
+// limit.
+func (s *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) ([]sessionstore.Session, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return nil, wrap("list sessions", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+sessionCols+` FROM sessions
+		WHERE expires_at >= $1
+		  AND ($2 = '' OR tenant_id = $2)
+		  AND ($3 = '' OR project_id = $3)
+		ORDER BY tenant_id COLLATE "C", project_id COLLATE "C", session_id COLLATE "C"
+		LIMIT $4`, now, f.TenantID, f.ProjectID, limitOrNil(f.Limit))
+	if err != nil {
+		return nil, wrap("list sessions", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sessionstore.Session, error) { return scanSession(r) })
+	if err != nil {
+		return nil, wrap("list sessions", err)
+	}
+	return out, nil
+}
+
+// TouchSession implements sessionstore.Store.
+func (s *Store) TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return wrap("touch session", err)
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE sessions SET
+			last_seen_at = GREATEST(last_seen_at, $4::timestamptz),
+			last_verb_at = GREATEST(last_verb_at, $5::timestamptz),
+			expires_at   = GREATEST(expires_at, $6::timestamptz)
+		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $7`,
+		k.TenantID, k.ProjectID, k.SessionID, toNull(t.SeenAt), toNull(t.VerbAt), toNull(t.ExpiresAt), now)
+	return wrap("touch session", affected(tag.RowsAffected(), err))
+}
+
+// DeleteSession implements sessionstore.Store.
+func (s *Store) DeleteSession(ctx context.Context, k sessionstore.Key) error {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return wrap("delete session", err)
+	}
+	// Its signals go by ON DELETE CASCADE.
+	tag, err := s.pool.Exec(ctx, `DELETE FROM sessions
+		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3`,
+		k.TenantID, k.ProjectID, k.SessionID)
+	return wrap("delete session", affected(tag.RowsAffected(), err))
+}
+
+// SetQueue implements sessionstore.Store.
+func (s *Store) SetQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) error {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return wrap("set queue", err)
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE sessions SET queue_instance = $4, queue_attached_at = $5
+		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3`,
+		k.TenantID, k.ProjectID, k.SessionID, instance, at)
+	return wrap("set queue", affected(tag.RowsAffected(), err))
+}
+
+// ClearQueue implements sessionstore.Store.
+func (s *Store) ClearQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) (bool, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return false, wrap("clear queue", err)
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE sessions
+		SET queue_instance = '', queue_attached_at = NULL, queue_detached_at = $5
+		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
+		  AND queue_instance = $4 AND queue_instance <> ''`,
+		k.TenantID, k.ProjectID, k.SessionID, instance, at)
+	if err != nil {
+		return false, wrap("clear queue", err)
+	}
+	return tag.RowsAffected() > 0, nil
+}
+
+// AssignInstance implements sessionstore.Store.
+func (s *Store) AssignInstance(ctx context.Context, k sessionstore.Key, instance string) error {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return wrap("assign instance", err)
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE sessions SET assigned_instance = $4
+		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3`,
+		k.TenantID, k.ProjectID, k.SessionID, instance)
+	return wrap("assign instance", affected(tag.RowsAffected(), err))
+}
+
+// --- API keys ---
+
+// PutAPIKey implements sessionstore.Store.
+func (s *Store) PutAPIKey(ctx context.Context, k sessionstore.APIKey) error {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return wrap("put api key", err)
+	}
+	_, err = s.pool.Exec(ctx, `INSERT INTO api_keys (hash, tenant_id, project_id, created_at)
+		VALUES ($1, $2, $3, $4)`, k.Hash, k.TenantID, k.ProjectID, k.CreatedAt)
+	return wrap("put api key", err)
+}
+
+// APIKeyByHash implements sessionstore.Store.
+func (s *Store) APIKeyByHash(ctx context.Context, h []byte) (sessionstore.APIKey, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return sessionstore.APIKey{}, wrap("api key by hash", err)
+	}
+	var k sessionstore.APIKey
+	err = s.pool.QueryRow(ctx, `SELECT hash, tenant_id, project_id, created_at FROM api_keys WHERE hash = $1`, h).
+		Scan(&k.Hash, &k.TenantID, &k.ProjectID, &k.CreatedAt)
+	if err != nil {
+		return sessionstore.APIKey{}, wrap("api key by hash", err)
+	}
+	k.CreatedAt = k.CreatedAt.UTC()
+	return k, nil
+}
+
+// --- instances, fallbacks, counters ---
+
+// HeartbeatInstance implements sessionstore.Store.
+func (s *Store) HeartbeatInstance(ctx context.Context, in sessionstore.Instance) error {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return wrap("heartbeat instance", err)
+	}
+	_, err = s.pool.Exec(ctx, `INSERT INTO instances (id, url, draining, started_at, last_heartbeat_at)
+		VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, draining = EXCLUDED.draining,
+			started_at = EXCLUDED.started_at, last_heartbeat_at = EXCLUDED.last_heartbeat_at`,
+		in.ID, in.URL, in.Draining, in.StartedAt, in.LastHeartbeatAt)
+	return wrap("heartbeat instance", err)
+}
+
+// ListInstances implements sessionstore.Store.
+func (s *Store) ListInstances(ctx context.Context) ([]sessionstore.Instance, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return nil, wrap("list instances", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT id, url, draining, started_at, last_heartbeat_at
+		FROM instances ORDER BY id COLLATE "C"`)
+	if err != nil {
+		return nil, wrap("list instances", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sessionstore.Instance, error) {
+		var in sessionstore.Instance
+		err := r.Scan(&in.ID, &in.URL, &in.Draining, &in.StartedAt, &in.LastHeartbeatAt)
+		in.StartedAt, in.LastHeartbeatAt = in.StartedAt.UTC(), in.LastHeartbeatAt.UTC()
+		return in, err
+	})
+	if err != nil {
+		return nil, wrap("list instances", err)
+	}
+	return out, nil
+}
+
+// RecordFallback implements sessionstore.Store: the event and the fallbacks
+// counter are written in one transaction.
+func (s *Store) RecordFallback(ctx context.Context, e sessionstore.FallbackEvent) error {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return wrap("record fallback", err)
+	}
+	err = s.inTx(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO fallback_events (tenant_id, project_id, session_id,
+				from_instance, to_instance, runtime_mode, runtime_mode_source, reason, at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			e.TenantID, e.ProjectID, e.SessionID, e.FromInstance, e.ToInstance,
+			e.RuntimeMode, e.RuntimeModeSource, e.Reason, e.At); err != nil {
+			return err
+		}
+		return addCount(ctx, tx, sessionstore.CounterFallbacks, 1)
+	})
+	return wrap("record fallback", err)
+}
+
+// ListFallbacks implements sessionstore.Store: newest At first, the later
+// recorded first among equal times. A limit of 0 or less means no limit.
+func (s *Store) ListFallbacks(ctx context.Context, limit int) ([]sessionstore.FallbackEvent, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return nil, wrap("list fallbacks", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT tenant_id, project_id, session_id, from_instance, to_instance,
+			runtime_mode, runtime_mode_source, reason, at
+		FROM fallback_events ORDER BY at DESC, id DESC LIMIT $1`, limitOrNil(limit))
+	if err != nil {
+		return nil, wrap("list fallbacks", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sessionstore.FallbackEvent, error) {
+		var e sessionstore.FallbackEvent
+		err := r.Scan(&e.TenantID, &e.ProjectID, &e.SessionID, &e.FromInstance, &e.ToInstance,
+			&e.RuntimeMode, &e.RuntimeModeSource, &e.Reason, &e.At)
+		e.At = e.At.UTC()
+		return e, err
+	})
+	if err != nil {
+		return nil, wrap("list fallbacks", err)
+	}
+	return out, nil
+}
+
+// AddCount implements sessionstore.Store. An unknown counter is an error.
+func (s *Store) AddCount(ctx context.Context, c sessionstore.Counter, n int64) error {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return wrap("add count", err)
+	}
+	return wrap("add count", addCount(ctx, s.pool, c, n))
+}
+
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func addCount(ctx context.Context, db execer, c sessionstore.Counter, n int64) error {
+	switch c {
+	case sessionstore.CounterFallbacks, sessionstore.CounterReassignments,
+		sessionstore.CounterAdaptivePlacements, sessionstore.CounterAdaptivePlacementMismatches:
+	default:
+		return fmt.Errorf("unknown counter %q", c)
+	}
+	_, err := db.Exec(ctx, `INSERT INTO counters (name, value) VALUES ($1, $2)
+		ON CONFLICT (name) DO UPDATE SET value = counters.value + EXCLUDED.value`, string(c), n)
+	return err
+}
+
+// Counts implements sessionstore.Store.
+func (s *Store) Counts(ctx context.Context) (sessionstore.Counts, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return sessionstore.Counts{}, wrap("counts", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT name, value FROM counters`)
+	if err != nil {
+		return sessionstore.Counts{}, wrap("counts", err)
+	}
+	var out sessionstore.Counts
+	var (
+		name  string
+		value int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&name, &value}, func() error {
+		switch sessionstore.Counter(name) {
+		case sessionstore.CounterFallbacks:
+			out.Fallbacks = value
+		case sessionstore.CounterReassignments:
+			out.Reassignments = value
+		case sessionstore.CounterAdaptivePlacements:
+			out.AdaptivePlacements = value
+		case sessionstore.CounterAdaptivePlacementMismatches:
+			out.AdaptivePlacementMismatches = value
+		}
+		return nil
+	})
+	if err != nil {
+		return sessionstore.Counts{}, wrap("counts", err)
+	}
+	return out, nil
+}
+
+// --- helpers ---
+
+// toNull maps the zero time to SQL NULL.
+func toNull(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// fromNull maps SQL NULL to the zero time, and any time to UTC.
+func fromNull(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.UTC()
+}
+
+// limitOrNil maps a limit of 0 or less to SQL NULL: LIMIT NULL is no limit.
+func limitOrNil(n int) *int64 {
+	if n <= 0 {
+		return nil
+	}
+	v := int64(n)
+	return &v
+}
+
+// affected maps an update or delete that touched no row to ErrNotFound.
+func affected(n int64, err error) error {
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return sessionstore.ErrNotFound
+	}
+	return nil
+}

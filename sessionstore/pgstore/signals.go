@@ -1,0 +1,227 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+const signalCols = `id, seq, tenant_id, project_id, to_session, from_session, kind, payload,
+	created_at, idempotency_key, delivery, route_state`
+
+func scanSignal(row pgx.Row) (sessionstore.Signal, error) {
+	var (
+		sig     sessionstore.Signal
+		payload []byte
+		idem    *string
+	)
+	err := row.Scan(&sig.ID, &sig.Seq, &sig.To.TenantID, &sig.To.ProjectID, &sig.To.SessionID,
+		&sig.FromSession, &sig.Kind, &payload, &sig.CreatedAt, &idem, &sig.Delivery, &sig.RouteState)
+	if err != nil {
+		return sessionstore.Signal{}, err
+	}
+	if payload != nil {
+		sig.Payload = json.RawMessage(payload)
+	}
+	if idem != nil {
+		sig.IdempotencyKey = *idem
+	}
+	sig.CreatedAt = sig.CreatedAt.UTC()
+	return sig, nil
+}
+
+// AppendSignal implements sessionstore.Store in one transaction. Bumping the
+// recipient's last_seq takes its row lock, which serializes the senders of
+// one recipient; a rollback gives the number back, so seq stays gap-free.
+// A transaction-scoped advisory lock on (tenant, project, sender, key) makes
+// the idempotency check and the insert atomic even for two duplicates sent
+// to different recipients at once.
+func (s *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now time.Time) (sessionstore.Signal, bool, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return sessionstore.Signal{}, false, wrap("append signal", err)
+	}
+	var (
+		out sessionstore.Signal
+		dup bool
+	)
+	err = s.inTx(ctx, func(tx pgx.Tx) error {
+		if ns.IdempotencyKey != "" {
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,
+				idempotencyLockKey(ns)); err != nil {
+				return err
+			}
+		}
+		var seq int64
+		if err := tx.QueryRow(ctx, `UPDATE sessions SET last_seq = last_seq + 1
+			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $4
+			RETURNING last_seq`, ns.To.TenantID, ns.To.ProjectID, ns.To.SessionID, now).Scan(&seq); err != nil {
+			return err // pgx.ErrNoRows: no live recipient
+		}
+		if ns.IdempotencyKey != "" {
+			first, err := scanSignal(tx.QueryRow(ctx, `SELECT `+signalCols+` FROM signals
+				WHERE tenant_id = $1 AND project_id = $2 AND from_session = $3 AND idempotency_key = $4
+				  AND ($5::timestamptz IS NULL OR created_at >= $5)
+				ORDER BY created_at DESC, seq DESC LIMIT 1`,
+				ns.To.TenantID, ns.To.ProjectID, ns.FromSession, ns.IdempotencyKey, toNull(ns.IdempotencySince)))
+			switch {
+			case err == nil:
+				out, dup = first, true
+				return errDuplicate // roll the seq back
+			case !errors.Is(err, pgx.ErrNoRows):
+				return err
+			}
+		}
+		var idem *string
+		if ns.IdempotencyKey != "" {
+			idem = &ns.IdempotencyKey
+		}
+		var payload *string // NULL when there is none
+		if len(ns.Payload) > 0 {
+			p := string(ns.Payload)
+			payload = &p
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO signals (tenant_id, project_id, to_session, seq, id,
+				from_session, kind, payload, created_at, idempotency_key, delivery, route_state)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12)`,
+			ns.To.TenantID, ns.To.ProjectID, ns.To.SessionID, seq, ns.ID,
+			ns.FromSession, ns.Kind, payload, ns.CreatedAt, idem, ns.Delivery, ns.RouteState); err != nil {
+			return err
+		}
+		out = sessionstore.Signal{
+			ID: ns.ID, Seq: seq, To: ns.To, FromSession: ns.FromSession, Kind: ns.Kind,
+			Payload: append(json.RawMessage(nil), ns.Payload...), CreatedAt: ns.CreatedAt.Truncate(time.Microsecond).UTC(),
+			IdempotencyKey: ns.IdempotencyKey, Delivery: ns.Delivery, RouteState: ns.RouteState,
+		}
+		return nil
+	})
+	if dup {
+		return out, true, nil
+	}
+	if err != nil {
+		return sessionstore.Signal{}, false, wrap("append signal", err)
+	}
+	return out, false, nil
+}
+
+// errDuplicate rolls back an AppendSignal that found a duplicate.
+var errDuplicate = errorString("duplicate")
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
+
+// idempotencyLockKey names the advisory lock of one sender's idempotency key.
+func idempotencyLockKey(ns sessionstore.NewSignal) string {
+	const sep = "\x1f"
+	return "marconi.idem" + sep + ns.To.TenantID + sep + ns.To.ProjectID + sep + ns.FromSession + sep + ns.IdempotencyKey
+}
+
+// PendingSignals implements sessionstore.Store. A limit of 0 or less means
+// no limit.
+func (s *Store) PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq int64, limit int) ([]sessionstore.Signal, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return nil, wrap("pending signals", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+signalCols+` FROM signals
+		WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL AND seq > $4
+		ORDER BY seq LIMIT $5`, k.TenantID, k.ProjectID, k.SessionID, afterSeq, limitOrNil(limit))
+	if err != nil {
+		return nil, wrap("pending signals", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sessionstore.Signal, error) { return scanSignal(r) })
+	if err != nil {
+		return nil, wrap("pending signals", err)
+	}
+	return out, nil
+}
+
+// AckSignals implements sessionstore.Store.
+func (s *Store) AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int64, at time.Time) (int, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return 0, wrap("ack signals", err)
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE signals SET acked_at = $5
+		WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND seq <= $4 AND acked_at IS NULL`,
+		k.TenantID, k.ProjectID, k.SessionID, upToSeq, at)
+	if err != nil {
+		return 0, wrap("ack signals", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// CountPending implements sessionstore.Store.
+func (s *Store) CountPending(ctx context.Context, k sessionstore.Key) (int, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return 0, wrap("count pending", err)
+	}
+	var n int
+	err = s.pool.QueryRow(ctx, `SELECT count(*) FROM signals
+		WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL`,
+		k.TenantID, k.ProjectID, k.SessionID).Scan(&n)
+	if err != nil {
+		return 0, wrap("count pending", err)
+	}
+	return n, nil
+}
+
+// DropPending implements sessionstore.Store.
+func (s *Store) DropPending(ctx context.Context, k sessionstore.Key, at time.Time) (int, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return 0, wrap("drop pending", err)
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE signals SET acked_at = $4
+		WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL`,
+		k.TenantID, k.ProjectID, k.SessionID, at)
+	if err != nil {
+		return 0, wrap("drop pending", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// Prune implements sessionstore.Store in one transaction. The signals count
+// includes the signals of the sessions it removes.
+func (s *Store) Prune(ctx context.Context, ackedBefore, expiredBefore time.Time) (signals, sessions int, err error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return 0, 0, wrap("prune", err)
+	}
+	err = s.inTx(ctx, func(tx pgx.Tx) error {
+		acked, err := tx.Exec(ctx, `DELETE FROM signals WHERE acked_at < $1`, ackedBefore)
+		if err != nil {
+			return err
+		}
+		orphaned, err := tx.Exec(ctx, `DELETE FROM signals sg USING sessions se
+			WHERE se.expires_at < $1 AND sg.tenant_id = se.tenant_id
+			  AND sg.project_id = se.project_id AND sg.to_session = se.session_id`, expiredBefore)
+		if err != nil {
+			return err
+		}
+		gone, err := tx.Exec(ctx, `DELETE FROM sessions WHERE expires_at < $1`, expiredBefore)
+		if err != nil {
+			return err
+		}
+		signals = int(acked.RowsAffected() + orphaned.RowsAffected())
+		sessions = int(gone.RowsAffected())
+		return nil
+	})
+	if err != nil {
+		return 0, 0, wrap("prune", err)
+	}
+	return signals, sessions, nil
+}
