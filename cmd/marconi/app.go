@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/marconihub/marconi/hub"
+	"github.com/marconihub/marconi/migrations"
+	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/sessionstore/memstore"
+	"github.com/marconihub/marconi/sessionstore/pgstore"
+)
+
+// Main is one running hub process: store, hub, HTTP listener and background
+// loops. End-to-end tests start it in-process.
+type Main struct {
+	Config Config
+	Stdout io.Writer
+	Logger *slog.Logger
+
+	store    sessionstore.Store
+	hub      *hub.Server
+	http     *http.Server
+	listener net.Listener
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// NewMain returns a Main for cfg that prints its start-up lines to stdout.
+func NewMain(cfg Config, stdout io.Writer) *Main {
+	level := map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError}[cfg.LogLevel]
+	return &Main{
+		Config: cfg,
+		Stdout: stdout,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+	}
+}
+
+// Run opens the store, applies migrations, builds the hub and starts serving.
+// It returns once the hub listens; Close stops it.
+func (m *Main) Run(ctx context.Context) error {
+	cfg := m.Config
+	bg, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+
+	storeName := "memory (nothing is durable; one instance only)"
+	if cfg.DatabaseURL == "" {
+		m.store = memstore.New()
+	} else {
+		st, err := pgstore.Open(ctx, cfg.DatabaseURL, pgstore.WithQueryTimeout(cfg.Hub.StoreTimeout))
+		if err != nil {
+			return fmt.Errorf("MARCONI_DATABASE_URL: %w", err)
+		}
+		m.store = st
+		storeName = "postgres"
+		m.goMigrate(bg, cfg.DatabaseURL)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	h, err := hub.New(cfg.Hub, hub.Deps{Store: m.store, Registry: reg, Gatherer: reg, Logger: m.Logger})
+	if err != nil {
+		return err
+	}
+	m.hub = h
+
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("MARCONI_ADDR: %w", err)
+	}
+	m.listener = ln
+	m.http = &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	m.wg.Add(2)
+	go func() {
+		defer m.wg.Done()
+		if err := m.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			m.Logger.Error("http server", "err", err)
+		}
+	}()
+	go func() {
+		defer m.wg.Done()
+		if err := h.Run(bg); err != nil {
+			m.Logger.Error("background loops", "err", err)
+		}
+	}()
+
+	fmt.Fprintf(m.Stdout, "Marconi hub listening on %s (instance %s, store %s, mode %s, self-heal %v)\n",
+		m.URL(), cfg.Hub.InstanceID, storeName, cfg.Hub.Mode, cfg.Hub.SelfHeal.Enabled)
+	if cfg.generatedAPIKey != "" {
+		fmt.Fprintf(m.Stdout, "  dev API key (tenant dev, project dev): %s\n", cfg.generatedAPIKey)
+	}
+	if cfg.generatedAdminToken != "" {
+		fmt.Fprintf(m.Stdout, "  admin token: %s\n", cfg.generatedAdminToken)
+	}
+	fmt.Fprintf(m.Stdout, "  dashboard: %s/\n", m.URL())
+	return nil
+}
+
+// goMigrate applies the migrations, retrying in the background while Postgres
+// is unreachable: the hub serves fail-closed (503) until the store is back.
+func (m *Main) goMigrate(ctx context.Context, url string) {
+	attempt := func() bool {
+		mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := migrations.Up(mctx, url); err != nil {
+			m.Logger.Warn("migrations not applied yet; retrying", "err", err)
+			return false
+		}
+		return true
+	}
+	if attempt() {
+		return
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		t := time.NewTicker(2 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if attempt() {
+					m.Logger.Info("migrations applied")
+					return
+				}
+			}
+		}
+	}()
+}
+
+// URL is where the hub listens, as a client on this machine reaches it.
+func (m *Main) URL() string {
+	if m.listener == nil {
+		return ""
+	}
+	addr := m.listener.Addr().(*net.TCPAddr)
+	host := addr.IP.String()
+	if addr.IP.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return fmt.Sprintf("http://%s", net.JoinHostPort(host, fmt.Sprint(addr.Port)))
+}
+
+// Close shuts down in order: draining (/readyz 503) → WebSockets closed with
+// 1012 → HTTP server → background loops → store. It is idempotent.
+func (m *Main) Close() error {
+	var err error
+	m.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), m.shutdownTimeout())
+		defer cancel()
+		if m.hub != nil {
+			m.hub.SetDraining()
+			err = errors.Join(err, m.hub.CloseConnections(ctx))
+		}
+		if m.http != nil {
+			err = errors.Join(err, m.http.Shutdown(ctx))
+		}
+		if m.cancel != nil {
+			m.cancel()
+		}
+		m.wg.Wait()
+		if m.store != nil {
+			err = errors.Join(err, m.store.Close())
+		}
+	})
+	return err
+}
+
+func (m *Main) shutdownTimeout() time.Duration {
+	if m.Config.ShutdownTimeout > 0 {
+		return m.Config.ShutdownTimeout
+	}
+	return 15 * time.Second
+}

@@ -1,0 +1,313 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/hub"
+	"github.com/marconihub/marconi/signals/selfheal"
+)
+
+// Config is everything the hub reads from its environment and flags.
+type Config struct {
+	Addr        string
+	DatabaseURL string
+	LogLevel    string
+	// Hub is the hub's configuration, including self-heal and fabric.
+	Hub hub.Config
+	// InstanceHeartbeat is how often this instance heartbeats into the store.
+	InstanceHeartbeat time.Duration
+	// ShutdownTimeout bounds graceful shutdown.
+	ShutdownTimeout time.Duration
+	// generatedAPIKey and generatedAdminToken are set when development mode
+	// made them; they are printed once at start.
+	generatedAPIKey     string
+	generatedAdminToken string
+}
+
+// setting is one environment variable and its flag (MARCONI_FOO_BAR is
+// --foo-bar).
+type setting struct {
+	env  string
+	def  string
+	help string
+	set  func(c *Config, v string) error
+}
+
+func seconds(dst *time.Duration) func(*Config, string) error {
+	return func(_ *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("want a positive whole number of seconds, got %q", v)
+		}
+		*dst = time.Duration(n) * time.Second
+		return nil
+	}
+}
+
+func positiveInt(dst *int) func(*Config, string) error {
+	return func(_ *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("want a positive whole number, got %q", v)
+		}
+		*dst = n
+		return nil
+	}
+}
+
+func oneOf(dst *string, allowed ...string) func(*Config, string) error {
+	return func(_ *Config, v string) error {
+		for _, a := range allowed {
+			if v == a {
+				*dst = v
+				return nil
+			}
+		}
+		return fmt.Errorf("want one of %s, got %q", strings.Join(allowed, ", "), v)
+	}
+}
+
+func parseBool(v string) (bool, error) {
+	switch strings.ToLower(v) {
+	case "1", "true", "on", "yes":
+		return true, nil
+	case "0", "false", "off", "no":
+		return false, nil
+	}
+	return false, fmt.Errorf("want true or false, got %q", v)
+}
+
+// settings lists every setting, its default and its meaning. docs/operations.md
+// documents the same table.
+func settings(c *Config) []setting {
+	h := &c.Hub
+	return []setting{
+		{"MARCONI_ADDR", ":8080", "address to listen on", func(c *Config, v string) error { c.Addr = v; return nil }},
+		{"MARCONI_MODE", "development", "development, lan or cloud", oneOf(&h.Mode, "development", "lan", "cloud")},
+		{"MARCONI_DATABASE_URL", "", "Postgres URL; empty runs on the embedded in-memory store", func(c *Config, v string) error {
+			if v == "" {
+				c.DatabaseURL = ""
+				return nil
+			}
+			u, err := url.Parse(v)
+			if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+				return fmt.Errorf("want a postgres:// URL")
+			}
+			c.DatabaseURL = v
+			return nil
+		}},
+		{"MARCONI_LOG_LEVEL", "info", "debug, info, warn or error", oneOf(&c.LogLevel, "debug", "info", "warn", "error")},
+		{"MARCONI_SELFHEAL", "", "SPEC-168 self-heal hints on or off (default: on in development, off in lan and cloud)", nil},
+		{"MARCONI_SELFHEAL_FRESHNESS_SECONDS", "300", "route-state freshness window and recipient recency gate", seconds(&h.SelfHeal.Freshness)},
+		{"MARCONI_SELFHEAL_SENDER_STALE_THRESHOLD_SECONDS", "600", "sender recency gate", seconds(&h.SelfHeal.SenderStaleThreshold)},
+		{"MARCONI_SELFHEAL_MAX_ATTEMPTS_PER_SESSION", "3", "token bucket capacity per side and session", positiveInt(&h.SelfHeal.MaxAttempts)},
+		{"MARCONI_SELFHEAL_TOKEN_REFILL_SECONDS", "60", "time for an empty bucket to refill", seconds(&h.SelfHeal.RefillPeriod)},
+		{"MARCONI_SESSION_TTL_SECONDS", "3600", "a session expires this long after its freshest proof of life", seconds(&h.SessionTTL)},
+		{"MARCONI_HEARTBEAT_INTERVAL_SECONDS", "20", "heartbeat interval told to clients at registration", seconds(&h.HeartbeatInterval)},
+		{"MARCONI_TOUCH_INTERVAL_SECONDS", "5", "proof-of-life writes per session are coalesced to one per interval", seconds(&h.TouchInterval)},
+		{"MARCONI_STORE_TIMEOUT_SECONDS", "3", "bound on each store call of a request; past it the hub answers 503", seconds(&h.StoreTimeout)},
+		{"MARCONI_RECONNECT_GRACE_SECONDS", "60", "reconnect grace window of sticky affinity", seconds(&h.Fabric.Grace)},
+		{"MARCONI_INSTANCE_ID", "", "this instance's id (default: the host name)", func(c *Config, v string) error {
+			if v == "" {
+				host, err := os.Hostname()
+				if err != nil || host == "" {
+					host = "marconi"
+				}
+				v = host
+			}
+			if len(v) > 128 {
+				return errors.New("longer than 128 characters")
+			}
+			c.Hub.InstanceID = v
+			return nil
+		}},
+		{"MARCONI_PUBLIC_URL", "", "URL clients reach this instance at (default: http://127.0.0.1:PORT)", func(c *Config, v string) error {
+			if v == "" {
+				return nil
+			}
+			u, err := url.Parse(v)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return fmt.Errorf("want an http(s) URL, got %q", v)
+			}
+			c.Hub.PublicURL = strings.TrimRight(v, "/")
+			return nil
+		}},
+		{"MARCONI_INSTANCE_DEAD_AFTER_SECONDS", "10", "an instance whose heartbeat is older is unhealthy", seconds(&h.Fabric.DeadAfter)},
+		{"MARCONI_INSTANCE_HEARTBEAT_SECONDS", "3", "how often this instance heartbeats into the store", seconds(&c.InstanceHeartbeat)},
+		{"MARCONI_ADAPTIVE_PLACEMENT", "off", "adaptive classifier gate: off or on", func(c *Config, v string) error {
+			switch v {
+			case "on":
+				c.Hub.Fabric.Placement.Adaptive = true
+			case "off":
+				c.Hub.Fabric.Placement.Adaptive = false
+			default:
+				return fmt.Errorf("want on or off, got %q", v)
+			}
+			return nil
+		}},
+		{"MARCONI_ADAPTIVE_CLIENTS", "", "comma list of client ids the classifier may place (* for all)", func(c *Config, v string) error {
+			c.Hub.Fabric.Placement.AdaptiveClients = fabric.ParseClientList(v)
+			return nil
+		}},
+		{"MARCONI_DEFAULT_RUNTIME_MODE", "stateless", "runtime mode of a registration that names none", func(c *Config, v string) error {
+			m, err := fabric.NormalizeRuntimeMode(v)
+			if err != nil {
+				return err
+			}
+			c.Hub.DefaultRuntimeMode = m
+			return nil
+		}},
+		{"MARCONI_DISCONNECT_POLICY", "retain", "retain or drop a sticky session's pending signals at an affinity reset", oneOf(&h.Fabric.DisconnectPolicy, fabric.PolicyRetain, fabric.PolicyDrop)},
+		{"MARCONI_API_KEYS", "", "key1=tenant/project,key2=tenant/project", func(c *Config, v string) error {
+			keys, err := parseAPIKeys(v)
+			c.Hub.APIKeys = keys
+			return err
+		}},
+		{"MARCONI_ADMIN_TOKEN", "", "admin token for /v1/ops/* (development generates one when empty)", func(c *Config, v string) error {
+			if v != "" && len(v) < 16 {
+				return errors.New("shorter than 16 characters")
+			}
+			c.Hub.AdminToken = v
+			return nil
+		}},
+		{"MARCONI_MAX_PAYLOAD_BYTES", "65536", "largest encoded payload of one signal", positiveInt(&h.MaxPayloadBytes)},
+		{"MARCONI_WS_PING_SECONDS", "20", "WebSocket ping interval; a pong later than one more interval drops the peer", seconds(&h.WSPingInterval)},
+		{"MARCONI_WS_READ_LIMIT_BYTES", "32768", "largest frame read from a client (1009 past it)", func(c *Config, v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 128 {
+				return fmt.Errorf("want a whole number of at least 128, got %q", v)
+			}
+			c.Hub.WSReadLimit = n
+			return nil
+		}},
+		{"MARCONI_WS_QUEUE_SIZE", "256", "per-connection outgoing queue; overflow closes with 4429", positiveInt(&h.WSQueueSize)},
+		{"MARCONI_SEND_RATE_PER_SECOND", "200", "per-session send limit (burst twice it)", func(c *Config, v string) error {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("want a positive number, got %q", v)
+			}
+			c.Hub.SendRatePerSecond = n
+			return nil
+		}},
+		{"MARCONI_RETAIN_ACKED_SECONDS", "86400", "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked)},
+		{"MARCONI_RETAIN_EXPIRED_SECONDS", "3600", "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired)},
+		{"MARCONI_PRUNE_INTERVAL_SECONDS", "60", "how often the retention loop runs", seconds(&h.Retention.Every)},
+		{"MARCONI_SHUTDOWN_TIMEOUT_SECONDS", "15", "bound on graceful shutdown", seconds(&c.ShutdownTimeout)},
+	}
+}
+
+func parseAPIKeys(v string) (map[string]hub.TenantProject, error) {
+	keys := map[string]hub.TenantProject{}
+	for _, item := range strings.Split(v, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		key, owner, ok := strings.Cut(item, "=")
+		tenant, project, ok2 := strings.Cut(owner, "/")
+		if !ok || !ok2 || len(key) < 16 || tenant == "" || project == "" {
+			return nil, errors.New("want key=tenant/project pairs, keys of at least 16 characters")
+		}
+		keys[key] = hub.TenantProject{TenantID: tenant, ProjectID: project}
+	}
+	return keys, nil
+}
+
+// flagName is the kebab-case flag of an environment variable.
+func flagName(env string) string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(env, "MARCONI_")), "_", "-")
+}
+
+// LoadConfig reads the settings from flags (first), the environment, then
+// defaults, and validates them. An error names the variable.
+func LoadConfig(args []string, getenv func(string) string, stderr io.Writer) (Config, error) {
+	var c Config
+	all := settings(&c)
+	fs := flag.NewFlagSet("marconi serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	flags := make(map[string]*string, len(all))
+	for _, s := range all {
+		def := s.def
+		if def == "" {
+			def = "(none)"
+		}
+		flags[s.env] = fs.String(flagName(s.env), "", fmt.Sprintf("%s (env %s, default %s)", s.help, s.env, def))
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	value := func(env string) (string, bool) {
+		if v := *flags[env]; v != "" {
+			return v, true
+		}
+		if v := getenv(env); v != "" {
+			return v, true
+		}
+		return "", false
+	}
+	for _, s := range all {
+		if s.set == nil {
+			continue
+		}
+		v, ok := value(s.env)
+		if !ok {
+			v = s.def
+		}
+		if err := s.set(&c, v); err != nil {
+			return c, fmt.Errorf("%s: %w", s.env, err)
+		}
+	}
+
+	// Self-heal flag: MARCONI_SELFHEAL wins over its alias PRISM_MARCONI_SELFHEAL;
+	// with neither, it follows the mode (on in development only).
+	c.Hub.SelfHeal.Enabled = selfheal.DefaultEnabled(c.Hub.Mode)
+	if v, ok := value("MARCONI_SELFHEAL"); ok {
+		b, err := parseBool(v)
+		if err != nil {
+			return c, fmt.Errorf("MARCONI_SELFHEAL: %w", err)
+		}
+		c.Hub.SelfHeal.Enabled = b
+	} else if v := getenv("PRISM_MARCONI_SELFHEAL"); v != "" {
+		b, err := parseBool(v)
+		if err != nil {
+			return c, fmt.Errorf("PRISM_MARCONI_SELFHEAL: %w", err)
+		}
+		c.Hub.SelfHeal.Enabled = b
+	}
+	if err := c.Hub.SelfHeal.Validate(); err != nil {
+		return c, err
+	}
+	if c.Hub.PublicURL == "" {
+		port := c.Addr
+		if i := strings.LastIndex(port, ":"); i >= 0 {
+			port = port[i+1:]
+		}
+		c.Hub.PublicURL = "http://127.0.0.1:" + port
+	}
+	if c.InstanceHeartbeat >= c.Hub.Fabric.DeadAfter {
+		return c, fmt.Errorf("MARCONI_INSTANCE_HEARTBEAT_SECONDS: must be shorter than MARCONI_INSTANCE_DEAD_AFTER_SECONDS (%v)", c.Hub.Fabric.DeadAfter)
+	}
+	if c.Hub.Mode == "development" {
+		if len(c.Hub.APIKeys) == 0 {
+			c.generatedAPIKey = hub.NewAPIKey()
+			c.Hub.APIKeys = map[string]hub.TenantProject{c.generatedAPIKey: {TenantID: "dev", ProjectID: "dev"}}
+		}
+		if c.Hub.AdminToken == "" {
+			c.generatedAdminToken = hub.NewAdminToken()
+			c.Hub.AdminToken = c.generatedAdminToken
+		}
+	}
+	return c, nil
+}

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(kv map[string]string) func(string) string {
+	return func(k string) string { return kv[k] }
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c, err := LoadConfig(nil, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Addr != ":8080" || c.Hub.Mode != "development" || c.DatabaseURL != "" {
+		t.Errorf("defaults: addr %q mode %q db %q", c.Addr, c.Hub.Mode, c.DatabaseURL)
+	}
+	h := c.Hub
+	if h.SessionTTL != time.Hour || h.SelfHeal.Freshness != 300*time.Second || h.SelfHeal.SenderStaleThreshold != 600*time.Second ||
+		h.SelfHeal.MaxAttempts != 3 || h.SelfHeal.RefillPeriod != time.Minute || h.Fabric.Grace != time.Minute ||
+		h.Fabric.DeadAfter != 10*time.Second || h.MaxPayloadBytes != 65536 || h.WSPingInterval != 20*time.Second ||
+		h.WSReadLimit != 32768 || h.SendRatePerSecond != 200 || h.DefaultRuntimeMode != "stateless" ||
+		h.Fabric.DisconnectPolicy != "retain" || h.Fabric.Placement.Adaptive {
+		t.Errorf("defaults differ from docs/operations.md: %+v", h)
+	}
+	if !h.SelfHeal.Enabled {
+		t.Error("self-heal must default on in development")
+	}
+	if c.generatedAPIKey == "" || c.generatedAdminToken == "" || h.AdminToken != c.generatedAdminToken {
+		t.Error("development mode must generate an API key and an admin token")
+	}
+}
+
+// TestAC9_SelfHealDefaultsOffInLANAndCloud pins SPEC-168 AC-9.
+func TestAC9_SelfHealDefaultsOffInLANAndCloud(t *testing.T) {
+	for _, mode := range []string{"lan", "cloud"} {
+		c, err := LoadConfig(nil, env(map[string]string{"MARCONI_MODE": mode, "MARCONI_ADMIN_TOKEN": "0123456789abcdef"}), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Hub.SelfHeal.Enabled {
+			t.Errorf("self-heal on by default in %s", mode)
+		}
+		if c.generatedAPIKey != "" || c.generatedAdminToken != "" {
+			t.Errorf("%s mode generated credentials", mode)
+		}
+	}
+}
+
+func TestSelfHealFlagAndAlias(t *testing.T) {
+	tests := []struct {
+		env  map[string]string
+		want bool
+	}{
+		{map[string]string{"MARCONI_MODE": "lan", "PRISM_MARCONI_SELFHEAL": "true"}, true},
+		{map[string]string{"MARCONI_MODE": "lan", "MARCONI_SELFHEAL": "on"}, true},
+		{map[string]string{"PRISM_MARCONI_SELFHEAL": "false"}, false},
+		{map[string]string{"MARCONI_SELFHEAL": "false", "PRISM_MARCONI_SELFHEAL": "true"}, false},
+		{map[string]string{"MARCONI_MODE": "cloud", "MARCONI_SELFHEAL": "true", "PRISM_MARCONI_SELFHEAL": "false"}, true},
+	}
+	for _, tt := range tests {
+		c, err := LoadConfig(nil, env(tt.env), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Hub.SelfHeal.Enabled != tt.want {
+			t.Errorf("%v: enabled = %v, want %v", tt.env, c.Hub.SelfHeal.Enabled, tt.want)
+		}
+	}
+}
+
+func TestConfigFlagsWinOverEnv(t *testing.T) {
+	c, err := LoadConfig([]string{"--addr", "127.0.0.1:9999", "--selfheal-freshness-seconds", "42", "--selfheal", "false"},
+		env(map[string]string{"MARCONI_ADDR": ":1", "MARCONI_SELFHEAL_FRESHNESS_SECONDS": "7"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Addr != "127.0.0.1:9999" || c.Hub.SelfHeal.Freshness != 42*time.Second || c.Hub.SelfHeal.Enabled {
+		t.Errorf("flags did not win: %q %v %v", c.Addr, c.Hub.SelfHeal.Freshness, c.Hub.SelfHeal.Enabled)
+	}
+	if c.Hub.PublicURL != "http://127.0.0.1:9999" {
+		t.Errorf("public URL default = %q", c.Hub.PublicURL)
+	}
+}
+
+func TestConfigBadValuesNameTheVariable(t *testing.T) {
+	bad := map[string]string{
+		"MARCONI_MODE":                              "prod",
+		"MARCONI_DATABASE_URL":                      "mysql://x",
+		"MARCONI_SELFHEAL":                          "maybe",
+		"PRISM_MARCONI_SELFHEAL":                    "2",
+		"MARCONI_SELFHEAL_FRESHNESS_SECONDS":        "-1",
+		"MARCONI_SELFHEAL_MAX_ATTEMPTS_PER_SESSION": "0",
+		"MARCONI_SELFHEAL_TOKEN_REFILL_SECONDS":     "soon",
+		"MARCONI_SESSION_TTL_SECONDS":               "0",
+		"MARCONI_RECONNECT_GRACE_SECONDS":           "1.5",
+		"MARCONI_PUBLIC_URL":                        "ftp://x",
+		"MARCONI_ADAPTIVE_PLACEMENT":                "maybe",
+		"MARCONI_DEFAULT_RUNTIME_MODE":              "pinned",
+		"MARCONI_DISCONNECT_POLICY":                 "keep",
+		"MARCONI_API_KEYS":                          "short=t/p",
+		"MARCONI_ADMIN_TOKEN":                       "short",
+		"MARCONI_MAX_PAYLOAD_BYTES":                 "big",
+		"MARCONI_WS_PING_SECONDS":                   "0",
+		"MARCONI_WS_READ_LIMIT_BYTES":               "10",
+		"MARCONI_SEND_RATE_PER_SECOND":              "-5",
+		"MARCONI_INSTANCE_DEAD_AFTER_SECONDS":       "2",
+	}
+	for name, v := range bad {
+		_, err := LoadConfig(nil, env(map[string]string{name: v}), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s=%q: err %v, want an error naming the variable", name, v, err)
+		}
+	}
+	if _, err := LoadConfig([]string{"--no-such-flag"}, env(nil), io.Discard); err == nil {
+		t.Error("an unknown flag was accepted")
+	}
+}
+
+func TestParseAPIKeys(t *testing.T) {
+	c, err := LoadConfig(nil, env(map[string]string{"MARCONI_API_KEYS": "key-aaaaaaaaaaaaaaaa=acme/web, key-bbbbbbbbbbbbbbbb=acme/ops"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Hub.APIKeys) != 2 || c.Hub.APIKeys["key-bbbbbbbbbbbbbbbb"].ProjectID != "ops" || c.generatedAPIKey != "" {
+		t.Fatalf("keys = %+v", c.Hub.APIKeys)
+	}
+}
