@@ -154,7 +154,10 @@ func (c *Client) supervise(conn *websocket.Conn, gen uint64) {
 				forThis := c.healFor >= gen // not a request about a former connection
 				c.mu.Unlock()
 				if forThis {
-					_ = conn.Close(websocket.StatusNormalClosure, "self-heal reconnect")
+					// No close handshake: the hub says it holds no queue for
+					// this connection, so there is most likely no peer to
+					// answer one, and waiting for it would delay the repair.
+					_ = conn.CloseNow()
 				}
 			case <-c.ctx.Done():
 				_ = conn.Close(websocket.StatusNormalClosure, "client closed")
