@@ -77,10 +77,6 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	if status == 0 {
 		status = http.StatusInternalServerError
 	}
-	var he *echo.HTTPError
-	if status == http.StatusNotFound && errors.As(err, &he) && he.Code == http.StatusMethodNotAllowed {
-		status = http.StatusMethodNotAllowed
-	}
 	switch {
 	case pe.Code == marconi.CodeInternal:
 		s.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)

@@ -3,6 +3,8 @@
 //	marconi [serve]                 run the hub (the default)
 //	marconi migrate up|down|version apply or inspect the Postgres schema
 //	marconi demo                    tell the SPEC-168 self-heal story with two agents
+//	marconi attach URL TOKEN        hold a session's WebSocket, print and ack its signals
+//	marconi healthcheck URL         exit 0 when URL answers 200 (container health checks)
 //
 // Every setting is an environment variable and a flag: MARCONI_FOO_BAR is
 // --foo-bar. See docs/operations.md.
@@ -25,7 +27,7 @@ func main() {
 // run is main without the process: it returns the exit code.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "migrate" || args[0] == "demo" || args[0] == "help" || args[0] == "-h" || args[0] == "--help") {
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "migrate" || args[0] == "demo" || args[0] == "attach" || args[0] == "healthcheck" || args[0] == "help" || args[0] == "-h" || args[0] == "--help") {
 		cmd, args = args[0], args[1:]
 	}
 	var err error
@@ -36,8 +38,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = migrate(ctx, args, getenv, stdout)
 	case "demo":
 		err = demo(ctx, args, stdout)
+	case "attach":
+		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		err = attach(ctx, args, stdout)
+	case "healthcheck":
+		err = healthcheck(ctx, args)
 	default:
-		fmt.Fprintln(stdout, "usage: marconi [serve [flags]] | migrate up|down|version | demo\n\nRun 'marconi serve -h' for every setting.")
+		fmt.Fprintln(stdout, "usage: marconi [serve [flags]] | migrate up|down|version | demo | attach URL TOKEN | healthcheck URL\n\nRun 'marconi serve -h' for every setting.")
 		return 0
 	}
 	if err != nil {

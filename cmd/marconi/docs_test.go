@@ -1,0 +1,22 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestEverySettingIsDocumented keeps docs/operations.md true to the code.
+func TestEverySettingIsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c Config
+	for _, s := range settings(&c) {
+		row := "| `" + s.env + "` |"
+		if !strings.Contains(string(doc), row) {
+			t.Errorf("docs/operations.md has no row for %s", s.env)
+		}
+	}
+}
