@@ -108,7 +108,8 @@ func (s *Server) serveConn(sess sessionstore.Session, ws *websocket.Conn, welcom
 	conn := newWSConn(sess.Key, now, s.cfg.WSQueueSize)
 	defer close(conn.done)
 	if old := s.registry.attach(conn); old != nil {
-		s.metrics.disconnects.WithLabelValues("replaced").Inc()
+		// The old connection's own handler counts its disconnect, with the
+		// reason of the first kick it got.
 		old.kick(statusReplaced, "replaced by a newer connection of this session", "replaced")
 	}
 	s.metrics.connections.Inc()
