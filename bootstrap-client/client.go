@@ -31,8 +31,8 @@ type Config struct {
 	// OnSignal receives every signal addressed to the session: once per
 	// signal id, in seq order, from one goroutine. The signal is acknowledged
 	// after it returns, so it should return promptly: while it runs, no other
-	// signal is delivered and the WebSocket stops being read. It must not call
-	// Close. Nil drops (and acknowledges) signals.
+	// signal is delivered and the WebSocket stops being read. It may call
+	// Send; it must not call Close. Nil drops (and acknowledges) signals.
 	OnSignal func(Signal)
 	// OnAffinityReset is called (from the same goroutine as OnSignal, before
 	// any signal replayed on the new attachment) when the hub says the

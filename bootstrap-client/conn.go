@@ -312,6 +312,19 @@ func (c *Client) enqueue(ctx context.Context, d delivery) bool {
 	}
 }
 
+// offer hands d to the dispatcher when there is room, and drops it when
+// there is none: the signals stay unacknowledged on the hub and come again
+// (piggyback, drain and the replay on attach all start from the oldest
+// unacknowledged signal, so nothing is skipped). Piggyback and drain use it so
+// that a Send made from inside OnSignal never waits for the dispatcher.
+func (c *Client) offer(d delivery) {
+	select {
+	case c.deliveries <- d:
+	default:
+		c.log.Debug("marconi: delivery queue full; signals will come again", "signals", len(d.signals))
+	}
+}
+
 // ackEvery bounds how many deliveries may be handled before an ack is sent
 // even though more are queued.
 const ackEvery = 32

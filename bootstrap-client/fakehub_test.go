@@ -42,6 +42,10 @@ type fakeHub struct {
 	expired       bool // the next session call answers 410
 	connDone      chan struct{}
 	closedWith    websocket.StatusCode // how the client closed the last WebSocket
+	hbSeconds     int                  // heartbeat interval the registration answers; default 3600
+	hbPending     []Signal             // pending in every heartbeat answer
+	heartbeats    int
+	httpAcks      []int64
 }
 
 func newFakeHub(t *testing.T) *fakeHub {
@@ -52,7 +56,11 @@ func newFakeHub(t *testing.T) *fakeHub {
 	mux.HandleFunc("POST /v1/signals", h.send)
 	mux.HandleFunc("POST /v1/heartbeat", func(w http.ResponseWriter, r *http.Request) {
 		if h.auth(w, r) {
-			writeJSON(w, 200, map[string]any{"route_state": "attached", "pending": []Signal{}})
+			h.mu.Lock()
+			h.heartbeats++
+			pending := h.hbPending
+			h.mu.Unlock()
+			writeJSON(w, 200, map[string]any{"route_state": "route_without_queue", "pending": pending})
 		}
 	})
 	mux.HandleFunc("GET /v1/signals", func(w http.ResponseWriter, r *http.Request) {
@@ -62,6 +70,11 @@ func newFakeHub(t *testing.T) *fakeHub {
 	})
 	mux.HandleFunc("POST /v1/signals/ack", func(w http.ResponseWriter, r *http.Request) {
 		if h.auth(w, r) {
+			var a ackRequest
+			_ = json.NewDecoder(r.Body).Decode(&a)
+			h.mu.Lock()
+			h.httpAcks = append(h.httpAcks, a.UpToSeq)
+			h.mu.Unlock()
 			writeJSON(w, 200, map[string]any{"acked": 0})
 		}
 	})
@@ -119,7 +132,11 @@ func (h *fakeHub) register(w http.ResponseWriter, r *http.Request) {
 	if id == "" {
 		id = "s1"
 	}
-	writeJSON(w, status, map[string]any{"session_id": id, "token": h.token, "heartbeat_interval_seconds": 3600})
+	hb := h.hbSeconds
+	if hb == 0 {
+		hb = 3600
+	}
+	writeJSON(w, status, map[string]any{"session_id": id, "token": h.token, "heartbeat_interval_seconds": hb})
 }
 
 // auth checks the session token; false when it answered.
@@ -432,4 +449,31 @@ func TestFakeCloseIsNormalAndLeavesNothing(t *testing.T) {
 	_ = c.Close() // idempotent
 	h.close()
 	goleak.VerifyNone(t)
+}
+
+// Heartbeat answers' pending signals reach the handler; with the WebSocket
+// down they are acknowledged over HTTP.
+func TestFakeHeartbeatPendingDeliveredAndAckedOverHTTP(t *testing.T) {
+	h := newFakeHub(t)
+	defer h.close()
+	h.hbSeconds = 1
+	h.hbPending = []Signal{{ID: "p1", Seq: 1}, {ID: "p2", Seq: 2}}
+	var mu sync.Mutex
+	var got []string
+	c := dialFake(t, h.srv.URL, Config{OnSignal: func(s Signal) { mu.Lock(); got = append(got, s.ID); mu.Unlock() }})
+	defer c.Close()
+	c.mu.Lock()
+	c.conn = nil // as if the WebSocket were down: acks must go over HTTP
+	c.mu.Unlock()
+	eventually(t, "two heartbeats", func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.heartbeats >= 2 })
+	eventually(t, "the HTTP ack", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.httpAcks) > 0 && h.httpAcks[len(h.httpAcks)-1] == 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Join(got, ",") != "p1,p2" {
+		t.Errorf("handler saw %v across repeated heartbeats, want p1,p2 once each", got)
+	}
 }

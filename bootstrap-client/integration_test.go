@@ -330,3 +330,30 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 	h.Close()
 	goleak.VerifyNone(t)
 }
+
+// A handler may answer from inside OnSignal: Send never waits for the
+// dispatcher that is running the handler.
+func TestReplyFromInsideHandler(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{})
+	var inA inbox
+	a := dial(t, h.URL, h.APIKey, "asker", &inA)
+	var b *bootstrap.Client
+	ready := make(chan struct{})
+	replies := make(chan error, 10)
+	bIn := &inbox{gate: func(s bootstrap.Signal) {
+		<-ready
+		_, err := b.Send(context.Background(), s.FromSession, "reply", s.Seq)
+		replies <- err
+	}}
+	b = dial(t, h.URL, h.APIKey, "answerer", bIn)
+	close(ready)
+	for i := range 5 {
+		send(t, a, "answerer", i)
+	}
+	waitFor(t, "five replies", func() bool { return inA.len() == 5 })
+	for range 5 {
+		if err := <-replies; err != nil {
+			t.Errorf("reply from the handler: %v", err)
+		}
+	}
+}

@@ -208,7 +208,7 @@ func (c *Client) Send(ctx context.Context, to, kind string, payload any) (SendRe
 	}
 	res := resp.result()
 	if len(resp.Pending) > 0 {
-		c.enqueue(ctx, delivery{signals: resp.Pending, epoch: a.epoch})
+		c.offer(delivery{signals: resp.Pending, epoch: a.epoch})
 	}
 	if res.RecipientRouteStale {
 		c.log.Info("marconi: recipient route stale; it repairs on its own next send",
@@ -263,7 +263,7 @@ func (c *Client) heartbeat(timeout time.Duration) {
 	}
 	c.log.Debug("marconi: heartbeat", "route_state", res.RouteState, "pending", len(res.Pending))
 	if len(res.Pending) > 0 {
-		c.enqueue(ctx, delivery{signals: res.Pending, epoch: a.epoch})
+		c.offer(delivery{signals: res.Pending, epoch: a.epoch})
 	}
 }
 
@@ -278,6 +278,6 @@ func (c *Client) drain(ctx context.Context) {
 		return
 	}
 	if len(res.Signals) > 0 {
-		c.enqueue(ctx, delivery{signals: res.Signals, epoch: a.epoch})
+		c.offer(delivery{signals: res.Signals, epoch: a.epoch})
 	}
 }
