@@ -169,6 +169,10 @@ func (s *Server) recordDetach(conn *wsConn) {
 }
 
 func disconnectReason(err error) string {
+	if errors.Is(err, websocket.ErrMessageTooBig) {
+		// The library closes with 1009 itself; its error is no CloseError.
+		return "message_too_big"
+	}
 	switch websocket.CloseStatus(err) {
 	case websocket.StatusNormalClosure, websocket.StatusGoingAway:
 		return "client_closed"
