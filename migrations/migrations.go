@@ -49,8 +49,10 @@ func Version(databaseURL string) (version uint, dirty bool, err error) {
 	return version, dirty, nil
 }
 
-// run opens a migrator and runs step on it. A cancelled ctx asks
-// golang-migrate to stop after the migration in progress.
+// run opens a migrator and runs step on it. ctx is checked before and after:
+// golang-migrate takes no context, and its GracefulStop channel races with
+// its own reader goroutine (a data race under -race), so a migration in
+// progress runs to its end.
 func run(ctx context.Context, databaseURL, name string, step func(*migrate.Migrate) error) (err error) {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("migrations: %s: %w", name, err)
@@ -61,20 +63,7 @@ func run(ctx context.Context, databaseURL, name string, step func(*migrate.Migra
 	}
 	defer closeMigrate(m, &err)
 
-	stop := make(chan struct{})
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		select {
-		case <-ctx.Done():
-			m.GracefulStop <- true // buffered (size 1) by golang-migrate
-		case <-stop:
-		}
-	}()
 	err = step(m)
-	close(stop)
-	<-watched
-
 	if errors.Is(err, migrate.ErrNoChange) {
 		err = nil
 	}
