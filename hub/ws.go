@@ -127,9 +127,11 @@ func (s *Server) serveConn(sess sessionstore.Session, ws *websocket.Conn, welcom
 	ws.CloseNow()
 
 	s.metrics.connections.Dec()
-	reason := conn.kickMetric
-	if reason == "" {
-		reason = disconnectReason(err)
+	reason := disconnectReason(err)
+	select {
+	case <-conn.kicked: // kick's fields are written before kicked closes
+		reason = conn.kickMetric
+	default:
 	}
 	s.metrics.disconnects.WithLabelValues(reason).Inc()
 	s.log.Debug("websocket detached", keyAttrs(sess.Key), "reason", reason, "err", err)
