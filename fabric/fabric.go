@@ -55,6 +55,7 @@ type Fabric struct {
 	store sessionstore.Store
 	now   func() time.Time
 	log   *slog.Logger
+	bus   Bus // wake-ups to other instances (wake.go)
 }
 
 // New builds the fabric for one instance.
@@ -104,8 +105,10 @@ func (f *Fabric) Healthy(ctx context.Context, instance string) bool {
 	return instance == f.cfg.InstanceID
 }
 
-// Wake tells instance that k has a new signal.
-func (f *Fabric) Wake(ctx context.Context, instance string, k sessionstore.Key, seq int64) {}
+// Wake tells instance that k has a new signal, over the bus (wake.go).
+func (f *Fabric) Wake(ctx context.Context, instance string, k sessionstore.Key, seq int64) {
+	f.wake(ctx, instance, k, seq)
+}
 
 // Placement is the outcome of an attach's placement decision.
 type Placement struct {
