@@ -123,6 +123,24 @@ type FallbackEvent struct {
 	RuntimeModeSource string
 	Reason            string
 	At                time.Time
+	// Counter is the cluster-wide counter RecordFallback adds one to:
+	// CounterFallbacks when empty. It is not kept with the event
+	// (ListFallbacks returns it empty).
+	Counter Counter
+}
+
+// SessionStats are aggregates over the live sessions, for placement and the
+// fabric summary. Every map is non-nil.
+type SessionStats struct {
+	Total    int
+	ByMode   map[string]int // by runtime_mode
+	BySource map[string]int // by runtime_mode_source
+	// ByAssignedInstance counts sessions by their sticky assignment; sessions
+	// with none are not counted.
+	ByAssignedInstance map[string]int
+	// ByQueueInstance counts sessions by the instance holding their queue;
+	// sessions with no queue are not counted.
+	ByQueueInstance map[string]int
 }
 
 // Counts are cluster-wide counters kept by the store (fabric summary).
@@ -219,9 +237,12 @@ type Store interface {
 
 	// HeartbeatInstance inserts or updates an instance row.
 	HeartbeatInstance(ctx context.Context, in Instance) error
+	// SessionStats aggregates the sessions live at now.
+	SessionStats(ctx context.Context, now time.Time) (SessionStats, error)
 	// ListInstances returns every known instance, ordered by id.
 	ListInstances(ctx context.Context) ([]Instance, error)
-	// RecordFallback stores a fallback event and counts it.
+	// RecordFallback stores a fallback event and counts it in e.Counter
+	// (CounterFallbacks when empty), atomically.
 	RecordFallback(ctx context.Context, e FallbackEvent) error
 	// ListFallbacks returns the newest fallback events first, at most limit.
 	ListFallbacks(ctx context.Context, limit int) ([]FallbackEvent, error)

@@ -250,6 +250,33 @@ func (m *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, 
 	return out, nil
 }
 
+// SessionStats implements sessionstore.Store.
+func (m *Store) SessionStats(ctx context.Context, now time.Time) (sessionstore.SessionStats, error) {
+	if err := m.lock(); err != nil {
+		return sessionstore.SessionStats{}, err
+	}
+	defer m.mu.Unlock()
+	out := sessionstore.SessionStats{
+		ByMode: map[string]int{}, BySource: map[string]int{},
+		ByAssignedInstance: map[string]int{}, ByQueueInstance: map[string]int{},
+	}
+	for _, s := range m.sessions {
+		if !live(s, now) {
+			continue
+		}
+		out.Total++
+		out.ByMode[s.s.RuntimeMode]++
+		out.BySource[s.s.RuntimeModeSource]++
+		if s.s.AssignedInstance != "" {
+			out.ByAssignedInstance[s.s.AssignedInstance]++
+		}
+		if s.s.QueueInstance != "" {
+			out.ByQueueInstance[s.s.QueueInstance]++
+		}
+	}
+	return out, nil
+}
+
 // TouchSession implements sessionstore.Store.
 func (m *Store) TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error {
 	if err := m.lock(); err != nil {
@@ -543,13 +570,17 @@ func (m *Store) RecordFallback(ctx context.Context, e sessionstore.FallbackEvent
 		return err
 	}
 	defer m.mu.Unlock()
+	c := cmp.Or(e.Counter, sessionstore.CounterFallbacks)
+	if err := m.add(c, 0); err != nil {
+		return err
+	}
 	e.At = ts(e.At)
+	e.Counter = ""
 	m.fallbacks = append(m.fallbacks, e)
 	if len(m.fallbacks) > MaxFallbackEvents {
 		m.fallbacks = slices.Delete(m.fallbacks, 0, 1)
 	}
-	m.counts.Fallbacks++
-	return nil
+	return m.add(c, 1)
 }
 
 // ListFallbacks implements sessionstore.Store: newest At first, the later
@@ -574,6 +605,11 @@ func (m *Store) AddCount(ctx context.Context, c sessionstore.Counter, n int64) e
 		return err
 	}
 	defer m.mu.Unlock()
+	return m.add(c, n)
+}
+
+// add adds n to counter c. m.mu is held.
+func (m *Store) add(c sessionstore.Counter, n int64) error {
 	switch c {
 	case sessionstore.CounterFallbacks:
 		m.counts.Fallbacks += n

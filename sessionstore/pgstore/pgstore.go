@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync/atomic"
@@ -279,6 +280,46 @@ func (s *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, 
 	return out, nil
 }
 
+// SessionStats implements sessionstore.Store: one grouped scan of the live
+// sessions, folded into the maps here (the groups are few: modes × sources ×
+// instances²).
+func (s *Store) SessionStats(ctx context.Context, now time.Time) (sessionstore.SessionStats, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return sessionstore.SessionStats{}, wrap("session stats", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT runtime_mode, runtime_mode_source, assigned_instance, queue_instance, count(*)
+		FROM sessions WHERE expires_at >= $1 GROUP BY 1, 2, 3, 4`, now)
+	if err != nil {
+		return sessionstore.SessionStats{}, wrap("session stats", err)
+	}
+	out := sessionstore.SessionStats{
+		ByMode: map[string]int{}, BySource: map[string]int{},
+		ByAssignedInstance: map[string]int{}, ByQueueInstance: map[string]int{},
+	}
+	var (
+		mode, source, assigned, queue string
+		n                             int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&mode, &source, &assigned, &queue, &n}, func() error {
+		out.Total += n
+		out.ByMode[mode] += n
+		out.BySource[source] += n
+		if assigned != "" {
+			out.ByAssignedInstance[assigned] += n
+		}
+		if queue != "" {
+			out.ByQueueInstance[queue] += n
+		}
+		return nil
+	})
+	if err != nil {
+		return sessionstore.SessionStats{}, wrap("session stats", err)
+	}
+	return out, nil
+}
+
 // TouchSession implements sessionstore.Store.
 func (s *Store) TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error {
 	ctx, cancel, err := s.call(ctx)
@@ -425,8 +466,8 @@ func (s *Store) ListInstances(ctx context.Context) ([]sessionstore.Instance, err
 	return out, nil
 }
 
-// RecordFallback implements sessionstore.Store: the event and the fallbacks
-// counter are written in one transaction.
+// RecordFallback implements sessionstore.Store: the event and its counter
+// are written in one transaction.
 func (s *Store) RecordFallback(ctx context.Context, e sessionstore.FallbackEvent) error {
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
@@ -441,7 +482,7 @@ func (s *Store) RecordFallback(ctx context.Context, e sessionstore.FallbackEvent
 			e.RuntimeMode, e.RuntimeModeSource, e.Reason, e.At); err != nil {
 			return err
 		}
-		return addCount(ctx, tx, sessionstore.CounterFallbacks, 1)
+		return addCount(ctx, tx, cmp.Or(e.Counter, sessionstore.CounterFallbacks), 1)
 	})
 	return wrap("record fallback", err)
 }

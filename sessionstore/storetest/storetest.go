@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"sort"
 	"sync"
@@ -80,6 +81,8 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"Prune/expired sessions go with their signals", testPruneSessions},
 		{"Instances/heartbeat upserts, list orders by id", testInstances},
 		{"Fallbacks/newest first, limited, counted", testFallbacks},
+		{"Fallbacks/counted in the event's counter", testFallbackCounter},
+		{"SessionStats/aggregates live sessions only", testSessionStats},
 		{"Counts/AddCount adds to each counter", testCounts},
 	}
 	for _, tc := range tests {
@@ -1337,5 +1340,72 @@ func testCounts(t *testing.T, s sessionstore.Store) {
 	want := sessionstore.Counts{Fallbacks: 1, Reassignments: 12, AdaptivePlacements: 103, AdaptivePlacementMismatches: 4}
 	if c != want {
 		t.Fatalf("Counts = %+v, want %+v", c, want)
+	}
+}
+
+func testFallbackCounter(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	e := sessionstore.FallbackEvent{
+		Key: key("t", "p", "s1"), FromInstance: "hub-1", ToInstance: "hub-1",
+		RuntimeMode: "sticky", RuntimeModeSource: "default", Reason: "grace_expired", At: at(time.Minute),
+		Counter: sessionstore.CounterReassignments,
+	}
+	noErr(t, "RecordFallback(reassignment)", s.RecordFallback(ctx, e))
+	e.Counter = sessionstore.CounterFallbacks
+	noErr(t, "RecordFallback(fallback)", s.RecordFallback(ctx, e))
+	c, err := s.Counts(ctx)
+	noErr(t, "Counts", err)
+	if want := (sessionstore.Counts{Fallbacks: 1, Reassignments: 1}); c != want {
+		t.Fatalf("Counts = %+v, want %+v", c, want)
+	}
+	list, err := s.ListFallbacks(ctx, 0)
+	noErr(t, "ListFallbacks", err)
+	wantInt(t, "events listed", len(list), 2)
+	if e.Counter = "no_such_counter"; s.RecordFallback(ctx, e) == nil {
+		t.Fatal("RecordFallback with an unknown counter: no error")
+	}
+	list, err = s.ListFallbacks(ctx, 0)
+	noErr(t, "ListFallbacks", err)
+	wantInt(t, "events listed after a refused one", len(list), 2)
+}
+
+func testSessionStats(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	st, err := s.SessionStats(ctx, t0)
+	noErr(t, "SessionStats(empty)", err)
+	if st.Total != 0 || st.ByMode == nil || st.BySource == nil || st.ByAssignedInstance == nil || st.ByQueueInstance == nil {
+		t.Fatalf("SessionStats of an empty store = %+v, want zero total and non-nil maps", st)
+	}
+	mk := func(id, mode, source, assigned string, expires time.Time) sessionstore.Key {
+		k := key("t", "p", id)
+		sess := newSession(k, hash(id), expires)
+		sess.RuntimeMode, sess.RuntimeModeSource, sess.AssignedInstance = mode, source, assigned
+		mustCreateSession(t, s, sess)
+		return k
+	}
+	a := mk("a", "sticky", "explicit", "hub-1", at(time.Hour))
+	mk("b", "sticky", "adaptive-classifier", "hub-1", at(time.Hour))
+	mk("c", "sticky", "explicit", "hub-2", at(time.Hour))
+	d := mk("d", "stateless", "default", "", at(time.Hour))
+	mk("gone", "sticky", "explicit", "hub-2", at(time.Minute)) // expired at the read below
+	noErr(t, "SetQueue(a)", s.SetQueue(ctx, a, "hub-2", t0))
+	noErr(t, "SetQueue(d)", s.SetQueue(ctx, d, "hub-2", t0))
+
+	st, err = s.SessionStats(ctx, at(2*time.Minute))
+	noErr(t, "SessionStats", err)
+	wantInt(t, "Total", st.Total, 4)
+	for _, c := range []struct {
+		what string
+		got  map[string]int
+		want map[string]int
+	}{
+		{"ByMode", st.ByMode, map[string]int{"sticky": 3, "stateless": 1}},
+		{"BySource", st.BySource, map[string]int{"explicit": 2, "adaptive-classifier": 1, "default": 1}},
+		{"ByAssignedInstance", st.ByAssignedInstance, map[string]int{"hub-1": 2, "hub-2": 1}},
+		{"ByQueueInstance", st.ByQueueInstance, map[string]int{"hub-2": 2}},
+	} {
+		if !maps.Equal(c.got, c.want) {
+			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
+		}
 	}
 }
