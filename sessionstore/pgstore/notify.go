@@ -1,0 +1,235 @@
+package pgstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+// Wake-up bus: Postgres LISTEN/NOTIFY between the hub instances that share a
+// database. Each instance listens on its own channel; the payload names the
+// stored signal (tenant, project, session, seq) and nothing else.
+
+// channelSQL computes an instance's channel. Channels are database-wide while
+// the tables live in the search_path's schema, so the schema is part of the
+// name: deployments (and parallel tests) in other schemas of one database
+// never hear each other. The md5 keeps any instance id within Postgres's
+// 63-byte identifier limit.
+const channelSQL = `'marconi_wake_' || md5(coalesce(current_schema(), '') || '/' || $1::text)`
+
+// ListenerApplicationName is the application_name of the listener's
+// connection, as pg_stat_activity shows it.
+const ListenerApplicationName = "marconi-wake-listener"
+
+// MaxWakePayload bounds a wake-up payload, well under Postgres's 8000 bytes.
+const MaxWakePayload = 2048
+
+// maxWakeField bounds each of tenant, project and session id in a payload.
+const maxWakeField = 256
+
+// Listener timings.
+const (
+	listenBackoffMin = 100 * time.Millisecond
+	listenBackoffMax = 5 * time.Second
+	// listenIdleCheck: a listener that heard nothing for this long checks
+	// its connection, so a half-open one is noticed and replaced.
+	listenIdleCheck = 30 * time.Second
+	// listenCallTimeout bounds connecting, LISTEN and the idle check.
+	listenCallTimeout = 10 * time.Second
+)
+
+// wakePayload is the JSON of a wake-up.
+type wakePayload struct {
+	Tenant  string `json:"tenant"`
+	Project string `json:"project"`
+	Session string `json:"session"`
+	Seq     int64  `json:"seq"`
+}
+
+// EncodeWake is the NOTIFY payload of a wake-up for k's signal seq.
+func EncodeWake(k sessionstore.Key, seq int64) (string, error) {
+	p := wakePayload{Tenant: k.TenantID, Project: k.ProjectID, Session: k.SessionID, Seq: seq}
+	if err := p.validate(); err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return "", fmt.Errorf("encode wake-up: %w", err)
+	}
+	if len(b) > MaxWakePayload {
+		return "", fmt.Errorf("wake-up payload of %d bytes is over %d", len(b), MaxWakePayload)
+	}
+	return string(b), nil
+}
+
+// DecodeWake parses a NOTIFY payload. The payload is untrusted (anyone who
+// can connect to the database can NOTIFY): anything but one well-formed,
+// bounded JSON object naming a session and a positive seq is an error.
+// Unknown fields are ignored, so that a newer instance may add some.
+func DecodeWake(payload string) (sessionstore.Key, int64, error) {
+	if len(payload) > MaxWakePayload {
+		return sessionstore.Key{}, 0, fmt.Errorf("wake-up payload of %d bytes is over %d", len(payload), MaxWakePayload)
+	}
+	dec := json.NewDecoder(bytes.NewReader([]byte(payload)))
+	var p wakePayload
+	if err := dec.Decode(&p); err != nil {
+		return sessionstore.Key{}, 0, fmt.Errorf("malformed wake-up: %w", err)
+	}
+	if dec.More() {
+		return sessionstore.Key{}, 0, errors.New("malformed wake-up: data after the object")
+	}
+	if err := p.validate(); err != nil {
+		return sessionstore.Key{}, 0, err
+	}
+	return sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, p.Seq, nil
+}
+
+func (p wakePayload) validate() error {
+	for _, f := range []struct{ name, v string }{{"tenant", p.Tenant}, {"project", p.Project}, {"session", p.Session}} {
+		if f.v == "" || len(f.v) > maxWakeField {
+			return fmt.Errorf("wake-up %s must have 1 to %d bytes", f.name, maxWakeField)
+		}
+	}
+	if p.Seq < 1 {
+		return fmt.Errorf("wake-up seq %d is not positive", p.Seq)
+	}
+	return nil
+}
+
+// Bus is the Postgres wake-up bus (fabric.Bus) of a Store: Publish sends
+// NOTIFY through the store's pool; Listen holds a dedicated connection of its
+// own. It is safe for concurrent use.
+type Bus struct {
+	store *Store
+	log   *slog.Logger
+}
+
+// NewBus returns the wake-up bus of s. A nil log discards.
+func NewBus(s *Store, log *slog.Logger) *Bus {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Bus{store: s, log: log}
+}
+
+// Publish sends a wake-up to instance's channel. Returns an error wrapping
+// sessionstore.ErrUnavailable when Postgres cannot be reached.
+func (b *Bus) Publish(ctx context.Context, instance string, k sessionstore.Key, seq int64) error {
+	payload, err := EncodeWake(k, seq)
+	if err != nil {
+		return err
+	}
+	ctx, cancel, err := b.store.call(ctx)
+	defer cancel()
+	if err != nil {
+		return wrap("publish wake-up", err)
+	}
+	_, err = b.store.pool.Exec(ctx, `SELECT pg_notify(`+channelSQL+`, $2)`, instance, payload)
+	return wrap("publish wake-up", err)
+}
+
+// Channel is the NOTIFY channel that instance listens on, in this store's
+// schema; for operators (pg_stat_activity, psql) and tests.
+func (b *Bus) Channel(ctx context.Context, instance string) (string, error) {
+	ctx, cancel, err := b.store.call(ctx)
+	defer cancel()
+	if err != nil {
+		return "", wrap("wake-up channel", err)
+	}
+	var ch string
+	err = b.store.pool.QueryRow(ctx, `SELECT `+channelSQL, instance).Scan(&ch)
+	return ch, wrap("wake-up channel", err)
+}
+
+// Listen listens on instance's channel on a dedicated connection and hands
+// every well-formed wake-up to onWake, until ctx ends; then it closes the
+// connection and returns nil. A dropped connection is replaced with
+// exponential backoff (and full jitter); onConnect runs each time LISTEN is
+// in place, because wake-ups sent meanwhile are lost. onWake and onConnect
+// run on Listen's goroutine and must not block for long.
+func (b *Bus) Listen(ctx context.Context, instance string, onWake func(sessionstore.Key, int64), onConnect func()) error {
+	backoff := listenBackoffMin
+	for {
+		listened, err := b.listenOnce(ctx, instance, onWake, onConnect)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if listened {
+			backoff = listenBackoffMin
+		}
+		wait := rand.N(backoff) + time.Millisecond
+		b.log.Warn("wake-up listener lost its connection; reconnecting (signals meanwhile arrive by the pending sweep)",
+			"instance", instance, "retry_in", wait, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		backoff = min(2*backoff, listenBackoffMax)
+	}
+}
+
+// listenOnce runs one connection: connect, LISTEN, onConnect, then wait for
+// notifications until the connection fails or ctx ends. listened reports
+// whether LISTEN was in place.
+func (b *Bus) listenOnce(ctx context.Context, instance string, onWake func(sessionstore.Key, int64), onConnect func()) (listened bool, err error) {
+	cctx, cancel := context.WithTimeout(ctx, listenCallTimeout)
+	defer cancel()
+	cfg := b.store.pool.Config().ConnConfig // a copy
+	cfg.RuntimeParams["application_name"] = ListenerApplicationName
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	if err != nil {
+		return false, fmt.Errorf("connect: %w", err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+	var channel string
+	if err := conn.QueryRow(cctx, `SELECT `+channelSQL, instance).Scan(&channel); err != nil {
+		return false, fmt.Errorf("channel name: %w", err)
+	}
+	if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		return false, fmt.Errorf("listen: %w", err)
+	}
+	b.log.Debug("wake-up listener listening", "instance", instance, "channel", channel)
+	onConnect()
+	for {
+		wctx, cancel := context.WithTimeout(ctx, listenIdleCheck)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			k, seq, derr := DecodeWake(n.Payload)
+			if derr != nil {
+				b.log.Warn("ignoring a malformed wake-up", "channel", channel, "err", derr)
+				continue
+			}
+			onWake(k, seq)
+		case ctx.Err() != nil:
+			return true, ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded):
+			// Quiet for a while: make sure the connection still works.
+			pctx, cancel := context.WithTimeout(ctx, listenCallTimeout)
+			err := conn.Ping(pctx)
+			cancel()
+			if err != nil {
+				return true, fmt.Errorf("idle check: %w", err)
+			}
+		default:
+			return true, fmt.Errorf("wait for notification: %w", err)
+		}
+	}
+}
