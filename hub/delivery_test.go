@@ -650,6 +650,19 @@ func TestSlowConsumerClosedWith4429AndNothingLost(t *testing.T) {
 		sent++
 	}
 	t.Logf("queue overflowed after %d signals", sent)
+	drops := metric(t, h, "marconi_queue_drops_total", "reason", "slow_consumer")
+
+	// The connection is being closed: it is no queue any more. A send now is
+	// stored for later, not reported as pushed, and bob's heartbeat collects it.
+	r := send(t, h, alice, "bob", "after the overflow")
+	sent++
+	if r["delivery"] != "queued_offline" || r["recipient_route_state"] != "route_without_queue" {
+		t.Errorf("send to a closing slow consumer: delivery %v, route %v; want queued_offline, route_without_queue",
+			r["delivery"], r["recipient_route_state"])
+	}
+	if got := metric(t, h, "marconi_queue_drops_total", "reason", "slow_consumer"); got != drops {
+		t.Errorf("queue drops moved from %v to %v after the connection was already closing", drops, got)
+	}
 
 	// Bob reads again: the frames the hub had written, then 4429.
 	var got []int64

@@ -50,6 +50,17 @@ func (c *wsConn) kick(code websocket.StatusCode, reason, metricReason string) {
 	})
 }
 
+// closing reports whether the connection was kicked: its writer is closing
+// it and will write nothing more, so it is no longer a queue.
+func (c *wsConn) closing() bool {
+	select {
+	case <-c.kicked:
+		return true
+	default:
+		return false
+	}
+}
+
 // registry is the in-memory map of session to live queue on this instance.
 // It is safe for concurrent use.
 type registry struct {
@@ -108,7 +119,9 @@ func (r *registry) len() int {
 // and are replayed on the next attach.
 func (s *Server) offer(k sessionstore.Key, it queueItem) bool {
 	c := s.registry.get(k)
-	if c == nil {
+	if c == nil || c.closing() {
+		// A closing connection writes nothing more: the signal waits in the
+		// store for the next attach, like any offline one (no drop).
 		return false
 	}
 	select {
@@ -120,11 +133,11 @@ func (s *Server) offer(k sessionstore.Key, it queueItem) bool {
 	return true
 }
 
-// Route implements signals.Router: a queue in the local registry is attached;
-// a queue recorded on another instance is attached while that instance is
-// healthy.
+// Route implements signals.Router: a queue in the local registry is attached
+// unless it is being closed (kicked); a queue recorded on another instance is
+// attached while that instance is healthy.
 func (s *Server) Route(ctx context.Context, sess sessionstore.Session) signals.Route {
-	if c := s.registry.get(sess.Key); c != nil {
+	if c := s.registry.get(sess.Key); c != nil && !c.closing() {
 		return signals.Route{Attached: !s.Draining(), InstanceID: s.cfg.InstanceID, InstanceHealthy: !s.Draining(), AttachedAt: c.attachedAt}
 	}
 	if sess.QueueInstance == "" || sess.QueueInstance == s.cfg.InstanceID {
