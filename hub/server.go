@@ -65,6 +65,10 @@ type Config struct {
 	Fabric fabric.Config
 	// Retention configures the pruning loop.
 	Retention Retention
+	// PendingSweep is MARCONI_PENDING_SWEEP_SECONDS (5): how often every
+	// queue attached here catches up from the store, so that a lost
+	// cross-instance wake-up delays a signal by at most this long.
+	PendingSweep time.Duration
 }
 
 // Retention is how long the store keeps what is done with.
@@ -136,6 +140,9 @@ func (c *Config) setDefaults() {
 	if c.Retention.Every == 0 {
 		c.Retention.Every = time.Minute
 	}
+	if c.PendingSweep == 0 {
+		c.PendingSweep = 5 * time.Second
+	}
 	c.Fabric.InstanceID = c.InstanceID
 	c.Fabric.PublicURL = c.PublicURL
 	if c.Fabric.Placement.DefaultMode == "" {
@@ -151,6 +158,9 @@ type Deps struct {
 	Logger   *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Bus carries wake-ups between instances sharing the store; nil means
+	// none (a lone instance on the in-memory store).
+	Bus fabric.Bus
 }
 
 // Server is one hub instance's HTTP server. It is safe for concurrent use.
@@ -169,6 +179,9 @@ type Server struct {
 	fabric   *fabric.Fabric
 	peers    Peers
 	placer   *fabric.Fabric
+	bus      fabric.Bus // counted; see wake.go
+
+	wakeMetrics *wakeMetrics
 
 	draining atomic.Bool
 
@@ -216,6 +229,14 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s.placer, s.peers = s.fabric, s.fabric
+	if d.Bus == nil {
+		d.Bus = fabric.NoBus{}
+	}
+	if s.wakeMetrics, err = newWakeMetrics(d.Registry); err != nil {
+		return nil, err
+	}
+	s.bus = countingBus{Bus: d.Bus, m: s.wakeMetrics}
+	s.fabric.SetBus(s.bus)
 	s.signals, err = signals.New(signals.Config{
 		MaxPayloadBytes: cfg.MaxPayloadBytes,
 		Freshness:       cfg.SelfHeal.Freshness,
@@ -294,10 +315,13 @@ func (s *Server) isClosing() bool {
 	return s.closing
 }
 
-// Run runs the hub's background loops (pruning, bucket sweeps) until ctx
-// ends, and returns when they have all stopped.
+// Run runs the hub's background loops (pruning, bucket sweeps, the
+// wake-up listener and the pending sweep) until ctx ends, and returns when
+// they have all stopped.
 func (s *Server) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.listenWakes(ctx) })
+	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.sweepPending); return nil })
 	g.Go(func() error { s.every(ctx, s.cfg.Retention.Every, s.prune); return nil })
 	g.Go(func() error {
 		s.every(ctx, 30*time.Second, func(context.Context) {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/migrations"
 	"github.com/marconihub/marconi/sessionstore"
@@ -57,6 +58,7 @@ func (m *Main) Run(ctx context.Context) error {
 	m.cancel = cancel
 
 	storeName := "memory (nothing is durable; one instance only)"
+	var bus fabric.Bus // nil: one instance, nobody to wake
 	if cfg.DatabaseURL == "" {
 		m.store = memstore.New()
 	} else {
@@ -65,13 +67,14 @@ func (m *Main) Run(ctx context.Context) error {
 			return fmt.Errorf("MARCONI_DATABASE_URL: %w", err)
 		}
 		m.store = st
+		bus = pgstore.NewBus(st, m.Logger)
 		storeName = "postgres"
 		m.goMigrate(bg, cfg.DatabaseURL)
 	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	h, err := hub.New(cfg.Hub, hub.Deps{Store: m.store, Registry: reg, Gatherer: reg, Logger: m.Logger})
+	h, err := hub.New(cfg.Hub, hub.Deps{Store: m.store, Registry: reg, Gatherer: reg, Logger: m.Logger, Bus: bus})
 	if err != nil {
 		return err
 	}

@@ -201,6 +201,7 @@ func settings(c *Config) []setting {
 		{"MARCONI_RETAIN_ACKED_SECONDS", "86400", "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked)},
 		{"MARCONI_RETAIN_EXPIRED_SECONDS", "3600", "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired)},
 		{"MARCONI_PRUNE_INTERVAL_SECONDS", "60", "how often the retention loop runs", seconds(&h.Retention.Every)},
+		{"MARCONI_PENDING_SWEEP_SECONDS", "5", "how often every attached queue re-reads the store (bounds the delay of a lost cross-instance wake-up)", seconds(&h.PendingSweep)},
 		{"MARCONI_SHUTDOWN_TIMEOUT_SECONDS", "15", "bound on graceful shutdown", seconds(&c.ShutdownTimeout)},
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/memstore"
@@ -55,6 +56,9 @@ type Options struct {
 	Now func() time.Time
 	// Logger; nil logs at warn level to stderr when MARCONI_TEST_LOG is set, else nowhere.
 	Logger *slog.Logger
+	// Bus carries wake-ups to other hubs on the same store (pgstore.NewBus);
+	// nil means none.
+	Bus fabric.Bus
 }
 
 // Hub is a running in-process hub.
@@ -110,7 +114,7 @@ func Start(t testing.TB, o Options) *Hub {
 	if cfg.PublicURL == "" {
 		cfg.PublicURL = h.URL
 	}
-	srv, err := hub.New(cfg, hub.Deps{Store: o.Store, Registry: h.Registry, Gatherer: h.Registry, Logger: o.Logger, Now: o.Now})
+	srv, err := hub.New(cfg, hub.Deps{Store: o.Store, Registry: h.Registry, Gatherer: h.Registry, Logger: o.Logger, Now: o.Now, Bus: o.Bus})
 	if err != nil {
 		t.Fatalf("hubtest: %v", err)
 	}
