@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/marconihub/marconi"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -26,6 +29,11 @@ type Config struct {
 	// DeadAfter is MARCONI_INSTANCE_DEAD_AFTER_SECONDS (10): an instance whose
 	// heartbeat is older is unhealthy.
 	DeadAfter time.Duration
+	// HeartbeatEvery is MARCONI_INSTANCE_HEARTBEAT_SECONDS (3): how often Run
+	// heartbeats this instance and refreshes its view of the others. Keep it
+	// well under half of DeadAfter: a peer's health is judged from a view up
+	// to one interval old.
+	HeartbeatEvery time.Duration
 	// Grace is MARCONI_RECONNECT_GRACE_SECONDS (60).
 	Grace time.Duration
 	// DisconnectPolicy is retain (default) or drop.
@@ -38,6 +46,9 @@ func (c *Config) setDefaults() {
 	if c.DeadAfter == 0 {
 		c.DeadAfter = 10 * time.Second
 	}
+	if c.HeartbeatEvery == 0 {
+		c.HeartbeatEvery = 3 * time.Second
+	}
 	if c.Grace == 0 {
 		c.Grace = 60 * time.Second
 	}
@@ -49,96 +60,224 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Fabric is one instance's part in the fabric. It is safe for concurrent use.
+// Fabric is one instance's part in the fabric: it heartbeats the instance
+// into the store, keeps a view of every instance's health, places sticky
+// sessions and decides each attach. It never hydrates state. It is safe for
+// concurrent use.
 type Fabric struct {
-	cfg   Config
-	store sessionstore.Store
-	now   func() time.Time
-	log   *slog.Logger
-	bus   Bus // wake-ups to other instances (wake.go)
+	cfg       Config
+	store     sessionstore.Store
+	now       func() time.Time
+	log       *slog.Logger
+	m         *metrics
+	bus       Bus // set by SetBus (wake.go)
+	startedAt time.Time
+
+	draining   atomic.Bool
+	rolledBack atomic.Bool
+
+	mu        sync.RWMutex
+	instances map[string]sessionstore.Instance // the last ListInstances, by id
+	loaded    bool                             // instances has been read at least once
 }
 
-// New builds the fabric for one instance.
-func New(cfg Config, store sessionstore.Store, now func() time.Time, log *slog.Logger) (*Fabric, error) {
+// New builds the fabric for one instance. Its metrics are registered on reg.
+// A reserved or unknown default runtime mode is refused here too, not only
+// when the environment is parsed.
+func New(cfg Config, store sessionstore.Store, now func() time.Time, reg prometheus.Registerer, log *slog.Logger) (*Fabric, error) {
 	cfg.setDefaults()
 	if cfg.InstanceID == "" {
 		return nil, errors.New("fabric: no instance id")
 	}
+	if _, err := NormalizeRuntimeMode(cfg.Placement.DefaultMode); err != nil {
+		return nil, fmt.Errorf("fabric: default runtime mode: %w", err)
+	}
+	switch cfg.DisconnectPolicy {
+	case PolicyRetain, PolicyDrop:
+	default:
+		return nil, fmt.Errorf("fabric: disconnect policy %q (want retain or drop)", cfg.DisconnectPolicy)
+	}
+	if now == nil {
+		now = time.Now
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Fabric{cfg: cfg, store: store, now: now, log: log}, nil
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Fabric{
+		cfg: cfg, store: store, now: now, log: log, m: m, bus: NoBus{},
+		startedAt: now(), instances: map[string]sessionstore.Instance{},
+	}, nil
 }
 
 // InstanceID is this instance's id.
 func (f *Fabric) InstanceID() string { return f.cfg.InstanceID }
 
-// Open implements AdaptiveGate from the configuration.
-func (f *Fabric) Open(clientID string) bool {
-	return f.cfg.Placement.Adaptive && allowlisted(f.cfg.Placement.AdaptiveClients, clientID)
-}
-
-// RuntimeMode resolves a new session's mode and source.
-func (f *Fabric) RuntimeMode(explicit, clientID string, h Hints) (mode, source string) {
-	return ResolveMode(explicit, clientID, h, f, f.cfg.Placement.DefaultMode)
-}
-
-// Assign picks the instance a new sticky session is placed on.
-func (f *Fabric) Assign(ctx context.Context) (string, error) {
-	return f.cfg.InstanceID, nil
-}
-
-// URL is the public URL of instance.
-func (f *Fabric) URL(instance string) string {
-	return f.cfg.PublicURL
-}
-
-// CountAdaptivePlacement counts a session placed by the classifier.
-func (f *Fabric) CountAdaptivePlacement(ctx context.Context) {
-	if err := f.store.AddCount(ctx, sessionstore.CounterAdaptivePlacements, 1); err != nil {
-		f.log.Warn("count adaptive placement", "err", err)
+// Run heartbeats this instance into the store and refreshes the view of the
+// others at once and then every HeartbeatEvery, until ctx ends. A failed
+// tick (store unreachable) is logged and retried on the next one.
+func (f *Fabric) Run(ctx context.Context) error {
+	t := time.NewTicker(f.cfg.HeartbeatEvery)
+	defer t.Stop()
+	for {
+		if err := f.Tick(ctx); err != nil && ctx.Err() == nil {
+			f.log.Warn("fabric heartbeat", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
 	}
 }
 
-// Healthy reports whether instance is healthy.
-func (f *Fabric) Healthy(ctx context.Context, instance string) bool {
-	return instance == f.cfg.InstanceID
+// Tick is one heartbeat of this instance followed by a refresh of the view.
+// Run calls it on its timer; tests call it to decide health without waiting.
+func (f *Fabric) Tick(ctx context.Context) error {
+	hb := f.heartbeat(ctx)
+	return errors.Join(hb, f.Refresh(ctx))
 }
 
-// Wake tells instance that k has a new signal, over the bus (wake.go).
+func (f *Fabric) heartbeat(ctx context.Context) error {
+	err := f.store.HeartbeatInstance(ctx, sessionstore.Instance{
+		ID: f.cfg.InstanceID, URL: f.cfg.PublicURL, Draining: f.draining.Load(),
+		StartedAt: f.startedAt, LastHeartbeatAt: f.now(),
+	})
+	if err != nil {
+		return fmt.Errorf("heartbeat instance %s: %w", f.cfg.InstanceID, err)
+	}
+	return nil
+}
+
+// Refresh reloads the instance table and the cluster-wide counters: the
+// health view that Healthy reads, the health gauges, and the rollback of the
+// adaptive gate.
+func (f *Fabric) Refresh(ctx context.Context) error {
+	list, err := f.store.ListInstances(ctx)
+	if err != nil {
+		return fmt.Errorf("list instances: %w", err)
+	}
+	byID := make(map[string]sessionstore.Instance, len(list))
+	for _, in := range list {
+		byID[in.ID] = in
+	}
+	f.mu.Lock()
+	f.instances, f.loaded = byID, true
+	f.mu.Unlock()
+
+	now := f.now()
+	f.m.instanceHealthy.Reset()
+	for _, in := range list {
+		v := 0.0
+		if f.healthyAt(in, now) {
+			v = 1
+		}
+		f.m.instanceHealthy.WithLabelValues(in.ID).Set(v)
+	}
+	c, err := f.store.Counts(ctx)
+	if err != nil {
+		return fmt.Errorf("counts: %w", err)
+	}
+	f.checkRollback(c)
+	return nil
+}
+
+// ensureLoaded reads the instance table once when no tick has yet: a
+// decision made on an empty view would take every session over.
+func (f *Fabric) ensureLoaded(ctx context.Context) error {
+	f.mu.RLock()
+	loaded := f.loaded
+	f.mu.RUnlock()
+	if loaded {
+		return nil
+	}
+	return f.Refresh(ctx)
+}
+
+// SetDraining marks this instance draining, in the store at once (a final
+// heartbeat with Draining set), so that the others see it unhealthy now
+// rather than after the dead-after window. Later heartbeats keep the mark.
+func (f *Fabric) SetDraining(ctx context.Context) error {
+	if !f.draining.CompareAndSwap(false, true) {
+		return nil
+	}
+	return f.heartbeat(ctx)
+}
+
+// Healthy reports whether instance is healthy: its heartbeat is younger than
+// DeadAfter and it is not draining. It reads the view kept by Tick and makes
+// no store call. This instance is healthy while it is not draining.
+func (f *Fabric) Healthy(ctx context.Context, instance string) bool {
+	if instance == f.cfg.InstanceID {
+		return !f.draining.Load()
+	}
+	f.mu.RLock()
+	in, ok := f.instances[instance]
+	f.mu.RUnlock()
+	return ok && f.healthyAt(in, f.now())
+}
+
+func (f *Fabric) healthyAt(in sessionstore.Instance, now time.Time) bool {
+	if in.ID == f.cfg.InstanceID {
+		return !f.draining.Load()
+	}
+	return !in.Draining && now.Sub(in.LastHeartbeatAt) < f.cfg.DeadAfter
+}
+
+// URL is the public URL of instance, from the instance table; empty when
+// the instance is unknown.
+func (f *Fabric) URL(instance string) string {
+	if instance == f.cfg.InstanceID {
+		return f.cfg.PublicURL
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.instances[instance].URL
+}
+
+// Wake tells instance that k has a new signal, through the bus (wake.go).
 func (f *Fabric) Wake(ctx context.Context, instance string, k sessionstore.Key, seq int64) {
 	f.wake(ctx, instance, k, seq)
 }
 
-// Placement is the outcome of an attach's placement decision.
-type Placement struct {
-	// Resumed: an earlier attachment ended within the grace window and the
-	// affinity holds.
-	Resumed bool
-	// AffinityReset: runtime-local state is gone; the client must rehydrate.
-	AffinityReset bool
-	// Dropped is how many pending signals the drop policy discarded, when it applied.
-	Dropped *int
-}
-
-// Place decides whether sess may attach on this instance. A sticky session
-// whose assigned instance is another healthy one gets wrong_instance.
-func (f *Fabric) Place(ctx context.Context, sess sessionstore.Session, hasLocalQueue bool) (Placement, error) {
-	now := f.now()
-	var p Placement
-	withinGrace := !sess.QueueDetachedAt.IsZero() && now.Sub(sess.QueueDetachedAt) <= f.cfg.Grace
-	if sess.RuntimeMode != ModeSticky {
-		p.Resumed = withinGrace || hasLocalQueue
-		return p, nil
+// Assign picks the instance a new sticky session is placed on: the healthy
+// instance with the fewest live sticky sessions assigned to it (ties go to
+// this instance, then to the lowest id). The load is read from the store at
+// each call, so concurrent registrations on several instances see each
+// other's assignments.
+func (f *Fabric) Assign(ctx context.Context) (string, error) {
+	if err := f.ensureLoaded(ctx); err != nil {
+		return "", err
 	}
-	if sess.AssignedInstance != "" && sess.AssignedInstance != f.cfg.InstanceID && f.Healthy(ctx, sess.AssignedInstance) {
-		return p, &marconi.Error{
-			Code:        marconi.CodeWrongInstance,
-			Message:     fmt.Sprintf("session %q is placed on instance %q; attach there", sess.SessionID, sess.AssignedInstance),
-			InstanceID:  sess.AssignedInstance,
-			InstanceURL: f.URL(sess.AssignedInstance),
+	stats, err := f.store.SessionStats(ctx, f.now())
+	if err != nil {
+		return "", fmt.Errorf("assign: %w", err)
+	}
+	best, bestLoad := f.cfg.InstanceID, stats.ByAssignedInstance[f.cfg.InstanceID]
+	if !f.Healthy(ctx, best) {
+		best, bestLoad = "", 0
+	}
+	now := f.now()
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	for _, id := range sortedKeys(f.instances) {
+		if id == f.cfg.InstanceID || !f.healthyAt(f.instances[id], now) {
+			continue
+		}
+		if load := stats.ByAssignedInstance[id]; best == "" || load < bestLoad {
+			best, bestLoad = id, load
 		}
 	}
-	p.Resumed = withinGrace || hasLocalQueue
-	return p, nil
+	if best == "" {
+		// Nobody is healthy, this instance included (it is draining and the
+		// caller let a registration through): keep it here.
+		best = f.cfg.InstanceID
+	}
+	return best, nil
 }

@@ -1,7 +1,6 @@
 package fabric
 
 import (
-	"context"
 	"slices"
 	"strings"
 )
@@ -36,6 +35,10 @@ type PlacementConfig struct {
 	// AdaptiveClients is MARCONI_ADAPTIVE_CLIENTS: client ids the classifier
 	// may place; "*" allows every client.
 	AdaptiveClients []string
+	// RollbackAfter is MARCONI_ADAPTIVE_ROLLBACK_AFTER: once the cluster-wide
+	// count of adaptive placement mismatches reaches it, the gate rolls back
+	// and the classifier places nothing more. 0 turns it off.
+	RollbackAfter int64
 }
 
 // ParseClientList splits a comma list of client ids, dropping blanks.
@@ -73,5 +76,3 @@ func ResolveMode(explicit, clientID string, h Hints, gate AdaptiveGate, defaultM
 func allowlisted(list []string, clientID string) bool {
 	return slices.Contains(list, "*") || slices.Contains(list, clientID)
 }
-
-var _ = context.Background

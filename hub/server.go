@@ -224,7 +224,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.fabric, err = fabric.New(cfg.Fabric, d.Store, d.Now, d.Logger)
+	s.fabric, err = fabric.New(cfg.Fabric, d.Store, d.Now, d.Registry, d.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -267,12 +267,14 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	v1.POST("/signals", s.send, s.sessionAuth)
 	v1.GET("/signals", s.drain, s.sessionAuth)
 	v1.POST("/signals/ack", s.ack, s.sessionAuth)
+	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth)
 	v1.GET("/ws", s.attach)
 
 	ops := v1.Group("/ops", s.adminAuth)
 	ops.POST("/api_keys", s.createAPIKey)
 	ops.GET("/route_state", s.routeStateList)
 	ops.GET("/route_state/:tenant/:project/:session", s.routeStateOne)
+	ops.GET("/fabric/summary", s.fabricSummary)
 }
 
 // Handler is the hub's http.Handler.
@@ -281,9 +283,21 @@ func (s *Server) Handler() http.Handler { return s.echo }
 // InstanceID is this instance's id.
 func (s *Server) InstanceID() string { return s.cfg.InstanceID }
 
+// Fabric is this instance's part in the fabric (tests tick it to decide
+// instance health without waiting).
+func (s *Server) Fabric() *fabric.Fabric { return s.fabric }
+
 // SetDraining marks the instance as draining: /readyz answers 503 and new
 // work is refused with draining. It is the first step of shutdown.
-func (s *Server) SetDraining() { s.draining.Store(true) }
+// The store is told at once, so other instances stop routing here now.
+func (s *Server) SetDraining() {
+	s.draining.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.StoreTimeout)
+	defer cancel()
+	if err := s.fabric.SetDraining(ctx); err != nil {
+		s.log.Warn("mark draining in the store", "err", err)
+	}
+}
 
 // Draining reports whether SetDraining was called.
 func (s *Server) Draining() bool { return s.draining.Load() }
@@ -323,6 +337,7 @@ func (s *Server) Run(ctx context.Context) error {
 	g.Go(func() error { return s.listenWakes(ctx) })
 	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.sweepPending); return nil })
 	g.Go(func() error { s.every(ctx, s.cfg.Retention.Every, s.prune); return nil })
+	g.Go(func() error { return s.fabric.Run(ctx) })
 	g.Go(func() error {
 		s.every(ctx, 30*time.Second, func(context.Context) {
 			s.selfheal.Sweep()

@@ -153,8 +153,9 @@ func (s *Server) sessionResponse(sess sessionstore.Session, token string) sessio
 	}
 	if sess.RuntimeMode == fabric.ModeSticky && sess.AssignedInstance != "" {
 		r.InstanceID = sess.AssignedInstance
-		u := s.placer.URL(sess.AssignedInstance)
-		r.InstanceURL = &u
+		if u := s.placer.URL(sess.AssignedInstance); u != "" {
+			r.InstanceURL = &u // null when the instance table does not know it
+		}
 	}
 	return r
 }

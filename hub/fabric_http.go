@@ -1,0 +1,110 @@
+package hub
+
+import (
+	"net/http"
+	"time"
+	"unicode/utf8"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/marconihub/marconi"
+)
+
+// mismatchReasonLimit bounds the reason of a placement-mismatch report.
+const mismatchReasonLimit = 1024
+
+type mismatchRequest struct {
+	Reason string `json:"reason"`
+}
+
+// placementMismatch is POST /v1/placement-mismatch: a session the adaptive
+// classifier placed reports that it needed runtime-local state. 204, or 409
+// not_adaptive_placement for any other session.
+func (s *Server) placementMismatch(c echo.Context) error {
+	sess := session(c)
+	var req mismatchRequest
+	if err := decodeBody(c, 4<<10, &req); err != nil {
+		return err
+	}
+	if len(req.Reason) > mismatchReasonLimit || !utf8.ValidString(req.Reason) {
+		return marconi.Errorf(marconi.CodeInvalidField, "reason must be UTF-8 text of at most %d bytes", mismatchReasonLimit)
+	}
+	if err := s.fabric.ReportMismatch(c.Request().Context(), sess, req.Reason); err != nil {
+		return err
+	}
+	s.touchVerb(c, sess)
+	return c.NoContent(http.StatusNoContent)
+}
+
+type fabricSummaryJSON struct {
+	AdaptivePlacement struct {
+		Gate      string   `json:"gate"`
+		Allowlist []string `json:"allowlist"`
+	} `json:"adaptive_placement"`
+	Sessions struct {
+		Total    int            `json:"total"`
+		ByMode   map[string]int `json:"by_mode"`
+		BySource map[string]int `json:"by_source"`
+	} `json:"sessions"`
+	Instances []fabricInstanceJSON `json:"instances"`
+	Summary   struct {
+		TotalFallbacks                   int64 `json:"total_fallbacks"`
+		TotalReassignments               int64 `json:"total_reassignments"`
+		TotalAdaptivePlacements          int64 `json:"total_adaptive_placements"`
+		TotalAdaptivePlacementMismatches int64 `json:"total_adaptive_placement_mismatches"`
+	} `json:"summary"`
+	FallbackEvents []fallbackEventJSON `json:"fallback_events"`
+}
+
+type fabricInstanceJSON struct {
+	InstanceID      string    `json:"instance_id"`
+	URL             string    `json:"url"`
+	Healthy         bool      `json:"healthy"`
+	Draining        bool      `json:"draining"`
+	Sessions        int       `json:"sessions"`
+	AttachedQueues  int       `json:"attached_queues"`
+	LastHeartbeatAt time.Time `json:"last_heartbeat_at"`
+}
+
+type fallbackEventJSON struct {
+	SessionID         string    `json:"session_id"`
+	FromInstance      string    `json:"from_instance"`
+	ToInstance        string    `json:"to_instance"`
+	RuntimeMode       string    `json:"runtime_mode"`
+	RuntimeModeSource string    `json:"runtime_mode_source"`
+	Reason            string    `json:"reason"`
+	At                time.Time `json:"at"`
+}
+
+// fabricSummary is GET /v1/ops/fabric/summary.
+func (s *Server) fabricSummary(c echo.Context) error {
+	sum, err := s.fabric.Summary(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	var out fabricSummaryJSON
+	out.AdaptivePlacement.Gate = sum.Gate
+	out.AdaptivePlacement.Allowlist = sum.Allowlist
+	out.Sessions.Total = sum.Sessions.Total
+	out.Sessions.ByMode = sum.Sessions.ByMode
+	out.Sessions.BySource = sum.Sessions.BySource
+	out.Instances = make([]fabricInstanceJSON, 0, len(sum.Instances))
+	for _, in := range sum.Instances {
+		out.Instances = append(out.Instances, fabricInstanceJSON{
+			InstanceID: in.ID, URL: in.URL, Healthy: in.Healthy, Draining: in.Draining,
+			Sessions: in.Sessions, AttachedQueues: in.AttachedQueues, LastHeartbeatAt: in.LastHeartbeatAt.UTC(),
+		})
+	}
+	out.Summary.TotalFallbacks = sum.Counts.Fallbacks
+	out.Summary.TotalReassignments = sum.Counts.Reassignments
+	out.Summary.TotalAdaptivePlacements = sum.Counts.AdaptivePlacements
+	out.Summary.TotalAdaptivePlacementMismatches = sum.Counts.AdaptivePlacementMismatches
+	out.FallbackEvents = make([]fallbackEventJSON, 0, len(sum.Fallbacks))
+	for _, e := range sum.Fallbacks {
+		out.FallbackEvents = append(out.FallbackEvents, fallbackEventJSON{
+			SessionID: e.SessionID, FromInstance: e.FromInstance, ToInstance: e.ToInstance,
+			RuntimeMode: e.RuntimeMode, RuntimeModeSource: e.RuntimeModeSource, Reason: e.Reason, At: e.At.UTC(),
+		})
+	}
+	return c.JSON(http.StatusOK, out)
+}
