@@ -158,6 +158,14 @@ func settings(c *Config) []setting {
 			c.Hub.Fabric.Placement.AdaptiveClients = fabric.ParseClientList(v)
 			return nil
 		}},
+		{"MARCONI_ADAPTIVE_ROLLBACK_AFTER", "0", "roll the adaptive gate back once the cluster-wide placement mismatches reach this many (0: never)", func(c *Config, v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return fmt.Errorf("want a whole number, 0 or more, got %q", v)
+			}
+			c.Hub.Fabric.Placement.RollbackAfter = n
+			return nil
+		}},
 		{"MARCONI_DEFAULT_RUNTIME_MODE", "stateless", "runtime mode of a registration that names none", func(c *Config, v string) error {
 			m, err := fabric.NormalizeRuntimeMode(v)
 			if err != nil {
@@ -300,6 +308,7 @@ func LoadConfig(args []string, getenv func(string) string, stderr io.Writer) (Co
 	if c.InstanceHeartbeat >= c.Hub.Fabric.DeadAfter {
 		return c, fmt.Errorf("MARCONI_INSTANCE_HEARTBEAT_SECONDS: must be shorter than MARCONI_INSTANCE_DEAD_AFTER_SECONDS (%v)", c.Hub.Fabric.DeadAfter)
 	}
+	c.Hub.Fabric.HeartbeatEvery = c.InstanceHeartbeat
 	if c.Hub.Mode == "development" {
 		if len(c.Hub.APIKeys) == 0 {
 			c.generatedAPIKey = hub.NewAPIKey()
