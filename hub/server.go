@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 	"github.com/marconihub/marconi/signals/selfheal"
+	"github.com/marconihub/marconi/web"
 )
 
 // Config is the hub's configuration. cmd/marconi fills it from the
@@ -58,7 +60,8 @@ type Config struct {
 	APIKeys map[string]TenantProject
 	// AdminToken guards /v1/ops/*.
 	AdminToken string
-	// SelfHeal configures the SPEC-168 gates; its Freshness is also the
+	// SelfHeal configures the SPEC-168 gates (zero: the defaults of Mode,
+	// on only in development); its Freshness is also the
 	// route-state freshness window.
 	SelfHeal selfheal.Config
 	// Fabric configures runtime modes, placement and instance health.
@@ -128,8 +131,24 @@ func (c *Config) setDefaults() {
 	if c.DefaultRuntimeMode == "" {
 		c.DefaultRuntimeMode = "stateless"
 	}
+	// A zero SelfHeal is "the defaults for this mode"; otherwise only zero
+	// knobs take their defaults and Enabled is as given.
+	def := selfheal.DefaultConfig()
 	if c.SelfHeal == (selfheal.Config{}) {
-		c.SelfHeal = selfheal.DefaultConfig()
+		def.Enabled = selfheal.DefaultEnabled(c.Mode)
+		c.SelfHeal = def
+	}
+	if c.SelfHeal.Freshness == 0 {
+		c.SelfHeal.Freshness = def.Freshness
+	}
+	if c.SelfHeal.SenderStaleThreshold == 0 {
+		c.SelfHeal.SenderStaleThreshold = def.SenderStaleThreshold
+	}
+	if c.SelfHeal.MaxAttempts == 0 {
+		c.SelfHeal.MaxAttempts = def.MaxAttempts
+	}
+	if c.SelfHeal.RefillPeriod == 0 {
+		c.SelfHeal.RefillPeriod = def.RefillPeriod
 	}
 	if c.Retention.Acked == 0 {
 		c.Retention.Acked = 24 * time.Hour
@@ -275,6 +294,16 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	ops.GET("/route_state", s.routeStateList)
 	ops.GET("/route_state/:tenant/:project/:session", s.routeStateOne)
 	ops.GET("/fabric/summary", s.fabricSummary)
+
+	// The operator dashboard: static files, no credential (the page asks for
+	// the admin token and sends it on its own /v1/ops calls).
+	dash := echo.WrapHandler(web.Handler())
+	e.GET("/*", func(c echo.Context) error {
+		if strings.HasPrefix(c.Request().URL.Path, "/v1/") {
+			return echo.ErrNotFound
+		}
+		return dash(c)
+	})
 }
 
 // Handler is the hub's http.Handler.
