@@ -235,6 +235,9 @@ func TestCrossInstanceResyncAfterReconnect(t *testing.T) {
 	alice := register(t, p.a, "alice", "claude_code")
 	bob := register(t, p.a, "bob", "claude_code")
 	c, _ := dial(t, p.b, bob)
+	// The listener must be connected before the cut, or its first connect
+	// (not a reconnect) is what delivers the signals.
+	waitFor(t, "b's listener to connect", func() bool { return metric(t, p.b, "marconi_wake_listener_connects_total") >= 1 })
 
 	proxy.Cut() // b's listener loses its connection and cannot reconnect
 	send(t, p.a, alice, "bob", 1)
