@@ -412,7 +412,7 @@ func BenchmarkIdleWebSocket(b *testing.B) {
 }
 
 type memState struct {
-	heap, stack              uint64
+	heap, stack               uint64
 	goroutines, hubGoroutines int
 }
 
