@@ -10,6 +10,7 @@ type metrics struct {
 	disconnects    *prometheus.CounterVec
 	queueDrops     *prometheus.CounterVec
 	pruned         *prometheus.CounterVec
+	pending        prometheus.Gauge
 }
 
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
@@ -38,12 +39,16 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "marconi_pruned_total",
 			Help: "Rows removed by the retention loop, by kind (signals, sessions).",
 		}, []string{"kind"}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "marconi_pending_signals",
+			Help: "Unacknowledged signals of live sessions, cluster-wide, sampled by the retention loop.",
+		}),
 	}
 	for _, r := range []string{"client_closed", "connection_lost", "ping_timeout", "replaced", "slow_consumer", "deregistered", "shutdown", "message_too_big", "affinity_reset"} {
 		m.disconnects.WithLabelValues(r)
 	}
 	m.queueDrops.WithLabelValues("slow_consumer")
-	for _, c := range []prometheus.Collector{m.registryErrors, m.registrations, m.connections, m.disconnects, m.queueDrops, m.pruned} {
+	for _, c := range []prometheus.Collector{m.registryErrors, m.registrations, m.connections, m.disconnects, m.queueDrops, m.pruned, m.pending} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}

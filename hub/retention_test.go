@@ -38,6 +38,8 @@ func TestRetentionLoopPrunes(t *testing.T) {
 	waitFor(t, "the acked signals to be pruned", func() bool {
 		return metric(t, h, "marconi_pruned_total", "kind", "signals") == 2
 	})
+	// The loop also samples the pending gauge: bob's seq 3 and ghost's one.
+	waitFor(t, "the pending gauge", func() bool { return metric(t, h, "marconi_pending_signals") == 2 })
 	pending, err := h.Store.PendingSignals(t.Context(), key, 0, 10)
 	if err != nil || len(pending) != 1 || pending[0].Seq != 3 {
 		t.Fatalf("bob's pending after prune: %v %v, want seq 3 kept", pending, err)

@@ -391,7 +391,8 @@ func (s *Server) every(ctx context.Context, period time.Duration, fn func(contex
 	}
 }
 
-// prune applies the retention policy once.
+// prune applies the retention policy once, then samples the pending-signals
+// gauge.
 func (s *Server) prune(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -406,6 +407,12 @@ func (s *Server) prune(ctx context.Context) {
 	if sigs+sessions > 0 {
 		s.log.Debug("pruned", "signals", sigs, "sessions", sessions)
 	}
+	n, err := s.store.PendingTotal(ctx, now)
+	if err != nil {
+		s.log.Warn("count pending signals", "err", err)
+		return
+	}
+	s.metrics.pending.Set(float64(n))
 }
 
 // Shutdown stops accepting work, closes WebSockets and the HTTP server.

@@ -225,6 +225,9 @@ type Store interface {
 	AckSignals(ctx context.Context, k Key, upToSeq int64, at time.Time) (int, error)
 	// CountPending returns how many signals of k are unacknowledged.
 	CountPending(ctx context.Context, k Key) (int, error)
+	// PendingTotal returns how many signals of sessions live at now are
+	// unacknowledged, across every tenant (the pending-signals gauge).
+	PendingTotal(ctx context.Context, now time.Time) (int, error)
 	// DropPending acknowledges every pending signal of k without delivery
 	// (disconnect policy drop) and returns how many.
 	DropPending(ctx context.Context, k Key, at time.Time) (int, error)

@@ -501,6 +501,26 @@ func (m *Store) CountPending(ctx context.Context, k sessionstore.Key) (int, erro
 	return n, nil
 }
 
+// PendingTotal implements sessionstore.Store.
+func (m *Store) PendingTotal(ctx context.Context, now time.Time) (int, error) {
+	if err := m.lock(); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	n := 0
+	for _, s := range m.sessions {
+		if !live(s, now) {
+			continue
+		}
+		for _, sg := range s.signals {
+			if sg.ackedAt.IsZero() {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
 // DropPending implements sessionstore.Store.
 func (m *Store) DropPending(ctx context.Context, k sessionstore.Key, at time.Time) (int, error) {
 	if err := m.lock(); err != nil {

@@ -177,6 +177,23 @@ func (s *Store) CountPending(ctx context.Context, k sessionstore.Key) (int, erro
 	return n, nil
 }
 
+// PendingTotal implements sessionstore.Store.
+func (s *Store) PendingTotal(ctx context.Context, now time.Time) (int, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return 0, wrap("pending total", err)
+	}
+	var n int
+	err = s.pool.QueryRow(ctx, `SELECT count(*) FROM signals g
+		JOIN sessions s ON s.tenant_id = g.tenant_id AND s.project_id = g.project_id AND s.session_id = g.to_session
+		WHERE g.acked_at IS NULL AND s.expires_at >= $1`, now).Scan(&n)
+	if err != nil {
+		return 0, wrap("pending total", err)
+	}
+	return n, nil
+}
+
 // DropPending implements sessionstore.Store.
 func (s *Store) DropPending(ctx context.Context, k sessionstore.Key, at time.Time) (int, error) {
 	ctx, cancel, err := s.call(ctx)

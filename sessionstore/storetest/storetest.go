@@ -76,6 +76,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"PendingSignals/after seq, limit, order, acked excluded", testPending},
 		{"AckSignals/returns how many this call acknowledged", testAck},
 		{"CountPending and DropPending", testDropPending},
+		{"PendingTotal counts live sessions' unacked signals", testPendingTotal},
 		{"Prune/acked signals before the cutoff, unacked kept, idempotency kept until pruned", testPruneSignals},
 		{"Prune/seq continues after every signal was pruned", testPruneSeqContinues},
 		{"Prune/expired sessions go with their signals", testPruneSessions},
@@ -1143,6 +1144,30 @@ func testDropPending(t *testing.T, s sessionstore.Store) {
 	n, err = s.CountPending(ctx, key("t", "p", "nobody"))
 	noErr(t, "CountPending(unknown) lists no error", err)
 	wantInt(t, "pending of an unknown key", n, 0)
+}
+
+func testPendingTotal(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	total := func(now time.Time) int {
+		t.Helper()
+		n, err := s.PendingTotal(ctx, now)
+		noErr(t, "PendingTotal", err)
+		return n
+	}
+	wantInt(t, "pending total of an empty store", total(t0), 0)
+	a, b := key("t", "p", "a"), key("u", "q", "b")
+	mustCreate(t, s, a)
+	mustCreate(t, s, b)
+	short := key("t", "p", "short")
+	mustCreateSession(t, s, newSession(short, hash("short"), at(time.Hour)))
+	appendN(t, s, a, 3)
+	appendN(t, s, b, 2)
+	appendN(t, s, short, 4)
+	_, err := s.AckSignals(ctx, a, 1, t0)
+	noErr(t, "AckSignals", err)
+	wantInt(t, "pending total, all live", total(t0), 2+2+4)
+	// After short's expiry its signals no longer count.
+	wantInt(t, "pending total after one expired", total(at(2*time.Hour)), 2+2)
 }
 
 func testPruneSignals(t *testing.T, s sessionstore.Store) {
