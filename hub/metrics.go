@@ -48,6 +48,8 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		m.disconnects.WithLabelValues(r)
 	}
 	m.queueDrops.WithLabelValues("slow_consumer")
+	m.pruned.WithLabelValues("signals")
+	m.pruned.WithLabelValues("sessions")
 	for _, c := range []prometheus.Collector{m.registryErrors, m.registrations, m.connections, m.disconnects, m.queueDrops, m.pruned, m.pending} {
 		if err := r.Register(c); err != nil {
 			return nil, err
