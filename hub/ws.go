@@ -236,17 +236,23 @@ func (s *Server) writeLoop(ctx context.Context, ws *websocket.Conn, conn *wsConn
 }
 
 // catchUp writes every stored unacknowledged signal after *last, in seq
-// order. Queue items are dropped before each read: the read covers them.
+// order. The store holds them all, so queue items are redundant while it
+// runs: it drops them as it goes (a live send racing a long replay must not
+// fill the queue and close a healthy consumer with 4429), and reads once
+// more when it dropped any, so none is left for the next wake-up.
 func (s *Server) catchUp(ctx context.Context, ws *websocket.Conn, conn *wsConn, last *int64) error {
-	for {
-	drain:
+	dropQueued := func() (dropped bool) {
 		for {
 			select {
 			case <-conn.out:
+				dropped = true
 			default:
-				break drain
+				return dropped
 			}
 		}
+	}
+	for {
+		dropped := dropQueued()
 		rctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
 		sigs, err := s.store.PendingSignals(rctx, conn.key, *last, catchUpPage)
 		cancel()
@@ -268,8 +274,9 @@ func (s *Server) catchUp(ctx context.Context, ws *websocket.Conn, conn *wsConn, 
 				return err
 			}
 			*last = sig.Seq
+			dropped = dropQueued() || dropped
 		}
-		if len(sigs) < catchUpPage {
+		if len(sigs) < catchUpPage && !dropped {
 			return nil
 		}
 	}
