@@ -143,6 +143,10 @@ type SessionStats struct {
 	ByQueueInstance map[string]int
 }
 
+// KeepFallbackEvents is how many of the most recent fallback events a store
+// keeps; older ones are pruned (the counters still count every event).
+const KeepFallbackEvents = 1000
+
 // Counts are cluster-wide counters kept by the store (fabric summary).
 type Counts struct {
 	Fallbacks                   int64
@@ -231,8 +235,9 @@ type Store interface {
 	// DropPending acknowledges every pending signal of k without delivery
 	// (disconnect policy drop) and returns how many.
 	DropPending(ctx context.Context, k Key, at time.Time) (int, error)
-	// Prune deletes signals acknowledged before ackedBefore and sessions
-	// (with all their signals) that expired before expiredBefore. It returns
+	// Prune deletes signals acknowledged before ackedBefore, sessions (with
+	// all their signals) that expired before expiredBefore, and fallback
+	// events beyond the newest KeepFallbackEvents. It returns
 	// how many signals and sessions it removed. An acknowledged signal keeps
 	// its idempotency key until pruned, so callers keep acknowledged signals
 	// at least as long as the idempotency window.

@@ -14,7 +14,7 @@ import (
 
 // MaxFallbackEvents is how many fallback events the store keeps: the most
 // recently recorded ones. Counts.Fallbacks still counts every event.
-const MaxFallbackEvents = 1000
+const MaxFallbackEvents = sessionstore.KeepFallbackEvents
 
 var _ sessionstore.Store = (*Store)(nil)
 

@@ -233,6 +233,11 @@ func (s *Store) Prune(ctx context.Context, ackedBefore, expiredBefore time.Time)
 		if err != nil {
 			return err
 		}
+		_, err = tx.Exec(ctx, `DELETE FROM fallback_events WHERE id < (
+			SELECT id FROM fallback_events ORDER BY id DESC OFFSET $1 LIMIT 1)`, sessionstore.KeepFallbackEvents-1)
+		if err != nil {
+			return err
+		}
 		signals = int(acked.RowsAffected() + orphaned.RowsAffected())
 		sessions = int(gone.RowsAffected())
 		return nil

@@ -77,6 +77,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"AckSignals/returns how many this call acknowledged", testAck},
 		{"CountPending and DropPending", testDropPending},
 		{"PendingTotal counts live sessions' unacked signals", testPendingTotal},
+		{"Prune keeps the newest KeepFallbackEvents fallback events", testPruneFallbacks},
 		{"Prune/acked signals before the cutoff, unacked kept, idempotency kept until pruned", testPruneSignals},
 		{"Prune/seq continues after every signal was pruned", testPruneSeqContinues},
 		{"Prune/expired sessions go with their signals", testPruneSessions},
@@ -1365,6 +1366,32 @@ func testCounts(t *testing.T, s sessionstore.Store) {
 	want := sessionstore.Counts{Fallbacks: 1, Reassignments: 12, AdaptivePlacements: 103, AdaptivePlacementMismatches: 4}
 	if c != want {
 		t.Fatalf("Counts = %+v, want %+v", c, want)
+	}
+}
+
+func testPruneFallbacks(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	n := sessionstore.KeepFallbackEvents + 5
+	for i := range n {
+		e := sessionstore.FallbackEvent{
+			Key: key("t", "p", fmt.Sprintf("s%d", i)), FromInstance: "a", ToInstance: "b",
+			RuntimeMode: "sticky", RuntimeModeSource: "explicit", Reason: "instance_unhealthy",
+			At: at(time.Duration(i) * time.Second),
+		}
+		noErr(t, "RecordFallback", s.RecordFallback(ctx, e))
+	}
+	_, _, err := s.Prune(ctx, t0, t0)
+	noErr(t, "Prune", err)
+	got, err := s.ListFallbacks(ctx, 0)
+	noErr(t, "ListFallbacks", err)
+	wantInt(t, "fallback events kept", len(got), sessionstore.KeepFallbackEvents)
+	if got[0].SessionID != fmt.Sprintf("s%d", n-1) || got[len(got)-1].SessionID != "s5" {
+		t.Fatalf("kept %s..%s, want s%d..s5", got[0].SessionID, got[len(got)-1].SessionID, n-1)
+	}
+	c, err := s.Counts(ctx)
+	noErr(t, "Counts", err)
+	if c.Fallbacks != int64(n) {
+		t.Fatalf("Counts.Fallbacks = %d after pruning events, want %d (counters count every event)", c.Fallbacks, n)
 	}
 }
 
