@@ -8,12 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,19 +18,30 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/coder/websocket"
 
+	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/memstore"
-	"github.com/marconihub/marconi/web"
 )
 
 const chromiumPath = "/usr/bin/chromium"
 
 // flakyStore lets the test take the store "down" for the calls the dashboard
-// makes, so the page must show the hub's 503 registry_unavailable.
+// makes, so the page must show the hub's 503 registry_unavailable: down for
+// the route-state reads, fabricDown for the fabric summary alone (only the
+// summary lists fallback events).
 type flakyStore struct {
 	sessionstore.Store
-	down atomic.Bool
+	down       atomic.Bool
+	fabricDown atomic.Bool
+}
+
+func (s *flakyStore) ListFallbacks(ctx context.Context, limit int) ([]sessionstore.FallbackEvent, error) {
+	if s.fabricDown.Load() {
+		return nil, sessionstore.ErrUnavailable
+	}
+	return s.Store.ListFallbacks(ctx, limit)
 }
 
 func (s *flakyStore) ListSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) ([]sessionstore.Session, error) {
@@ -51,9 +59,11 @@ func (s *flakyStore) GetSession(ctx context.Context, k sessionstore.Key, now tim
 }
 
 // TestDashboardInBrowser drives the dashboard in headless Chromium against a
-// real in-process hub: sign in, see a session without a queue, watch it turn
-// attached when its WebSocket arrives (no reload), open its detail by
-// keyboard, see the store outage and the refused token, and save a
+// real in-process hub, served by the hub itself at "/": sign in, see a
+// session without a queue, watch it turn attached when its WebSocket arrives
+// (no reload), open its detail by keyboard, see the store outage, the fabric
+// summary (gate, allowlist, instance load, a mismatch, a grace_expired
+// fallback of a classifier-placed session) and the refused token, and save a
 // screenshot (MARCONI_SCREENSHOT, or the test's temp dir).
 func TestDashboardInBrowser(t *testing.T) {
 	if _, err := os.Stat(chromiumPath); err != nil {
@@ -64,8 +74,17 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 
 	store := &flakyStore{Store: memstore.New()}
-	h := hubtest.Start(t, hubtest.Options{Store: store})
-	base := dashboardURL(t, h.URL)
+	clock := hubtest.NewClock(time.Now().UTC().Truncate(time.Second))
+	h := hubtest.Start(t, hubtest.Options{Store: store, Now: clock.Now, Config: hub.Config{
+		Fabric: fabric.Config{
+			Grace:     time.Minute,
+			Placement: fabric.PlacementConfig{Adaptive: true, AdaptiveClients: []string{"canary"}},
+		},
+		// The retention loop samples marconi_pending_signals; often, so the
+		// overview shows it soon after sign-in.
+		Retention: hub.Retention{Every: 200 * time.Millisecond},
+	}})
+	base := h.URL + "/" // the hub serves the dashboard itself
 
 	// The agents. builder is attached from the start; planner and reviewer
 	// are registered claude_code sessions without a WebSocket; batch is a
@@ -108,6 +127,10 @@ func TestDashboardInBrowser(t *testing.T) {
 		fmt.Sprintf(`sessionStorage.getItem('marconi.adminToken') === %q && localStorage.length === 0`, h.AdminToken))
 	waitFor("the self-heal chart shows the attempted outcomes",
 		`Number(document.querySelector('[data-testid="selfheal-total-attempted"]')?.textContent) >= 2`)
+	// Three signals wait for an ack: reviewer's and batch's (no WebSocket)
+	// and builder's (pushed, never acked by this test's reader).
+	waitFor("the overview shows the pending-signals gauge",
+		`document.querySelector('#ov-pending [data-testid="pending-signals"]')?.textContent === '3'`)
 
 	step("go to sessions", chromedp.Click(chromedp.CSS(`#nav-sessions`)))
 	waitFor("planner shows route_without_queue, in text and not only in colour",
@@ -129,6 +152,9 @@ func TestDashboardInBrowser(t *testing.T) {
 		 document.querySelector('[data-testid="detail-explanation"]').textContent.includes('attached on healthy instance test-1') &&
 		 document.activeElement?.id === 'detail-h'`)
 
+	// Some seconds pass on the hub's clock, so the ages read as they would.
+	clock.Advance(7 * time.Second)
+	tick(t, h)
 	step("open reviewer's detail by clicking its row",
 		chromedp.Click(chromedp.CSS(`tr[data-session-id="reviewer"] td`)))
 	waitFor("reviewer's detail says what the state means and what heals it",
@@ -147,6 +173,70 @@ func TestDashboardInBrowser(t *testing.T) {
 	store.down.Store(false)
 	waitFor("the outage message clears when the store is back",
 		`document.querySelector('[data-testid="status"]').hidden`)
+
+	// The fabric. canary is placed by the adaptive classifier (its client is
+	// on the allowlist and it declares local state), reports a placement
+	// mismatch, and comes back after its grace window: a grace_expired
+	// fallback event whose source is adaptive-classifier.
+	canary, reg := registerWith(t, h, map[string]any{"session_id": "canary", "surface": "claude_code",
+		"client_id": "canary", "hints": map[string]any{"local_state": true}})
+	if reg["runtime_mode"] != "sticky" || reg["runtime_mode_source"] != "adaptive-classifier" {
+		t.Fatalf("canary placed %v by %v, want sticky by adaptive-classifier", reg["runtime_mode"], reg["runtime_mode_source"])
+	}
+	_, closeCanary := attach(t, h, canary)
+	call(t, h.URL+"/v1/placement-mismatch", canary.token, map[string]string{"reason": "needed the shell's cwd"}, http.StatusNoContent, nil)
+	closeCanary()
+	eventually(t, "the store records canary's detach", func() bool {
+		var rs struct {
+			Queue struct {
+				Attached bool `json:"attached"`
+			} `json:"queue"`
+		}
+		getJSON(t, h.URL+"/v1/ops/route_state/t1/p1/canary", h.AdminToken, &rs)
+		return !rs.Queue.Attached
+	})
+	clock.Advance(61 * time.Second) // past MARCONI_RECONNECT_GRACE_SECONDS
+	tick(t, h)                      // this instance heartbeats at the new time: still healthy
+	if w, _ := attach(t, h, canary); w["affinity_reset"] != true {
+		t.Fatalf("canary back after its grace window: welcome %v, want affinity_reset", w)
+	}
+
+	step("go to the overview", chromedp.Click(chromedp.CSS(`#nav-overview`)))
+	waitFor("the overview shows the gate on, the allowlist and one mismatch",
+		`document.querySelector('#ov-gate [data-testid="gate"]')?.textContent === 'on' &&
+		 document.querySelector('#ov-gate [data-testid="allowlist"]')?.textContent === 'canary' &&
+		 document.querySelector('#ov-gate [data-testid="mismatches"]')?.textContent.startsWith('1 rollback signal')`)
+	const instRow = `document.querySelector('#ov-instances tr[data-testid="instance-row"][data-instance-id="test-1"]')`
+	waitFor("the overview lists this instance healthy with its load",
+		instRow+`?.querySelector('[data-testid="instance-health"]').textContent === 'healthy' &&
+		 `+instRow+`.querySelector('[data-testid="instance-sessions"]').textContent === '1' &&
+		 `+instRow+`.querySelector('[data-testid="instance-queues"]').textContent === '3'`)
+
+	store.fabricDown.Store(true)
+	waitFor("a summary that cannot be read is named unavailable, and the route-state counts stay",
+		`(() => { const g = document.querySelector('#ov-gate [data-testid="summary-unavailable"]');
+		  return g?.textContent.includes('could not be read: the hub cannot reach its store (503 registry_unavailable)') &&
+		    document.querySelector('#ov-instances [data-testid="summary-unavailable"]') !== null &&
+		    document.querySelector('#ov-instances [data-testid="no-instances"]') === null &&
+		    document.querySelector('[data-testid="count-attached"]')?.textContent === '3' &&
+		    document.querySelector('[data-testid="status"]').textContent.startsWith('The fabric summary could not be read'); })()`)
+	store.fabricDown.Store(false)
+	waitFor("the summary is back",
+		`document.querySelector('[data-testid="summary-unavailable"]') === null &&
+		 document.querySelector('#ov-gate [data-testid="gate"]')?.textContent === 'on' &&
+		 document.querySelector('[data-testid="status"]').hidden`)
+
+	step("go to the fabric view", chromedp.Click(chromedp.CSS(`#nav-fabric`)))
+	waitFor("the fabric view shows the gate, the allowlist, the mismatch and the instance",
+		`document.querySelector('[data-testid="fabric-gate"]')?.textContent === 'on' &&
+		 document.querySelector('[data-testid="fabric-allowlist"]')?.textContent === 'canary' &&
+		 document.querySelector('[data-testid="fabric-mismatches"]')?.textContent === '1' &&
+		 document.querySelector('#fabric-body tr[data-testid="instance-row"][data-instance-id="test-1"] [data-testid="instance-health"]')?.textContent === 'healthy'`)
+	waitFor("the grace_expired fallback of canary stands out as placed by the classifier",
+		`(() => { const r = [...document.querySelectorAll('[data-testid="fallback-row"]')];
+		  return r.length === 1 && r[0].textContent.includes('canary') && r[0].classList.contains('attention') &&
+		    r[0].querySelector('[data-testid="fallback-reason"]').textContent === 'grace_expired' &&
+		    r[0].querySelector('[data-testid="fallback-source"]').textContent.startsWith('adaptive-classifier placed by the classifier'); })()`)
 
 	step("sign out", chromedp.Click(chromedp.CSS(`#signout`)))
 	waitFor("signed out: the sign-in form shows and the token is gone",
@@ -168,37 +258,6 @@ func TestDashboardInBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#signin-submit`)))
 	waitFor("an unreachable hub is named as such",
 		`document.querySelector('[data-testid="signin-error"]')?.textContent.startsWith('The hub is unreachable')`)
-}
-
-// dashboardURL is where the browser opens the dashboard: the hub itself when
-// it serves the page at "/", else a front server in this test that serves
-// web.Handler() at "/" and passes /v1/ and /metrics to the hub (same origin,
-// as in production).
-func dashboardURL(t *testing.T, hubURL string) string {
-	t.Helper()
-	res, err := http.Get(hubURL + "/")
-	if err == nil {
-		body, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		if res.StatusCode == http.StatusOK && bytes.Contains(body, []byte("Marconi operator dashboard")) {
-			return hubURL + "/"
-		}
-	}
-	target, err := url.Parse(hubURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := httputil.NewSingleHostReverseProxy(target)
-	proxy.ErrorLog = nil
-	proxy.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, _ error) { w.WriteHeader(http.StatusBadGateway) }
-	mux := http.NewServeMux()
-	mux.Handle("/", web.Handler())
-	mux.Handle("/v1/", proxy)
-	mux.Handle("/metrics", proxy)
-	front := httptest.NewServer(mux)
-	t.Cleanup(front.Close)
-	t.Logf("the hub does not serve the dashboard at / yet; serving web.Handler() in front of it at %s", front.URL)
-	return front.URL + "/"
 }
 
 // browser starts headless Chromium with a fresh profile and returns its
@@ -300,11 +359,64 @@ type session struct{ id, token string }
 
 func register(t *testing.T, h *hubtest.Hub, id, surface string) session {
 	t.Helper()
-	var out struct {
-		Token string `json:"token"`
+	s, _ := registerWith(t, h, map[string]any{"session_id": id, "surface": surface})
+	return s
+}
+
+// registerWith registers with the given body and returns the session and
+// the hub's whole answer.
+func registerWith(t *testing.T, h *hubtest.Hub, body map[string]any) (session, map[string]any) {
+	t.Helper()
+	var out map[string]any
+	call(t, h.URL+"/v1/sessions", h.APIKey, body, http.StatusCreated, &out)
+	token, _ := out["token"].(string)
+	return session{id: body["session_id"].(string), token: token}, out
+}
+
+// tick runs one round of the hub's fabric loop now: heartbeat at the test
+// clock's time, refresh of the instance view.
+func tick(t *testing.T, h *hubtest.Hub) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.Server.Fabric().Tick(ctx); err != nil {
+		t.Fatalf("fabric tick: %v", err)
 	}
-	call(t, h.URL+"/v1/sessions", h.APIKey, map[string]string{"session_id": id, "surface": surface}, http.StatusCreated, &out)
-	return session{id: id, token: out.Token}
+}
+
+// eventually polls cond until it is true, failing the test after 10 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tk := time.NewTicker(20 * time.Millisecond)
+	defer tk.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("still waiting for %s after 10 s", what)
+		}
+		<-tk.C
+	}
+}
+
+func getJSON(t *testing.T, u, bearer string, out any) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+bearer)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", u, err)
+	}
+	defer res.Body.Close()
+	data, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: status %d: %s", u, res.StatusCode, data)
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		t.Fatalf("GET %s: %v in %s", u, err, data)
+	}
 }
 
 func send(t *testing.T, h *hubtest.Hub, from session, to string) {
@@ -340,9 +452,10 @@ func call(t *testing.T, u, bearer string, body any, want int, out any) {
 	}
 }
 
-// attach opens the session's WebSocket and waits for the welcome; the
-// connection stays open, its messages read and dropped, until the test ends.
-func attach(t *testing.T, h *hubtest.Hub, s session) {
+// attach opens the session's WebSocket and returns the welcome; the
+// connection stays open, its messages read and dropped, until the returned
+// func or the end of the test closes it.
+func attach(t *testing.T, h *hubtest.Hub, s session) (welcome map[string]any, closeWS func()) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -353,7 +466,7 @@ func attach(t *testing.T, h *hubtest.Hub, s session) {
 		t.Fatalf("attach %s: %v", s.id, err)
 	}
 	_, msg, err := conn.Read(ctx)
-	if err != nil || !strings.Contains(string(msg), `"welcome"`) {
+	if err != nil || json.Unmarshal(msg, &welcome) != nil || welcome["type"] != "welcome" {
 		t.Fatalf("attach %s: first message %q, %v; want the welcome", s.id, msg, err)
 	}
 	// One reader that discards what the hub pushes (CloseRead would close
@@ -367,8 +480,11 @@ func attach(t *testing.T, h *hubtest.Hub, s session) {
 			}
 		}
 	}()
-	t.Cleanup(func() {
-		conn.Close(websocket.StatusNormalClosure, "test over")
+	var once sync.Once
+	closeWS = func() {
+		once.Do(func() { conn.Close(websocket.StatusNormalClosure, "test over") })
 		<-done
-	})
+	}
+	t.Cleanup(closeWS)
+	return welcome, closeWS
 }

@@ -6,7 +6,7 @@
 // token (kept in the tab's sessionStorage only), then reads the JSON of
 // /v1/ops/fabric/summary and /v1/ops/route_state with it, and the
 // Prometheus text of /metrics without it. It shows instances, sessions by
-// route state, self-heal outcomes, the adaptive placement gate, and for one
-// session what its route state means and what will heal it. docs/dashboard.md
-// describes each view.
+// route state, pending signals, self-heal outcomes, the adaptive placement
+// gate, fallback events, and for one session what its route state means and
+// what will heal it. docs/dashboard.md describes each view.
 package web

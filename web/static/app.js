@@ -38,6 +38,7 @@
     route: { view: 'overview', detail: null, filters: { tenant: '', project: '', state: '' } },
     detailOpenedByUser: false,
     summary: null,
+    summaryError: '',    // why the last fabric summary could not be read, '' when it was (or is missing)
   };
 
   // ---------- DOM helpers (text only: hub data never goes through innerHTML) ----------
@@ -185,6 +186,18 @@
     }
   }
 
+  // shortReason names an error in a few words, for a card.
+  function shortReason(err) {
+    if (!(err instanceof HubError)) return 'an error in the dashboard';
+    switch (err.kind) {
+      case 'unreachable': return 'the hub is unreachable';
+      case 'store': return 'the hub cannot reach its store (503 registry_unavailable)';
+      case 'draining': return 'the hub is draining (503)';
+      case 'bad_response': return 'an unreadable response (HTTP ' + err.status + ')';
+      default: return 'HTTP ' + err.status + (err.code ? ' ' + err.code : '');
+    }
+  }
+
   function noteSkew(res) {
     const d = Date.parse(res.headers.get('Date') || '');
     if (!Number.isNaN(d)) st.skewMs = d - Date.now();
@@ -253,7 +266,8 @@
       if (st.route.view === 'overview') renderSelfHeal();
       return;
     }
-    const m = parseMetrics(text, ['marconi_route_self_healed_total', 'marconi_adaptive_placement_mismatches_total']);
+    const m = parseMetrics(text, ['marconi_route_self_healed_total', 'marconi_adaptive_placement_mismatches_total',
+      'marconi_pending_signals']);
     const v = {};
     for (const s of m.marconi_route_self_healed_total) {
       if (s.labels.outcome) v[s.labels.outcome] = (v[s.labels.outcome] || 0) + s.value;
@@ -262,10 +276,11 @@
     const found = m.marconi_route_self_healed_total.length > 0;
     st.metricsError = found ? '' : 'The metric marconi_route_self_healed_total is not exposed by this hub.';
     const now = Date.now();
-    st.samples.push({ t: now, v, mismatches: m.marconi_adaptive_placement_mismatches_total.length ? mm : null });
+    const pending = m.marconi_pending_signals.length ? m.marconi_pending_signals[0].value : null;
+    st.samples.push({ t: now, v, mismatches: m.marconi_adaptive_placement_mismatches_total.length ? mm : null, pending });
     while (st.samples.length && st.samples[0].t < now - WINDOW_MS - BUCKET_MS) st.samples.shift();
     st.lastMetrics = st.samples[st.samples.length - 1];
-    if (st.route.view === 'overview') { renderSelfHeal(); renderGate(); }
+    if (st.route.view === 'overview') { renderSelfHeal(); renderGate(); renderPending(); }
   }
 
   // ---------- status (aria-live) ----------
@@ -397,7 +412,9 @@
     }
     replace($('detail-body'));
     $('sessions-caption').textContent = '';
+    replace($('ov-pending'));
     st.summary = null;
+    st.summaryError = '';
     st.lastOk = null;
   }
 
@@ -465,14 +482,23 @@
     st.inflight = true;
     const token = st.token;
     const route = st.route;
+    let partial = ''; // a part of the view failed; the rest refreshed
     try {
       if (route.view === 'overview') {
+        // The route-state counts do not depend on the fabric summary: a
+        // summary that cannot be read is shown in its own cards.
         const [summary, list] = await Promise.all([
-          loadSummary(token),
+          loadSummary(token).catch((e) => {
+            if (e instanceof HubError && e.kind === 'unauthorized') throw e;
+            return e;
+          }),
           api('/v1/ops/route_state?limit=' + COUNT_LIMIT, token),
         ]);
         if (token !== st.token) return;
-        renderOverview(summary, list);
+        st.summaryError = summary instanceof Error ? shortReason(summary) : '';
+        if (summary instanceof Error) st.summary = null;
+        renderOverview(summary instanceof Error ? null : summary, list);
+        partial = summary instanceof Error ? 'The fabric summary could not be read: ' + describe(summary) + ' Route-state counts are current.' : '';
       } else if (route.view === 'sessions') {
         const f = route.filters;
         const q = new URLSearchParams({ limit: String(LIST_LIMIT) });
@@ -494,7 +520,7 @@
         else replace($('fabric-body'), summaryMissing());
       }
       st.lastOk = new Date();
-      setStatus('');
+      setStatus(partial);
       document.body.classList.remove('stale-data');
     } catch (e) {
       if (token !== st.token) return;
@@ -532,6 +558,13 @@
   function summaryMissing() {
     return el('p', { class: 'empty', 'data-testid': 'summary-missing' },
       'Not available: this hub does not serve the fabric summary (GET /v1/ops/fabric/summary answered 404).');
+  }
+
+  // The hub serves the summary but could not answer it just now (store
+  // down, draining, an error): not the same as an empty fabric.
+  function summaryUnavailable() {
+    return el('p', { class: 'error', 'data-testid': 'summary-unavailable' },
+      'Unavailable: the fabric summary could not be read: ' + st.summaryError + '. Retrying every ' + (REFRESH_MS / 1000) + ' s.');
   }
 
   // When a view has nothing to show yet, its body shows the error itself.
@@ -584,9 +617,11 @@
       renderGate();
       replace($('ov-instances'), instancesTable(summary.instances || []));
     } else {
-      replace($('ov-gate'), summaryMissing(), gateMetricOnly());
-      replace($('ov-instances'), summaryMissing());
+      const why = st.summaryError ? summaryUnavailable : summaryMissing;
+      replace($('ov-gate'), why(), gateMetricOnly());
+      replace($('ov-instances'), why());
     }
+    renderPending();
     renderSelfHeal();
   }
 
@@ -600,7 +635,10 @@
 
   function renderGate() {
     const s = st.summary;
-    if (!s) { if (st.lastOk) replace($('ov-gate'), summaryMissing(), gateMetricOnly()); return; }
+    if (!s) {
+      if (st.lastOk) replace($('ov-gate'), st.summaryError ? summaryUnavailable() : summaryMissing(), gateMetricOnly());
+      return;
+    }
     const ap = s.adaptive_placement || {};
     const sum = s.summary || {};
     const bySource = (s.sessions && s.sessions.by_source) || {};
@@ -611,7 +649,7 @@
     replace($('ov-gate'),
       el('dl', { class: 'kv' },
         el('dt', null, 'Gate'), el('dd', { 'data-testid': 'gate' }, badge(gate, 'gate-' + gate)),
-        el('dt', null, 'Client allowlist'), el('dd', null, allow.length ? allow.map((a, i) => [i ? ', ' : '', code(a)]) : el('span', { class: 'muted' }, 'empty')),
+        el('dt', null, 'Client allowlist'), el('dd', { 'data-testid': 'allowlist' }, allow.length ? allow.map((a, i) => [i ? ', ' : '', code(a)]) : el('span', { class: 'muted' }, 'empty')),
         el('dt', null, 'Adaptive placements'), el('dd', null, num(sum.total_adaptive_placements || 0),
           el('span', { class: 'muted' }, ' (' + num(bySource['adaptive-classifier'] || 0) + ' live sessions)')),
         el('dt', null, 'Placement mismatches'), el('dd', { 'data-testid': 'mismatches', class: mismatches > 0 ? 'warn' : null },
@@ -620,16 +658,34 @@
           ? [el('dt', null, 'Mismatches (metric, this instance)'), el('dd', null, num(metric))] : null));
   }
 
+  // renderPending shows marconi_pending_signals: the backlog of signals no
+  // client has acknowledged yet, across the cluster.
+  function renderPending() {
+    const c = $('ov-pending');
+    const v = st.lastMetrics ? st.lastMetrics.pending : undefined;
+    if (v === undefined) { replace(c); return; }
+    if (v === null) {
+      replace(c, el('p', { class: 'hint' }, 'Pending signals: not exposed by this hub (', code('marconi_pending_signals'), ').'));
+      return;
+    }
+    replace(c, el('p', { class: 'pending' },
+      el('span', null, 'Signals waiting for an acknowledgement, cluster-wide: '),
+      el('strong', { 'data-testid': 'pending-signals' }, num(v))),
+    el('p', { class: 'hint' }, 'From ', code('marconi_pending_signals'),
+      ', sampled by the hub\'s retention loop (every MARCONI_PRUNE_INTERVAL_SECONDS, 60 s by default), so it can lag by that much; 0 until the first run. ',
+      'It grows while agents are unreachable or their clients do not ack.'));
+  }
+
   function instancesTable(instances) {
-    if (!instances.length) return empty('No instance has heartbeated into the store.', 'no-instances');
+    if (!instances.length) return empty('The fabric summary lists no instance: none has heartbeated into the store yet.', 'no-instances');
     const rows = instances.map((i) => {
       const health = i.draining ? badge('draining', 'warn') : i.healthy ? badge('healthy', 'ok') : badge('unhealthy', 'bad');
       return el('tr', { 'data-testid': 'instance-row', 'data-instance-id': i.instance_id, class: i.healthy ? null : 'attention' },
         el('th', { scope: 'row' }, code(i.instance_id)),
         el('td', null, i.url ? code(i.url) : el('span', { class: 'muted' }, '—')),
-        el('td', null, health),
-        el('td', { class: 'n' }, num(i.sessions)),
-        el('td', { class: 'n' }, num(i.attached_queues)),
+        el('td', { 'data-testid': 'instance-health' }, health),
+        el('td', { class: 'n', 'data-testid': 'instance-sessions' }, num(i.sessions)),
+        el('td', { class: 'n', 'data-testid': 'instance-queues' }, num(i.attached_queues)),
         el('td', null, timeAgo(i.last_heartbeat_at)));
     });
     return el('table', { 'data-testid': 'instances-table' },
@@ -975,7 +1031,7 @@
       el('td', null, e.runtime_mode || '—'),
       el('td', { 'data-testid': 'fallback-source' }, e.runtime_mode_source || '—',
         e.runtime_mode_source === 'adaptive-classifier' ? el('span', { class: 'note' }, ' placed by the classifier: an expected canary client?') : null),
-      el('td', null, e.reason || '—')));
+      el('td', { 'data-testid': 'fallback-reason' }, e.reason || '—')));
 
     replace($('fabric-body'),
       el('div', { class: 'grid three' },
@@ -983,14 +1039,14 @@
           el('h3', { id: 'fb-ap-h' }, 'Adaptive placement'),
           el('dl', { class: 'kv' },
             el('dt', null, 'Gate'), el('dd', { 'data-testid': 'fabric-gate' }, badge(ap.gate || 'unknown', 'gate-' + (ap.gate || 'unknown'))),
-            el('dt', null, 'Client allowlist'), el('dd', null, (ap.allowlist || []).length ? ap.allowlist.map((a, i) => [i ? ', ' : '', code(a)]) : el('span', { class: 'muted' }, 'empty')))),
+            el('dt', null, 'Client allowlist'), el('dd', { 'data-testid': 'fabric-allowlist' }, (ap.allowlist || []).length ? ap.allowlist.map((a, i) => [i ? ', ' : '', code(a)]) : el('span', { class: 'muted' }, 'empty')))),
         el('section', { class: 'card', 'aria-labelledby': 'fb-sum-h' },
           el('h3', { id: 'fb-sum-h' }, 'Counters'),
           el('dl', { class: 'kv', 'data-testid': 'fabric-counters' },
             el('dt', null, 'Fallbacks'), el('dd', null, num(sum.total_fallbacks || 0)),
             el('dt', null, 'Reassignments'), el('dd', null, num(sum.total_reassignments || 0)),
             el('dt', null, 'Adaptive placements'), el('dd', null, num(sum.total_adaptive_placements || 0)),
-            el('dt', null, 'Adaptive placement mismatches'), el('dd', { class: (sum.total_adaptive_placement_mismatches || 0) > 0 ? 'warn' : null }, num(sum.total_adaptive_placement_mismatches || 0)))),
+            el('dt', null, 'Adaptive placement mismatches'), el('dd', { 'data-testid': 'fabric-mismatches', class: (sum.total_adaptive_placement_mismatches || 0) > 0 ? 'warn' : null }, num(sum.total_adaptive_placement_mismatches || 0)))),
         el('section', { class: 'card', 'aria-labelledby': 'fb-ses-h' },
           el('h3', { id: 'fb-ses-h' }, 'Sessions: ' + num(ss.total || 0)),
           el('h4', null, 'By runtime mode'), kvTable('Sessions by runtime mode', ss.by_mode),
@@ -999,8 +1055,10 @@
           el('h3', { id: 'fb-inst-h' }, 'Instances'), instancesTable(s.instances || [])),
         el('section', { class: 'card wide', 'aria-labelledby': 'fb-ev-h' },
           el('h3', { id: 'fb-ev-h' }, 'Fallback events'),
-          el('p', { class: 'hint' }, 'A sticky session taken over by another instance (its runtime-local state is gone; the client got affinity_reset). ',
-            'Rows placed by the adaptive classifier stand out: that source should appear only for expected canary clients.'),
+          el('p', { class: 'hint' }, 'A sticky session that lost its runtime-local state (its client got affinity_reset): ',
+            code('instance_unhealthy'), ', taken over from an instance that stopped heartbeating or is draining (a fallback); ',
+            code('grace_expired'), ', placed anew because its WebSocket stayed away longer than MARCONI_RECONNECT_GRACE_SECONDS (a reassignment). ',
+            'Newest 50. Rows placed by the adaptive classifier stand out: that source should appear only for expected canary clients.'),
           events.length
             ? el('table', { 'data-testid': 'fallback-events' },
               el('caption', { class: 'sr-only' }, 'Fallback events, newest first'),
@@ -1008,7 +1066,7 @@
                 el('th', { scope: 'col' }, 'When'), el('th', { scope: 'col' }, 'Session'), el('th', { scope: 'col' }, 'From → to'),
                 el('th', { scope: 'col' }, 'Mode'), el('th', { scope: 'col' }, 'Mode source'), el('th', { scope: 'col' }, 'Reason'))),
               el('tbody', null, evRows))
-            : empty('No fallback events: no sticky session has been taken over by another instance.', 'no-fallbacks'))));
+            : empty('No fallback events: no sticky session has lost its placement.', 'no-fallbacks'))));
   }
 
   // ---------- wiring ----------
