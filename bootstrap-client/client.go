@@ -83,7 +83,7 @@ type Client struct {
 
 	highest atomic.Int64 // highest seq handed to OnSignal, for drain
 
-	reconnects, selfHeals, reregistrations atomic.Int64
+	reconnects, selfHeals, reregistrations, droppedAtReset atomic.Int64
 }
 
 // Close codes of the hub (docs/api.md, WebSocket).
@@ -191,6 +191,7 @@ func (c *Client) Stats() Stats {
 		Reconnects:         int(c.reconnects.Load()),
 		SelfHealReconnects: int(c.selfHeals.Load()),
 		Reregistrations:    int(c.reregistrations.Load()),
+		DroppedAtReset:     int(c.droppedAtReset.Load()),
 	}
 }
 

@@ -47,7 +47,10 @@ func (c *Client) connect(ctx context.Context) (*websocket.Conn, uint64, error) {
 
 // attach opens GET /v1/ws with the session token, following 409
 // wrong_instance to the instance that holds the session, and waits for the
-// welcome. The connection becomes the client's current one.
+// welcome. The connection becomes the client's current one. Every attach
+// starts at HubURL: a followed instance_url is not pinned, so when that
+// instance dies the next attempt asks HubURL again, whose instance takes the
+// session over once it sees the dead one's heartbeat age out.
 func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 	base := c.hubURL
 	for hop := 0; ; hop++ {
@@ -58,6 +61,14 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 		})
 		if err != nil {
 			if resp == nil || resp.StatusCode == http.StatusSwitchingProtocols {
+				if hop > 0 && c.ctx.Err() == nil {
+					// The instance HubURL named is unreachable: most likely it
+					// died and HubURL's instance has not yet seen its heartbeat
+					// age out. Every attempt starts at HubURL again, which takes
+					// the session over (affinity reset) once it has.
+					c.log.Warn("marconi: assigned instance unreachable; retrying through HubURL",
+						"instance_url", base, "err", err)
+				}
 				return nil, 0, fmt.Errorf("bootstrap: attach %s: %w", base, err)
 			}
 			var body []byte
@@ -87,10 +98,12 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 		c.mu.Unlock()
 		c.log.Info("marconi: attached", "session_id", w.SessionID, "instance_id", w.InstanceID,
 			"resumed", w.Resumed, "affinity_reset", w.AffinityReset, "replayed", w.Replayed, "generation", gen)
+		if w.Dropped > 0 {
+			c.droppedAtReset.Add(int64(w.Dropped))
+			c.log.Warn("marconi: the hub dropped pending signals at the affinity reset (disconnect policy drop)",
+				"session_id", w.SessionID, "instance_id", w.InstanceID, "dropped", w.Dropped)
+		}
 		if w.AffinityReset {
-			if w.Dropped > 0 {
-				c.log.Warn("marconi: affinity reset dropped signals", "dropped", w.Dropped)
-			}
 			c.enqueue(ctx, delivery{affinityReset: true, epoch: a.epoch})
 		}
 		return conn, gen, nil

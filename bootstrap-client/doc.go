@@ -21,7 +21,13 @@
 //   - 410 session_expired from any call, or close code 4410: the same
 //     session_id is registered again and the WebSocket reattached.
 //   - welcome with affinity_reset: true: Config.OnAffinityReset is called; the
-//     application rehydrates its runtime-local state.
+//     application rehydrates its runtime-local state. A welcome's "dropped": n
+//     (disconnect policy drop) is logged at warn level and summed in
+//     Stats.DroppedAtReset.
+//   - 409 wrong_instance on attach (sticky session): instance_url is followed,
+//     but not pinned: every reattach starts at Config.HubURL again, so when
+//     the assigned instance dies, HubURL's instance takes the session over once
+//     it sees the dead one's heartbeat age out.
 //
 // Delivery is at least once on the wire; the client turns it into once per
 // signal id for the handler: signals from the WebSocket, from drain and from

@@ -85,8 +85,11 @@ type SendResult struct {
 // successful reattachment after the first, whatever the cause;
 // SelfHealReconnects counts the reconnects started by a send answered with
 // sender_route_stale; Reregistrations counts the times the session had to be
-// registered again because the hub no longer knew it.
-type Stats struct{ Reconnects, SelfHealReconnects, Reregistrations int }
+// registered again because the hub no longer knew it; DroppedAtReset sums the
+// welcomes' "dropped": the pending signals a hub with the disconnect policy
+// drop discarded when it took this sticky session over (affinity reset), which
+// OnSignal will never see.
+type Stats struct{ Reconnects, SelfHealReconnects, Reregistrations, DroppedAtReset int }
 
 // sendRequest is the body of POST /v1/signals.
 type sendRequest struct {
