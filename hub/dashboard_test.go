@@ -26,3 +26,17 @@ func TestDashboardIsServedAtRoot(t *testing.T) {
 		t.Fatalf("GET /v1/nope: %d %v", st, r)
 	}
 }
+
+func TestHeadOnPublicPaths(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{})
+	for _, p := range []string{"/", "/healthz", "/readyz", "/metrics"} {
+		resp, err := http.Head(h.URL + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("HEAD %s: %d, want 200", p, resp.StatusCode)
+		}
+	}
+}

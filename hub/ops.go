@@ -143,6 +143,16 @@ func (s *Server) routeState(ctx context.Context, k sessionstore.Key, sess *sessi
 	}
 	out.PendingSignals = n
 	out.Explanation = explain(out.RouteState, now.Sub(pol), fresh)
+	if out.RouteState == signals.StateRouteWithoutQueue {
+		switch {
+		case !out.Selfheal.EligibleSurface:
+			out.Explanation = "The agent proved it was alive " + now.Sub(pol).Round(time.Second).String() + " ago and holds no WebSocket: its surface (" +
+				sess.Surface + ") is piggyback-only, so this is its normal state. It collects signals by heartbeat, drain or the pending of its own sends."
+		case !out.Selfheal.Enabled:
+			out.Explanation = "The agent proved it was alive " + now.Sub(pol).Round(time.Second).String() + " ago but holds no WebSocket on a healthy instance. " +
+				"Self-heal is off (MARCONI_SELFHEAL), so its sends carry no sender_route_stale: it heals when its client redials by itself. Signals are stored and wait."
+		}
+	}
 	if out.RouteState != signals.StateAttached && r.InstanceID != "" && !r.InstanceHealthy {
 		out.Explanation += " Its last queue was on instance " + r.InstanceID + ", which is unhealthy."
 	}

@@ -273,10 +273,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 
 func (s *Server) routes(g prometheus.Gatherer) {
 	e := s.echo
-	e.GET("/healthz", s.healthz)
-	e.GET("/readyz", s.readyz)
+	getHead := []string{http.MethodGet, http.MethodHead}
+	e.Match(getHead, "/healthz", s.healthz)
+	e.Match(getHead, "/readyz", s.readyz)
 	if g != nil {
-		e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
+		e.Match(getHead, "/metrics", echo.WrapHandler(promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
 	}
 
 	v1 := e.Group("/v1", s.storeDeadline)
@@ -298,7 +299,7 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	// The operator dashboard: static files, no credential (the page asks for
 	// the admin token and sends it on its own /v1/ops calls).
 	dash := echo.WrapHandler(web.Handler())
-	e.GET("/*", func(c echo.Context) error {
+	e.Match(getHead, "/*", func(c echo.Context) error {
 		if strings.HasPrefix(c.Request().URL.Path, "/v1/") {
 			return echo.ErrNotFound
 		}
