@@ -100,8 +100,12 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 	}()
 
-	fmt.Fprintf(m.Stdout, "Marconi hub listening on %s (instance %s, store %s, mode %s, self-heal %v)\n",
-		m.URL(), cfg.Hub.InstanceID, storeName, cfg.Hub.Mode, cfg.Hub.SelfHeal.Enabled)
+	selfHeal := "off"
+	if cfg.Hub.SelfHeal.Enabled {
+		selfHeal = "on"
+	}
+	fmt.Fprintf(m.Stdout, "Marconi hub listening on %s (instance %s, store %s, mode %s, self-heal %s)\n",
+		m.URL(), cfg.Hub.InstanceID, storeName, cfg.Hub.Mode, selfHeal)
 	if cfg.generatedAPIKey != "" {
 		fmt.Fprintf(m.Stdout, "  dev API key (tenant dev, project dev): %s\n", cfg.generatedAPIKey)
 	}
