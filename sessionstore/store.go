@@ -209,6 +209,13 @@ type Store interface {
 	// AssignInstance sets the sticky assignment of a session. Returns
 	// ErrNotFound when no session has the key.
 	AssignInstance(ctx context.Context, k Key, instance string) error
+	// ReassignInstance moves the sticky assignment of a session from from to
+	// to, atomically, but only while it is still from: of several instances
+	// that read the same assignment and race to take the session over,
+	// exactly one moves it. It reports whether this call moved it (false when
+	// the assignment is no longer from; nothing changed). Returns ErrNotFound
+	// when no session has the key.
+	ReassignInstance(ctx context.Context, k Key, from, to string) (bool, error)
 
 	// PutAPIKey stores an API key hash. Returns ErrConflict when the hash exists.
 	PutAPIKey(ctx context.Context, k APIKey) error

@@ -349,6 +349,23 @@ func (m *Store) AssignInstance(ctx context.Context, k sessionstore.Key, instance
 	return nil
 }
 
+// ReassignInstance implements sessionstore.Store.
+func (m *Store) ReassignInstance(ctx context.Context, k sessionstore.Key, from, to string) (bool, error) {
+	if err := m.lock(); err != nil {
+		return false, err
+	}
+	defer m.mu.Unlock()
+	s, err := m.anySession(k)
+	if err != nil {
+		return false, err
+	}
+	if s.s.AssignedInstance != from {
+		return false, nil
+	}
+	s.s.AssignedInstance = to
+	return true, nil
+}
+
 // PutAPIKey implements sessionstore.Store.
 func (m *Store) PutAPIKey(ctx context.Context, k sessionstore.APIKey) error {
 	if err := m.lock(); err != nil {

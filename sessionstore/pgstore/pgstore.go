@@ -394,6 +394,35 @@ func (s *Store) AssignInstance(ctx context.Context, k sessionstore.Key, instance
 	return wrap("assign instance", affected(tag.RowsAffected(), err))
 }
 
+// ReassignInstance implements sessionstore.Store. The UPDATE's WHERE on
+// assigned_instance is the compare: under READ COMMITTED a racing UPDATE
+// waits for the row lock and then re-checks the condition on the row the
+// winner wrote, so it moves nothing.
+func (s *Store) ReassignInstance(ctx context.Context, k sessionstore.Key, from, to string) (bool, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return false, wrap("reassign instance", err)
+	}
+	var moved, exists bool
+	err = s.pool.QueryRow(ctx, `WITH moved AS (
+			UPDATE sessions SET assigned_instance = $5
+			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
+			  AND assigned_instance = $4
+			RETURNING 1)
+		SELECT EXISTS (SELECT 1 FROM moved),
+		       EXISTS (SELECT 1 FROM sessions
+		               WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3)`,
+		k.TenantID, k.ProjectID, k.SessionID, from, to).Scan(&moved, &exists)
+	if err != nil {
+		return false, wrap("reassign instance", err)
+	}
+	if !exists {
+		return false, wrap("reassign instance", sessionstore.ErrNotFound)
+	}
+	return moved, nil
+}
+
 // --- API keys ---
 
 // PutAPIKey implements sessionstore.Store.

@@ -66,6 +66,8 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"Tenant isolation/same session id in two tenants or projects", testTenantIsolation},
 		{"SetQueue and ClearQueue/a newer attach elsewhere wins", testQueue},
 		{"AssignInstance", testAssignInstance},
+		{"ReassignInstance/moves only from the assignment it names", testReassignInstance},
+		{"ReassignInstance/of racing takeovers exactly one wins", testReassignConcurrent},
 		{"APIKeys/put, get, conflict, not found", testAPIKeys},
 		{"Store keeps its own copies of byte slices and payloads", testNoAliasing},
 		{"AppendSignal/seq from 1, gap-free, per recipient, fields round-trip", testAppendSeq},
@@ -336,6 +338,8 @@ func testClose(t *testing.T, s sessionstore.Store) {
 	wantErr(t, "GetSession after Close", err, sessionstore.ErrUnavailable)
 	_, _, err = s.AppendSignal(t.Context(), send(key("t", "p", "s"), "x"), t0)
 	wantErr(t, "AppendSignal after Close", err, sessionstore.ErrUnavailable)
+	_, err = s.ReassignInstance(t.Context(), key("t", "p", "s"), "a", "b")
+	wantErr(t, "ReassignInstance after Close", err, sessionstore.ErrUnavailable)
 }
 
 func testCreateRoundTrip(t *testing.T, s sessionstore.Store) {
@@ -798,6 +802,94 @@ func testAssignInstance(t *testing.T, s sessionstore.Store) {
 		}
 	}
 	wantErr(t, "AssignInstance(unknown)", s.AssignInstance(ctx, key("t", "p", "nobody"), "hub-1"), sessionstore.ErrNotFound)
+}
+
+func testReassignInstance(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k := key("t", "p", "alice")
+	other := key("t", "p", "bob")
+	mustCreate(t, s, k)
+	mustCreate(t, s, other)
+	noErr(t, "AssignInstance", s.AssignInstance(ctx, other, "hub-1"))
+	wantAssigned := func(k sessionstore.Key, want string) {
+		t.Helper()
+		got, err := s.GetSession(ctx, k, t0)
+		noErr(t, "GetSession", err)
+		if got.AssignedInstance != want {
+			t.Fatalf("AssignedInstance of %s = %q, want %q", k.SessionID, got.AssignedInstance, want)
+		}
+	}
+	steps := []struct {
+		from, to string
+		moved    bool
+		after    string
+	}{
+		{"hub-1", "hub-2", false, ""}, // unassigned: "hub-1" is stale
+		{"", "hub-1", true, "hub-1"},  // first placement
+		{"", "hub-2", false, "hub-1"}, // placed meanwhile
+		{"hub-1", "hub-2", true, "hub-2"},
+		{"hub-1", "hub-3", false, "hub-2"}, // lost the race to hub-2
+		{"hub-2", "hub-2", true, "hub-2"},  // a takeover on the same instance
+	}
+	for _, st := range steps {
+		moved, err := s.ReassignInstance(ctx, k, st.from, st.to)
+		noErr(t, fmt.Sprintf("ReassignInstance(%q -> %q)", st.from, st.to), err)
+		if moved != st.moved {
+			t.Fatalf("ReassignInstance(%q -> %q) moved = %v, want %v", st.from, st.to, moved, st.moved)
+		}
+		wantAssigned(k, st.after)
+	}
+	wantAssigned(other, "hub-1") // the key names one session only
+	_, err := s.ReassignInstance(ctx, key("t", "p", "nobody"), "", "hub-1")
+	wantErr(t, "ReassignInstance(unknown)", err, sessionstore.ErrNotFound)
+	_, err = s.ReassignInstance(ctx, key("t", "p", "nobody"), "hub-1", "hub-2")
+	wantErr(t, "ReassignInstance(unknown, stale from)", err, sessionstore.ErrNotFound)
+}
+
+// testReassignConcurrent is the takeover race: the assigned instance died
+// and several instances, having read the same assignment, move it at once.
+func testReassignConcurrent(t *testing.T, s sessionstore.Store) {
+	const racers = 16
+	ctx := t.Context()
+	k := key("t", "p", "alice")
+	mustCreate(t, s, k)
+	noErr(t, "AssignInstance", s.AssignInstance(ctx, k, "a"))
+
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		winners []string
+		errs    []error
+	)
+	start := make(chan struct{})
+	for g := range racers {
+		wg.Go(func() {
+			to := fmt.Sprintf("hub-%02d", g)
+			<-start
+			moved, err := s.ReassignInstance(ctx, k, "a", to)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case moved:
+				winners = append(winners, to)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d concurrent reassignments failed, first: %v", len(errs), errs[0])
+	}
+	if len(winners) != 1 {
+		t.Fatalf("%d racers moved the assignment (%v), want exactly 1", len(winners), winners)
+	}
+	got, err := s.GetSession(ctx, k, t0)
+	noErr(t, "GetSession", err)
+	if got.AssignedInstance != winners[0] {
+		t.Fatalf("AssignedInstance = %q, want the winner %q", got.AssignedInstance, winners[0])
+	}
 }
 
 func testAPIKeys(t *testing.T, s sessionstore.Store) {
