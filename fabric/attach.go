@@ -67,6 +67,11 @@ func (f *Fabric) queueGap(ctx context.Context, sess sessionstore.Session, hasLoc
 	}
 }
 
+// maxPlaceRounds bounds how often one attach re-decides after losing a race
+// for the assignment. A second loss needs the winner to have become
+// unhealthy within the same request; a third is not expected at all.
+const maxPlaceRounds = 3
+
 // Place decides whether sess may attach on this instance, and with what
 // welcome. A stateless session attaches anywhere and is never reset. A
 // sticky session whose assigned instance is another healthy one gets
@@ -74,9 +79,17 @@ func (f *Fabric) queueGap(ctx context.Context, sess sessionstore.Session, hasLoc
 // window; when its assigned instance is unhealthy, or the grace window has
 // passed, this instance takes it over: the assignment moves here, a fallback
 // event is recorded, the drop policy applies, and the welcome says
-// affinity_reset. Errors: wrong_instance, session_expired (the session went
-// meanwhile), or a wrapped store error.
+// affinity_reset. The move is a compare-and-set on the assignment sess
+// carries: when several instances take the same session over at once,
+// exactly one wins, and only the winner records the event and drops
+// signals; the others answer as the new assignment says (see lostTakeover).
+// Errors: wrong_instance, session_expired (the session went meanwhile), or a
+// wrapped store error.
 func (f *Fabric) Place(ctx context.Context, sess sessionstore.Session, hasLocalQueue bool) (Placement, error) {
+	return f.place(ctx, sess, hasLocalQueue, 1)
+}
+
+func (f *Fabric) place(ctx context.Context, sess sessionstore.Session, hasLocalQueue bool, round int) (Placement, error) {
 	now := f.now()
 	live, since := f.queueGap(ctx, sess, hasLocalQueue)
 	withinGrace := live || (!since.IsZero() && now.Sub(since) <= f.cfg.Grace)
@@ -90,23 +103,23 @@ func (f *Fabric) Place(ctx context.Context, sess sessionstore.Session, hasLocalQ
 	self := f.cfg.InstanceID
 	switch assigned := sess.AssignedInstance; {
 	case assigned == "":
-		// A sticky session that was never placed (none today): place it here.
-		if err := f.assign(ctx, sess.Key); err != nil {
+		// A sticky session that was never placed (none today): place it
+		// here, unless another attach placed it meanwhile.
+		moved, err := f.reassign(ctx, sess.Key, "")
+		if err != nil {
 			return Placement{}, err
+		}
+		if !moved {
+			return f.replace(ctx, sess.Key, hasLocalQueue, round)
 		}
 		return Placement{}, nil
 	case assigned != self && f.Healthy(ctx, assigned):
 		if withinGrace || neverAttached {
-			return Placement{}, &marconi.Error{
-				Code:        marconi.CodeWrongInstance,
-				Message:     fmt.Sprintf("session %q is placed on instance %q; attach there", sess.SessionID, assigned),
-				InstanceID:  assigned,
-				InstanceURL: f.URL(assigned),
-			}
+			return Placement{}, f.wrongInstance(sess.SessionID, assigned)
 		}
-		return f.takeOver(ctx, sess, ReasonGraceExpired)
+		return f.takeOver(ctx, sess, ReasonGraceExpired, hasLocalQueue, round)
 	case assigned != self:
-		return f.takeOver(ctx, sess, ReasonInstanceUnhealthy)
+		return f.takeOver(ctx, sess, ReasonInstanceUnhealthy, hasLocalQueue, round)
 	case withinGrace:
 		return Placement{Resumed: true}, nil
 	case neverAttached:
@@ -114,26 +127,116 @@ func (f *Fabric) Place(ctx context.Context, sess sessionstore.Session, hasLocalQ
 	default:
 		// Assigned here, but the grace window passed: a new placement, even
 		// on the same instance. Nothing runtime-local is promised to survive.
-		return f.takeOver(ctx, sess, ReasonGraceExpired)
+		return f.takeOver(ctx, sess, ReasonGraceExpired, hasLocalQueue, round)
 	}
 }
 
-func (f *Fabric) assign(ctx context.Context, k sessionstore.Key) error {
-	err := f.store.AssignInstance(ctx, k, f.cfg.InstanceID)
+func (f *Fabric) wrongInstance(sessionID, assigned string) error {
+	return &marconi.Error{
+		Code:        marconi.CodeWrongInstance,
+		Message:     fmt.Sprintf("session %q is placed on instance %q; attach there", sessionID, assigned),
+		InstanceID:  assigned,
+		InstanceURL: f.URL(assigned),
+	}
+}
+
+// reassign moves k's assignment from from to this instance, only while it
+// is still from, and reports whether it moved.
+func (f *Fabric) reassign(ctx context.Context, k sessionstore.Key, from string) (bool, error) {
+	moved, err := f.store.ReassignInstance(ctx, k, from, f.cfg.InstanceID)
 	if errors.Is(err, sessionstore.ErrNotFound) {
-		return marconi.Errorf(marconi.CodeSessionExpired, "this session expired; register again")
+		return false, errSessionExpired()
 	}
 	if err != nil {
-		return fmt.Errorf("assign session to %s: %w", f.cfg.InstanceID, err)
+		return false, fmt.Errorf("reassign session from %q to %s: %w", from, f.cfg.InstanceID, err)
 	}
-	return nil
+	return moved, nil
 }
 
-// takeOver moves sess's assignment to this instance and records why.
-func (f *Fabric) takeOver(ctx context.Context, sess sessionstore.Session, reason string) (Placement, error) {
-	now := f.now()
-	if err := f.assign(ctx, sess.Key); err != nil {
+// errKeepsMoving is internal: one attach lost the race for the assignment
+// round times in a row.
+func errKeepsMoving(k sessionstore.Key, round int) error {
+	return fmt.Errorf("session %s/%s/%s: the sticky assignment moved %d times during one attach",
+		k.TenantID, k.ProjectID, k.SessionID, round)
+}
+
+func errSessionExpired() error {
+	return marconi.Errorf(marconi.CodeSessionExpired, "this session expired; register again")
+}
+
+// current re-reads k after a lost race, and refreshes the view of the
+// instances when it does not hold the new assignment healthy: the winner may
+// have joined since the last tick, and a stale view would take the session
+// straight back from it.
+func (f *Fabric) current(ctx context.Context, k sessionstore.Key) (sessionstore.Session, error) {
+	sess, err := f.store.GetSession(ctx, k, f.now())
+	if errors.Is(err, sessionstore.ErrNotFound) {
+		return sessionstore.Session{}, errSessionExpired()
+	}
+	if err != nil {
+		return sessionstore.Session{}, fmt.Errorf("re-read session after a lost assignment race: %w", err)
+	}
+	if a := sess.AssignedInstance; a != "" && !f.Healthy(ctx, a) {
+		if err := f.Refresh(ctx); err != nil {
+			return sessionstore.Session{}, err
+		}
+	}
+	return sess, nil
+}
+
+// replace decides again on the session as it is now, after the assignment
+// moved between the read this attach decided on and its write.
+func (f *Fabric) replace(ctx context.Context, k sessionstore.Key, hasLocalQueue bool, round int) (Placement, error) {
+	if round >= maxPlaceRounds {
+		return Placement{}, errKeepsMoving(k, round)
+	}
+	sess, err := f.current(ctx, k)
+	if err != nil {
 		return Placement{}, err
+	}
+	return f.place(ctx, sess, hasLocalQueue, round+1)
+}
+
+// lostTakeover answers an attach whose takeover lost the race: the
+// assignment is no longer the one this attach read, so another attach took
+// the session over first. It records no fallback event and drops nothing:
+// that was the winner's to do. A healthy winner elsewhere gets
+// wrong_instance whatever the grace window says (the window belonged to the
+// previous attachment; re-deciding on it would take the session straight
+// back from the winner). A winner on this instance (two attaches raced here)
+// means the reset already happened: this attach says so too. Anything else
+// (the winner is already unhealthy, or the assignment went back) is decided
+// again as Place would.
+func (f *Fabric) lostTakeover(ctx context.Context, k sessionstore.Key, hasLocalQueue bool, round int) (Placement, error) {
+	sess, err := f.current(ctx, k)
+	if err != nil {
+		return Placement{}, err
+	}
+	switch a := sess.AssignedInstance; {
+	case a == f.cfg.InstanceID:
+		return Placement{AffinityReset: true}, nil
+	case a != "" && f.Healthy(ctx, a):
+		f.log.Info("sticky takeover lost to another instance", "session_id", k.SessionID,
+			"tenant_id", k.TenantID, "project_id", k.ProjectID, "winner", a)
+		return Placement{}, f.wrongInstance(k.SessionID, a)
+	case round >= maxPlaceRounds:
+		return Placement{}, errKeepsMoving(k, round)
+	default:
+		return f.place(ctx, sess, hasLocalQueue, round+1)
+	}
+}
+
+// takeOver moves sess's assignment to this instance, if it is still the one
+// sess carries, and records why. Only the attach that moved it records the
+// fallback event and applies the drop policy.
+func (f *Fabric) takeOver(ctx context.Context, sess sessionstore.Session, reason string, hasLocalQueue bool, round int) (Placement, error) {
+	now := f.now()
+	moved, err := f.reassign(ctx, sess.Key, sess.AssignedInstance)
+	if err != nil {
+		return Placement{}, err
+	}
+	if !moved {
+		return f.lostTakeover(ctx, sess.Key, hasLocalQueue, round)
 	}
 	p := Placement{AffinityReset: true}
 	if f.cfg.DisconnectPolicy == PolicyDrop {
@@ -148,7 +251,7 @@ func (f *Fabric) takeOver(ctx context.Context, sess sessionstore.Session, reason
 	if reason == ReasonGraceExpired {
 		counter, metric = sessionstore.CounterReassignments, f.m.reassignments
 	}
-	err := f.store.RecordFallback(ctx, sessionstore.FallbackEvent{
+	err = f.store.RecordFallback(ctx, sessionstore.FallbackEvent{
 		Key: sess.Key, FromInstance: sess.AssignedInstance, ToInstance: f.cfg.InstanceID,
 		RuntimeMode: sess.RuntimeMode, RuntimeModeSource: sess.RuntimeModeSource,
 		Reason: reason, At: now, Counter: counter,

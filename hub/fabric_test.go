@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
@@ -313,6 +314,240 @@ func TestDrainingInstanceIsUnhealthyAtOnce(t *testing.T) {
 		if m["instance_id"] == "hub-a" && (m["draining"] != true || m["healthy"] != false) {
 			t.Fatalf("hub-a in the summary: %v, want draining and unhealthy", m)
 		}
+	}
+}
+
+// takeoverRace holds the first n writes of a sticky assignment (first
+// placement or takeover), on whichever hub they happen, until all n have
+// arrived: every racer then writes on the assignment it read before any
+// other wrote. A racer that waits past its request's deadline is noted.
+type takeoverRace struct {
+	n        int
+	released chan struct{}
+
+	mu       sync.Mutex
+	arrived  int
+	timedOut bool
+}
+
+func newTakeoverRace(n int) *takeoverRace {
+	return &takeoverRace{n: n, released: make(chan struct{})}
+}
+
+func (r *takeoverRace) wait(ctx context.Context) {
+	r.mu.Lock()
+	r.arrived++
+	if r.arrived > r.n {
+		r.mu.Unlock()
+		return
+	}
+	if r.arrived == r.n {
+		close(r.released)
+	}
+	r.mu.Unlock()
+	select {
+	case <-r.released:
+	case <-ctx.Done():
+		r.mu.Lock()
+		r.timedOut = true
+		r.mu.Unlock()
+	}
+}
+
+// racingStore is one hub's store in a takeover race: its assignment writes
+// wait for the race, and it counts the calls only a takeover's winner may
+// make.
+type racingStore struct {
+	sessionstore.Store
+	race *takeoverRace
+
+	mu                        sync.Mutex
+	dropPending, fallbackRecs int
+}
+
+func (s *racingStore) AssignInstance(ctx context.Context, k sessionstore.Key, instance string) error {
+	s.race.wait(ctx)
+	return s.Store.AssignInstance(ctx, k, instance)
+}
+
+func (s *racingStore) ReassignInstance(ctx context.Context, k sessionstore.Key, from, to string) (bool, error) {
+	s.race.wait(ctx)
+	return s.Store.ReassignInstance(ctx, k, from, to)
+}
+
+func (s *racingStore) DropPending(ctx context.Context, k sessionstore.Key, at time.Time) (int, error) {
+	s.mu.Lock()
+	s.dropPending++
+	s.mu.Unlock()
+	return s.Store.DropPending(ctx, k, at)
+}
+
+func (s *racingStore) RecordFallback(ctx context.Context, e sessionstore.FallbackEvent) error {
+	s.mu.Lock()
+	s.fallbackRecs++
+	s.mu.Unlock()
+	return s.Store.RecordFallback(ctx, e)
+}
+
+func (s *racingStore) winnerCalls() (dropPending, fallbackRecs int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dropPending, s.fallbackRecs
+}
+
+// dialResult is one WebSocket handshake made off the test goroutine.
+type dialResult struct {
+	conn   *websocket.Conn
+	status int
+	body   map[string]any
+	err    error
+}
+
+func dialAsync(h *hubtest.Hub, a agent) <-chan dialResult {
+	out := make(chan dialResult, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, resp, err := websocket.Dial(ctx, h.WSURL(), &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + a.Token}}})
+		r := dialResult{conn: c, status: http.StatusSwitchingProtocols}
+		if err != nil {
+			r = dialResult{err: err}
+			if resp != nil {
+				r = dialResult{status: resp.StatusCode}
+				raw, _ := io.ReadAll(resp.Body)
+				_ = json.Unmarshal(raw, &r.body)
+			}
+		}
+		out <- r
+	}()
+	return out
+}
+
+// Two instances take over the same sticky session at once (its instance
+// died, and the client's attach reached both, e.g. a retry): the
+// assignment moves exactly once. One instance accepts with affinity_reset
+// and records the one fallback event; the other answers wrong_instance
+// naming it, records nothing and drops nothing. Sticky ownership never
+// splits.
+func TestConcurrentTakeoversOneWins(t *testing.T) {
+	t.Parallel()
+	c := newFabCluster(t, true, hub.Config{Fabric: fabric.Config{DisconnectPolicy: fabric.PolicyDrop}})
+	race := newTakeoverRace(2)
+	stores := map[string]*racingStore{}
+	a := c.start("hub-a", nil)
+	for _, id := range []string{"hub-b", "hub-c"} {
+		stores[id] = &racingStore{Store: c.openStore(""), race: race}
+		c.start(id, stores[id])
+	}
+	c.tick("hub-a", "hub-b", "hub-c")
+
+	s1, r1 := fabRegister(t, a, "s1", map[string]any{"runtime_mode": "sticky"})
+	if r1["instance_id"] != "hub-a" {
+		t.Fatalf("s1 placed on %v, want hub-a", r1["instance_id"])
+	}
+	sender, _ := fabRegister(t, a, "sender", nil)
+	ws, _ := mustAttach(t, a, s1)
+	sendAs(t, a, sender, "s1", "for the runtime on hub-a")
+	readFrame(t, ws) // delivered, not acknowledged: pending
+
+	// hub-a dies; both survivors see it unhealthy.
+	c.clock.Advance(11 * time.Second)
+	c.tick("hub-b", "hub-c")
+
+	resB, resC := dialAsync(c.hubs["hub-b"], s1), dialAsync(c.hubs["hub-c"], s1)
+	res := map[string]dialResult{"hub-b": <-resB, "hub-c": <-resC}
+	for _, r := range res {
+		if r.conn != nil {
+			t.Cleanup(func() { r.conn.CloseNow() })
+		}
+	}
+	if race.timedOut {
+		t.Fatal("the two takeovers did not both reach the assignment write")
+	}
+	var winner, loser string
+	for id, r := range res {
+		switch {
+		case r.err != nil:
+			t.Fatalf("attach on %s: %v", id, r.err)
+		case r.conn != nil && winner == "":
+			winner = id
+		case r.conn == nil && loser == "":
+			loser = id
+		default:
+			t.Fatalf("attaches: hub-b %d %v, hub-c %d %v; want exactly one accepted",
+				res["hub-b"].status, res["hub-b"].body, res["hub-c"].status, res["hub-c"].body)
+		}
+	}
+	w := readFrame(t, res[winner].conn)
+	wantWelcome(t, "the winner's welcome", w, false, true, 0)
+	if w["dropped"] != 1.0 || w["instance_id"] != winner {
+		t.Fatalf("the winner's welcome %v, want dropped 1 from %s", w, winner)
+	}
+	wantWrongInstance(t, "the loser's answer", res[loser].status, res[loser].body, c.hubs[winner])
+
+	if got := assignedOf(t, a, "s1"); got != winner {
+		t.Fatalf("s1 assigned to %q, want the winner %s", got, winner)
+	}
+	s := summary(t, c.hubs[loser])
+	if tt := totals(s); tt["total_fallbacks"] != 1.0 || tt["total_reassignments"] != 0.0 {
+		t.Fatalf("summary totals %v, want 1 fallback, 0 reassignments", tt)
+	}
+	if ev := events(s); len(ev) != 1 || ev[0]["from_instance"] != "hub-a" || ev[0]["to_instance"] != winner ||
+		ev[0]["reason"] != "instance_unhealthy" {
+		t.Fatalf("fallback events %v, want one hub-a -> %s", ev, winner)
+	}
+	for id, want := range map[string]float64{winner: 1, loser: 0} {
+		if got := metric(t, c.hubs[id], "marconi_fabric_fallbacks_total"); got != want {
+			t.Fatalf("marconi_fabric_fallbacks_total on %s = %v, want %v", id, got, want)
+		}
+		drops, recs := stores[id].winnerCalls()
+		if drops != int(want) || recs != int(want) {
+			t.Fatalf("%s called DropPending %d and RecordFallback %d times, want %v each", id, drops, recs, want)
+		}
+	}
+
+	// The loser keeps sending the client to the winner, and the winner
+	// holds the session: a signal sent now reaches the winner's WebSocket.
+	_, _, st, body := tryDial(t, c.hubs[loser], s1)
+	wantWrongInstance(t, "a later attach on the loser", st, body, c.hubs[winner])
+	sendAs(t, c.hubs[loser], sender, "s1", "after the race")
+	if f := readFrame(t, res[winner].conn); f["payload"] != "after the race" {
+		t.Fatalf("the winner's WebSocket read %v", f)
+	}
+}
+
+// Two attaches of one session race to take it over on the same instance:
+// one records the event, and both say affinity_reset (the reset happened).
+func TestConcurrentTakeoversOnOneInstance(t *testing.T) {
+	t.Parallel()
+	c := newFabCluster(t, true, hub.Config{})
+	race := newTakeoverRace(2)
+	a := c.start("hub-a", nil)
+	store := &racingStore{Store: c.openStore(""), race: race}
+	b := c.start("hub-b", store)
+	c.tick("hub-a", "hub-b")
+
+	s1, _ := fabRegister(t, a, "s1", map[string]any{"runtime_mode": "sticky"})
+	c.clock.Advance(11 * time.Second)
+	c.tick("hub-b")
+
+	r1, r2 := dialAsync(b, s1), dialAsync(b, s1)
+	for _, r := range []dialResult{<-r1, <-r2} {
+		if r.conn == nil {
+			t.Fatalf("attach on hub-b: %d %v %v, want accepted", r.status, r.body, r.err)
+		}
+		t.Cleanup(func() { r.conn.CloseNow() })
+		w := readFrame(t, r.conn)
+		wantWelcome(t, "a racing attach on hub-b", w, false, true, 0)
+	}
+	if race.timedOut {
+		t.Fatal("the two takeovers did not both reach the assignment write")
+	}
+	if tt := totals(summary(t, b)); tt["total_fallbacks"] != 1.0 {
+		t.Fatalf("summary totals %v, want 1 fallback", tt)
+	}
+	if _, recs := store.winnerCalls(); recs != 1 {
+		t.Fatalf("RecordFallback called %d times, want 1", recs)
 	}
 }
 

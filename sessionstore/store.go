@@ -206,8 +206,9 @@ type Store interface {
 	// instance still holds it (a newer attach elsewhere wins). It reports
 	// whether it cleared anything.
 	ClearQueue(ctx context.Context, k Key, instance string, at time.Time) (bool, error)
-	// AssignInstance sets the sticky assignment of a session. Returns
-	// ErrNotFound when no session has the key.
+	// AssignInstance sets the sticky assignment of a session, whatever it
+	// was: a takeover, which must not overwrite a racing one, uses
+	// ReassignInstance. Returns ErrNotFound when no session has the key.
 	AssignInstance(ctx context.Context, k Key, instance string) error
 	// ReassignInstance moves the sticky assignment of a session from from to
 	// to, atomically, but only while it is still from: of several instances
