@@ -150,7 +150,7 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 	if dup {
 		// The first send's answer; nothing new is stored, delivered or counted.
 		s.metrics.duplicates.Inc()
-		return s.piggyback(ctx, req.Sender, s.router.Route(ctx, req.Sender), res)
+		return s.piggyback(ctx, req.Sender, s.router.Route(ctx, req.Sender), res), nil
 	}
 	// Always offer the signal to the recipient's queue: an attach that raced
 	// this send may have missed it in its replay.
@@ -158,23 +158,27 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 	s.metrics.sent.WithLabelValues(res.Delivery).Inc()
 
 	sRoute := s.router.Route(ctx, req.Sender)
-	res.SelfHeal = s.selfheal.Evaluate(party(recipient, rRoute), party(req.Sender, sRoute))
-	res, err = s.piggyback(ctx, req.Sender, sRoute, res)
+	res.SelfHeal = s.selfheal.EvaluateAt(start, party(recipient, rRoute), party(req.Sender, sRoute))
+	res = s.piggyback(ctx, req.Sender, sRoute, res)
 	s.metrics.sendSeconds.Observe(s.now().Sub(start).Seconds())
-	return res, err
+	return res, nil
 }
 
-// piggyback adds the sender's own pending signals when it has no queue.
-func (s *Service) piggyback(ctx context.Context, sender sessionstore.Session, r Route, res SendResult) (SendResult, error) {
+// piggyback adds the sender's own pending signals when it has no queue. It
+// is best effort: the signal is already durable, and failing the send now
+// would make the client retry and store it twice. A failed read leaves
+// pending empty; the signals come by the next heartbeat, drain or send.
+func (s *Service) piggyback(ctx context.Context, sender sessionstore.Session, r Route, res SendResult) SendResult {
 	if r.Attached {
-		return res, nil
+		return res
 	}
 	p, err := s.Pending(ctx, sender.Key, 0, s.cfg.PiggybackLimit)
 	if err != nil {
-		return res, err
+		s.log.Warn("piggyback: reading the sender's pending signals", "session_id", sender.SessionID, "err", err)
+		return res
 	}
 	res.Pending = p
-	return res, nil
+	return res
 }
 
 func party(sess sessionstore.Session, r Route) selfheal.Party {

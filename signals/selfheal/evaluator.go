@@ -118,11 +118,16 @@ func (e *Evaluator) Config() Config { return e.cfg }
 // token is spent only on attempted. When self-heal is disabled it returns the
 // zero Result, counts nothing and touches no bucket.
 func (e *Evaluator) Evaluate(recipient, sender Party) Result {
+	return e.EvaluateAt(e.now(), recipient, sender)
+}
+
+// EvaluateAt is Evaluate as of now: a caller that classified the route at
+// now passes it, so the route state and the recency gates read one clock.
+func (e *Evaluator) EvaluateAt(now time.Time, recipient, sender Party) Result {
 	if !e.cfg.Enabled {
 		return Result{}
 	}
 	var r Result
-	now := e.now()
 	e.mu.Lock()
 	if !recipient.HasQueue {
 		r.Recipient = e.gateLocked(now, SideRecipient, recipient, e.cfg.Freshness)
