@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
@@ -202,7 +203,8 @@ type Server struct {
 
 	wakeMetrics *wakeMetrics
 
-	draining atomic.Bool
+	draining      atomic.Bool
+	storeNotReady atomic.Bool // set while the store's schema is not migrated
 
 	mu      sync.Mutex
 	closing bool
@@ -329,6 +331,12 @@ func (s *Server) SetDraining() {
 	}
 }
 
+// SetStoreReady says whether the store can serve (its schema is migrated).
+// A hub starts ready; cmd/marconi marks it not ready until migrations apply.
+// Not ready, every store-backed call answers 503 registry_unavailable and
+// /readyz fails.
+func (s *Server) SetStoreReady(ready bool) { s.storeNotReady.Store(!ready) }
+
 // Draining reports whether SetDraining was called.
 func (s *Server) Draining() bool { return s.draining.Load() }
 
@@ -428,6 +436,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // unreachable store answers 503 quickly instead of hanging.
 func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
+		if s.storeNotReady.Load() {
+			return marconi.Errorf(marconi.CodeRegistryUnavailable, "the session registry is not ready (schema migrations pending); try again shortly")
+		}
 		if c.Path() == "/v1/ws" {
 			return next(c)
 		}
@@ -448,6 +459,9 @@ func (s *Server) readyz(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
+	if s.storeNotReady.Load() {
+		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: "the session registry is not ready (schema migrations pending)"}})
+	}
 	if err := s.store.Ping(ctx); err != nil {
 		s.log.Warn("readyz: store unreachable", "err", err)
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: "the session registry cannot be reached"}})

@@ -69,7 +69,6 @@ func (m *Main) Run(ctx context.Context) error {
 		m.store = st
 		bus = pgstore.NewBus(st, m.Logger)
 		storeName = "postgres"
-		m.goMigrate(bg, cfg.DatabaseURL)
 	}
 
 	reg := prometheus.NewRegistry()
@@ -79,6 +78,9 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	m.hub = h
+	if cfg.DatabaseURL != "" {
+		m.goMigrate(bg, cfg.DatabaseURL)
+	}
 
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -116,8 +118,10 @@ func (m *Main) Run(ctx context.Context) error {
 	return nil
 }
 
-// goMigrate applies the migrations, retrying in the background while Postgres
-// is unreachable: the hub serves fail-closed (503) until the store is back.
+// goMigrate applies the migrations, retrying in the background while they
+// fail (Postgres unreachable, a dirty schema): until they are applied the hub
+// answers 503 registry_unavailable and /readyz fails, rather than serving on a
+// schema that is not there.
 func (m *Main) goMigrate(ctx context.Context, url string) {
 	attempt := func() bool {
 		mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -126,8 +130,10 @@ func (m *Main) goMigrate(ctx context.Context, url string) {
 			m.Logger.Warn("migrations not applied yet; retrying", "err", err)
 			return false
 		}
+		m.hub.SetStoreReady(true)
 		return true
 	}
+	m.hub.SetStoreReady(false)
 	if attempt() {
 		return
 	}

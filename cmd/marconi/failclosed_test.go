@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/internal/testproxy"
 )
@@ -140,4 +142,28 @@ func TestStartsWhilePostgresDown(t *testing.T) {
 	pollUntil(t, "the hub to serve after Postgres came back", func() bool {
 		return post(t, m.URL()+"/v1/sessions", key, `{"surface":"codex"}`).status == 201
 	})
+}
+
+// TestNotReadyUntilMigrated: with Postgres up but the schema not migrated
+// (here a migration fails on a conflicting table), the hub answers 503
+// registry_unavailable and /readyz fails, instead of 500s on missing tables.
+func TestNotReadyUntilMigrated(t *testing.T) {
+	dbURL := pgtest.EmptySchema(t)
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE TABLE sessions (squatter int)`); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	m, out := startMain(t, map[string]string{"MARCONI_DATABASE_URL": dbURL})
+	key := devKey(t, out.String())
+	if st := get(t, m.URL()+"/readyz"); st != 503 {
+		t.Fatalf("readyz with migrations failing: %d, want 503", st)
+	}
+	if a := post(t, m.URL()+"/v1/sessions", key, `{"surface":"codex"}`); a.status != 503 || a.code != "registry_unavailable" {
+		t.Fatalf("register with migrations failing: %+v, want 503 registry_unavailable", a)
+	}
 }
