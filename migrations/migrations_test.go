@@ -115,6 +115,17 @@ func TestUpDownUp(t *testing.T) {
 		VALUES ('t', 'p', 'bob', 1, 'sig-1', 'alice', 'k', '{"a":1}', $1)`, now); err != nil {
 		t.Fatalf("insert signal: %v", err)
 	}
+	// Payloads are json, kept verbatim (0004): not jsonb, which re-encodes
+	// them and refuses \u0000.
+	const verbatim = `{"b":1, "a":1, "a":"\u0000"}`
+	if _, err := conn.Exec(ctx, `INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, payload, created_at)
+		VALUES ('t', 'p', 'bob', 2, 'sig-3', 'alice', 'k', $1::text::json, $2)`, verbatim, now); err != nil {
+		t.Fatalf("insert signal with a verbatim payload: %v", err)
+	}
+	var payload string
+	if err := conn.QueryRow(ctx, `SELECT payload::text FROM signals WHERE id = 'sig-3'`).Scan(&payload); err != nil || payload != verbatim {
+		t.Fatalf("payload read back = %q, %v; want %q", payload, err, verbatim)
+	}
 	if _, err := conn.Exec(ctx, `INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, created_at)
 		VALUES ('t', 'p', 'nobody', 1, 'sig-2', 'alice', 'k', $1)`, now); err == nil {
 		t.Error("a signal for a session that does not exist was accepted")

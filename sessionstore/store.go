@@ -79,8 +79,11 @@ type Signal struct {
 	To          Key
 	FromSession string // sender's session id (same tenant and project as To)
 	Kind        string
-	Payload     json.RawMessage
-	CreatedAt   time.Time
+	// Payload is the sender's JSON text exactly as given to AppendSignal,
+	// byte for byte (never re-encoded), so that every replay of a signal
+	// carries the bytes of its live push.
+	Payload   json.RawMessage
+	CreatedAt time.Time
 	// IdempotencyKey is the sender's key, empty when none was given.
 	IdempotencyKey string
 	// Delivery and RouteState record how the send was classified, so that a

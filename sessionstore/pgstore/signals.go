@@ -82,6 +82,9 @@ func (s *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now
 		if ns.IdempotencyKey != "" {
 			idem = &ns.IdempotencyKey
 		}
+		// The payload column is json, not jsonb: it keeps the sender's
+		// text byte for byte, so a replay carries exactly the bytes of the
+		// live push (migration 0004 says why).
 		var payload *string // NULL when there is none
 		if len(ns.Payload) > 0 {
 			p := string(ns.Payload)
@@ -89,7 +92,7 @@ func (s *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO signals (tenant_id, project_id, to_session, seq, id,
 				from_session, kind, payload, created_at, idempotency_key, delivery, route_state)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11, $12)`,
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8::json, $9, $10, $11, $12)`,
 			ns.To.TenantID, ns.To.ProjectID, ns.To.SessionID, seq, ns.ID,
 			ns.FromSession, ns.Kind, payload, ns.CreatedAt, idem, ns.Delivery, ns.RouteState); err != nil {
 			return err

@@ -6,6 +6,7 @@
 //
 // The suite assumes nothing about one implementation: it never relies on map
 // order, compares times with Equal after truncating them to the microsecond
-// (what Postgres keeps), compares JSON payloads by meaning, and injects every
-// "now" instead of sleeping.
+// (what Postgres keeps), compares JSON payloads by meaning except where it
+// pins that a payload round-trips byte for byte, and injects every "now"
+// instead of sleeping.
 package storetest

@@ -74,6 +74,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"AppendSignal/unknown or expired recipient is ErrNotFound", testAppendNotFound},
 		{"AppendSignal/idempotency window per sender and key", testAppendIdempotency},
 		{"AppendSignal/payload JSON round-trips by meaning", testAppendPayload},
+		{"AppendSignal/payload bytes round-trip exactly", testAppendPayloadBytes},
 		{"AppendSignal/concurrent appends to one recipient get 1..N exactly once", testAppendConcurrent},
 		{"PendingSignals/after seq, limit, order, acked excluded", testPending},
 		{"AckSignals/returns how many this call acknowledged", testAck},
@@ -1117,6 +1118,58 @@ func testAppendPayload(t *testing.T, s sessionstore.Store) {
 	for i, p := range payloads {
 		if !sameJSON(got[i].Payload, []byte(p)) {
 			t.Errorf("pending[%d] payload = %s, want %s", i, got[i].Payload, p)
+		}
+	}
+}
+
+func testAppendPayloadBytes(t *testing.T, s sessionstore.Store) {
+	// Clients dedupe by signal id, so a replay must carry exactly the bytes
+	// of the live push: a store keeps the sender's text, byte for byte. A
+	// store that re-encodes JSON (Postgres jsonb) reorders keys, drops
+	// duplicate keys and whitespace, refuses \u0000 and expands exponents.
+	ctx := t.Context()
+	k := key("t", "p", "alice")
+	mustCreate(t, s, k)
+	payloads := []string{
+		`{"b":1, "a":1}`,
+		`{"a":1,"a":2}`,
+		`[1e400]`,
+		`[1e131071, 1e131071]`,
+		`"\u0000"`,
+		`{"s":"nul \u0000 inside"}`,
+		"{ \"outer\" :\n\t[ 1 ,\t{\"inner\" : { } } ,  \"x\"\r\n ]  }",
+		` 42 `,
+		`1.50`,
+		`"\u00e9 vs é"`,
+	}
+	sent := make([]sessionstore.NewSignal, len(payloads))
+	for i, p := range payloads {
+		ns := send(k, "x")
+		ns.Payload = json.RawMessage(p)
+		ns.IdempotencyKey = fmt.Sprintf("k%d", i)
+		sent[i] = ns
+		sig := mustAppend(t, s, ns)
+		if !bytes.Equal(sig.Payload, []byte(p)) {
+			t.Errorf("AppendSignal payload = %q, want %q", sig.Payload, p)
+		}
+	}
+	got, err := s.PendingSignals(ctx, k, 0, 100)
+	noErr(t, "PendingSignals", err)
+	wantInt(t, "pending", len(got), len(payloads))
+	for i, p := range payloads {
+		if !bytes.Equal(got[i].Payload, []byte(p)) {
+			t.Errorf("pending[%d] payload = %q, want %q", i, got[i].Payload, p)
+		}
+	}
+	// A duplicate answers with the stored signal: the same bytes again.
+	for i, p := range payloads {
+		sig, dup, err := s.AppendSignal(ctx, sent[i], t0)
+		noErr(t, "AppendSignal(duplicate)", err)
+		if !dup {
+			t.Fatalf("repeat of key %q: duplicate = false, want true", sent[i].IdempotencyKey)
+		}
+		if !bytes.Equal(sig.Payload, []byte(p)) {
+			t.Errorf("duplicate's payload = %q, want %q", sig.Payload, p)
 		}
 	}
 }
