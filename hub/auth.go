@@ -107,8 +107,10 @@ func (c *credentials) isConfiguredKey(key string) bool {
 const ctxSession = "marconi.session"
 
 // sessionAuth authenticates a session token and loads the caller's session
-// as it was before this call (the self-heal gates need that). It then records
-// the call as proof of life (last_verb_at), at most once per TouchInterval.
+// as it was before this call (the self-heal gates need that). After the
+// handler, whatever it answered, it records the call as proof of life
+// (last_verb_at), at most once per TouchInterval; heartbeats write their own,
+// and a deregistered session has nothing left to touch.
 func (s *Server) sessionAuth(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		sess, err := s.authenticateSessionCtx(c.Request().Context(), bearer(c))
@@ -116,7 +118,11 @@ func (s *Server) sessionAuth(next echo.HandlerFunc) echo.HandlerFunc {
 			return err
 		}
 		c.Set(ctxSession, sess)
-		return next(c)
+		err = next(c)
+		if p := c.Path(); p != "/v1/heartbeat" && p != "/v1/session" {
+			s.touchVerb(c, sess)
+		}
+		return err
 	}
 }
 

@@ -72,6 +72,11 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
+	if errors.Is(err, context.Canceled) && c.Request().Context().Err() != nil {
+		// The client went away mid-request: nobody reads an answer.
+		s.log.Debug("request cancelled by the client", "method", c.Request().Method, "path", c.Path())
+		return
+	}
 	pe := publicError(err)
 	status := statusByCode[pe.Code]
 	if status == 0 {

@@ -32,7 +32,6 @@ func (s *Server) placementMismatch(c echo.Context) error {
 	if err := s.fabric.ReportMismatch(c.Request().Context(), sess, req.Reason); err != nil {
 		return err
 	}
-	s.touchVerb(c, sess)
 	return c.NoContent(http.StatusNoContent)
 }
 

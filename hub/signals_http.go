@@ -89,7 +89,6 @@ func (s *Server) send(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	s.touchVerb(c, sender)
 	return c.JSON(http.StatusOK, sendResponse{
 		SignalID:            res.Signal.ID,
 		Seq:                 res.Signal.Seq,
@@ -127,7 +126,6 @@ func (s *Server) drain(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	s.touchVerb(c, sess)
 	next := after
 	if len(sigs) > 0 {
 		next = sigs[len(sigs)-1].Seq
@@ -165,6 +163,5 @@ func (s *Server) ack(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	s.touchVerb(c, sess)
 	return c.JSON(http.StatusOK, map[string]int{"acked": n})
 }
