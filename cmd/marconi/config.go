@@ -13,6 +13,7 @@ import (
 
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub"
+	"github.com/marconihub/marconi/signals"
 	"github.com/marconihub/marconi/signals/selfheal"
 )
 
@@ -223,8 +224,8 @@ func parseAPIKeys(v string) (map[string]hub.TenantProject, error) {
 		}
 		key, owner, ok := strings.Cut(item, "=")
 		tenant, project, ok2 := strings.Cut(owner, "/")
-		if !ok || !ok2 || len(key) < 16 || tenant == "" || project == "" {
-			return nil, errors.New("want key=tenant/project pairs, keys of at least 16 characters")
+		if !ok || !ok2 || len(key) < 16 || !signals.ValidSessionID(tenant) || !signals.ValidSessionID(project) {
+			return nil, errors.New("want key=tenant/project pairs: keys of at least 16 characters, tenant and project ids matching [A-Za-z0-9._-]{1,128}")
 		}
 		keys[key] = hub.TenantProject{TenantID: tenant, ProjectID: project}
 	}
@@ -297,6 +298,11 @@ func LoadConfig(args []string, getenv func(string) string, stderr io.Writer) (Co
 	}
 	if err := c.Hub.SelfHeal.Validate(); err != nil {
 		return c, err
+	}
+	if c.Hub.PublicURL == "" && c.DatabaseURL != "" && c.Hub.Mode != "development" {
+		// Sticky clients are sent to this URL by wrong_instance: a guessed
+		// loopback address would strand them on other machines.
+		return c, errors.New("MARCONI_PUBLIC_URL: required with MARCONI_DATABASE_URL in lan and cloud modes (clients are sent there by wrong_instance)")
 	}
 	if c.Hub.PublicURL == "" {
 		port := c.Addr

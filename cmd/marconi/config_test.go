@@ -116,6 +116,13 @@ func TestConfigBadValuesNameTheVariable(t *testing.T) {
 			t.Errorf("%s=%q: err %v, want an error naming the variable", name, v, err)
 		}
 	}
+	if _, err := LoadConfig(nil, env(map[string]string{"MARCONI_API_KEYS": "key-aaaaaaaaaaaaaaaa=acme corp/web"}), io.Discard); err == nil {
+		t.Error("a tenant id with a space was accepted; route_state could never name it")
+	}
+	if _, err := LoadConfig(nil, env(map[string]string{"MARCONI_MODE": "lan", "MARCONI_ADMIN_TOKEN": "0123456789abcdef",
+		"MARCONI_DATABASE_URL": "postgres://x@db/marconi"}), io.Discard); err == nil || !strings.Contains(err.Error(), "MARCONI_PUBLIC_URL") {
+		t.Errorf("lan with Postgres and no public URL: err %v, want one naming MARCONI_PUBLIC_URL", err)
+	}
 	if _, err := LoadConfig([]string{"--no-such-flag"}, env(nil), io.Discard); err == nil {
 		t.Error("an unknown flag was accepted")
 	}
