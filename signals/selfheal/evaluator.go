@@ -59,7 +59,7 @@ type bucket struct {
 
 // Evaluator runs the SPEC-168 gates and owns the token buckets. It is safe for
 // concurrent use. Its memory holds only buckets that are not full: the owner
-// calls Sweep periodically (the hub does, every RefillPeriod) so that
+// calls Sweep periodically (the hub does, every 30 s) so that
 // buckets of sessions that went quiet are forgotten.
 type Evaluator struct {
 	cfg      Config
