@@ -39,9 +39,11 @@ type Placement struct {
 // has had none (zero when it never had one). A queue recorded on an instance
 // that is not healthy is gone: it ended no earlier than that instance's last
 // heartbeat. A queue recorded on this instance that this process does not
-// hold ended no earlier than this process started. Both bounds err towards an
-// earlier end: a later reading could claim a resume the contract no longer
-// holds.
+// hold ended no earlier than this process started; so did one recorded on
+// another instance that has restarted since (same id, later StartedAt: the
+// queue died with the old process, which a crash leaves in the store). These
+// bounds err towards an earlier end: a later reading could claim a resume the
+// contract no longer holds.
 func (f *Fabric) queueGap(ctx context.Context, sess sessionstore.Session, hasLocalQueue bool) (live bool, since time.Time) {
 	switch q := sess.QueueInstance; {
 	case hasLocalQueue:
@@ -54,17 +56,19 @@ func (f *Fabric) queueGap(ctx context.Context, sess sessionstore.Session, hasLoc
 			since = f.startedAt
 		}
 		return false, since
-	case f.Healthy(ctx, q):
+	case f.HoldsQueue(ctx, q, sess.QueueAttachedAt):
 		return true, time.Time{}
-	default:
-		since = sess.QueueAttachedAt
-		f.mu.RLock()
-		if hb := f.instances[q].LastHeartbeatAt; hb.After(since) {
-			since = hb
-		}
-		f.mu.RUnlock()
-		return false, since
 	}
+	if started, ok := f.restartedSince(sess.QueueInstance, sess.QueueAttachedAt); ok {
+		return false, started
+	}
+	since = sess.QueueAttachedAt
+	f.mu.RLock()
+	if hb := f.instances[sess.QueueInstance].LastHeartbeatAt; hb.After(since) {
+		since = hb
+	}
+	f.mu.RUnlock()
+	return false, since
 }
 
 // maxPlaceRounds bounds how often one attach re-decides after losing a race

@@ -223,6 +223,36 @@ func (f *Fabric) Healthy(ctx context.Context, instance string) bool {
 	return ok && f.healthyAt(in, f.now())
 }
 
+// HoldsQueue reports whether instance still holds a queue recorded as
+// attached there at attachedAt: the instance is healthy, and the process that
+// answers for its id has run since then (attachedAt is not before its
+// StartedAt). A queue recorded before the instance's StartedAt died with an
+// earlier process of the same MARCONI_INSTANCE_ID: a crash leaves it in the
+// store, since nothing cleared it. Both times come from that instance's own
+// clock. It reads the view kept by Tick and makes no store call.
+func (f *Fabric) HoldsQueue(ctx context.Context, instance string, attachedAt time.Time) bool {
+	if instance == f.cfg.InstanceID {
+		return !f.draining.Load() && !attachedAt.Before(f.startedAt)
+	}
+	f.mu.RLock()
+	in, ok := f.instances[instance]
+	f.mu.RUnlock()
+	return ok && f.healthyAt(in, f.now()) && !attachedAt.Before(in.StartedAt)
+}
+
+// restartedSince returns the StartedAt of instance in the view when its
+// process started after at (the queue recorded at at died with an earlier
+// process of the same id), and false otherwise.
+func (f *Fabric) restartedSince(instance string, at time.Time) (time.Time, bool) {
+	f.mu.RLock()
+	in, ok := f.instances[instance]
+	f.mu.RUnlock()
+	if !ok || !in.StartedAt.After(at) {
+		return time.Time{}, false
+	}
+	return in.StartedAt, true
+}
+
 func (f *Fabric) healthyAt(in sessionstore.Instance, now time.Time) bool {
 	if in.ID == f.cfg.InstanceID {
 		return !f.draining.Load()

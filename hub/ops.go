@@ -153,8 +153,12 @@ func (s *Server) routeState(ctx context.Context, k sessionstore.Key, sess *sessi
 				"Self-heal is off (MARCONI_SELFHEAL), so its sends carry no sender_route_stale: it heals when its client redials by itself. Signals are stored and wait."
 		}
 	}
-	if out.RouteState != signals.StateAttached && r.InstanceID != "" && !r.InstanceHealthy {
+	switch {
+	case out.RouteState == signals.StateAttached || r.InstanceID == "":
+	case !r.InstanceHealthy:
 		out.Explanation += " Its last queue was on instance " + r.InstanceID + ", which is unhealthy."
+	case !r.Attached:
+		out.Explanation += " Its last queue was on instance " + r.InstanceID + ", which has restarted since: the queue died with the earlier process."
 	}
 	return out, nil
 }

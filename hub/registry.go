@@ -135,7 +135,9 @@ func (s *Server) offer(k sessionstore.Key, it queueItem) bool {
 
 // Route implements signals.Router: a queue in the local registry is attached
 // unless it is being closed (kicked); a queue recorded on another instance is
-// attached while that instance is healthy.
+// attached while that instance is healthy and has run since the queue
+// attached (an instance restarted with the same id lost the queues of its
+// earlier process, which a crash leaves recorded in the store).
 func (s *Server) Route(ctx context.Context, sess sessionstore.Session) signals.Route {
 	if c := s.registry.get(sess.Key); c != nil && !c.closing() {
 		return signals.Route{Attached: !s.Draining(), InstanceID: s.cfg.InstanceID, InstanceHealthy: !s.Draining(), AttachedAt: c.attachedAt}
@@ -144,7 +146,8 @@ func (s *Server) Route(ctx context.Context, sess sessionstore.Session) signals.R
 		return signals.Route{}
 	}
 	healthy := s.peers.Healthy(ctx, sess.QueueInstance)
-	return signals.Route{Attached: healthy, InstanceID: sess.QueueInstance, InstanceHealthy: healthy, AttachedAt: sess.QueueAttachedAt}
+	holds := healthy && s.peers.HoldsQueue(ctx, sess.QueueInstance, sess.QueueAttachedAt)
+	return signals.Route{Attached: holds, InstanceID: sess.QueueInstance, InstanceHealthy: healthy, AttachedAt: sess.QueueAttachedAt}
 }
 
 // Deliver implements signals.Router.
@@ -162,6 +165,9 @@ func (s *Server) Deliver(ctx context.Context, to sessionstore.Session, sig sessi
 type Peers interface {
 	// Healthy reports whether instance is healthy (heartbeat fresh, not draining).
 	Healthy(ctx context.Context, instance string) bool
+	// HoldsQueue reports whether instance is healthy and its process has run
+	// since attachedAt, so that a queue recorded there then is still there.
+	HoldsQueue(ctx context.Context, instance string, attachedAt time.Time) bool
 	// Wake tells instance that k has a new signal with seq; best effort.
 	Wake(ctx context.Context, instance string, k sessionstore.Key, seq int64)
 }
@@ -169,6 +175,7 @@ type Peers interface {
 type noPeers struct{}
 
 func (noPeers) Healthy(context.Context, string) bool                  { return false }
+func (noPeers) HoldsQueue(context.Context, string, time.Time) bool    { return false }
 func (noPeers) Wake(context.Context, string, sessionstore.Key, int64) {}
 
 // WakeLocal is how the fabric hands a cross-instance wake-up to this
