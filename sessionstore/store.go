@@ -251,7 +251,10 @@ type Store interface {
 	// events beyond the newest KeepFallbackEvents. It returns
 	// how many signals and sessions it removed. An acknowledged signal keeps
 	// its idempotency key until pruned, so callers keep acknowledged signals
-	// at least as long as the idempotency window.
+	// at least as long as the idempotency window. A store may delete in
+	// batches, each committed on its own, so that a backlog of any size
+	// shrinks under a per-call timeout: on an error (ctx ending included) the
+	// counts are what it removed before the error, and a later Prune goes on.
 	Prune(ctx context.Context, ackedBefore, expiredBefore time.Time) (signals, sessions int, err error)
 
 	// HeartbeatInstance inserts or updates an instance row.

@@ -24,6 +24,9 @@ const (
 	// DefaultQueryTimeout bounds every call whose context has no earlier
 	// deadline, so that a half-open connection cannot hang a caller forever.
 	DefaultQueryTimeout = 10 * time.Second
+	// DefaultPruneBatch is how many rows one statement of Prune deletes at
+	// most: small enough that a batch ends well inside the query timeout.
+	DefaultPruneBatch = 5000
 )
 
 // Option tunes Open.
@@ -33,6 +36,7 @@ type options struct {
 	connectTimeout time.Duration
 	queryTimeout   time.Duration
 	maxConns       int32
+	pruneBatch     int
 }
 
 // WithConnectTimeout sets how long establishing one connection may take
@@ -53,10 +57,17 @@ func WithMaxConns(n int32) Option {
 	return func(o *options) { o.maxConns = n }
 }
 
+// WithPruneBatch sets how many rows one statement of Prune deletes at most
+// (default DefaultPruneBatch); values below 1 keep the default.
+func WithPruneBatch(n int) Option {
+	return func(o *options) { o.pruneBatch = n }
+}
+
 // Store is the Postgres sessionstore.Store. It is safe for concurrent use.
 type Store struct {
 	pool         *pgxpool.Pool
 	queryTimeout time.Duration
+	pruneBatch   int
 	closed       atomic.Bool
 }
 
@@ -68,6 +79,9 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	o := options{connectTimeout: DefaultConnectTimeout, queryTimeout: DefaultQueryTimeout}
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if o.pruneBatch < 1 {
+		o.pruneBatch = DefaultPruneBatch
 	}
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
@@ -84,7 +98,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: open pool: %w", err)
 	}
-	return &Store{pool: pool, queryTimeout: o.queryTimeout}, nil
+	return &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch}, nil
 }
 
 // call prepares a call: ErrUnavailable once closed, and the query timeout.

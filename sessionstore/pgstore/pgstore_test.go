@@ -12,11 +12,15 @@ import (
 	"github.com/marconihub/marconi/sessionstore/storetest"
 )
 
+// conformancePruneBatch is the prune batch of the conformance stores: small,
+// so that the suite's prunes (a few dozen rows) each run many batches.
+const conformancePruneBatch = 4
+
 // newStore opens a Store on a fresh, migrated schema of its own.
 func newStore(t *testing.T) *pgstore.Store {
 	t.Helper()
 	u := pgtest.Schema(t)
-	s, err := pgstore.Open(context.Background(), u, pgstore.WithMaxConns(4))
+	s, err := pgstore.Open(context.Background(), u, pgstore.WithMaxConns(4), pgstore.WithPruneBatch(conformancePruneBatch))
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}

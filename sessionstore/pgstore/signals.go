@@ -213,40 +213,105 @@ func (s *Store) DropPending(ctx context.Context, k sessionstore.Key, at time.Tim
 	return int(tag.RowsAffected()), nil
 }
 
-// Prune implements sessionstore.Store in one transaction. The signals count
-// includes the signals of the sessions it removes.
+// The prune statements. Each deletes at most $2 rows, those whose ctid its
+// subselect picks (ctid = ANY(ARRAY(...)) plans as a TID scan); where it is
+// cheap, the outer WHERE repeats the condition, so that a row changed since
+// the subselect read it is judged again.
+const (
+	pruneAckedSQL = `DELETE FROM signals WHERE acked_at < $1 AND ctid = ANY (ARRAY(
+		SELECT ctid FROM signals WHERE acked_at < $1 LIMIT $2))`
+	// The LIMIT inside LATERAL keeps it a per-session index lookup: a join
+	// the planner may flatten could scan all of signals to find a few rows.
+	// A session expired before the cutoff cannot come back to life, so the
+	// outer WHERE does not join sessions again.
+	pruneExpiredSignalsSQL = `DELETE FROM signals WHERE ctid = ANY (ARRAY(
+		SELECT g.ctid FROM sessions e CROSS JOIN LATERAL (
+			SELECT ctid FROM signals
+			WHERE tenant_id = e.tenant_id AND project_id = e.project_id AND to_session = e.session_id
+			LIMIT $2) g
+		WHERE e.expires_at < $1 LIMIT $2))`
+	// Only sessions whose signals are gone, so that the ON DELETE CASCADE of
+	// one statement stays bounded. The scalar subquery is one index probe
+	// per session (an anti join could scan all of signals).
+	pruneExpiredSessionsSQL = `DELETE FROM sessions WHERE expires_at < $1 AND ctid = ANY (ARRAY(
+		SELECT ctid FROM sessions e WHERE e.expires_at < $1
+		  AND (SELECT 1 FROM signals g WHERE g.tenant_id = e.tenant_id
+		         AND g.project_id = e.project_id AND g.to_session = e.session_id LIMIT 1) IS NULL
+		LIMIT $2))`
+	// $1 is the offset of the oldest event kept, KeepFallbackEvents-1.
+	pruneFallbacksSQL = `DELETE FROM fallback_events WHERE id = ANY (ARRAY(
+		SELECT id FROM fallback_events WHERE id < (
+			SELECT id FROM fallback_events ORDER BY id DESC OFFSET $1 LIMIT 1)
+		ORDER BY id LIMIT $2))`
+)
+
+// Prune implements sessionstore.Store in batches: each statement deletes at
+// most the prune batch size (WithPruneBatch) of rows, in its own transaction
+// under the query timeout, and a kind of row is done once a batch deletes
+// fewer. A backlog of any size thus shrinks a batch at a time instead of
+// timing out whole, every time, and growing forever. When ctx ends first,
+// what was deleted stays deleted and is counted; the next Prune goes on.
+//
+// The signals count includes the signals of the sessions it removes: they
+// are deleted before their sessions, so that no statement's cascade is
+// unbounded.
 func (s *Store) Prune(ctx context.Context, ackedBefore, expiredBefore time.Time) (signals, sessions int, err error) {
+	signals, err = s.deleteInBatches(ctx, pruneAckedSQL, ackedBefore)
+	if err != nil {
+		return signals, sessions, wrap("prune acknowledged signals", err)
+	}
+	// Signals of expired sessions and the sessions they leave empty, in
+	// turns, so that each signals batch finds the sessions it already
+	// emptied gone instead of probing them again.
+	for {
+		nsig, err := s.deleteBatch(ctx, pruneExpiredSignalsSQL, expiredBefore)
+		signals += nsig
+		if err != nil {
+			return signals, sessions, wrap("prune signals of expired sessions", err)
+		}
+		nsess, err := s.deleteBatch(ctx, pruneExpiredSessionsSQL, expiredBefore)
+		sessions += nsess
+		if err != nil {
+			return signals, sessions, wrap("prune expired sessions", err)
+		}
+		if nsig < s.pruneBatch && nsess < s.pruneBatch {
+			break
+		}
+	}
+	if _, err := s.deleteInBatches(ctx, pruneFallbacksSQL, sessionstore.KeepFallbackEvents-1); err != nil {
+		return signals, sessions, wrap("prune fallback events", err)
+	}
+	return signals, sessions, nil
+}
+
+// deleteInBatches runs query, a DELETE of at most $2 rows given $1 = arg,
+// until a run deletes fewer than the batch size or ctx ends. Each run is its
+// own statement and transaction under the query timeout. It returns how many
+// rows the runs deleted, also on an error.
+func (s *Store) deleteInBatches(ctx context.Context, query string, arg any) (int, error) {
+	total := 0
+	for {
+		n, err := s.deleteBatch(ctx, query, arg)
+		total += n
+		if err != nil || n < s.pruneBatch {
+			return total, err
+		}
+	}
+}
+
+// deleteBatch runs query once, as its own call.
+func (s *Store) deleteBatch(ctx context.Context, query string, arg any) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
 	if err != nil {
-		return 0, 0, wrap("prune", err)
+		return 0, err
 	}
-	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		acked, err := tx.Exec(ctx, `DELETE FROM signals WHERE acked_at < $1`, ackedBefore)
-		if err != nil {
-			return err
-		}
-		orphaned, err := tx.Exec(ctx, `DELETE FROM signals sg USING sessions se
-			WHERE se.expires_at < $1 AND sg.tenant_id = se.tenant_id
-			  AND sg.project_id = se.project_id AND sg.to_session = se.session_id`, expiredBefore)
-		if err != nil {
-			return err
-		}
-		gone, err := tx.Exec(ctx, `DELETE FROM sessions WHERE expires_at < $1`, expiredBefore)
-		if err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `DELETE FROM fallback_events WHERE id < (
-			SELECT id FROM fallback_events ORDER BY id DESC OFFSET $1 LIMIT 1)`, sessionstore.KeepFallbackEvents-1)
-		if err != nil {
-			return err
-		}
-		signals = int(acked.RowsAffected() + orphaned.RowsAffected())
-		sessions = int(gone.RowsAffected())
-		return nil
-	})
+	tag, err := s.pool.Exec(ctx, query, arg, s.pruneBatch)
 	if err != nil {
-		return 0, 0, wrap("prune", err)
+		return 0, err
 	}
-	return signals, sessions, nil
+	return int(tag.RowsAffected()), nil
 }

@@ -84,6 +84,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"Prune/acked signals before the cutoff, unacked kept, idempotency kept until pruned", testPruneSignals},
 		{"Prune/seq continues after every signal was pruned", testPruneSeqContinues},
 		{"Prune/expired sessions go with their signals", testPruneSessions},
+		{"Prune/a backlog of many batches goes whole, counted", testPruneBacklog},
 		{"Instances/heartbeat upserts, list orders by id", testInstances},
 		{"Fallbacks/newest first, limited, counted", testFallbacks},
 		{"Fallbacks/counted in the event's counter", testFallbackCounter},
@@ -1412,6 +1413,60 @@ func testPruneSessions(t *testing.T, s sessionstore.Store) {
 	_, err = s.GetSession(ctx, kept, t0)
 	noErr(t, "GetSession(kept)", err)
 	wantPending(t, s, kept, 1)
+}
+
+func testPruneBacklog(t *testing.T, s sessionstore.Store) {
+	// A store may delete in batches (pgstore does, and runs this suite with a
+	// batch of a few rows); however it does, one Prune removes the whole
+	// backlog and counts all of it. 24 signals and 7 sessions: one is a
+	// multiple of a small batch and the other is not.
+	ctx := t.Context()
+	const perSession, expired = 8, 7
+	live := []sessionstore.Key{key("t", "p", "a"), key("t", "p", "b"), key("t", "q", "a")}
+	acked := perSession * len(live)
+	for _, k := range live {
+		mustCreate(t, s, k)
+		appendN(t, s, k, perSession+1)
+		_, err := s.AckSignals(ctx, k, perSession, at(time.Minute))
+		noErr(t, "AckSignals", err)
+	}
+	var gone []sessionstore.Key
+	for i := range expired {
+		k := key("t", "p", fmt.Sprintf("gone-%d", i))
+		mustCreateSession(t, s, newSession(k, hash(k.SessionID), at(30*time.Minute)))
+		appendN(t, s, k, 3)
+		gone = append(gone, k)
+	}
+
+	// No session expired before the cutoff: the count is exactly the
+	// acknowledged signals.
+	nsig, nsess, err := s.Prune(ctx, at(2*time.Minute), at(-time.Hour))
+	noErr(t, "Prune(acked)", err)
+	wantInt(t, "pruned signals", nsig, acked)
+	wantInt(t, "pruned sessions", nsess, 0)
+	for _, k := range live {
+		wantPending(t, s, k, perSession+1)
+	}
+
+	_, nsess, err = s.Prune(ctx, at(2*time.Minute), at(time.Hour))
+	noErr(t, "Prune(expired)", err)
+	wantInt(t, "pruned sessions", nsess, expired)
+	for _, k := range gone {
+		_, err := s.GetSession(ctx, k, t0)
+		wantErr(t, fmt.Sprintf("GetSession(%v) after its prune", k), err, sessionstore.ErrNotFound)
+		wantCount(t, s, k, 0)
+	}
+	for _, k := range live {
+		_, err := s.GetSession(ctx, k, t0)
+		noErr(t, "GetSession(live)", err)
+		wantPending(t, s, k, perSession+1)
+	}
+
+	// Nothing left to prune.
+	nsig, nsess, err = s.Prune(ctx, at(2*time.Minute), at(time.Hour))
+	noErr(t, "Prune(again)", err)
+	wantInt(t, "pruned signals again", nsig, 0)
+	wantInt(t, "pruned sessions again", nsess, 0)
 }
 
 func testInstances(t *testing.T, s sessionstore.Store) {
