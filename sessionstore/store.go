@@ -247,8 +247,12 @@ type Store interface {
 	// (disconnect policy drop) and returns how many.
 	DropPending(ctx context.Context, k Key, at time.Time) (int, error)
 	// Prune deletes signals acknowledged before ackedBefore, sessions (with
-	// all their signals) that expired before expiredBefore, and fallback
-	// events beyond the newest KeepFallbackEvents. It returns
+	// all their signals) that expired before expiredBefore, instances whose
+	// last heartbeat is before expiredBefore (an instance id may be new per
+	// process, such as a pod's host name, so the registry would otherwise
+	// grow without bound; a pruned instance that heartbeats again is simply
+	// registered again), and fallback events beyond the newest
+	// KeepFallbackEvents. It returns
 	// how many signals and sessions it removed. An acknowledged signal keeps
 	// its idempotency key until pruned, so callers keep acknowledged signals
 	// at least as long as the idempotency window. A store may delete in

@@ -552,7 +552,8 @@ func (m *Store) DropPending(ctx context.Context, k sessionstore.Key, at time.Tim
 }
 
 // Prune implements sessionstore.Store. The signals count is the acknowledged
-// signals removed; the signals of a removed session are not counted.
+// signals removed; the signals of a removed session are not counted. It
+// works in one go: a memstore holds nothing a timeout would cut short.
 func (m *Store) Prune(ctx context.Context, ackedBefore, expiredBefore time.Time) (int, int, error) {
 	if err := m.lock(); err != nil {
 		return 0, 0, err
@@ -569,6 +570,11 @@ func (m *Store) Prune(ctx context.Context, ackedBefore, expiredBefore time.Time)
 		if s.s.ExpiresAt.Before(expiredBefore) {
 			m.remove(k)
 			nsess++
+		}
+	}
+	for id, in := range m.instances {
+		if in.LastHeartbeatAt.Before(expiredBefore) {
+			delete(m.instances, id)
 		}
 	}
 	return nsig, nsess, nil

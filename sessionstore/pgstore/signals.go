@@ -238,6 +238,9 @@ const (
 		  AND (SELECT 1 FROM signals g WHERE g.tenant_id = e.tenant_id
 		         AND g.project_id = e.project_id AND g.to_session = e.session_id LIMIT 1) IS NULL
 		LIMIT $2))`
+	// Instances are few, but one per pod ever started: no index needed.
+	pruneInstancesSQL = `DELETE FROM instances WHERE last_heartbeat_at < $1 AND id = ANY (ARRAY(
+		SELECT id FROM instances WHERE last_heartbeat_at < $1 LIMIT $2))`
 	// $1 is the offset of the oldest event kept, KeepFallbackEvents-1.
 	pruneFallbacksSQL = `DELETE FROM fallback_events WHERE id = ANY (ARRAY(
 		SELECT id FROM fallback_events WHERE id < (
@@ -277,6 +280,9 @@ func (s *Store) Prune(ctx context.Context, ackedBefore, expiredBefore time.Time)
 		if nsig < s.pruneBatch && nsess < s.pruneBatch {
 			break
 		}
+	}
+	if _, err := s.deleteInBatches(ctx, pruneInstancesSQL, expiredBefore); err != nil {
+		return signals, sessions, wrap("prune instances", err)
 	}
 	if _, err := s.deleteInBatches(ctx, pruneFallbacksSQL, sessionstore.KeepFallbackEvents-1); err != nil {
 		return signals, sessions, wrap("prune fallback events", err)

@@ -86,6 +86,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"Prune/expired sessions go with their signals", testPruneSessions},
 		{"Prune/a backlog of many batches goes whole, counted", testPruneBacklog},
 		{"Instances/heartbeat upserts, list orders by id", testInstances},
+		{"Prune/instances silent since before the cutoff", testPruneInstances},
 		{"Fallbacks/newest first, limited, counted", testFallbacks},
 		{"Fallbacks/counted in the event's counter", testFallbackCounter},
 		{"SessionStats/aggregates live sessions only", testSessionStats},
@@ -1501,6 +1502,47 @@ func testInstances(t *testing.T, s sessionstore.Store) {
 	i1.LastHeartbeatAt = at(time.Minute)
 	noErr(t, "HeartbeatInstance(hub-1 again)", s.HeartbeatInstance(ctx, i1))
 	check("ListInstances after an update", i1, i2)
+}
+
+func testPruneInstances(t *testing.T, s sessionstore.Store) {
+	// With a new instance id per process (the default: the host name, new
+	// per pod) the registry, the fabric summary and the health gauge's label
+	// set would grow without bound if dead instances were never pruned.
+	ctx := t.Context()
+	cutoff := at(time.Hour)
+	hb := func(id string, last time.Time) sessionstore.Instance {
+		in := sessionstore.Instance{ID: id, URL: "http://" + id + ":8080", StartedAt: t0, LastHeartbeatAt: last}
+		noErr(t, "HeartbeatInstance("+id+")", s.HeartbeatInstance(ctx, in))
+		return in
+	}
+	for i := range 6 {
+		hb(fmt.Sprintf("dead-%d", i), at(time.Duration(i)*time.Minute))
+	}
+	hb("just-before", cutoff.Add(-time.Microsecond))
+	atCutoff := hb("at-cutoff", cutoff)
+	alive := hb("alive", at(2*time.Hour))
+
+	_, _, err := s.Prune(ctx, t0, cutoff)
+	noErr(t, "Prune", err)
+	ids := func() []string {
+		t.Helper()
+		list, err := s.ListInstances(ctx)
+		noErr(t, "ListInstances", err)
+		var out []string
+		for _, in := range list {
+			out = append(out, in.ID)
+		}
+		return out
+	}
+	if got, want := ids(), []string{alive.ID, atCutoff.ID}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("instances after Prune = %v, want %v (silent since before the cutoff pruned)", got, want)
+	}
+
+	// A pruned instance that comes back registers again.
+	hb("dead-0", at(3*time.Hour))
+	if got, want := ids(), []string{alive.ID, atCutoff.ID, "dead-0"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("instances after a pruned one heartbeats again = %v, want %v", got, want)
+	}
 }
 
 func testFallbacks(t *testing.T, s sessionstore.Store) {
