@@ -42,6 +42,7 @@ func TestSendBadInput(t *testing.T) {
 		{"over-long idempotency key", alice.Token, `{"to_session":"bob","idempotency_key":"` + strings.Repeat("i", 257) + `"}`, 400, "invalid_field"},
 		{"payload over the limit", alice.Token, `{"to_session":"bob","payload":"` + strings.Repeat("p", 2000) + `"}`, 413, "payload_too_large"},
 		{"body far over the limit", alice.Token, `{"to_session":"bob","payload":"` + strings.Repeat("p", 40000) + `"}`, 413, "payload_too_large"},
+		{"payload not UTF-8", alice.Token, "{\"to_session\":\"bob\",\"payload\":\"\xff\xfe\"}", 400, "invalid_field"},
 		{"unknown recipient", alice.Token, `{"to_session":"nobody"}`, 404, "recipient_not_registered"},
 		{"another tenant's session", alice.Token, `{"to_session":"carol"}`, 404, "recipient_not_registered"},
 		{"no credential", "", `{"to_session":"bob"}`, 401, "unauthorized"},

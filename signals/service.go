@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"regexp"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -203,6 +204,9 @@ func (s *Service) validate(req *SendRequest) error {
 	}
 	if len(req.Payload) == 0 {
 		req.Payload = json.RawMessage("null")
+	}
+	if !utf8.Valid(req.Payload) {
+		return marconi.Errorf(marconi.CodeInvalidField, "payload must be UTF-8 JSON")
 	}
 	if len(req.Payload) > s.cfg.MaxPayloadBytes {
 		return marconi.Errorf(marconi.CodePayloadTooLarge, "payload is %d bytes encoded; the limit is %d", len(req.Payload), s.cfg.MaxPayloadBytes)
