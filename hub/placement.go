@@ -11,8 +11,11 @@ import (
 func newSessionID() string { return uuid.NewString() }
 
 // place asks the fabric whether sess may attach here and builds the welcome.
+// A connection here that is being closed still counts as the session's queue
+// (this attach replaces it); one that sess shows superseded does not.
 func (s *Server) place(ctx context.Context, sess sessionstore.Session) (welcomeFrame, error) {
-	p, err := s.fabric.Place(ctx, sess, s.registry.get(sess.Key) != nil)
+	c := s.registry.get(sess.Key)
+	p, err := s.fabric.Place(ctx, sess, c != nil && !s.superseded(c, sess))
 	if err != nil {
 		return welcomeFrame{}, err
 	}

@@ -19,10 +19,15 @@ type queueItem struct {
 
 // wsConn is one attached WebSocket: the session's queue on this instance.
 type wsConn struct {
-	key        sessionstore.Key
-	attachedAt time.Time
-	out        chan queueItem // bounded: WSQueueSize
-	ctrl       chan []byte    // frames the reader asks the writer to send (errors)
+	key sessionstore.Key
+	// incarnation is the RegisteredAt of the session the connection
+	// authenticated as. A session deregistered (or expired) and registered
+	// again under the same key is another incarnation: its signals, seqs and
+	// acks are none of this connection's business.
+	incarnation time.Time
+	attachedAt  time.Time
+	out         chan queueItem // bounded: WSQueueSize
+	ctrl        chan []byte    // frames the reader asks the writer to send (errors)
 
 	kickOnce   sync.Once
 	kicked     chan struct{}
@@ -32,9 +37,9 @@ type wsConn struct {
 	done       chan struct{} // closed when the handler has finished
 }
 
-func newWSConn(k sessionstore.Key, at time.Time, queueSize int) *wsConn {
+func newWSConn(k sessionstore.Key, incarnation, at time.Time, queueSize int) *wsConn {
 	return &wsConn{
-		key: k, attachedAt: at,
+		key: k, incarnation: incarnation, attachedAt: at,
 		out:    make(chan queueItem, queueSize),
 		ctrl:   make(chan []byte, 8),
 		kicked: make(chan struct{}),
@@ -114,11 +119,61 @@ func (r *registry) len() int {
 	return len(r.conns)
 }
 
+// belongsTo reports whether c is a connection of the incarnation of the
+// session that sess is the store row of.
+func (c *wsConn) belongsTo(sess sessionstore.Session) bool {
+	return c.incarnation.Equal(sess.RegisteredAt)
+}
+
+// Close reasons of a connection that is no longer its session's queue.
+const (
+	reasonSessionGone       = "session deregistered or expired; register again"
+	reasonReplacedElsewhere = "replaced by a newer connection of this session on another instance"
+)
+
+// superseded says whether c, given sess (a store row of its key), is not
+// the queue of the session sess is, and kicks it when the row shows it
+// superseded: with 4410 when the row is a later incarnation of the session
+// (the one c belonged to was deregistered or expired), with 4409 when the
+// row records a newer queue on another instance (the client reconnected
+// there). A row older than c (read before c's session registered again) is
+// not c's, but proves nothing against c: c is left open. Attach times of two
+// instances are compared, so this assumes their clocks agree to well within
+// the time a client takes to reconnect.
+func (s *Server) superseded(c *wsConn, sess sessionstore.Session) bool {
+	switch {
+	case c.incarnation.Before(sess.RegisteredAt):
+		c.kick(statusSessionExpired, reasonSessionGone, "deregistered")
+		return true
+	case !c.belongsTo(sess):
+		return true
+	case sess.QueueInstance != "" && sess.QueueInstance != s.cfg.InstanceID && sess.QueueAttachedAt.After(c.attachedAt):
+		c.kick(statusReplaced, reasonReplacedElsewhere, "replaced")
+		return true
+	}
+	return false
+}
+
+// queueOf returns the connection on this instance that is sess's queue, or
+// nil: none, one being closed, or one that sess (the store row) shows
+// superseded, which is kicked on the way.
+func (s *Server) queueOf(sess sessionstore.Session) *wsConn {
+	c := s.registry.get(sess.Key)
+	if c == nil || c.closing() || s.superseded(c, sess) {
+		return nil
+	}
+	return c
+}
+
 // offer puts an item on k's queue without blocking. A full queue means a slow
 // consumer: its connection is closed with 4429; the signals stay in the store
 // and are replayed on the next attach.
 func (s *Server) offer(k sessionstore.Key, it queueItem) bool {
-	c := s.registry.get(k)
+	return s.offerTo(s.registry.get(k), it)
+}
+
+// offerTo is offer on a given connection (nil: none).
+func (s *Server) offerTo(c *wsConn, it queueItem) bool {
 	if c == nil || c.closing() {
 		// A closing connection writes nothing more: the signal waits in the
 		// store for the next attach, like any offline one (no drop).
@@ -134,12 +189,14 @@ func (s *Server) offer(k sessionstore.Key, it queueItem) bool {
 }
 
 // Route implements signals.Router: a queue in the local registry is attached
-// unless it is being closed (kicked); a queue recorded on another instance is
+// unless it is being closed (kicked) or superseded (it belongs to an earlier
+// incarnation of the session, or a newer queue is recorded on another
+// instance; such a connection is kicked); a queue recorded on another instance is
 // attached while that instance is healthy and has run since the queue
 // attached (an instance restarted with the same id lost the queues of its
 // earlier process, which a crash leaves recorded in the store).
 func (s *Server) Route(ctx context.Context, sess sessionstore.Session) signals.Route {
-	if c := s.registry.get(sess.Key); c != nil && !c.closing() {
+	if c := s.queueOf(sess); c != nil {
 		return signals.Route{Attached: !s.Draining(), InstanceID: s.cfg.InstanceID, InstanceHealthy: !s.Draining(), AttachedAt: c.attachedAt}
 	}
 	if sess.QueueInstance == "" || sess.QueueInstance == s.cfg.InstanceID {
@@ -152,7 +209,7 @@ func (s *Server) Route(ctx context.Context, sess sessionstore.Session) signals.R
 
 // Deliver implements signals.Router.
 func (s *Server) Deliver(ctx context.Context, to sessionstore.Session, sig sessionstore.Signal) {
-	if s.offer(to.Key, queueItem{sig: &sig}) {
+	if s.offerTo(s.queueOf(to), queueItem{sig: &sig}) {
 		return
 	}
 	if to.QueueInstance != "" && to.QueueInstance != s.cfg.InstanceID {
@@ -179,7 +236,8 @@ func (noPeers) HoldsQueue(context.Context, string, time.Time) bool    { return f
 func (noPeers) Wake(context.Context, string, sessionstore.Key, int64) {}
 
 // WakeLocal is how the fabric hands a cross-instance wake-up to this
-// instance: the session's writer catches up from the store.
+// instance: the session's writer catches up from the store (and checks,
+// before it writes, that the signals are its incarnation's).
 func (s *Server) WakeLocal(k sessionstore.Key) {
 	s.offer(k, queueItem{})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/marconihub/marconi/hub"
+	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -120,4 +121,139 @@ func TestRestartedInstanceHoldsNoQueueOfItsPredecessor(t *testing.T) {
 	}
 }
 
-var _ = http.StatusOK
+// waitEnd waits for a drained connection to end and fails unless it was
+// closed with code after reading no signal.
+func waitEnd(t *testing.T, what string, end <-chan connEnd, code int) {
+	t.Helper()
+	select {
+	case e := <-end:
+		if got := closeStatus(e.err); got != code {
+			t.Fatalf("%s: connection ended with %d (%v), want %d", what, got, e.err, code)
+		}
+		for _, f := range e.frames {
+			if f["type"] == "signal" {
+				t.Fatalf("%s: the connection got %v before it closed; it must get nothing", what, f)
+			}
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: the connection is still open after 10 s, want it closed with %d", what, code)
+	}
+}
+
+// deregister deletes a's session through h.
+func deregister(t *testing.T, h *hubtest.Hub, a agent) {
+	t.Helper()
+	if st, body := call(t, "DELETE", h.URL+"/v1/session", a.Token, nil); st != http.StatusNoContent {
+		t.Fatalf("deregister %s on %s: %d %v", a.ID, h.Server.InstanceID(), st, body)
+	}
+}
+
+// TestDeregisterElsewhereClosesConnection: bob's WebSocket is on b; bob
+// deregisters through a. b's pending sweep finds the session gone and closes
+// the connection with 4410.
+func TestDeregisterElsewhereClosesConnection(t *testing.T) {
+	t.Parallel()
+	p := startPair(t, pairOptions{sweepB: 50 * time.Millisecond})
+	bob := register(t, p.a, "bob", "claude_code")
+	c, _ := dial(t, p.b, bob)
+	end := drainUntilClosed(c)
+	deregister(t, p.a, bob)
+	waitEnd(t, "bob's connection on b after a deregistered bob", end, 4410)
+}
+
+// TestKeepaliveFindsSessionGone: with the pending sweep off, the ping loop's
+// proof-of-life write is what finds a session deregistered on another
+// instance: the connection is closed with 4410.
+func TestKeepaliveFindsSessionGone(t *testing.T) {
+	t.Parallel()
+	c := fabStartDurable(t, hub.Config{PendingSweep: noSweep, WSPingInterval: 50 * time.Millisecond}, "hub-a", "hub-b")
+	bob, _ := fabRegister(t, c.hubs["hub-a"], "bob", nil)
+	ws, _ := mustAttach(t, c.hubs["hub-b"], bob)
+	end := drainUntilClosed(ws)
+	deregister(t, c.hubs["hub-a"], bob)
+	waitEnd(t, "bob's connection on hub-b after hub-a deregistered bob", end, 4410)
+}
+
+// TestReregisteredSessionIsNotAnOldConnectionsBusiness: bob's WebSocket is
+// on b; bob deregisters through a and registers again there. b's pending
+// sweep is off, so the old connection lingers: whatever reaches it (an ack
+// it sends, a wake-up, a send through b) must not hand it the new session's
+// signals nor let it ack them. It is closed with 4410 instead, and the new
+// session gets every signal when it attaches.
+func TestReregisteredSessionIsNotAnOldConnectionsBusiness(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		// poke reaches the old connection after the new session has
+		// signals 1 and 2 and before the old connection is closed.
+		poke func(t *testing.T, p *pair, old *websocket.Conn, alice agent)
+	}{
+		{"ack from the old connection", func(t *testing.T, _ *pair, old *websocket.Conn, _ agent) {
+			writeFrame(t, old, map[string]any{"type": "ack", "up_to_seq": 2})
+		}},
+		{"wake-up on b", func(t *testing.T, p *pair, _ *websocket.Conn, _ agent) {
+			p.b.Server.WakeLocal(sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"})
+		}},
+		{"send through b", func(t *testing.T, p *pair, _ *websocket.Conn, alice agent) {
+			r := send(t, p.b, alice, "bob", 3)
+			checkDelivery(t, "send through b to the new bob", r, "queued_offline", "route_without_queue")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := startPair(t, pairOptions{sweepB: noSweep})
+			alice := register(t, p.a, "alice", "claude_code")
+			bob := register(t, p.a, "bob", "claude_code")
+			old, _ := dial(t, p.b, bob)
+
+			deregister(t, p.a, bob)
+			bob2 := register(t, p.a, "bob", "claude_code")
+			for i := 1; i <= 2; i++ {
+				r := send(t, p.a, alice, "bob", i)
+				checkDelivery(t, "send through a to the new bob", r, "queued_offline", "route_without_queue")
+			}
+			end := drainUntilClosed(old)
+			tc.poke(t, p, old, alice)
+			waitEnd(t, "the old bob's connection", end, 4410)
+
+			want := 2
+			if tc.name == "send through b" {
+				want = 3
+			}
+			if n := routeState(t, p.a, "bob")["pending_signals"]; n != float64(want) {
+				t.Fatalf("the new bob has %v pending signals, want %d: none acked", n, want)
+			}
+			c, w := dial(t, p.a, bob2)
+			if w["replayed"] != float64(want) {
+				t.Fatalf("the new bob's welcome %v, want replayed %d", w, want)
+			}
+			seqs, _ := xiSignals(t, c, want)
+			xiWantSeqs(t, "the new bob's signals", seqs, 1)
+		})
+	}
+}
+
+// TestReconnectElsewhereClosesOldConnection: bob's WebSocket is on b and bob
+// attaches again on a while it lingers (a half-open connection). b's pending
+// sweep sees the newer queue on a and closes its own with 4409; bob's
+// signals go to a.
+func TestReconnectElsewhereClosesOldConnection(t *testing.T) {
+	t.Parallel()
+	p := startPair(t, pairOptions{sweepB: 50 * time.Millisecond})
+	alice := register(t, p.a, "alice", "claude_code")
+	bob := register(t, p.a, "bob", "claude_code")
+	old, _ := dial(t, p.b, bob)
+	end := drainUntilClosed(old)
+	c, _ := dial(t, p.a, bob)
+	waitEnd(t, "bob's old connection on b", end, 4409)
+	// b's view of the instances may predate a's first heartbeat (both
+	// started at once): refresh it until it holds a healthy.
+	waitFor(t, "b to see a healthy", func() bool {
+		return p.b.Server.Fabric().Refresh(context.Background()) == nil && p.b.Server.Fabric().Healthy(context.Background(), "a")
+	})
+	r := send(t, p.b, alice, "bob", "to the new connection")
+	checkDelivery(t, "send through b to bob attached on a", r, "pushed_to_ws", "attached")
+	if seqs, _ := xiSignals(t, c, 1); seqs[0] != 1 {
+		t.Fatalf("bob's new connection got seq %d, want 1", seqs[0])
+	}
+}

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -14,6 +15,15 @@ import (
 // Bus.Publish); the holder's listener hands it to WakeLocal and the queue's
 // writer catches up from the store. The pending sweep wakes every local
 // queue on a slow timer, so a lost wake-up delays a signal, never loses it.
+//
+// The same sweep reconciles every local connection with its session's store
+// row, which is how a change made on another instance reaches a WebSocket
+// held here without a cross-instance message: a session deregistered there
+// (row gone) or registered again (another incarnation) closes it with 4410,
+// a newer attach there (the row's queue is another instance's, attached
+// later) closes it with 4409. Sends, acks and catch-ups check the same
+// before they use a connection, so the sweep bounds how long a superseded
+// connection stays open, not what it sees.
 
 // wakeMetrics count the wake-up traffic of this instance.
 type wakeMetrics struct {
@@ -77,10 +87,38 @@ func (s *Server) listenWakes(ctx context.Context) error {
 		})
 }
 
-// sweepPending is one run of the pending sweep.
-func (s *Server) sweepPending(context.Context) {
+// sweepPending is one run of the pending sweep: reconcile, then wake.
+func (s *Server) sweepPending(ctx context.Context) {
 	s.wakeMetrics.sweeps.Inc()
+	s.reconcile(ctx)
 	s.wakeAll()
+}
+
+// reconcile checks every connection attached here against its session's
+// store row, one read each, and kicks those the row shows superseded. A
+// failed read ends this run; the next sweep starts over.
+func (s *Server) reconcile(ctx context.Context) {
+	for _, c := range s.registry.all() {
+		if c.closing() {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+		sess, err := s.store.GetSession(rctx, c.key, s.now())
+		cancel()
+		switch {
+		case errors.Is(err, sessionstore.ErrNotFound):
+			c.kick(statusSessionExpired, reasonSessionGone, "deregistered")
+		case err != nil:
+			// Most likely the store is unreachable: stop here rather than
+			// wait out a timeout per connection; the next sweep starts over.
+			if ctx.Err() == nil {
+				s.log.Debug("reconcile connections with their sessions", keyAttrs(c.key), "err", err)
+			}
+			return
+		default:
+			s.superseded(c, sess)
+		}
+	}
 }
 
 // wakeAll asks every queue attached here to catch up from the store. Unlike

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -105,12 +106,16 @@ func (s *Server) attach(c echo.Context) error {
 // serveConn runs one attached connection until it ends.
 func (s *Server) serveConn(sess sessionstore.Session, ws *websocket.Conn, welcome welcomeFrame) {
 	now := s.now()
-	conn := newWSConn(sess.Key, now, s.cfg.WSQueueSize)
+	conn := newWSConn(sess.Key, sess.RegisteredAt, now, s.cfg.WSQueueSize)
 	defer close(conn.done)
 	if old := s.registry.attach(conn); old != nil {
 		// The old connection's own handler counts its disconnect, with the
 		// reason of the first kick it got.
-		old.kick(statusReplaced, "replaced by a newer connection of this session", "replaced")
+		if old.belongsTo(sess) {
+			old.kick(statusReplaced, "replaced by a newer connection of this session", "replaced")
+		} else {
+			old.kick(statusSessionExpired, reasonSessionGone, "deregistered")
+		}
 	}
 	s.metrics.connections.Inc()
 	s.recordAttach(conn, now)
@@ -236,7 +241,8 @@ func (s *Server) writeLoop(ctx context.Context, ws *websocket.Conn, conn *wsConn
 }
 
 // catchUp writes every stored unacknowledged signal after *last, in seq
-// order. The store holds them all, so queue items are redundant while it
+// order, once it has checked that they are the signals of conn's session
+// incarnation (stillCurrent). The store holds them all, so queue items are redundant while it
 // runs: it drops them as it goes (a live send racing a long replay must not
 // fill the queue and close a healthy consumer with 4429), and reads once
 // more when it dropped any, so none is left for the next wake-up.
@@ -256,6 +262,16 @@ func (s *Server) catchUp(ctx context.Context, ws *websocket.Conn, conn *wsConn, 
 		rctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
 		sigs, err := s.store.PendingSignals(rctx, conn.key, *last, catchUpPage)
 		cancel()
+		if err == nil && len(sigs) > 0 {
+			// The store keys signals by session key only: those just read
+			// may be a later incarnation's, when the session was
+			// deregistered and registered again. Checked after the read, so
+			// a match means they were this incarnation's when read.
+			var current bool
+			if current, err = s.stillCurrent(ctx, conn); err == nil && !current {
+				return s.closeKicked(ws, conn)
+			}
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -319,7 +335,7 @@ func (s *Server) readLoop(ctx context.Context, ws *websocket.Conn, conn *wsConn)
 		now := s.now()
 		if now.Sub(lastTouch) >= s.cfg.TouchInterval {
 			lastTouch = now
-			s.touchSeen(ctx, conn.key, now)
+			s.touchSeen(ctx, conn, now)
 		}
 		var f clientFrame
 		if err := json.Unmarshal(data, &f); err != nil {
@@ -332,8 +348,18 @@ func (s *Server) readLoop(ctx context.Context, ws *websocket.Conn, conn *wsConn)
 				s.sendCtrl(conn, errorFrame{Type: "error", Code: marconi.CodeInvalidField, Message: "ack needs a non-negative up_to_seq"})
 				continue
 			}
+			// Acks are keyed by session key: one from a connection of an
+			// earlier incarnation would ack the new session's signals.
+			current, err := s.stillCurrent(ctx, conn)
+			if err != nil {
+				s.log.Warn("ack from websocket: check the session", keyAttrs(conn.key), "err", err)
+				continue
+			}
+			if !current {
+				continue // kicked: the writer closes it with 4410
+			}
 			actx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-			_, err := s.signals.Ack(actx, conn.key, *f.UpToSeq)
+			_, err = s.signals.Ack(actx, conn.key, *f.UpToSeq)
 			cancel()
 			if err != nil {
 				s.log.Warn("ack from websocket", keyAttrs(conn.key), "err", err)
@@ -379,16 +405,46 @@ func (s *Server) pingLoop(ctx context.Context, ws *websocket.Conn, conn *wsConn)
 			}
 			return errPongTimeout
 		}
-		s.touchSeen(ctx, conn.key, s.now())
+		s.touchSeen(ctx, conn, s.now())
 	}
 }
 
-func (s *Server) touchSeen(ctx context.Context, k sessionstore.Key, now time.Time) {
+// touchSeen records the connection's activity as proof of life. A session
+// that is gone (deregistered on another instance, or expired) has no live
+// row to touch: its connection is closed with 4410.
+func (s *Server) touchSeen(ctx context.Context, conn *wsConn, now time.Time) {
 	tctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
 	defer cancel()
-	if err := s.store.TouchSession(tctx, k, sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now); err != nil {
-		s.log.Debug("touch from websocket", keyAttrs(k), "err", err)
+	err := s.store.TouchSession(tctx, conn.key, sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)
+	if errors.Is(err, sessionstore.ErrNotFound) {
+		conn.kick(statusSessionExpired, reasonSessionGone, "deregistered")
+		return
 	}
+	if err != nil {
+		s.log.Debug("touch from websocket", keyAttrs(conn.key), "err", err)
+	}
+}
+
+// stillCurrent reads the store row of conn's session and reports whether
+// conn belongs to it. When it does not (the session is gone, or was
+// registered again since: another incarnation) it kicks conn with 4410. A
+// store failure is returned and conn is left alone.
+func (s *Server) stillCurrent(ctx context.Context, conn *wsConn) (bool, error) {
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	defer cancel()
+	sess, err := s.store.GetSession(rctx, conn.key, s.now())
+	if errors.Is(err, sessionstore.ErrNotFound) {
+		conn.kick(statusSessionExpired, reasonSessionGone, "deregistered")
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read the session of a connection: %w", err)
+	}
+	if !conn.belongsTo(sess) {
+		conn.kick(statusSessionExpired, reasonSessionGone, "deregistered")
+		return false, nil
+	}
+	return true, nil
 }
 
 // closeAll closes every attached connection with code, for shutdown.
