@@ -1,0 +1,47 @@
+package signals
+
+import (
+	"testing"
+	"time"
+
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+func TestClassifyAndDelivery(t *testing.T) {
+	now := time.Date(2026, 6, 4, 12, 0, 0, 0, time.UTC)
+	fresh := 300 * time.Second
+	reg := now.Add(-time.Hour)
+	tests := []struct {
+		name       string
+		seen, verb time.Time
+		route      Route
+		want       string
+		delivery   string
+	}{
+		{"attached wins over staleness", time.Time{}, time.Time{}, Route{Attached: true}, StateAttached, DeliveryPushed},
+		{"seen within the window", now.Add(-299 * time.Second), time.Time{}, Route{}, StateRouteWithoutQueue, DeliveryQueuedOffline},
+		{"verb is proof of life too", time.Time{}, now.Add(-10 * time.Second), Route{}, StateRouteWithoutQueue, DeliveryQueuedOffline},
+		{"exactly at the window still fresh", now.Add(-300 * time.Second), time.Time{}, Route{}, StateRouteWithoutQueue, DeliveryQueuedOffline},
+		{"older than the window", now.Add(-301 * time.Second), now.Add(-400 * time.Second), Route{}, StateStale, DeliveryNotAvailableOffline},
+		{"queue on an unhealthy instance is no queue", now.Add(-time.Second), time.Time{}, Route{InstanceID: "b"}, StateRouteWithoutQueue, DeliveryQueuedOffline},
+		{"never seen, registered long ago", time.Time{}, time.Time{}, Route{}, StateStale, DeliveryNotAvailableOffline},
+	}
+	for _, tt := range tests {
+		s := sessionstore.Session{RegisteredAt: reg, LastSeenAt: tt.seen, LastVerbAt: tt.verb}
+		got := Classify(s, tt.route, now, fresh)
+		if got != tt.want || DeliveryFor(got) != tt.delivery {
+			t.Errorf("%s: Classify = %s (%s), want %s (%s)", tt.name, got, DeliveryFor(got), tt.want, tt.delivery)
+		}
+	}
+}
+
+func TestValidSessionID(t *testing.T) {
+	for id, want := range map[string]bool{
+		"alice": true, "a.b_c-1": true, "": false, "a b": false, "a/b": false,
+		string(make([]byte, 129)): false, "é": false,
+	} {
+		if got := ValidSessionID(id); got != want {
+			t.Errorf("ValidSessionID(%q) = %v, want %v", id, got, want)
+		}
+	}
+}
