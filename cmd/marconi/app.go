@@ -87,7 +87,16 @@ func (m *Main) Run(ctx context.Context) error {
 		return fmt.Errorf("MARCONI_ADDR: %w", err)
 	}
 	m.listener = ln
-	m.http = &http.Server{Handler: h.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	// Bounds on one HTTP exchange, so a client trickling a body cannot hold a
+	// goroutine forever. A WebSocket is unaffected: net/http clears the
+	// deadlines when the connection is hijacked.
+	m.http = &http.Server{
+		Handler:           h.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
 	m.wg.Add(2)
 	go func() {
 		defer m.wg.Done()
