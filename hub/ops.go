@@ -235,16 +235,19 @@ func (s *Server) routeStateList(c echo.Context) error {
 		return err
 	}
 	out := make([]routeStateJSON, 0, min(len(sessions), limit))
+	now, fresh := s.now(), s.signals.Config().Freshness
 	for i := range sessions {
 		if len(out) == limit {
 			break
 		}
+		// Filter on the route state first: it costs no store call, the full
+		// view (pending count) does.
+		if state != "" && signals.Classify(sessions[i], s.Route(ctx, sessions[i]), now, fresh) != state {
+			continue
+		}
 		rs, err := s.routeState(ctx, sessions[i].Key, &sessions[i])
 		if err != nil {
 			return err
-		}
-		if state != "" && rs.RouteState != state {
-			continue
 		}
 		out = append(out, rs)
 	}
