@@ -23,11 +23,19 @@ var _ sessionstore.Store = (*Store)(nil)
 // everything. Times are kept truncated to the microsecond, as Postgres keeps
 // them, so that both stores answer alike. Byte slices and payloads are copied
 // in and out, so callers never share the store's memory.
+//
+// The hot lookups cost what they return, not what is stored: an idempotency
+// lookup reads an index, and a session's pending signals are the tail of its
+// signal slice (see session).
 type Store struct {
-	mu        sync.Mutex
-	closed    bool
-	sessions  map[sessionstore.Key]*session
-	byToken   map[string]sessionstore.Key // token hash -> key, for every stored session
+	mu       sync.Mutex
+	closed   bool
+	sessions map[sessionstore.Key]*session
+	byToken  map[string]sessionstore.Key // token hash -> key, for every stored session
+	// idem holds every stored signal that has an idempotency key, by sender
+	// and key, in append order: usually one. A signal is in it exactly as
+	// long as it is in its session's signals.
+	idem      map[idemKey][]*signal
 	apiKeys   map[string]sessionstore.APIKey
 	instances map[string]sessionstore.Instance
 	fallbacks []sessionstore.FallbackEvent // in recording order, at most MaxFallbackEvents
@@ -35,10 +43,29 @@ type Store struct {
 }
 
 // session is a stored session with the signals addressed to it.
+//
+// Acknowledged signals are always a prefix of signals: every ack (AckSignals,
+// DropPending) acknowledges all signals up to a seq, an append adds a pending
+// signal at the end, and Prune removes acknowledged signals only. So
+// signals[:acked] are acknowledged and signals[acked:] are pending.
 type session struct {
 	s       sessionstore.Session
 	lastSeq int64     // last seq given out; survives pruning
 	signals []*signal // ascending seq
+	acked   int       // how many of signals, from the front, are acknowledged
+}
+
+// pending returns the unacknowledged signals of s, in seq order.
+func (s *session) pending() []*signal { return s.signals[s.acked:] }
+
+// idemKey names the signals one sender sent with one idempotency key, within
+// a tenant and project (the recipient is not part of it).
+type idemKey struct {
+	tenantID, projectID, fromSession, key string
+}
+
+func idemKeyOf(sig sessionstore.Signal) idemKey {
+	return idemKey{sig.To.TenantID, sig.To.ProjectID, sig.FromSession, sig.IdempotencyKey}
 }
 
 type signal struct {
@@ -53,6 +80,7 @@ func New() *Store {
 		byToken:   make(map[string]sessionstore.Key),
 		apiKeys:   make(map[string]sessionstore.APIKey),
 		instances: make(map[string]sessionstore.Instance),
+		idem:      make(map[idemKey][]*signal),
 	}
 }
 
@@ -142,8 +170,36 @@ func (m *Store) CreateSession(ctx context.Context, s sessionstore.Session, now t
 // remove deletes a session with its signals. The caller holds the mutex.
 func (m *Store) remove(k sessionstore.Key) {
 	if s, ok := m.sessions[k]; ok {
+		for _, sg := range s.signals {
+			m.unindex(sg)
+		}
 		delete(m.byToken, string(s.s.TokenHash))
 		delete(m.sessions, k)
+	}
+}
+
+// index adds a newly stored signal to the idempotency index. The caller
+// holds the mutex.
+func (m *Store) index(sg *signal) {
+	if sg.sig.IdempotencyKey == "" {
+		return
+	}
+	ik := idemKeyOf(sg.sig)
+	m.idem[ik] = append(m.idem[ik], sg)
+}
+
+// unindex removes a signal that is being deleted from the idempotency
+// index. The caller holds the mutex.
+func (m *Store) unindex(sg *signal) {
+	if sg.sig.IdempotencyKey == "" {
+		return
+	}
+	ik := idemKeyOf(sg.sig)
+	rest := slices.DeleteFunc(m.idem[ik], func(o *signal) bool { return o == sg })
+	if len(rest) == 0 {
+		delete(m.idem, ik)
+	} else {
+		m.idem[ik] = rest
 	}
 }
 
@@ -395,9 +451,7 @@ func (m *Store) APIKeyByHash(ctx context.Context, h []byte) (sessionstore.APIKey
 	return k, nil
 }
 
-// AppendSignal implements sessionstore.Store. The idempotency lookup scans
-// the signals of the recipient's tenant and project: fine for the one
-// instance a memstore serves.
+// AppendSignal implements sessionstore.Store.
 func (m *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now time.Time) (sessionstore.Signal, bool, error) {
 	if err := m.lock(); err != nil {
 		return sessionstore.Signal{}, false, err
@@ -425,25 +479,21 @@ func (m *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now
 		Delivery:       ns.Delivery,
 		RouteState:     ns.RouteState,
 	}
-	to.signals = append(to.signals, &signal{sig: sig})
+	sg := &signal{sig: sig}
+	to.signals = append(to.signals, sg)
+	m.index(sg)
 	return cloneSignal(sig), false, nil
 }
 
 // findIdempotent returns the newest stored signal from ns's sender with ns's
-// idempotency key created at or after ns.IdempotencySince, or nil. The caller
-// holds the mutex.
+// idempotency key created at or after ns.IdempotencySince, or nil; among
+// equal CreatedAt, the later appended. The caller holds the mutex.
 func (m *Store) findIdempotent(ns sessionstore.NewSignal) *signal {
 	since := ts(ns.IdempotencySince)
 	var found *signal
-	for k, s := range m.sessions {
-		if k.TenantID != ns.To.TenantID || k.ProjectID != ns.To.ProjectID {
-			continue
-		}
-		for _, sg := range s.signals {
-			if sg.sig.FromSession == ns.FromSession && sg.sig.IdempotencyKey == ns.IdempotencyKey &&
-				!sg.sig.CreatedAt.Before(since) && (found == nil || sg.sig.CreatedAt.After(found.sig.CreatedAt)) {
-				found = sg
-			}
+	for _, sg := range m.idem[idemKey{ns.To.TenantID, ns.To.ProjectID, ns.FromSession, ns.IdempotencyKey}] {
+		if !sg.sig.CreatedAt.Before(since) && (found == nil || !sg.sig.CreatedAt.Before(found.sig.CreatedAt)) {
+			found = sg
 		}
 	}
 	return found
@@ -459,14 +509,21 @@ func (m *Store) PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq
 	if !ok {
 		return nil, nil
 	}
-	var out []sessionstore.Signal
-	for _, sg := range s.signals {
-		if limit > 0 && len(out) >= limit {
-			break
-		}
-		if sg.sig.Seq > afterSeq && sg.ackedAt.IsZero() {
-			out = append(out, cloneSignal(sg.sig))
-		}
+	// Seqs ascend: start at the first above afterSeq.
+	pending := s.pending()
+	from, _ := slices.BinarySearchFunc(pending, afterSeq+1, func(sg *signal, seq int64) int {
+		return cmp.Compare(sg.sig.Seq, seq)
+	})
+	pending = pending[from:]
+	if limit > 0 && len(pending) > limit {
+		pending = pending[:limit]
+	}
+	if len(pending) == 0 {
+		return nil, nil
+	}
+	out := make([]sessionstore.Signal, len(pending))
+	for i, sg := range pending {
+		out[i] = cloneSignal(sg.sig)
 	}
 	return out, nil
 }
@@ -487,15 +544,14 @@ func (m *Store) ack(k sessionstore.Key, upToSeq int64, at time.Time) int {
 		return 0
 	}
 	n := 0
-	for _, sg := range s.signals {
+	for _, sg := range s.pending() {
 		if sg.sig.Seq > upToSeq {
 			break
 		}
-		if sg.ackedAt.IsZero() {
-			sg.ackedAt = ts(at)
-			n++
-		}
+		sg.ackedAt = ts(at)
+		n++
 	}
+	s.acked += n
 	return n
 }
 
@@ -509,13 +565,7 @@ func (m *Store) CountPending(ctx context.Context, k sessionstore.Key) (int, erro
 	if !ok {
 		return 0, nil
 	}
-	n := 0
-	for _, sg := range s.signals {
-		if sg.ackedAt.IsZero() {
-			n++
-		}
-	}
-	return n, nil
+	return len(s.pending()), nil
 }
 
 // PendingTotal implements sessionstore.Store.
@@ -526,13 +576,8 @@ func (m *Store) PendingTotal(ctx context.Context, now time.Time) (int, error) {
 	defer m.mu.Unlock()
 	n := 0
 	for _, s := range m.sessions {
-		if !live(s, now) {
-			continue
-		}
-		for _, sg := range s.signals {
-			if sg.ackedAt.IsZero() {
-				n++
-			}
+		if live(s, now) {
+			n += len(s.pending())
 		}
 	}
 	return n, nil
@@ -562,11 +607,17 @@ func (m *Store) Prune(ctx context.Context, ackedBefore, expiredBefore time.Time)
 	ackedBefore, expiredBefore = ts(ackedBefore), ts(expiredBefore)
 	nsig, nsess := 0, 0
 	for k, s := range m.sessions {
+		// Only acknowledged signals go, and they are the first s.acked.
 		before := len(s.signals)
 		s.signals = slices.DeleteFunc(s.signals, func(sg *signal) bool {
-			return !sg.ackedAt.IsZero() && sg.ackedAt.Before(ackedBefore)
+			if sg.ackedAt.IsZero() || !sg.ackedAt.Before(ackedBefore) {
+				return false
+			}
+			m.unindex(sg)
+			return true
 		})
 		nsig += before - len(s.signals)
+		s.acked -= before - len(s.signals)
 		if s.s.ExpiresAt.Before(expiredBefore) {
 			m.remove(k)
 			nsess++
