@@ -258,7 +258,10 @@ func (s *Server) catchUp(ctx context.Context, ws *websocket.Conn, conn *wsConn, 
 		}
 	}
 	for {
-		dropped := dropQueued()
+		// Items queued before the read are covered by it; only those dropped
+		// while writing call for another read.
+		dropQueued()
+		dropped := false
 		rctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
 		sigs, err := s.store.PendingSignals(rctx, conn.key, *last, catchUpPage)
 		cancel()
