@@ -6,6 +6,7 @@ package marconi
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Stable error codes of the wire contract (docs/api.md).
@@ -24,6 +25,7 @@ const (
 	CodeSessionExpired         = "session_expired"
 	CodePayloadTooLarge        = "payload_too_large"
 	CodeTooManyRequests        = "too_many_requests"
+	CodeQuotaExceeded          = "quota_exceeded"
 	CodeRegistryUnavailable    = "registry_unavailable"
 	CodeDraining               = "draining"
 	CodeInternal               = "internal"
@@ -38,6 +40,11 @@ type Error struct {
 	// InstanceID and InstanceURL are set with CodeWrongInstance.
 	InstanceID  string
 	InstanceURL string
+	// Quota names the quota refused, with CodeQuotaExceeded.
+	Quota Quota
+	// RetryAfter, when positive, is sent as Retry-After (whole seconds,
+	// rounded up) with CodeTooManyRequests and CodeQuotaExceeded.
+	RetryAfter time.Duration
 }
 
 // Error implements error.
@@ -54,4 +61,38 @@ func ErrorCode(err error) string {
 		return e.Code
 	}
 	return CodeInternal
+}
+
+// Quota names one limit that keeps a single key, project or client from
+// taking what every tenant shares (docs/security.md). Its value is the
+// label of marconi_quota_refusals_total and is named in the refusal's message.
+type Quota string
+
+// The quotas.
+const (
+	QuotaSessionsPerProject     Quota = "sessions_per_project"
+	QuotaPendingPerRecipient    Quota = "pending_per_recipient"
+	QuotaPendingBytesPerProject Quota = "pending_bytes_per_project"
+	QuotaRegistrationsPerSecond Quota = "registrations_per_second"
+	QuotaFramesPerSecond        Quota = "frames_per_second"
+	QuotaConnectionsPerAddress  Quota = "connections_per_address"
+	QuotaConnectionsTotal       Quota = "connections_total"
+)
+
+// Quotas lists every Quota, so that metrics can export each from start.
+var Quotas = []Quota{
+	QuotaSessionsPerProject, QuotaPendingPerRecipient, QuotaPendingBytesPerProject,
+	QuotaRegistrationsPerSecond, QuotaFramesPerSecond, QuotaConnectionsPerAddress,
+	QuotaConnectionsTotal,
+}
+
+// QuotaExceeded returns the CodeQuotaExceeded error for q. retryAfter is
+// zero where waiting does not help (only acknowledging or deregistering does).
+func QuotaExceeded(q Quota, retryAfter time.Duration, format string, args ...any) *Error {
+	return &Error{
+		Code:       CodeQuotaExceeded,
+		Message:    fmt.Sprintf("quota %s exceeded: ", q) + fmt.Sprintf(format, args...),
+		Quota:      q,
+		RetryAfter: retryAfter,
+	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -28,6 +30,7 @@ var statusByCode = map[string]int{
 	marconi.CodeSessionExpired:         http.StatusGone,
 	marconi.CodePayloadTooLarge:        http.StatusRequestEntityTooLarge,
 	marconi.CodeTooManyRequests:        http.StatusTooManyRequests,
+	marconi.CodeQuotaExceeded:          http.StatusTooManyRequests,
 	marconi.CodeRegistryUnavailable:    http.StatusServiceUnavailable,
 	marconi.CodeDraining:               http.StatusServiceUnavailable,
 	marconi.CodeInternal:               http.StatusInternalServerError,
@@ -51,6 +54,9 @@ type errorDetail struct {
 func publicError(err error) *marconi.Error {
 	if e, ok := errors.AsType[*marconi.Error](err); ok {
 		return e
+	}
+	if qe, ok := errors.AsType[*sessionstore.QuotaError](err); ok {
+		return marconi.QuotaExceeded(qe.Quota, 0, "%d of %d in use; acknowledge or deregister to free some", qe.Current, qe.Limit)
 	}
 	if errors.Is(err, sessionstore.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 		return marconi.Errorf(marconi.CodeRegistryUnavailable, "the session registry cannot be reached; try again shortly")
@@ -91,7 +97,10 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	default:
 		s.log.Debug("request refused", "method", c.Request().Method, "path", c.Path(), "code", pe.Code, "msg", pe.Message)
 	}
-	if pe.Code == marconi.CodeTooManyRequests {
+	switch {
+	case pe.RetryAfter > 0:
+		c.Response().Header().Set("Retry-After", strconv.Itoa(int((pe.RetryAfter+time.Second-1)/time.Second)))
+	case pe.Code == marconi.CodeTooManyRequests:
 		c.Response().Header().Set("Retry-After", "1")
 	}
 	body := errorBody{Error: errorDetail{Code: pe.Code, Message: pe.Message, InstanceID: pe.InstanceID, InstanceURL: pe.InstanceURL}}

@@ -1,6 +1,11 @@
 package sessionstore
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/marconihub/marconi"
+)
 
 // ErrNotFound is returned when the row asked for does not exist or is no
 // longer live (an expired session counts as absent).
@@ -18,3 +23,24 @@ var ErrTokenMismatch = errors.New("sessionstore: token mismatch")
 // refused, timed out, closed). Callers fail closed on it: they answer 503 and
 // never fall back to process memory.
 var ErrUnavailable = errors.New("sessionstore: unavailable")
+
+// ErrQuotaExceeded is matched (errors.Is) by every *QuotaError: a write that a
+// quota enforced inside the store refused. Nothing was stored.
+var ErrQuotaExceeded = errors.New("sessionstore: quota exceeded")
+
+// QuotaError is returned when a quota that the store enforces atomically with
+// a write (pending signals per recipient, pending bytes per project) refuses
+// it. Nothing was stored.
+type QuotaError struct {
+	Quota marconi.Quota
+	// Limit is the quota's configured value; Current what was already used.
+	Limit, Current int64
+}
+
+// Error implements error.
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("sessionstore: quota %s exceeded (%d of %d)", e.Quota, e.Current, e.Limit)
+}
+
+// Is makes errors.Is(err, ErrQuotaExceeded) true.
+func (e *QuotaError) Is(target error) bool { return target == ErrQuotaExceeded }
