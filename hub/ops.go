@@ -110,7 +110,7 @@ func (s *Server) routeState(ctx context.Context, k sessionstore.Key, sess *sessi
 		}
 		sess = &got
 	}
-	r := s.Route(ctx, *sess)
+	r := s.conns.Route(ctx, *sess)
 	out.RouteState = signals.Classify(*sess, r, now, fresh)
 	out.Queue = routeQueueJSON{Attached: r.Attached, InstanceHealthy: r.InstanceHealthy, AttachedAt: timePtr(r.AttachedAt)}
 	if r.InstanceID != "" {
@@ -242,7 +242,7 @@ func (s *Server) routeStateList(c echo.Context) error {
 		}
 		// Filter on the route state first: it costs no store call, the full
 		// view (pending count) does.
-		if state != "" && signals.Classify(sessions[i], s.Route(ctx, sessions[i]), now, fresh) != state {
+		if state != "" && signals.Classify(sessions[i], s.conns.Route(ctx, sessions[i]), now, fresh) != state {
 			continue
 		}
 		rs, err := s.routeState(ctx, sessions[i].Key, &sessions[i])

@@ -3,11 +3,9 @@ package hub
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 	"github.com/marconihub/marconi/signals/selfheal"
@@ -193,22 +192,15 @@ type Server struct {
 	metrics  *metrics
 	creds    *credentials
 	limits   *sendLimiter
-	registry *registry
+	conns    *conns.Hub
 	signals  *signals.Service
 	selfheal *selfheal.Evaluator
 	fabric   *fabric.Fabric
-	peers    Peers
 	placer   *fabric.Fabric
-	bus      fabric.Bus // counted; see wake.go
-
-	wakeMetrics *wakeMetrics
+	bus      fabric.Bus // counted by the connection hub
 
 	draining      atomic.Bool
 	storeNotReady atomic.Bool // set while the store's schema is not migrated
-
-	mu      sync.Mutex
-	closing bool
-	wsWG    sync.WaitGroup // attached WebSocket handlers (hijacked: echo.Shutdown does not wait for them)
 }
 
 // New builds a hub. It does not listen; serve Handler() or use Start.
@@ -232,14 +224,13 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg:      cfg,
-		store:    d.Store,
-		log:      d.Logger,
-		now:      d.Now,
-		metrics:  m,
-		creds:    newCredentials(cfg.APIKeys, cfg.AdminToken),
-		limits:   newSendLimiter(cfg.SendRatePerSecond, d.Now),
-		registry: newRegistry(),
+		cfg:     cfg,
+		store:   d.Store,
+		log:     d.Logger,
+		now:     d.Now,
+		metrics: m,
+		creds:   newCredentials(cfg.APIKeys, cfg.AdminToken),
+		limits:  newSendLimiter(cfg.SendRatePerSecond, d.Now),
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
 	if err != nil {
@@ -249,19 +240,39 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.placer, s.peers = s.fabric, s.fabric
+	s.placer = s.fabric
+	s.conns, err = conns.New(conns.Config{
+		InstanceID:    cfg.InstanceID,
+		SessionTTL:    cfg.SessionTTL,
+		TouchInterval: cfg.TouchInterval,
+		StoreTimeout:  cfg.StoreTimeout,
+		PingInterval:  cfg.WSPingInterval,
+		ReadLimit:     cfg.WSReadLimit,
+		QueueSize:     cfg.WSQueueSize,
+		WriteTimeout:  cfg.WSWriteTimeout,
+	}, conns.Deps{
+		Store: d.Store,
+		Ack: func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error) {
+			return s.signals.Ack(ctx, k, upToSeq)
+		},
+		Peers:    s.fabric,
+		Draining: s.Draining,
+		Registry: d.Registry,
+		Logger:   d.Logger,
+		Now:      d.Now,
+	})
+	if err != nil {
+		return nil, err
+	}
 	if d.Bus == nil {
 		d.Bus = fabric.NoBus{}
 	}
-	if s.wakeMetrics, err = newWakeMetrics(d.Registry); err != nil {
-		return nil, err
-	}
-	s.bus = countingBus{Bus: d.Bus, m: s.wakeMetrics}
+	s.bus = s.conns.CountBus(d.Bus)
 	s.fabric.SetBus(s.bus)
 	s.signals, err = signals.New(signals.Config{
 		MaxPayloadBytes: cfg.MaxPayloadBytes,
 		Freshness:       cfg.SelfHeal.Freshness,
-	}, d.Store, s, s.selfheal, d.Now, d.Registry, d.Logger)
+	}, d.Store, s.conns, s.selfheal, d.Now, d.Registry, d.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -343,37 +354,19 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 // CloseConnections is the WebSocket step of shutdown: it refuses new
 // attaches, closes every attached connection with 1012 (hub restarting) and
 // waits, until ctx ends, for their handlers to finish.
-func (s *Server) CloseConnections(ctx context.Context) error {
-	s.mu.Lock()
-	s.closing = true
-	s.mu.Unlock()
-	s.closeAll(statusRestarting, "hub restarting", "shutdown")
-	done := make(chan struct{})
-	go func() {
-		s.wsWG.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("websocket handlers still running: %w", ctx.Err())
-	}
-}
+func (s *Server) CloseConnections(ctx context.Context) error { return s.conns.Close(ctx) }
 
-func (s *Server) isClosing() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closing
-}
+// WakeLocal is how the fabric hands a cross-instance wake-up to this
+// instance: the session's queue catches up from the store.
+func (s *Server) WakeLocal(k sessionstore.Key) { s.conns.WakeLocal(k) }
 
 // Run runs the hub's background loops (pruning, bucket sweeps, the
 // wake-up listener and the pending sweep) until ctx ends, and returns when
 // they have all stopped.
 func (s *Server) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return s.listenWakes(ctx) })
-	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.sweepPending); return nil })
+	g.Go(func() error { return s.conns.Listen(ctx, s.bus) })
+	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.conns.Sweep); return nil })
 	g.Go(func() error { s.every(ctx, s.cfg.Retention.Every, s.prune); return nil })
 	g.Go(func() error { return s.fabric.Run(ctx) })
 	g.Go(func() error {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 )
@@ -181,7 +182,7 @@ func (s *Server) heartbeat(c echo.Context) error {
 		return err
 	}
 	sess.LastSeenAt, sess.LastVerbAt, sess.ExpiresAt = now, now, exp
-	route := s.Route(ctx, sess)
+	route := s.conns.Route(ctx, sess)
 	resp := heartbeatResponse{
 		SessionID:  sess.SessionID,
 		RouteState: signals.Classify(sess, route, now, s.signals.Config().Freshness),
@@ -205,7 +206,7 @@ func (s *Server) deregister(c echo.Context) error {
 	if err != nil && !errors.Is(err, sessionstore.ErrNotFound) {
 		return err
 	}
-	s.kickSession(sess.Key, statusSessionExpired, "session deregistered", "deregistered")
+	s.conns.Kick(sess.Key, conns.DisconnectDeregistered)
 	return c.NoContent(http.StatusNoContent)
 }
 
