@@ -44,12 +44,17 @@ type Conn struct {
 	out         chan queueItem // bounded: QueueSize
 	ctrl        chan []byte    // frames the reader asks the writer to send (errors)
 
+	acks   *acks
+	frames bucket // the reader's frame rate
+
 	kickMu sync.Mutex
 	kicked chan struct{} // closed by the first kick, after kickBy is set
 	kickBy Disconnect
 }
 
-// kick asks the connection's writer to close it with d. The first kick wins.
+// kick asks the connection's writer to close it with d. The first kick wins
+// and is counted in marconi_ws_disconnects_total at once, when the hub
+// decides it, not when the close handshake ends.
 func (c *Conn) kick(d Disconnect) {
 	c.kickMu.Lock()
 	defer c.kickMu.Unlock()
@@ -58,6 +63,7 @@ func (c *Conn) kick(d Disconnect) {
 	default:
 		c.kickBy = d
 		close(c.kicked)
+		c.h.metrics.disconnects.WithLabelValues(d.Label).Inc()
 	}
 }
 
@@ -98,7 +104,9 @@ func (h *Hub) serve(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 		out:    make(chan queueItem, h.cfg.QueueSize),
 		ctrl:   make(chan []byte, 8),
 		kicked: make(chan struct{}),
+		frames: bucket{tokens: 2 * h.cfg.FramesPerSecond, at: now},
 	}
+	c.acks = newAcks(c)
 	if old := h.registry.attach(c); old != nil {
 		// The old connection's own handler counts its disconnect, with the
 		// first kick it got.
@@ -109,6 +117,7 @@ func (h *Hub) serve(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 		}
 	}
 	h.metrics.connections.Inc()
+	h.log.Info("websocket attached", KeyAttrs(sess.Key), "resumed", welcome.Resumed, "affinity_reset", welcome.AffinityReset, "replayed", welcome.Replayed)
 	h.recordAttach(c, now)
 	if h.isClosing() {
 		// Shutdown began between accept and registration: close with 1012 too.
@@ -121,14 +130,15 @@ func (h *Hub) serve(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 	g.Go(func() error { return c.pingLoop(gctx) })
 	err := g.Wait()
 	ws.CloseNow()
+	c.acks.flush()
 
 	h.metrics.connections.Dec()
-	label := disconnectLabel(err)
-	if d, ok := c.kickedBy(); ok {
-		label = d.Label
-	}
-	h.metrics.disconnects.WithLabelValues(label).Inc()
-	h.log.Debug("websocket detached", KeyAttrs(sess.Key), "reason", label, "err", err)
+	// Ended without a kick: the peer or the network decided. Recorded as a
+	// kick so that it is counted once, and a late kick counts nothing.
+	c.kick(Disconnect{Code: websocket.CloseStatus(err), Label: disconnectLabel(err)})
+	d, _ := c.kickedBy()
+	h.log.Info("websocket detached", KeyAttrs(sess.Key), "reason", d.Label, "code", int(d.Code), "attached_for", h.now().Sub(now).Round(time.Millisecond).String())
+	h.log.Debug("websocket detached: cause", KeyAttrs(sess.Key), "err", err)
 	h.recordDetach(c)
 }
 
@@ -328,6 +338,11 @@ func (c *Conn) readLoop(ctx context.Context) error {
 			return err
 		}
 		now := c.h.now()
+		if !c.frames.take(now, c.h.cfg.FramesPerSecond) {
+			c.h.cfg.OnQuotaRefused(marconi.QuotaFramesPerSecond)
+			c.kick(DisconnectFrameRate)
+			return errConnEnded
+		}
 		if now.Sub(lastTouch) >= c.h.cfg.TouchInterval {
 			lastTouch = now
 			c.touchSeen(ctx, now)
@@ -343,7 +358,7 @@ func (c *Conn) readLoop(ctx context.Context) error {
 				c.sendError(marconi.CodeInvalidField, "ack needs a non-negative up_to_seq")
 				continue
 			}
-			c.ackUpTo(ctx, *f.UpToSeq)
+			c.acks.add(*f.UpToSeq)
 		case "ping":
 			// Application-level keepalive: proof of life only.
 		default:
@@ -370,6 +385,24 @@ func (c *Conn) ackUpTo(ctx context.Context, seq int64) {
 	if _, err := c.h.ack(actx, c.key, seq); err != nil {
 		c.h.log.Warn("ack from websocket", KeyAttrs(c.key), "err", err)
 	}
+}
+
+// bucket is a token bucket of rate tokens a second and a burst of twice
+// that. It is not safe for concurrent use: the reader owns it.
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// take spends a token and reports whether one was there.
+func (b *bucket) take(now time.Time, rate float64) bool {
+	b.tokens = min(2*rate, b.tokens+now.Sub(b.at).Seconds()*rate)
+	b.at = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
 }
 
 // sendError hands an error frame to the writer without blocking.
