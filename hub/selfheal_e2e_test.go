@@ -88,7 +88,7 @@ func healCounts(t *testing.T, h *hubtest.Hub) map[string]float64 {
 	t.Helper()
 	m := make(map[string]float64)
 	for _, o := range selfheal.AllOutcomes() {
-		m[o] = metric(t, h, selfheal.MetricName, "outcome", o)
+		m[string(o)] = metric(t, h, selfheal.MetricName, "outcome", string(o))
 	}
 	return m
 }

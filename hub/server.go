@@ -67,7 +67,7 @@ type Config struct {
 	// (25000): WebSockets open from one client address.
 	MaxConnectionsPerAddress int
 	// DefaultRuntimeMode applies when a registration names none.
-	DefaultRuntimeMode string
+	DefaultRuntimeMode fabric.Mode
 	// DevAPIKeys maps API key to tenant/project, from MARCONI_API_KEYS.
 	APIKeys map[string]TenantProject
 	// AdminToken guards /v1/ops/*.
@@ -103,57 +103,81 @@ type TenantProject struct {
 	TenantID, ProjectID string
 }
 
+// Defaults of Config's zero fields, each set here only (the send path's,
+// self-heal's and the fabric's are set in their packages).
+const (
+	DefaultMode              = "development"
+	DefaultSessionTTL        = time.Hour
+	DefaultHeartbeatInterval = 20 * time.Second
+	DefaultTouchInterval     = 5 * time.Second
+	DefaultStoreTimeout      = 3 * time.Second
+	DefaultSendRatePerSecond = 200
+	DefaultWSPingInterval    = 20 * time.Second
+	DefaultWSReadLimit       = 32768
+	DefaultWSQueueSize       = 256
+	DefaultWSWriteTimeout    = 10 * time.Second
+	DefaultRetainAcked       = 24 * time.Hour
+	DefaultRetainExpired     = time.Hour
+	DefaultPruneEvery        = time.Minute
+	DefaultPendingSweep      = 5 * time.Second
+
+	DefaultWSAckInterval            = 5 * time.Millisecond
+	DefaultWSFramesPerSecond        = 100
+	DefaultMaxConnections           = 100000
+	DefaultMaxConnectionsPerAddress = 25000
+)
+
 func (c *Config) setDefaults() {
 	if c.Mode == "" {
-		c.Mode = "development"
+		c.Mode = DefaultMode
 	}
 	if c.InstanceID == "" {
 		c.InstanceID = "local"
 	}
 	if c.SessionTTL == 0 {
-		c.SessionTTL = time.Hour
+		c.SessionTTL = DefaultSessionTTL
 	}
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = 20 * time.Second
+		c.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if c.TouchInterval == 0 {
-		c.TouchInterval = 5 * time.Second
+		c.TouchInterval = DefaultTouchInterval
 	}
 	if c.StoreTimeout == 0 {
-		c.StoreTimeout = 3 * time.Second
+		c.StoreTimeout = DefaultStoreTimeout
 	}
 	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = 65536
+		c.MaxPayloadBytes = signals.DefaultMaxPayloadBytes
 	}
 	if c.SendRatePerSecond == 0 {
-		c.SendRatePerSecond = 200
+		c.SendRatePerSecond = DefaultSendRatePerSecond
 	}
 	if c.WSPingInterval == 0 {
-		c.WSPingInterval = 20 * time.Second
+		c.WSPingInterval = DefaultWSPingInterval
 	}
 	if c.WSReadLimit == 0 {
-		c.WSReadLimit = 32768
+		c.WSReadLimit = DefaultWSReadLimit
 	}
 	if c.WSQueueSize == 0 {
-		c.WSQueueSize = 256
+		c.WSQueueSize = DefaultWSQueueSize
 	}
 	if c.WSWriteTimeout == 0 {
-		c.WSWriteTimeout = 10 * time.Second
+		c.WSWriteTimeout = DefaultWSWriteTimeout
 	}
 	if c.WSAckInterval == 0 {
-		c.WSAckInterval = 5 * time.Millisecond
+		c.WSAckInterval = DefaultWSAckInterval
 	}
 	if c.WSFramesPerSecond == 0 {
-		c.WSFramesPerSecond = 100
+		c.WSFramesPerSecond = DefaultWSFramesPerSecond
 	}
 	if c.MaxConnections == 0 {
-		c.MaxConnections = 100000
+		c.MaxConnections = DefaultMaxConnections
 	}
 	if c.MaxConnectionsPerAddress == 0 {
-		c.MaxConnectionsPerAddress = 25000
+		c.MaxConnectionsPerAddress = DefaultMaxConnectionsPerAddress
 	}
 	if c.DefaultRuntimeMode == "" {
-		c.DefaultRuntimeMode = "stateless"
+		c.DefaultRuntimeMode = fabric.DefaultRuntimeMode
 	}
 	// A zero SelfHeal is "the defaults for this mode"; otherwise only zero
 	// knobs take their defaults and Enabled is as given.
@@ -175,16 +199,16 @@ func (c *Config) setDefaults() {
 		c.SelfHeal.RefillPeriod = def.RefillPeriod
 	}
 	if c.Retention.Acked == 0 {
-		c.Retention.Acked = 24 * time.Hour
+		c.Retention.Acked = DefaultRetainAcked
 	}
 	if c.Retention.Expired == 0 {
-		c.Retention.Expired = time.Hour
+		c.Retention.Expired = DefaultRetainExpired
 	}
 	if c.Retention.Every == 0 {
-		c.Retention.Every = time.Minute
+		c.Retention.Every = DefaultPruneEvery
 	}
 	if c.PendingSweep == 0 {
-		c.PendingSweep = 5 * time.Second
+		c.PendingSweep = DefaultPendingSweep
 	}
 	c.Fabric.InstanceID = c.InstanceID
 	c.Fabric.PublicURL = c.PublicURL

@@ -49,11 +49,12 @@ type sendResponse struct {
 	Pending             []signalJSON `json:"pending"`
 }
 
-func nullable(s string) *string {
+func nullable[T ~string](s T) *string {
 	if s == "" {
 		return nil
 	}
-	return &s
+	v := string(s)
+	return &v
 }
 
 // send is POST /v1/signals.
@@ -79,8 +80,8 @@ func (s *Server) send(c echo.Context) error {
 	return c.JSON(http.StatusOK, sendResponse{
 		SignalID:            res.Signal.ID,
 		Seq:                 res.Signal.Seq,
-		Delivery:            res.Delivery,
-		RecipientRouteState: res.RouteState,
+		Delivery:            string(res.Delivery),
+		RecipientRouteState: string(res.RouteState),
 		SelfhealOutcome:     nullable(res.SelfHeal.Outcome),
 		RecipientRouteStale: res.SelfHeal.RecipientRouteStale,
 		SenderRouteStale:    res.SelfHeal.SenderRouteStale,

@@ -178,7 +178,8 @@ func TestFrameRateClosesWith1008(t *testing.T) {
 	frozen := time.Now()
 	h := hubtest.Start(t, hubtest.Options{Now: func() time.Time { return frozen }, Config: hub.Config{WSFramesPerSecond: 5}})
 	c := dial(t, h, register(t, h, "bob"))
-	read(t, c) // welcome
+	read(t, c) // the welcome
+
 	for range 9 { // the burst is twice the rate: 10 frames
 		write(t, c, map[string]any{"type": "ping"})
 	}
