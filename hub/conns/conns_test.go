@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -222,4 +224,41 @@ func disconnects(t *testing.T, h *hubtest.Hub, reason string) float64 {
 	}
 	t.Fatalf("no marconi_ws_disconnects_total{reason=%q}", reason)
 	return 0
+}
+
+// An idle attached session costs one goroutine, its handler's (the reader):
+// the writer runs only while there is something to write, and keepalive is
+// a timer, not a goroutine.
+func TestIdleConnectionIsOneGoroutine(t *testing.T) {
+	const n, slack = 100, 10 // slack: HTTP keep-alive connections of the test's calls
+	h := hubtest.Start(t, hubtest.Options{})
+	alice := register(t, h, "alice")
+	tokens := make([]string, n)
+	for i := range n {
+		tokens[i] = register(t, h, fmt.Sprintf("s%d", i))
+	}
+	before := runtime.NumGoroutine()
+	conns := make([]*websocket.Conn, n)
+	for i, tok := range tokens {
+		conns[i] = dial(t, h, tok)
+		read(t, conns[i]) // the welcome
+	}
+	// A live push wakes a writer, which ends once it has written.
+	post(t, h.URL+"/v1/signals", alice, map[string]any{"to_session": "s0", "kind": "k", "payload": 1})
+	if f := read(t, conns[0]); f["type"] != "signal" {
+		t.Fatalf("pushed frame %v", f)
+	}
+	// The client side of a coder/websocket connection that is not being
+	// read runs no goroutine, so what is left per connection is the hub's.
+	var got int
+	deadline := time.Now().Add(10 * time.Second)
+	for got = runtime.NumGoroutine() - before; got > n+slack; got = runtime.NumGoroutine() - before {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines for %d idle connections, want about one each", got, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got < n-slack {
+		t.Fatalf("%d goroutines for %d connections: the measure is broken", got, n)
+	}
 }

@@ -248,6 +248,7 @@ func (h *Hub) offer(c *Conn, it queueItem) bool {
 	}
 	select {
 	case c.out <- it:
+		c.wake()
 	default:
 		h.metrics.queueDrops.WithLabelValues("slow_consumer").Inc()
 		c.kick(DisconnectSlowConsumer)
