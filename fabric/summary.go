@@ -20,6 +20,9 @@ type InstanceStatus struct {
 	Healthy bool
 	// Draining is the instance's own mark (SetDraining).
 	Draining bool
+	// Process is what the probe sees of the instance's process:
+	// ProcessConnected, ProcessGone (dead at once) or ProcessUnknown.
+	Process string
 	// Sessions is how many live sticky sessions are assigned to it (the load
 	// placement balances).
 	Sessions int
@@ -65,9 +68,12 @@ func (f *Fabric) Summary(ctx context.Context) (Summary, error) {
 		Gate: f.Gate(), Allowlist: f.Allowlist(), Sessions: stats, Counts: counts, Fallbacks: events,
 		Instances: make([]InstanceStatus, 0, len(list)),
 	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
 	for _, in := range list {
 		out.Instances = append(out.Instances, InstanceStatus{
 			ID: in.ID, URL: in.URL, Healthy: f.healthyAt(in, now), Draining: in.Draining,
+			Process:  f.processState(in.ID, in.StartedAt),
 			Sessions: stats.ByAssignedInstance[in.ID], AttachedQueues: stats.ByQueueInstance[in.ID],
 			LastHeartbeatAt: in.LastHeartbeatAt,
 		})

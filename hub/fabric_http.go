@@ -60,6 +60,7 @@ type fabricInstanceJSON struct {
 	URL             string    `json:"url"`
 	Healthy         bool      `json:"healthy"`
 	Draining        bool      `json:"draining"`
+	Process         string    `json:"process"`
 	Sessions        int       `json:"sessions"`
 	AttachedQueues  int       `json:"attached_queues"`
 	LastHeartbeatAt time.Time `json:"last_heartbeat_at"`
@@ -90,7 +91,7 @@ func (s *Server) fabricSummary(c echo.Context) error {
 	out.Instances = make([]fabricInstanceJSON, 0, len(sum.Instances))
 	for _, in := range sum.Instances {
 		out.Instances = append(out.Instances, fabricInstanceJSON{
-			InstanceID: in.ID, URL: in.URL, Healthy: in.Healthy, Draining: in.Draining,
+			InstanceID: in.ID, URL: in.URL, Healthy: in.Healthy, Draining: in.Draining, Process: in.Process,
 			Sessions: in.Sessions, AttachedQueues: in.AttachedQueues, LastHeartbeatAt: in.LastHeartbeatAt.UTC(),
 		})
 	}
