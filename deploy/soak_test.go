@@ -44,7 +44,7 @@ type soakPlan struct {
 
 func planFromEnv() soakPlan {
 	if os.Getenv("MARCONI_SOAK") == "long" {
-		return soakPlan{agents: 300, every: 500 * time.Millisecond, phase: 20 * time.Second, cycles: 3, reattach: 5 * time.Second}
+		return soakPlan{agents: 300, every: time.Second, phase: 20 * time.Second, cycles: 3, reattach: 5 * time.Second}
 	}
 	return soakPlan{agents: 120, every: time.Second, phase: 3 * time.Second, cycles: 1, reattach: 5 * time.Second}
 }
@@ -291,10 +291,11 @@ func waitHTTP(t *testing.T, what, url string, within time.Duration) {
 	}
 }
 
-// attached counts the sessions the hub answering through the balancer sees
-// attached on a healthy instance other than gone.
+// attached counts the sessions whose queue the store records on a healthy
+// instance other than gone, from the fabric summary (one store query,
+// however many agents).
 func (c *cluster) attached(gone string) (int, error) {
-	req, err := http.NewRequest(http.MethodGet, c.lbURL+"/v1/ops/route_state?tenant_id=t1&project_id=p1&state=attached&limit=1000", nil)
+	req, err := http.NewRequest(http.MethodGet, c.lbURL+"/v1/ops/fabric/summary", nil)
 	if err != nil {
 		return 0, err
 	}
@@ -305,22 +306,22 @@ func (c *cluster) attached(gone string) (int, error) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("route_state: %s", resp.Status)
+		return 0, fmt.Errorf("fabric summary: %s", resp.Status)
 	}
 	var body struct {
-		Sessions []struct {
-			Queue struct {
-				InstanceID string `json:"instance_id"`
-			} `json:"queue"`
-		} `json:"sessions"`
+		Instances []struct {
+			ID             string `json:"instance_id"`
+			Healthy        bool   `json:"healthy"`
+			AttachedQueues int    `json:"attached_queues"`
+		} `json:"instances"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
 		return 0, err
 	}
 	n := 0
-	for _, s := range body.Sessions {
-		if s.Queue.InstanceID != gone {
-			n++
+	for _, in := range body.Instances {
+		if in.Healthy && in.ID != gone {
+			n += in.AttachedQueues
 		}
 	}
 	return n, nil

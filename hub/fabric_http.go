@@ -37,8 +37,9 @@ func (s *Server) placementMismatch(c echo.Context) error {
 
 type fabricSummaryJSON struct {
 	AdaptivePlacement struct {
-		Gate      string   `json:"gate"`
-		Allowlist []string `json:"allowlist"`
+		Gate      string                `json:"gate"`
+		Allowlist []string              `json:"allowlist"`
+		ByClient  []clientPlacementJSON `json:"by_client"`
 	} `json:"adaptive_placement"`
 	Sessions struct {
 		Total    int            `json:"total"`
@@ -53,6 +54,13 @@ type fabricSummaryJSON struct {
 		TotalAdaptivePlacementMismatches int64 `json:"total_adaptive_placement_mismatches"`
 	} `json:"summary"`
 	FallbackEvents []fallbackEventJSON `json:"fallback_events"`
+}
+
+type clientPlacementJSON struct {
+	ClientID    string         `json:"client_id"`
+	Sessions    int            `json:"sessions"`
+	ByMode      map[string]int `json:"by_mode"`
+	OnAllowlist bool           `json:"on_allowlist"`
 }
 
 type fabricInstanceJSON struct {
@@ -85,6 +93,12 @@ func (s *Server) fabricSummary(c echo.Context) error {
 	var out fabricSummaryJSON
 	out.AdaptivePlacement.Gate = sum.Gate
 	out.AdaptivePlacement.Allowlist = sum.Allowlist
+	out.AdaptivePlacement.ByClient = make([]clientPlacementJSON, 0, len(sum.ByClient))
+	for _, p := range sum.ByClient {
+		out.AdaptivePlacement.ByClient = append(out.AdaptivePlacement.ByClient, clientPlacementJSON{
+			ClientID: p.ClientID, Sessions: p.Sessions, ByMode: p.ByMode, OnAllowlist: p.OnAllowlist,
+		})
+	}
 	out.Sessions.Total = sum.Sessions.Total
 	out.Sessions.ByMode = sum.Sessions.ByMode
 	out.Sessions.BySource = sum.Sessions.BySource
