@@ -82,7 +82,7 @@ func (f *Fabric) Summary(ctx context.Context) (Summary, error) {
 	if err != nil {
 		return Summary{}, fmt.Errorf("summary: %w", err)
 	}
-	byClient, err := f.store.CountByClient(ctx, now, SourceAdaptive)
+	byClient, err := f.store.CountByClient(ctx, now, string(SourceAdaptive))
 	if err != nil {
 		return Summary{}, fmt.Errorf("summary: %w", err)
 	}
