@@ -152,6 +152,14 @@ func settings(c *Config) []setting {
 		}},
 		{"MARCONI_INSTANCE_DEAD_AFTER_SECONDS", secs(fabric.DefaultDeadAfter), "an instance whose heartbeat is older is unhealthy", seconds(&h.Fabric.DeadAfter)},
 		{"MARCONI_INSTANCE_HEARTBEAT_SECONDS", secs(fabric.DefaultHeartbeatEvery), "how often this instance heartbeats into the store", seconds(&c.InstanceHeartbeat)},
+		{"MARCONI_INSTANCE_PROBE_MILLISECONDS", fmt.Sprint(fabric.DefaultProbeEvery.Milliseconds()), "how often this instance asks Postgres which instances' connections are alive (a killed one is dead within about this long)", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 50 || n > 60000 {
+				return fmt.Errorf("want a whole number of milliseconds from 50 to 60000, got %q", v)
+			}
+			c.Hub.Fabric.ProbeEvery = time.Duration(n) * time.Millisecond
+			return nil
+		}},
 		{"MARCONI_ADAPTIVE_PLACEMENT", "off", "adaptive classifier gate: off or on", func(c *Config, v string) error {
 			switch v {
 			case "on":
