@@ -306,7 +306,8 @@ func (c *cluster) attached(gone string) (int, error) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("fabric summary: %s", resp.Status)
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
+		return 0, fmt.Errorf("fabric summary: %s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
 	var body struct {
 		Instances []struct {
