@@ -44,7 +44,7 @@ type soakPlan struct {
 
 func planFromEnv() soakPlan {
 	if os.Getenv("MARCONI_SOAK") == "long" {
-		return soakPlan{agents: 300, every: time.Second, phase: 20 * time.Second, cycles: 3, reattach: 5 * time.Second}
+		return soakPlan{agents: 300, every: 3 * time.Second, phase: 20 * time.Second, cycles: 3, reattach: 5 * time.Second}
 	}
 	return soakPlan{agents: 120, every: time.Second, phase: 3 * time.Second, cycles: 1, reattach: 5 * time.Second}
 }
