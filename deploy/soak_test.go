@@ -81,19 +81,35 @@ func TestSoakThreeInstancesBehindHAProxy(t *testing.T) {
 	// other than gone (the one the event took down).
 	event := func(name, gone string, do func()) {
 		t.Helper()
+		moved := 0
+		if gone != "" {
+			by, err := c.attachedByInstance()
+			if err != nil || by[gone] == 0 {
+				t.Fatalf("%s: %d agents attached there before the event (%v): the event would test nothing", name, by[gone], err)
+			}
+			moved = by[gone]
+		}
 		start := time.Now()
 		do()
 		c.waitAttached(t, name, plan.agents, gone, start.Add(plan.reattach))
-		t.Logf("%-28s every agent attached again %v after the event", name+":", time.Since(start).Round(time.Millisecond))
+		t.Logf("%-28s %3d agents displaced; every agent attached again %v after the event",
+			name+":", moved, time.Since(start).Round(time.Millisecond))
 		phase()
 	}
 	phase()
 	for cycle := range plan.cycles {
-		event(fmt.Sprintf("cycle %d kill -9 hub-2", cycle+1), "hub-2", func() { c.hubs[1].kill(t) })
-		event(fmt.Sprintf("cycle %d drain hub-3", cycle+1), "hub-3", func() { c.hubs[2].drain(t) })
+		// A restarted instance gets no agents back (nothing moves), so each
+		// cycle kills the one instance that survived the last, which holds
+		// them all, and drains the next: hub-2 and hub-3, then hub-1 and
+		// hub-2, then hub-3 and hub-1.
+		kill := ((1-cycle)%3 + 3) % 3
+		drain := (kill + 1) % 3
+		killed, drained := fmt.Sprintf("hub-%d", kill+1), fmt.Sprintf("hub-%d", drain+1)
+		event(fmt.Sprintf("cycle %d kill -9 %s", cycle+1, killed), killed, func() { c.hubs[kill].kill(t) })
+		event(fmt.Sprintf("cycle %d drain %s", cycle+1, drained), drained, func() { c.hubs[drain].drain(t) })
 		event(fmt.Sprintf("cycle %d restart both", cycle+1), "", func() {
-			c.startHub(t, 1)
-			c.startHub(t, 2)
+			c.startHub(t, kill)
+			c.startHub(t, drain)
 		})
 	}
 	stopSending()
@@ -110,8 +126,8 @@ func TestSoakThreeInstancesBehindHAProxy(t *testing.T) {
 	for _, a := range agents {
 		resets += a.resets.Load()
 	}
-	t.Logf("%d agents, %d sends answered 200, %d deliveries, %d affinity resets (sticky sessions taken over)",
-		plan.agents, answered, led.deliveries(), resets)
+	t.Logf("%d agents, %d sends attempted, %d answered 200 (all delivered), %d deliveries, %d affinity resets (sticky sessions taken over)",
+		plan.agents, led.attempts(), answered, led.deliveries(), resets)
 }
 
 // requireHAProxy returns the haproxy binary, or skips (fails in CI, where
@@ -295,19 +311,32 @@ func waitHTTP(t *testing.T, what, url string, within time.Duration) {
 // instance other than gone, from the fabric summary (one store query,
 // however many agents).
 func (c *cluster) attached(gone string) (int, error) {
+	by, err := c.attachedByInstance()
+	n := 0
+	for id, k := range by {
+		if id != gone {
+			n += k
+		}
+	}
+	return n, err
+}
+
+// attachedByInstance returns, per healthy instance, how many sessions the
+// store records as attached there.
+func (c *cluster) attachedByInstance() (map[string]int, error) {
 	req, err := http.NewRequest(http.MethodGet, c.lbURL+"/v1/ops/fabric/summary", nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.admin)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
-		return 0, fmt.Errorf("fabric summary: %s: %s", resp.Status, strings.TrimSpace(string(body)))
+		return nil, fmt.Errorf("fabric summary: %s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
 	var body struct {
 		Instances []struct {
@@ -317,15 +346,15 @@ func (c *cluster) attached(gone string) (int, error) {
 		} `json:"instances"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return 0, err
+		return nil, err
 	}
-	n := 0
+	out := map[string]int{}
 	for _, in := range body.Instances {
-		if in.Healthy && in.ID != gone {
-			n += in.AttachedQueues
+		if in.Healthy {
+			out[in.ID] = in.AttachedQueues
 		}
 	}
-	return n, nil
+	return out, nil
 }
 
 // waitAttached polls until n sessions are attached elsewhere than gone; it
@@ -501,6 +530,12 @@ func (l *ledger) delivered(recipient string, sig bootstrap.Signal) {
 	}
 	l.gotByRcv[recipient][sig.ID] = true
 	l.byRecv[recipient] = append(l.byRecv[recipient], received{sig: sig, p: p})
+}
+
+func (l *ledger) attempts() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.sends)
 }
 
 func (l *ledger) deliveries() int {

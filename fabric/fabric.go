@@ -102,6 +102,7 @@ type Fabric struct {
 	// connected and no longer is.
 	seenConnected map[string]time.Time
 	gone          map[string]bool
+	lastProbe     time.Time // when Probe last read the prober
 }
 
 // New builds the fabric for one instance. Its metrics are registered on reg.
