@@ -148,6 +148,7 @@ func requireHAProxy(t *testing.T) string {
 // --- the cluster: processes on loopback ports ---
 
 type cluster struct {
+	http            *http.Client // the test's own calls; idle connections closed at cleanup
 	dir, bin, dbURL string
 	apiKey, admin   string
 	lbURL           string
@@ -176,7 +177,9 @@ func freePort(t *testing.T) int {
 
 func startCluster(t *testing.T, haproxy, dbURL string) *cluster {
 	t.Helper()
-	c := &cluster{dir: t.TempDir(), dbURL: dbURL, apiKey: "soak-key-" + fmt.Sprint(rand.Int64()), admin: "soak-admin-token-0123456789"}
+	c := &cluster{dir: t.TempDir(), dbURL: dbURL, apiKey: "soak-key-" + fmt.Sprint(rand.Int64()), admin: "soak-admin-token-0123456789",
+		http: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 10 * time.Second}}
+	t.Cleanup(c.http.CloseIdleConnections)
 	c.bin = filepath.Join(c.dir, "marconi")
 	build := exec.Command("go", "build", "-o", c.bin, "github.com/marconihub/marconi/cmd/marconi")
 	if out, err := build.CombinedOutput(); err != nil {
@@ -196,7 +199,7 @@ func startCluster(t *testing.T, haproxy, dbURL string) *cluster {
 		env = append(env, fmt.Sprintf("MARCONI_HUB_%d=127.0.0.1:%d", i+1, p))
 	}
 	c.lb = c.start(t, "haproxy", exec.Command(haproxy, "-db", "-f", "haproxy.cfg"), env)
-	waitHTTP(t, "HAProxy to route to a ready hub", c.lbURL+"/readyz", 20*time.Second)
+	c.waitHTTP(t, "HAProxy to route to a ready hub", c.lbURL+"/readyz", 20*time.Second)
 	return c
 }
 
@@ -220,7 +223,7 @@ func (c *cluster) startHub(t *testing.T, i int) {
 		"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND=100000",
 	}
 	c.hubs[i] = c.start(t, id, exec.Command(c.bin, "serve"), env)
-	waitHTTP(t, id+" to be ready", fmt.Sprintf("http://127.0.0.1:%d/readyz", c.hubPorts[i]), 20*time.Second)
+	c.waitHTTP(t, id+" to be ready", fmt.Sprintf("http://127.0.0.1:%d/readyz", c.hubPorts[i]), 20*time.Second)
 }
 
 func (c *cluster) start(t *testing.T, name string, cmd *exec.Cmd, env []string) *proc {
@@ -288,11 +291,11 @@ func tail(t *testing.T, p *proc) {
 	t.Logf("last lines of %s:\n%s", p.name, strings.Join(lines, "\n"))
 }
 
-func waitHTTP(t *testing.T, what, url string, within time.Duration) {
+func (c *cluster) waitHTTP(t *testing.T, what, url string, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		resp, err := http.Get(url)
+		resp, err := c.http.Get(url)
 		if err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
@@ -329,7 +332,7 @@ func (c *cluster) attachedByInstance() (map[string]int, error) {
 		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.admin)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, err
 	}
