@@ -74,9 +74,9 @@ func (c *Conn) kick(d Disconnect) {
 	default:
 	}
 	c.kickBy = d
+	c.h.metrics.disconnects.WithLabelValues(d.Label).Inc() // before anything closes
 	close(c.kicked)
 	c.kickMu.Unlock()
-	c.h.metrics.disconnects.WithLabelValues(d.Label).Inc()
 	c.wake()
 }
 
@@ -120,7 +120,7 @@ func (c *Conn) fail(err error) {
 }
 
 // serve runs one attached connection until it ends. The calling goroutine
-// (the HTTP handler's) is the connection's reader.
+// is the connection's reader.
 func (h *Hub) serve(sess sessionstore.Session, ws *websocket.Conn, welcome Welcome) {
 	now := h.now()
 	c := &Conn{
