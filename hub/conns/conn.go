@@ -38,8 +38,7 @@ type Conn struct {
 	incarnation time.Time
 	attachedAt  time.Time
 	welcome     Welcome
-	out         chan queueItem // bounded: QueueSize
-	ctrl        chan []byte    // frames the reader asks the writer to send (errors)
+	ctrl        chan []byte // frames the reader asks the writer to send (errors)
 	acks        *acks
 	frames      bucket // the reader's frame rate
 
@@ -49,9 +48,10 @@ type Conn struct {
 	cancel context.CancelFunc
 
 	mu        sync.Mutex
-	ended     bool // the handler is done: start nothing more
-	writing   bool // a writer goroutine runs
-	welcomed  bool // the welcome and the first catch-up are written
+	queue     []queueItem // outgoing, at most QueueSize; nil when empty, so an idle connection holds none
+	ended     bool        // the handler is done: start nothing more
+	writing   bool        // a writer goroutine runs
+	welcomed  bool        // the welcome and the first catch-up are written
 	last      int64
 	pingTimer *time.Timer
 	err       error          // the first error that ended the connection
@@ -125,7 +125,6 @@ func (h *Hub) serve(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 	now := h.now()
 	c := &Conn{
 		h: h, ws: ws, key: sess.Key, incarnation: sess.RegisteredAt, attachedAt: now, welcome: welcome,
-		out:    make(chan queueItem, h.cfg.QueueSize),
 		ctrl:   make(chan []byte, 8),
 		kicked: make(chan struct{}),
 		frames: bucket{tokens: 2 * h.cfg.FramesPerSecond, at: now},

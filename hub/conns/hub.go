@@ -256,13 +256,12 @@ func (h *Hub) offer(c *Conn, it queueItem) bool {
 		// store for the next attach, like any offline one (no drop).
 		return false
 	}
-	select {
-	case c.out <- it:
+	if c.enqueue(it) {
 		c.wake()
-	default:
-		h.metrics.queueDrops.WithLabelValues("slow_consumer").Inc()
-		c.kick(DisconnectSlowConsumer)
+		return true
 	}
+	h.metrics.queueDrops.WithLabelValues("slow_consumer").Inc()
+	c.kick(DisconnectSlowConsumer)
 	return true
 }
 
