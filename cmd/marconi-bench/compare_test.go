@@ -67,3 +67,24 @@ func TestFloorPushesWhatIsSent(t *testing.T) {
 	}
 	clients.close()
 }
+
+func TestParseStormBounds(t *testing.T) {
+	const db = "postgres://postgres@127.0.0.1:5432/x?sslmode=disable"
+	for _, tc := range []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"-database", db}, ""},
+		{[]string{"-database", db, "-sessions", "10000", "-signals", "100000"}, ""},
+		{nil, "-database"},
+		{[]string{"-database", "mysql://127.0.0.1/x"}, "-database"},
+		{[]string{"-database", "postgres://db.example.com/x"}, "loopback"},
+		{[]string{"-database", db, "-sessions", "10001"}, "-sessions"},
+		{[]string{"-database", db, "-signals", "0"}, "-signals"},
+	} {
+		_, err := parseStorm(tc.args, io.Discard)
+		if (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("%v: error %v, want one naming %q", tc.args, err, tc.wantErr)
+		}
+	}
+}

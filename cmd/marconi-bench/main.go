@@ -285,6 +285,7 @@ var scrapedMetrics = []string{
 	"go_memstats_heap_inuse_bytes",
 	"go_memstats_stack_inuse_bytes",
 	"process_resident_memory_bytes",
+	"marconi_ws_connections",
 }
 
 // scrape reads scrapedMetrics from the hub's /metrics.

@@ -16,6 +16,9 @@ var subcommands = map[string]func(ctx context.Context, args []string, stdout, st
 	"compare": compare,
 	// floor is the bare coder/websocket server that compare runs.
 	"floor": func(ctx context.Context, args []string, _, stderr io.Writer) error { return floor(ctx, args, stderr) },
+	// storm restarts a hub on Postgres under attached Go clients and
+	// measures how fast they are all back, and that no signal is lost.
+	"storm": storm,
 }
 
 func runSub(ctx context.Context, name string, sub func(context.Context, []string, io.Writer, io.Writer) error, args []string, stdout, stderr io.Writer) int {
