@@ -88,6 +88,9 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	if status == 0 {
 		status = http.StatusInternalServerError
 	}
+	if pe.Code == marconi.CodeQuotaExceeded {
+		s.QuotaRefused(pe.Quota)
+	}
 	switch {
 	case pe.Code == marconi.CodeInternal:
 		s.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)

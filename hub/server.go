@@ -41,6 +41,14 @@ type Config struct {
 	TouchInterval time.Duration
 	// StoreTimeout bounds every store call made for a request (fail closed fast).
 	StoreTimeout time.Duration
+	// BodyReadTimeout bounds reading a request body, apart from the store
+	// deadline: a body slower than this is refused with 408 request_timeout.
+	BodyReadTimeout time.Duration
+	// QuotaSessionsPerProject caps the live sessions of one project.
+	QuotaSessionsPerProject int
+	// QuotaRegistrationsPerSecond is the registration rate per API key, in
+	// this instance's memory; the burst is twice it.
+	QuotaRegistrationsPerSecond float64
 	// MaxPayloadBytes limits a signal's encoded payload.
 	MaxPayloadBytes int
 	// SendRatePerSecond is the per-session send limit; the burst is twice it.
@@ -110,6 +118,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = 3 * time.Second
+	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = 10 * time.Second
+	}
+	if c.QuotaSessionsPerProject == 0 {
+		c.QuotaSessionsPerProject = 20000
+	}
+	if c.QuotaRegistrationsPerSecond == 0 {
+		c.QuotaRegistrationsPerSecond = 50
 	}
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = 65536
@@ -185,21 +202,26 @@ type Deps struct {
 
 // Server is one hub instance's HTTP server. It is safe for concurrent use.
 type Server struct {
-	cfg      Config
-	store    sessionstore.Store
-	log      *slog.Logger
-	now      func() time.Time
-	echo     *echo.Echo
-	metrics  *metrics
-	creds    *credentials
-	limits   *sendLimiter
-	registry *registry
-	signals  *signals.Service
-	selfheal *selfheal.Evaluator
-	fabric   *fabric.Fabric
-	peers    Peers
-	placer   *fabric.Fabric
-	bus      fabric.Bus // counted; see wake.go
+	cfg     Config
+	store   sessionstore.Store
+	log     *slog.Logger
+	now     func() time.Time
+	echo    *echo.Echo
+	metrics *metrics
+	creds   *credentials
+	limits  *sendLimiter
+	// registrations is the per-API-key registration quota; newSessions
+	// serialises the count-then-create of one project's new sessions.
+	registrations *rateLimiter[[32]byte]
+	newSessions   *keyedMutex[TenantProject]
+	quotas        *quotaMetrics
+	registry      *registry
+	signals       *signals.Service
+	selfheal      *selfheal.Evaluator
+	fabric        *fabric.Fabric
+	peers         Peers
+	placer        *fabric.Fabric
+	bus           fabric.Bus // counted; see wake.go
 
 	wakeMetrics *wakeMetrics
 
@@ -231,6 +253,10 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	qm, err := newQuotaMetrics(d.Registry)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
 		cfg:      cfg,
 		store:    d.Store,
@@ -240,6 +266,10 @@ func New(cfg Config, d Deps) (*Server, error) {
 		creds:    newCredentials(cfg.APIKeys, cfg.AdminToken),
 		limits:   newSendLimiter(cfg.SendRatePerSecond, d.Now),
 		registry: newRegistry(),
+
+		registrations: newRateLimiter[[32]byte](cfg.QuotaRegistrationsPerSecond, d.Now),
+		newSessions:   newKeyedMutex[TenantProject](),
+		quotas:        qm,
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
 	if err != nil {
@@ -380,6 +410,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.every(ctx, 30*time.Second, func(context.Context) {
 			s.selfheal.Sweep()
 			s.limits.sweep()
+			s.registrations.sweep()
 		})
 		return nil
 	})

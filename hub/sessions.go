@@ -66,6 +66,9 @@ func (s *Server) register(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.registrationAllowed(bearer(c)); err != nil {
+		return err
+	}
 	var req registerRequest
 	if err := decodeBody(c, registerBodyLimit, &req); err != nil {
 		return err
@@ -121,6 +124,16 @@ func (s *Server) register(c echo.Context) error {
 		TokenHash:         hashSecret(token),
 		RegisteredAt:      now,
 		ExpiresAt:         now.Add(s.cfg.SessionTTL),
+	}
+	// Count and create under the project's lock, so that this instance's
+	// concurrent registrations cannot pass the quota together.
+	unlock, err := s.newSessions.lock(ctx, owner)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := s.checkSessionQuota(ctx, owner); err != nil {
+		return err
 	}
 	if mode == fabric.ModeSticky {
 		inst, err := s.placer.Assign(ctx)

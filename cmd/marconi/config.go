@@ -207,6 +207,15 @@ func settings(c *Config) []setting {
 			c.Hub.SendRatePerSecond = n
 			return nil
 		}},
+		{"MARCONI_QUOTA_SESSIONS_PER_PROJECT", "20000", "live sessions per project (429 quota_exceeded past it)", positiveInt(&h.QuotaSessionsPerProject)},
+		{"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND", "50", "registrations per second per API key, per instance (burst twice it)", func(c *Config, v string) error {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("want a positive number, got %q", v)
+			}
+			c.Hub.QuotaRegistrationsPerSecond = n
+			return nil
+		}},
 		{"MARCONI_RETAIN_ACKED_SECONDS", "86400", "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked)},
 		{"MARCONI_RETAIN_EXPIRED_SECONDS", "3600", "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired)},
 		{"MARCONI_PRUNE_INTERVAL_SECONDS", "60", "how often the retention loop runs", seconds(&h.Retention.Every)},
