@@ -29,6 +29,7 @@ var statusByCode = map[string]int{
 	marconi.CodeNotAdaptivePlacement:   http.StatusConflict,
 	marconi.CodeSessionExpired:         http.StatusGone,
 	marconi.CodePayloadTooLarge:        http.StatusRequestEntityTooLarge,
+	marconi.CodeRequestTimeout:         http.StatusRequestTimeout,
 	marconi.CodeTooManyRequests:        http.StatusTooManyRequests,
 	marconi.CodeQuotaExceeded:          http.StatusTooManyRequests,
 	marconi.CodeRegistryUnavailable:    http.StatusServiceUnavailable,

@@ -465,7 +465,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // storeDeadline bounds the store calls of ordinary requests so that an
-// unreachable store answers 503 quickly instead of hanging.
+// unreachable store answers 503 quickly instead of hanging. The body is read
+// first, on its own bound (readBody), so the deadline covers store calls only.
 func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.storeNotReady.Load() {
@@ -473,6 +474,9 @@ func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		if c.Path() == "/v1/ws" {
 			return next(c)
+		}
+		if err := s.readBody(c); err != nil {
+			return err
 		}
 		ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 		defer cancel()

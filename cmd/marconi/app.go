@@ -93,7 +93,7 @@ func (m *Main) Run(ctx context.Context) error {
 	m.http = &http.Server{
 		Handler:           h.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
+		ReadTimeout:       max(30*time.Second, 10*time.Second+cfg.Hub.BodyReadTimeout),
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}

@@ -116,6 +116,7 @@ func settings(c *Config) []setting {
 		{"MARCONI_HEARTBEAT_INTERVAL_SECONDS", "20", "heartbeat interval told to clients at registration", seconds(&h.HeartbeatInterval)},
 		{"MARCONI_TOUCH_INTERVAL_SECONDS", "5", "proof-of-life writes per session are coalesced to one per interval", seconds(&h.TouchInterval)},
 		{"MARCONI_STORE_TIMEOUT_SECONDS", "3", "bound on each store call of a request; past it the hub answers 503", seconds(&h.StoreTimeout)},
+		{"MARCONI_BODY_READ_TIMEOUT_SECONDS", "10", "bound on reading a request body, apart from the store timeout (408 request_timeout past it)", seconds(&h.BodyReadTimeout)},
 		{"MARCONI_RECONNECT_GRACE_SECONDS", "60", "reconnect grace window of sticky affinity", seconds(&h.Fabric.Grace)},
 		{"MARCONI_INSTANCE_ID", "", "this instance's id (default: the host name)", func(c *Config, v string) error {
 			if v == "" {
