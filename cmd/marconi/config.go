@@ -28,6 +28,11 @@ type Config struct {
 	InstanceHeartbeat time.Duration
 	// ShutdownTimeout bounds graceful shutdown.
 	ShutdownTimeout time.Duration
+	// StoreBreaker puts the Postgres store behind a circuit breaker that
+	// fails calls at once after a timeout, until a probe succeeds.
+	StoreBreaker bool
+	// StoreProbeEvery is how often an open breaker probes the store.
+	StoreProbeEvery time.Duration
 	// generatedAPIKey and generatedAdminToken are set when development mode
 	// made them; they are printed once at start.
 	generatedAPIKey     string
@@ -117,6 +122,19 @@ func settings(c *Config) []setting {
 		{"MARCONI_TOUCH_INTERVAL_SECONDS", "5", "proof-of-life writes per session are coalesced to one per interval", seconds(&h.TouchInterval)},
 		{"MARCONI_STORE_TIMEOUT_SECONDS", "3", "bound on each store call of a request; past it the hub answers 503", seconds(&h.StoreTimeout)},
 		{"MARCONI_BODY_READ_TIMEOUT_SECONDS", "10", "bound on reading a request body, apart from the store timeout (408 request_timeout past it)", seconds(&h.BodyReadTimeout)},
+		{"MARCONI_STORE_BREAKER", "on", "after a store call times out, fail calls at once (503) until a probe reaches the store: on or off", func(c *Config, v string) error {
+			b, err := parseBool(v)
+			c.StoreBreaker = b
+			return err
+		}},
+		{"MARCONI_STORE_PROBE_INTERVAL_MS", "500", "how often an open store breaker probes the store", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 10 {
+				return fmt.Errorf("want a whole number of milliseconds, at least 10, got %q", v)
+			}
+			c.StoreProbeEvery = time.Duration(n) * time.Millisecond
+			return nil
+		}},
 		{"MARCONI_RECONNECT_GRACE_SECONDS", "60", "reconnect grace window of sticky affinity", seconds(&h.Fabric.Grace)},
 		{"MARCONI_INSTANCE_ID", "", "this instance's id (default: the host name)", func(c *Config, v string) error {
 			if v == "" {

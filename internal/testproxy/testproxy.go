@@ -27,6 +27,9 @@ type Proxy struct {
 	cut    bool
 	closed bool
 	links  map[*link]struct{}
+	// partitioned: new connections are held, never forwarded (Partition).
+	partitioned bool
+	held        []net.Conn
 }
 
 // link is one proxied connection: the client side and the target side.
@@ -97,6 +100,36 @@ func (p *Proxy) Freeze() {
 	}
 }
 
+// Partition drops every packet from now on, as a network partition does:
+// live connections forward nothing (as with Freeze), and new connections
+// are accepted but never reach the target, so a client's connect and its
+// queries go unanswered. Nothing is refused or closed until Heal or Close.
+func (p *Proxy) Partition() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.partitioned = true
+	for l := range p.links {
+		l.freeze()
+	}
+}
+
+// Heal ends a Partition: the connections it froze or held are closed, as
+// their peers would have given up on them, and new connections pass again.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	p.partitioned = false
+	links := p.takeLinks()
+	held := p.held
+	p.held = nil
+	p.mu.Unlock()
+	for _, l := range links {
+		l.shut()
+	}
+	for _, c := range held {
+		_ = c.Close()
+	}
+}
+
 // Close stops the proxy, closes every connection and waits for every
 // goroutine it started. It may be called more than once.
 func (p *Proxy) Close() {
@@ -107,7 +140,12 @@ func (p *Proxy) Close() {
 	}
 	p.closed = true
 	links := p.takeLinks()
+	held := p.held
+	p.held = nil
 	p.mu.Unlock()
+	for _, c := range held {
+		_ = c.Close()
+	}
 
 	p.cancel()
 	_ = p.ln.Close()
@@ -139,7 +177,14 @@ func (p *Proxy) acceptLoop() {
 		}
 		p.mu.Lock()
 		refuse := p.cut || p.closed
+		hold := !refuse && p.partitioned
+		if hold {
+			p.held = append(p.held, c)
+		}
 		p.mu.Unlock()
+		if hold {
+			continue
+		}
 		if refuse {
 			_ = c.Close()
 			continue
