@@ -17,6 +17,9 @@ import (
 // open. It matches sessionstore.ErrUnavailable.
 var ErrOpen = fmt.Errorf("breaker: the store timed out or was unreachable and no probe has reached it since: %w", sessionstore.ErrUnavailable)
 
+// DefaultProbeEvery is how often an open breaker probes the store.
+const DefaultProbeEvery = 500 * time.Millisecond
+
 // Config configures a Store. Zero fields take the defaults.
 type Config struct {
 	// ProbeEvery is how often an open breaker pings the store
@@ -28,7 +31,7 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if c.ProbeEvery <= 0 {
-		c.ProbeEvery = 500 * time.Millisecond
+		c.ProbeEvery = DefaultProbeEvery
 	}
 	if c.ProbeTimeout <= 0 {
 		c.ProbeTimeout = 3 * time.Second
