@@ -15,7 +15,6 @@ import (
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/sessionstore"
-	"github.com/marconihub/marconi/sessionstore/memstore"
 )
 
 // flood runs n calls of do over workers goroutines and tallies the answers
@@ -76,11 +75,7 @@ func liveHeap() uint64 {
 // store and in the heap, while another project registers and sends
 // throughout without a single refusal.
 func TestAbusiveKeyIsBounded(t *testing.T) {
-	stores := map[string]func(t *testing.T) sessionstore.Store{
-		"memstore": func(*testing.T) sessionstore.Store { return memstore.New() },
-		"postgres": func(t *testing.T) sessionstore.Store { return pgStore(t) },
-	}
-	for name, open := range stores {
+	for name, open := range bothStores() {
 		t.Run(name, func(t *testing.T) {
 			const (
 				sessionsQuota = 300

@@ -10,16 +10,21 @@ import (
 	"github.com/marconihub/marconi/sessionstore/memstore"
 )
 
+// bothStores opens, by name, a fresh memory store or a pgstore on a schema
+// of its own (which skips without MARCONI_TEST_DATABASE_URL).
+func bothStores() map[string]func(t *testing.T) sessionstore.Store {
+	return map[string]func(t *testing.T) sessionstore.Store{
+		"memstore": func(*testing.T) sessionstore.Store { return memstore.New() },
+		"postgres": func(t *testing.T) sessionstore.Store { return pgStore(t) },
+	}
+}
+
 // TestUntrustedStringsAreValidated (issue 12.3): every string that would
 // reach the store is checked first (NUL, control characters, length,
 // pattern) and refused with a 400 naming the field, on the memory store and
 // on Postgres alike; nothing is stored and no request ends in a 500.
 func TestUntrustedStringsAreValidated(t *testing.T) {
-	stores := map[string]func(t *testing.T) sessionstore.Store{
-		"memstore": func(*testing.T) sessionstore.Store { return memstore.New() },
-		"postgres": func(t *testing.T) sessionstore.Store { return pgStore(t) },
-	}
-	for name, open := range stores {
+	for name, open := range bothStores() {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			h := hubtest.Start(t, hubtest.Options{Store: open(t)})

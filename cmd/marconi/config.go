@@ -77,6 +77,17 @@ func positiveInt(dst *int) func(*Config, string) error {
 	}
 }
 
+func positiveFloat(dst *float64) func(*Config, string) error {
+	return func(_ *Config, v string) error {
+		n, err := strconv.ParseFloat(v, 64)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("want a positive number, got %q", v)
+		}
+		*dst = n
+		return nil
+	}
+}
+
 func oneOf(dst *string, allowed ...string) func(*Config, string) error {
 	return func(_ *Config, v string) error {
 		for _, a := range allowed {
@@ -225,23 +236,9 @@ func settings(c *Config) []setting {
 			return nil
 		}},
 		{"MARCONI_WS_QUEUE_SIZE", strconv.Itoa(hub.DefaultWSQueueSize), "per-connection outgoing queue; overflow closes with 4429", positiveInt(&h.WSQueueSize)},
-		{"MARCONI_SEND_RATE_PER_SECOND", strconv.Itoa(hub.DefaultSendRatePerSecond), "per-session send limit (burst twice it)", func(c *Config, v string) error {
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil || n <= 0 {
-				return fmt.Errorf("want a positive number, got %q", v)
-			}
-			c.Hub.SendRatePerSecond = n
-			return nil
-		}},
+		{"MARCONI_SEND_RATE_PER_SECOND", strconv.Itoa(hub.DefaultSendRatePerSecond), "per-session send limit (burst twice it)", positiveFloat(&h.SendRatePerSecond)},
 		{"MARCONI_QUOTA_SESSIONS_PER_PROJECT", strconv.Itoa(hub.DefaultQuotaSessionsPerProject), "live sessions per project (429 quota_exceeded past it)", positiveInt(&h.QuotaSessionsPerProject)},
-		{"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND", strconv.Itoa(hub.DefaultQuotaRegistrationsPerSecond), "registrations per second per API key, per instance (burst twice it)", func(c *Config, v string) error {
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil || n <= 0 {
-				return fmt.Errorf("want a positive number, got %q", v)
-			}
-			c.Hub.QuotaRegistrationsPerSecond = n
-			return nil
-		}},
+		{"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND", strconv.Itoa(hub.DefaultQuotaRegistrationsPerSecond), "registrations per second per API key, per instance (burst twice it)", positiveFloat(&h.QuotaRegistrationsPerSecond)},
 		{"MARCONI_RETAIN_ACKED_SECONDS", secs(hub.DefaultRetainAcked), "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked)},
 		{"MARCONI_RETAIN_EXPIRED_SECONDS", secs(hub.DefaultRetainExpired), "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired)},
 		{"MARCONI_PRUNE_INTERVAL_SECONDS", secs(hub.DefaultPruneEvery), "how often the retention loop runs", seconds(&h.Retention.Every)},

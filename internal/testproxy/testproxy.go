@@ -118,16 +118,12 @@ func (p *Proxy) Partition() {
 func (p *Proxy) Heal() {
 	p.mu.Lock()
 	p.partitioned = false
-	links := p.takeLinks()
-	held := p.held
-	p.held = nil
+	links, held := p.takeLinks(), p.takeHeld()
 	p.mu.Unlock()
 	for _, l := range links {
 		l.shut()
 	}
-	for _, c := range held {
-		_ = c.Close()
-	}
+	closeAll(held)
 }
 
 // Close stops the proxy, closes every connection and waits for every
@@ -139,13 +135,9 @@ func (p *Proxy) Close() {
 		return
 	}
 	p.closed = true
-	links := p.takeLinks()
-	held := p.held
-	p.held = nil
+	links, held := p.takeLinks(), p.takeHeld()
 	p.mu.Unlock()
-	for _, c := range held {
-		_ = c.Close()
-	}
+	closeAll(held)
 
 	p.cancel()
 	_ = p.ln.Close()
@@ -163,6 +155,20 @@ func (p *Proxy) takeLinks() []*link {
 		delete(p.links, l)
 	}
 	return out
+}
+
+// takeHeld empties the connections held by a partition and returns them.
+// p.mu is held.
+func (p *Proxy) takeHeld() []net.Conn {
+	held := p.held
+	p.held = nil
+	return held
+}
+
+func closeAll(conns []net.Conn) {
+	for _, c := range conns {
+		_ = c.Close()
+	}
 }
 
 func (p *Proxy) acceptLoop() {
