@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -59,20 +60,75 @@ func (s *Server) registrationAllowed(apiKey string) error {
 		"more than %g registrations a second with this API key", s.cfg.QuotaRegistrationsPerSecond)
 }
 
+// sessionQuotaRecount is how long a project found at its sessions quota is
+// refused from memory before its sessions are counted again: counting a
+// full project scans its sessions (about 15 ms at 20000 on Postgres), and
+// a key hammering a full project must not turn that into database load.
+const sessionQuotaRecount = time.Second
+
 // checkSessionQuota refuses a new session when its project already holds
 // MARCONI_QUOTA_SESSIONS_PER_PROJECT live sessions. Waiting does not help
 // (sessions end when deregistered or expired), so no Retry-After.
 func (s *Server) checkSessionQuota(ctx context.Context, tp TenantProject) error {
 	limit := s.cfg.QuotaSessionsPerProject
-	n, err := s.store.CountSessions(ctx, sessionstore.SessionFilter{TenantID: tp.TenantID, ProjectID: tp.ProjectID, Limit: limit}, s.now())
+	now := s.now()
+	if s.fullProjects.has(tp, now) {
+		return errSessionQuota(limit)
+	}
+	n, err := s.store.CountSessions(ctx, sessionstore.SessionFilter{TenantID: tp.TenantID, ProjectID: tp.ProjectID, Limit: limit}, now)
 	if err != nil {
 		return err
 	}
 	if n >= limit {
-		return marconi.QuotaExceeded(marconi.QuotaSessionsPerProject, 0,
-			"this project has %d live sessions, the limit; deregister some or let them expire", n)
+		s.fullProjects.add(tp, now.Add(sessionQuotaRecount))
+		return errSessionQuota(limit)
 	}
 	return nil
+}
+
+func errSessionQuota(limit int) error {
+	return marconi.QuotaExceeded(marconi.QuotaSessionsPerProject, 0,
+		"this project has %d live sessions, the limit; deregister some or let them expire", limit)
+}
+
+// projectMemo remembers projects until a time (here: found full, until a
+// recount is due). Memory is bounded by the projects at their quota right
+// now: sweep forgets the rest. It is safe for concurrent use.
+type projectMemo struct {
+	mu    sync.Mutex
+	until map[TenantProject]time.Time
+}
+
+func newProjectMemo() *projectMemo {
+	return &projectMemo{until: make(map[TenantProject]time.Time)}
+}
+
+func (m *projectMemo) has(tp TenantProject, now time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return now.Before(m.until[tp])
+}
+
+func (m *projectMemo) add(tp TenantProject, until time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.until[tp] = until
+}
+
+func (m *projectMemo) forget(tp TenantProject) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.until, tp)
+}
+
+func (m *projectMemo) sweep(now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for tp, until := range m.until {
+		if !now.Before(until) {
+			delete(m.until, tp)
+		}
+	}
 }
 
 // keyedMutex serialises work per key (here: new sessions of one project on

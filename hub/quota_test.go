@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,5 +188,46 @@ func TestStoreQuotaRefusalIsCounted(t *testing.T) {
 	}
 	if got := metric(t, h, "marconi_quota_refusals_total", "quota", "pending_per_recipient"); got != 1 {
 		t.Fatalf("pending_per_recipient refusals = %v, want 1", got)
+	}
+}
+
+// countingStore counts CountSessions calls.
+type countingStore struct {
+	sessionstore.Store
+	counts atomic.Int64
+}
+
+func (c *countingStore) CountSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) (int, error) {
+	c.counts.Add(1)
+	return c.Store.CountSessions(ctx, f, now)
+}
+
+// TestFullProjectIsNotRecountedEachTime: a key hammering a full project is
+// refused from memory, without a store count each time, until a second has
+// passed; then the sessions are counted again, and one that expired frees a
+// place.
+func TestFullProjectIsNotRecountedEachTime(t *testing.T) {
+	clock := hubtest.NewClock(time.Now())
+	st := &countingStore{Store: memstore.New()}
+	h := hubtest.Start(t, hubtest.Options{Store: st, Now: clock.Now, Config: hub.Config{QuotaSessionsPerProject: 2, SessionTTL: time.Minute}})
+	register(t, h, "a", "codex")
+	clock.Advance(30 * time.Second)
+	register(t, h, "b", "codex")
+	if st, code, _ := registerRaw(t, h, h.APIKey, "c"); st != 429 || code != "quota_exceeded" {
+		t.Fatalf("third session: %d %s", st, code)
+	}
+	before := st.counts.Load()
+	for i := range 10 {
+		if st, _, _ := registerRaw(t, h, h.APIKey, fmt.Sprintf("x%d", i)); st != 429 {
+			t.Fatalf("hammering a full project: %d", st)
+		}
+	}
+	if n := st.counts.Load() - before; n != 0 {
+		t.Fatalf("%d store counts while the project was known full, want 0", n)
+	}
+	// 31 s on, "a" has expired (TTL 1 min): a recount finds the place.
+	clock.Advance(31 * time.Second)
+	if st, code, _ := registerRaw(t, h, h.APIKey, "c"); st != 201 {
+		t.Fatalf("after a session expired: %d %s, want 201", st, code)
 	}
 }
