@@ -29,6 +29,7 @@ const (
 	CodeQuotaExceeded          = "quota_exceeded"
 	CodeRegistryUnavailable    = "registry_unavailable"
 	CodeDraining               = "draining"
+	CodeUpgradeRequired        = "upgrade_required"
 	CodeInternal               = "internal"
 )
 

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
@@ -230,4 +232,35 @@ func TestFullProjectIsNotRecountedEachTime(t *testing.T) {
 	if st, code, _ := registerRaw(t, h, h.APIKey, "c"); st != 201 {
 		t.Fatalf("after a session expired: %d %s, want 201", st, code)
 	}
+}
+
+// TestConnectionLayerRefusalsAreCounted: the connection cap's refusal
+// (answered through the error handler) and the frame-rate close (which the
+// connection layer reports through Server.QuotaRefused) both count in
+// marconi_quota_refusals_total.
+func TestConnectionLayerRefusalsAreCounted(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{Config: hub.Config{MaxConnections: 1, WSFramesPerSecond: 1}})
+	a := register(t, h, "a", "claude_code")
+	b := register(t, h, "b", "claude_code")
+	ca, _ := dial(t, h, a)
+
+	upgrade := []string{"Connection", "Upgrade", "Upgrade", "websocket", "Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}
+	if st, body := call(t, "GET", h.URL+"/v1/ws", b.Token, nil, upgrade...); st != http.StatusTooManyRequests || errCode(body) != "quota_exceeded" {
+		t.Fatalf("second connection past MaxConnections 1: %d %v", st, body)
+	}
+	if got := metric(t, h, "marconi_quota_refusals_total", "quota", "connections_total"); got != 1 {
+		t.Fatalf("connections_total refusals = %v, want 1", got)
+	}
+
+	// A burst of 2 frames is allowed; the flood past it closes the connection.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range 10 {
+		if err := ca.Write(ctx, websocket.MessageText, []byte(`{"type":"ack","up_to_seq":0}`)); err != nil {
+			break
+		}
+	}
+	waitFor(t, "the frame-rate refusal to be counted", func() bool {
+		return metric(t, h, "marconi_quota_refusals_total", "quota", "frames_per_second") == 1
+	})
 }

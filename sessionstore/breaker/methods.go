@@ -148,6 +148,11 @@ func (b *Store) SessionStats(ctx context.Context, now time.Time) (sessionstore.S
 	return guard(b, ctx, func() (sessionstore.SessionStats, error) { return b.inner.SessionStats(ctx, now) })
 }
 
+// CountByClient implements sessionstore.Store.
+func (b *Store) CountByClient(ctx context.Context, now time.Time, source string) (map[string]map[string]int, error) {
+	return guard(b, ctx, func() (map[string]map[string]int, error) { return b.inner.CountByClient(ctx, now, source) })
+}
+
 // ListInstances implements sessionstore.Store.
 func (b *Store) ListInstances(ctx context.Context) ([]sessionstore.Instance, error) {
 	return guard(b, ctx, func() ([]sessionstore.Instance, error) { return b.inner.ListInstances(ctx) })
