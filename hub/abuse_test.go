@@ -118,16 +118,14 @@ func TestAbusiveKeyIsBounded(t *testing.T) {
 					victimSends.Add(1)
 				}
 			})
-			register := func(round int) func(i int) (int, string) {
-				return func(i int) (int, string) {
-					body, _ := json.Marshal(map[string]any{"session_id": fmt.Sprintf("a%d-%d", round, i), "surface": "codex"})
-					return postQuota(client, h.URL+"/v1/sessions", h.APIKey, body)
-				}
+			register := func(i int) (int, string) {
+				body, _ := json.Marshal(map[string]any{"session_id": fmt.Sprintf("a%d", i), "surface": "codex"})
+				return postQuota(client, h.URL+"/v1/sessions", h.APIKey, body)
 			}
 			// The clock stands still: the key has its burst of 2000
 			// registrations and not one more; of those, the first 300
 			// create sessions and the sessions quota refuses the rest.
-			got := flood(attempts, 16, register(1))
+			got := flood(attempts, 16, register)
 			close(stop)
 			vwg.Wait()
 

@@ -32,9 +32,9 @@ func newQuotaMetrics(r prometheus.Registerer) (*quotaMetrics, error) {
 }
 
 // QuotaRefused counts one refusal of quota q in marconi_quota_refusals_total.
-// Refusals answered through the hub's error handler are counted there; the
-// connection layer calls this for those it answers itself (frames per second,
-// connection caps). An unknown quota is not counted, so the label set stays
+// Refusals answered through the hub's error handler (the connection caps
+// included) are counted there; the connection layer calls this for those it
+// answers itself (a frame-rate close). An unknown quota is not counted, so the label set stays
 // the bounded list marconi.Quotas.
 func (s *Server) QuotaRefused(q marconi.Quota) {
 	for _, known := range marconi.Quotas {
@@ -88,7 +88,7 @@ func (s *Server) checkSessionQuota(ctx context.Context, tp TenantProject) error 
 
 func errSessionQuota(limit int) error {
 	return marconi.QuotaExceeded(marconi.QuotaSessionsPerProject, 0,
-		"this project has %d live sessions, the limit; deregister some or let them expire", limit)
+		"this project holds its limit of %d live sessions; deregister some or let them expire", limit)
 }
 
 // projectMemo remembers projects until a time (here: found full, until a
