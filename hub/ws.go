@@ -165,7 +165,7 @@ func (s *Server) recordDetach(conn *wsConn) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.StoreTimeout)
 	defer cancel()
-	if _, err := s.store.ClearQueue(ctx, conn.key, s.cfg.InstanceID, s.now()); err != nil {
+	if _, err := s.store.ClearQueue(ctx, conn.key, s.cfg.InstanceID, conn.attachedAt, s.now()); err != nil {
 		s.log.Warn("record queue detach", keyAttrs(conn.key), "err", err)
 	}
 	if cur := s.registry.get(conn.key); cur != nil {

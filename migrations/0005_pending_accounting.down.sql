@@ -1,0 +1,2 @@
+DROP TABLE project_usage;
+ALTER TABLE sessions DROP COLUMN acked_seq, DROP COLUMN pending_bytes, DROP COLUMN queue_latest_attach;

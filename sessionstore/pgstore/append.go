@@ -1,0 +1,296 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+// The durable append. Concurrent AppendSignal calls are gathered into one
+// batch (group commit): the statements of a batch go to Postgres in one
+// pipelined round trip and run as one implicit transaction, so the whole
+// batch costs one commit and one WAL flush. Each caller is answered only
+// after the batch committed. docs/delivery.md tells the whole story.
+
+// lockIdempotencySQL takes the transaction-scoped advisory lock of every
+// idempotency key of the batch, in one global order (by hash), so that a
+// duplicate sent at once through another batch or instance waits for this
+// one to commit and then finds it. Taking them before any row lock, always
+// in the same order, keeps batches from deadlocking on them.
+const lockIdempotencySQL = `SELECT count(pg_advisory_xact_lock(h)) FROM (
+	SELECT DISTINCT hashtextextended(k, 0) AS h FROM unnest($1::text[]) AS k ORDER BY h OFFSET 0) AS locks`
+
+// lockProjectsSQL locks (creating where missing) the project_usage row of
+// every project of the batch, in order. Every statement that moves a
+// project's pending bytes holds that lock first, so the quota check of an
+// append reads exactly what is stored, and no two batches can lock the
+// session rows of a project in different orders.
+const lockProjectsSQL = `INSERT INTO project_usage AS u (tenant_id, project_id)
+	SELECT t, p FROM unnest($1::text[], $2::text[]) AS x(t, p) ORDER BY t, p
+	ON CONFLICT (tenant_id, project_id) DO UPDATE SET pending_bytes = u.pending_bytes`
+
+// appendSQL is one append in one statement: the idempotency lookup, the
+// recipient and quota checks, the seq bump, the byte counters and the insert.
+// It always returns one row: the new seq and queue instance when it stored
+// the signal; otherwise what decided (the earlier signal, or the recipient's
+// pending count and its project's bytes, NULL when it is not live).
+//
+// $1 tenant, $2 project, $3 to_session, $4 id, $5 from_session, $6 kind,
+// $7 payload, $8 created_at, $9 idempotency key, $10 delivery,
+// $11 route_state, $12 idempotency since, $13 now, $14 payload bytes,
+// $15 pending limit, $16 pending bytes limit (0: none).
+const appendSQL = `WITH dup AS (
+	SELECT ` + signalCols + ` FROM signals
+	WHERE $9::text IS NOT NULL AND tenant_id = $1 AND project_id = $2 AND from_session = $5
+	  AND idempotency_key = $9 AND ($12::timestamptz IS NULL OR created_at >= $12)
+	ORDER BY created_at DESC, seq DESC LIMIT 1
+), rcpt AS (
+	SELECT last_seq - acked_seq AS pending,
+	       (SELECT pending_bytes FROM project_usage WHERE tenant_id = $1 AND project_id = $2) AS project_bytes
+	FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $13
+), bump AS (
+	UPDATE sessions SET last_seq = last_seq + 1, pending_bytes = pending_bytes + $14::bigint
+	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $13
+	  AND NOT EXISTS (SELECT 1 FROM dup)
+	  AND ($15::bigint <= 0 OR last_seq - acked_seq < $15::bigint)
+	  AND ($16::bigint <= 0 OR (SELECT project_bytes FROM rcpt) + $14::bigint <= $16::bigint)
+	RETURNING last_seq, queue_instance
+), counted AS (
+	UPDATE project_usage SET pending_bytes = project_usage.pending_bytes + $14::bigint
+	FROM bump WHERE tenant_id = $1 AND project_id = $2
+), ins AS (
+	INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, payload,
+		created_at, idempotency_key, delivery, route_state)
+	SELECT $1, $2, $3, bump.last_seq, $4, $5, $6, $7::json, $8, $9, $10, $11 FROM bump
+)
+SELECT bump.last_seq, bump.queue_instance, rcpt.pending, rcpt.project_bytes,
+	dup.id, dup.seq, dup.tenant_id, dup.project_id, dup.to_session, dup.from_session, dup.kind,
+	dup.payload, dup.created_at, dup.idempotency_key, dup.delivery, dup.route_state
+FROM (SELECT) AS one LEFT JOIN bump ON true LEFT JOIN rcpt ON true LEFT JOIN dup ON true`
+
+// appendReq is one AppendSignal waiting for its batch.
+type appendReq struct {
+	ns  sessionstore.NewSignal
+	now time.Time
+	out appendOutcome
+	// turn receives true when out is set, false when this request is to
+	// lead the next batch.
+	turn chan bool
+}
+
+// appendOutcome is what one append of a batch came to.
+type appendOutcome struct {
+	sig sessionstore.Signal
+	dup bool
+	err error
+}
+
+// AppendSignal implements sessionstore.Store. With group commit on (the
+// default) it joins the next batch and returns once that batch committed;
+// off, it runs as a batch of its own.
+func (s *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now time.Time) (sessionstore.Signal, bool, error) {
+	if s.closed.Load() {
+		return sessionstore.Signal{}, false, wrap("append signal", fmt.Errorf("store closed: %w", sessionstore.ErrUnavailable))
+	}
+	r := &appendReq{ns: ns, now: now}
+	if s.group == nil {
+		s.runBatch([]*appendReq{r})
+	} else if err := s.group.do(ctx, r); err != nil {
+		return sessionstore.Signal{}, false, wrap("append signal", fmt.Errorf("%w: %w", sessionstore.ErrUnavailable, err))
+	}
+	if r.out.err != nil {
+		return sessionstore.Signal{}, false, wrap("append signal", r.out.err)
+	}
+	return r.out.sig, r.out.dup, nil
+}
+
+// runBatch stores the appends of batch in one transaction and sets each
+// one's outcome. When Postgres refuses the batch as a whole (one member's
+// bad value aborts the transaction, or a deadlock), nothing of it was
+// stored: each member then runs again alone, so only the one at fault fails.
+// When the store cannot be reached, every member fails closed.
+func (s *Store) runBatch(batch []*appendReq) {
+	ctx, cancel, err := s.call(context.Background())
+	defer cancel()
+	if err == nil {
+		err = s.sendBatch(ctx, batch)
+	}
+	if err == nil {
+		return
+	}
+	var pgErr *pgconn.PgError
+	if len(batch) > 1 && errors.As(err, &pgErr) && !isUnavailable(err) {
+		// A server-side error aborted the implicit transaction: nothing
+		// of the batch is stored, so each member may run again.
+		for _, r := range batch {
+			s.runBatch([]*appendReq{r})
+		}
+		return
+	}
+	for _, r := range batch {
+		r.out = appendOutcome{err: err}
+	}
+}
+
+// sendBatch sends batch as one pipelined implicit transaction and reads its
+// outcomes. It returns an error when the transaction did not commit (or may
+// not have: a lost connection leaves that unknown, and the members fail
+// closed); outcomes are set only when it returns nil.
+func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
+	b := &pgx.Batch{}
+	keys := idempotencyLockKeys(batch)
+	if len(keys) > 0 {
+		b.Queue(lockIdempotencySQL, keys)
+	}
+	tenants, projects := batchProjects(batch)
+	b.Queue(lockProjectsSQL, tenants, projects)
+	for _, r := range batch {
+		b.Queue(appendSQL, appendArgs(r.ns, r.now)...)
+	}
+	br := s.pool.SendBatch(ctx, b)
+	outs := make([]appendOutcome, len(batch))
+	err := readBatch(br, batch, len(keys) > 0, outs)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	for i, r := range batch {
+		r.out = outs[i]
+	}
+	return nil
+}
+
+func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys bool, outs []appendOutcome) error {
+	if lockedKeys {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	if _, err := br.Exec(); err != nil {
+		return err
+	}
+	for i, r := range batch {
+		out, err := scanAppend(br.QueryRow(), r.ns)
+		if err != nil {
+			return err
+		}
+		outs[i] = out
+	}
+	return nil
+}
+
+// appendArgs are appendSQL's arguments for ns.
+func appendArgs(ns sessionstore.NewSignal, now time.Time) []any {
+	var idem, payload *string // NULL when there is none
+	if ns.IdempotencyKey != "" {
+		idem = &ns.IdempotencyKey
+	}
+	// The payload column is json, not jsonb: it keeps the sender's text
+	// byte for byte, so a replay carries exactly the bytes of the live push
+	// (migration 0004 says why).
+	if len(ns.Payload) > 0 {
+		p := string(ns.Payload)
+		payload = &p
+	}
+	return []any{ns.To.TenantID, ns.To.ProjectID, ns.To.SessionID, ns.ID, ns.FromSession, ns.Kind,
+		payload, ns.CreatedAt, idem, ns.Delivery, ns.RouteState, toNull(ns.IdempotencySince), now,
+		int64(len(ns.Payload)), ns.Limits.PendingPerRecipient, ns.Limits.PendingBytesPerProject}
+}
+
+// scanAppend reads appendSQL's row into the outcome of ns.
+func scanAppend(row pgx.Row, ns sessionstore.NewSignal) (appendOutcome, error) {
+	var (
+		seq, pending, projectBytes *int64
+		queue                      *string
+		d                          struct {
+			id, tenant, project, to, from, kind, delivery, route *string
+			seq                                                  *int64
+			payload                                              []byte
+			createdAt                                            *time.Time
+			idem                                                 *string
+		}
+	)
+	if err := row.Scan(&seq, &queue, &pending, &projectBytes,
+		&d.id, &d.seq, &d.tenant, &d.project, &d.to, &d.from, &d.kind,
+		&d.payload, &d.createdAt, &d.idem, &d.delivery, &d.route); err != nil {
+		return appendOutcome{}, err
+	}
+	switch {
+	case seq != nil:
+		return appendOutcome{sig: sessionstore.Signal{
+			ID: ns.ID, Seq: *seq, To: ns.To, FromSession: ns.FromSession, Kind: ns.Kind,
+			Payload: append(json.RawMessage(nil), ns.Payload...), CreatedAt: ns.CreatedAt.Truncate(time.Microsecond).UTC(),
+			IdempotencyKey: ns.IdempotencyKey, Delivery: ns.Delivery, RouteState: ns.RouteState,
+		}}, nil
+	case d.id != nil:
+		sig := sessionstore.Signal{
+			ID: *d.id, Seq: *d.seq, To: sessionstore.Key{TenantID: *d.tenant, ProjectID: *d.project, SessionID: *d.to},
+			FromSession: *d.from, Kind: *d.kind, CreatedAt: d.createdAt.UTC(), IdempotencyKey: deref(d.idem),
+			Delivery: *d.delivery, RouteState: *d.route,
+		}
+		if d.payload != nil {
+			sig.Payload = json.RawMessage(d.payload)
+		}
+		return appendOutcome{sig: sig, dup: true}, nil
+	case pending == nil:
+		return appendOutcome{err: sessionstore.ErrNotFound}, nil
+	case ns.Limits.PendingPerRecipient > 0 && *pending >= ns.Limits.PendingPerRecipient:
+		return appendOutcome{err: &sessionstore.QuotaError{Quota: marconi.QuotaPendingPerRecipient,
+			Limit: ns.Limits.PendingPerRecipient, Current: *pending}}, nil
+	case ns.Limits.PendingBytesPerProject > 0 && projectBytes != nil &&
+		*projectBytes+int64(len(ns.Payload)) > ns.Limits.PendingBytesPerProject:
+		return appendOutcome{err: &sessionstore.QuotaError{Quota: marconi.QuotaPendingBytesPerProject,
+			Limit: ns.Limits.PendingBytesPerProject, Current: *projectBytes}}, nil
+	}
+	// The recipient's row changed between the statement's snapshot and its
+	// update: it expired or went away meanwhile.
+	return appendOutcome{err: sessionstore.ErrNotFound}, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// idempotencyLockKeys names the advisory lock of each idempotency key in
+// batch (a sender's key within its tenant and project).
+func idempotencyLockKeys(batch []*appendReq) []string {
+	var keys []string
+	for _, r := range batch {
+		if ns := r.ns; ns.IdempotencyKey != "" {
+			keys = append(keys, strings.Join([]string{"marconi.idem", ns.To.TenantID, ns.To.ProjectID, ns.FromSession, ns.IdempotencyKey}, "\x1f"))
+		}
+	}
+	return keys
+}
+
+// batchProjects lists the distinct (tenant, project) pairs of batch, sorted.
+func batchProjects(batch []*appendReq) (tenants, projects []string) {
+	type tp struct{ t, p string }
+	seen := make([]tp, 0, 1)
+	for _, r := range batch {
+		k := tp{r.ns.To.TenantID, r.ns.To.ProjectID}
+		if !slices.Contains(seen, k) {
+			seen = append(seen, k)
+		}
+	}
+	slices.SortFunc(seen, func(a, b tp) int { return strings.Compare(a.t+"\x00"+a.p, b.t+"\x00"+b.p) })
+	for _, k := range seen {
+		tenants, projects = append(tenants, k.t), append(projects, k.p)
+	}
+	return tenants, projects
+}
