@@ -45,6 +45,10 @@ type Config struct {
 	MaxPayloadBytes int
 	// SendRatePerSecond is the per-session send limit; the burst is twice it.
 	SendRatePerSecond float64
+	// StoreQuotas are the quotas the store enforces inside each append
+	// (pending signals per recipient, pending bytes per project); zero
+	// fields take the signals package's defaults.
+	StoreQuotas sessionstore.Limits
 	// WSPingInterval: the hub pings every interval and drops a peer whose
 	// pong has not come within one more interval.
 	WSPingInterval time.Duration
@@ -261,6 +265,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s.signals, err = signals.New(signals.Config{
 		MaxPayloadBytes: cfg.MaxPayloadBytes,
 		Freshness:       cfg.SelfHeal.Freshness,
+		Quotas:          cfg.StoreQuotas,
 	}, d.Store, s, s.selfheal, d.Now, d.Registry, d.Logger)
 	if err != nil {
 		return nil, err

@@ -32,6 +32,11 @@ type Config struct {
 	PiggybackLimit int
 	// DrainLimit caps one drain page (500).
 	DrainLimit int
+	// Quotas are the store-side quotas every append carries to the store:
+	// MARCONI_QUOTA_PENDING_PER_RECIPIENT (10000) and
+	// MARCONI_QUOTA_PENDING_BYTES_PER_PROJECT (268435456). A refused send
+	// stores nothing and answers 429 quota_exceeded.
+	Quotas sessionstore.Limits
 }
 
 func (c *Config) setDefaults() {
@@ -49,6 +54,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.DrainLimit == 0 {
 		c.DrainLimit = 500
+	}
+	if c.Quotas.PendingPerRecipient == 0 {
+		c.Quotas.PendingPerRecipient = 10000
+	}
+	if c.Quotas.PendingBytesPerProject == 0 {
+		c.Quotas.PendingBytesPerProject = 256 << 20
 	}
 }
 
@@ -140,6 +151,7 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 		IdempotencySince: start.Add(-s.cfg.IdempotencyWindow),
 		Delivery:         DeliveryFor(state),
 		RouteState:       state,
+		Limits:           s.cfg.Quotas,
 	}, start)
 	if errors.Is(err, sessionstore.ErrNotFound) {
 		return SendResult{}, marconi.Errorf(marconi.CodeRecipientNotRegistered, "no live session %q in this project", req.To)

@@ -28,6 +28,11 @@ type Config struct {
 	InstanceHeartbeat time.Duration
 	// ShutdownTimeout bounds graceful shutdown.
 	ShutdownTimeout time.Duration
+	// GroupCommit gathers concurrent durable sends into one transaction
+	// (Postgres store); off is kept to measure what it gains.
+	GroupCommit bool
+	// GroupCommitMaxBatch is how many sends one group commit carries at most.
+	GroupCommitMaxBatch int
 	// generatedAPIKey and generatedAdminToken are set when development mode
 	// made them; they are printed once at start.
 	generatedAPIKey     string
@@ -57,6 +62,17 @@ func seconds(dst *time.Duration) func(*Config, string) error {
 func positiveInt(dst *int) func(*Config, string) error {
 	return func(_ *Config, v string) error {
 		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("want a positive whole number, got %q", v)
+		}
+		*dst = n
+		return nil
+	}
+}
+
+func positiveInt64(dst *int64) func(*Config, string) error {
+	return func(_ *Config, v string) error {
+		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n <= 0 {
 			return fmt.Errorf("want a positive whole number, got %q", v)
 		}
@@ -212,6 +228,14 @@ func settings(c *Config) []setting {
 		{"MARCONI_PRUNE_INTERVAL_SECONDS", "60", "how often the retention loop runs", seconds(&h.Retention.Every)},
 		{"MARCONI_PENDING_SWEEP_SECONDS", "5", "how often every attached queue re-reads the store (bounds the delay of a lost cross-instance wake-up)", seconds(&h.PendingSweep)},
 		{"MARCONI_SHUTDOWN_TIMEOUT_SECONDS", "15", "bound on graceful shutdown", seconds(&c.ShutdownTimeout)},
+		{"MARCONI_QUOTA_PENDING_PER_RECIPIENT", "10000", "unacknowledged signals one recipient may hold (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingPerRecipient)},
+		{"MARCONI_QUOTA_PENDING_BYTES_PER_PROJECT", "268435456", "payload bytes of the unacknowledged signals of one project (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingBytesPerProject)},
+		{"MARCONI_GROUP_COMMIT", "on", "gather concurrent durable sends into one Postgres transaction (off: one per send, for comparison)", func(c *Config, v string) error {
+			b, err := parseBool(v)
+			c.GroupCommit = b
+			return err
+		}},
+		{"MARCONI_GROUP_COMMIT_MAX_BATCH", "256", "most sends one group commit carries (eight times as many may wait)", positiveInt(&c.GroupCommitMaxBatch)},
 	}
 }
 
