@@ -49,6 +49,10 @@ type Config struct {
 	// (pending signals per recipient, pending bytes per project); zero
 	// fields take the signals package's defaults.
 	StoreQuotas sessionstore.Limits
+	// TokenCacheSize is how many session tokens the send path remembers
+	// (for TouchInterval each); 0 takes the default 10000, negative turns
+	// the cache off.
+	TokenCacheSize int
 	// WSPingInterval: the hub pings every interval and drops a peer whose
 	// pong has not come within one more interval.
 	WSPingInterval time.Duration
@@ -120,6 +124,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.SendRatePerSecond == 0 {
 		c.SendRatePerSecond = 200
+	}
+	if c.TokenCacheSize == 0 {
+		c.TokenCacheSize = 10000
 	}
 	if c.WSPingInterval == 0 {
 		c.WSPingInterval = 20 * time.Second
@@ -197,6 +204,7 @@ type Server struct {
 	metrics  *metrics
 	creds    *credentials
 	limits   *sendLimiter
+	tokens   *tokenCache // nil when off
 	registry *registry
 	signals  *signals.Service
 	selfheal *selfheal.Evaluator
@@ -243,6 +251,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		metrics:  m,
 		creds:    newCredentials(cfg.APIKeys, cfg.AdminToken),
 		limits:   newSendLimiter(cfg.SendRatePerSecond, d.Now),
+		tokens:   newTokenCache(cfg.TokenCacheSize, cfg.TouchInterval),
 		registry: newRegistry(),
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
@@ -291,7 +300,7 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	v1.POST("/sessions", s.register)
 	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth)
 	v1.DELETE("/session", s.deregister, s.sessionAuth)
-	v1.POST("/signals", s.send, s.sessionAuth)
+	v1.POST("/signals", s.send, s.sendAuth)
 	v1.GET("/signals", s.drain, s.sessionAuth)
 	v1.POST("/signals/ack", s.ack, s.sessionAuth)
 	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth)

@@ -97,6 +97,7 @@ func (s *Server) register(c echo.Context) error {
 			sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)
 		switch {
 		case err == nil:
+			s.tokens.drop(hashSecret(old))
 			s.metrics.registrations.WithLabelValues("resumed").Inc()
 			return c.JSON(http.StatusOK, s.sessionResponse(sess, token))
 		case errors.Is(err, sessionstore.ErrTokenMismatch):
@@ -205,6 +206,7 @@ func (s *Server) deregister(c echo.Context) error {
 	if err != nil && !errors.Is(err, sessionstore.ErrNotFound) {
 		return err
 	}
+	s.tokens.drop(tokenHash(c))
 	s.kickSession(sess.Key, statusSessionExpired, "session deregistered", "deregistered")
 	return c.NoContent(http.StatusNoContent)
 }
@@ -216,8 +218,11 @@ func (s *Server) touchVerb(c echo.Context, sess sessionstore.Session) {
 	if now.Sub(sess.LastVerbAt) < s.cfg.TouchInterval {
 		return
 	}
-	err := s.store.TouchSession(c.Request().Context(), sess.Key, sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)
+	t := sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}
+	err := s.store.TouchSession(c.Request().Context(), sess.Key, t, now)
 	if err != nil {
 		s.log.Debug("touch verb", keyAttrs(sess.Key), "err", err)
+		return
 	}
+	s.tokens.touched([32]byte(tokenHash(c)), t)
 }

@@ -109,6 +109,12 @@ type NewSignal struct {
 	// Limits are the store-side quotas this append must respect; zero
 	// fields are unlimited.
 	Limits Limits
+	// SenderTokenHash, when set, makes the store authorise the append in
+	// the same step: a live session FromSession in To's tenant and project
+	// must hold this token hash. A caller that authenticated the sender
+	// from a cache relies on it, so a token rotated, deleted or expired
+	// anywhere can never send.
+	SenderTokenHash []byte
 }
 
 // Limits are the quotas a store enforces atomically inside AppendSignal: a
@@ -253,9 +259,11 @@ type Store interface {
 	// the same non-empty idempotency key since IdempotencySince, nothing is
 	// stored and that signal is returned with duplicate true (a duplicate is
 	// never refused by a quota). Returns ErrNotFound when the recipient is
-	// not a live session, a *QuotaError (ErrQuotaExceeded) when s.Limits
-	// refuse it, and ErrInvalidInput when a value cannot be stored. Nothing
-	// is stored on any error.
+	// not a live session, ErrTokenMismatch when s.SenderTokenHash is set and
+	// no live session FromSession holds it (checked before anything else), a
+	// *QuotaError (ErrQuotaExceeded) when s.Limits refuse it, and
+	// ErrInvalidInput when a value cannot be stored. Nothing is stored on
+	// any error.
 	AppendSignal(ctx context.Context, s NewSignal, now time.Time) (sig Signal, duplicate bool, err error)
 	// PendingSignals returns the unacknowledged signals of k with seq >
 	// afterSeq, in seq order, at most limit of them.

@@ -94,11 +94,16 @@ func (s *Service) Config() Config { return s.cfg }
 // SendRequest is one POST /v1/signals, already authenticated.
 type SendRequest struct {
 	// Sender is the caller's session as loaded before this call.
-	Sender         sessionstore.Session
-	To             string
-	Kind           string
-	Payload        json.RawMessage
-	IdempotencyKey string
+	Sender sessionstore.Session
+	// SenderTokenHash, when set, is the hash of the token the sender
+	// presented: the store stores the signal only while a live session of
+	// the sender still holds it (a token cache relies on that); otherwise
+	// Send answers session_expired.
+	SenderTokenHash []byte
+	To              string
+	Kind            string
+	Payload         json.RawMessage
+	IdempotencyKey  string
 }
 
 // SendResult is the answer to a send.
@@ -152,7 +157,11 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 		Delivery:         DeliveryFor(state),
 		RouteState:       state,
 		Limits:           s.cfg.Quotas,
+		SenderTokenHash:  req.SenderTokenHash,
 	}, start)
+	if errors.Is(err, sessionstore.ErrTokenMismatch) {
+		return SendResult{}, marconi.Errorf(marconi.CodeSessionExpired, "this session token matches no live session; register again")
+	}
 	if errors.Is(err, sessionstore.ErrNotFound) {
 		return SendResult{}, marconi.Errorf(marconi.CodeRecipientNotRegistered, "no live session %q in this project", req.To)
 	}

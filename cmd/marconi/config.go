@@ -230,6 +230,17 @@ func settings(c *Config) []setting {
 		{"MARCONI_SHUTDOWN_TIMEOUT_SECONDS", "15", "bound on graceful shutdown", seconds(&c.ShutdownTimeout)},
 		{"MARCONI_QUOTA_PENDING_PER_RECIPIENT", "10000", "unacknowledged signals one recipient may hold (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingPerRecipient)},
 		{"MARCONI_QUOTA_PENDING_BYTES_PER_PROJECT", "268435456", "payload bytes of the unacknowledged signals of one project (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingBytesPerProject)},
+		{"MARCONI_TOKEN_CACHE_SIZE", "10000", "session tokens the send path remembers, each for MARCONI_TOUCH_INTERVAL_SECONDS (0: off; the store still authorises every send)", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return fmt.Errorf("want a whole number, 0 or more, got %q", v)
+			}
+			c.Hub.TokenCacheSize = n
+			if n == 0 {
+				c.Hub.TokenCacheSize = -1
+			}
+			return nil
+		}},
 		{"MARCONI_GROUP_COMMIT", "on", "gather concurrent durable sends into one Postgres transaction (off: one per send, for comparison)", func(c *Config, v string) error {
 			b, err := parseBool(v)
 			c.GroupCommit = b

@@ -512,6 +512,12 @@ func (m *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now
 	if err := storable(ns.ID, ns.FromSession, ns.Kind, ns.IdempotencyKey, ns.Delivery, ns.RouteState); err != nil {
 		return sessionstore.Signal{}, false, err
 	}
+	if ns.SenderTokenHash != nil {
+		from, ok := m.sessions[sessionstore.Key{TenantID: ns.To.TenantID, ProjectID: ns.To.ProjectID, SessionID: ns.FromSession}]
+		if !ok || !live(from, now) || !bytes.Equal(from.s.TokenHash, ns.SenderTokenHash) {
+			return sessionstore.Signal{}, false, fmt.Errorf("memstore: sender token: %w", sessionstore.ErrTokenMismatch)
+		}
+	}
 	to, err := m.liveSession(ns.To, now)
 	if err != nil {
 		return sessionstore.Signal{}, false, err

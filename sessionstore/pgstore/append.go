@@ -48,8 +48,12 @@ const lockProjectsSQL = `INSERT INTO project_usage AS u (tenant_id, project_id)
 // $1 tenant, $2 project, $3 to_session, $4 id, $5 from_session, $6 kind,
 // $7 payload, $8 created_at, $9 idempotency key, $10 delivery,
 // $11 route_state, $12 idempotency since, $13 now, $14 payload bytes,
-// $15 pending limit, $16 pending bytes limit (0: none).
-const appendSQL = `WITH dup AS (
+// $15 pending limit, $16 pending bytes limit (0: none), $17 the sender's
+// token hash (NULL: not checked).
+const appendSQL = `WITH auth AS (
+	SELECT $17::bytea IS NULL OR EXISTS (SELECT 1 FROM sessions
+		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $5 AND token_hash = $17 AND expires_at >= $13) AS ok
+), dup AS (
 	SELECT ` + signalCols + ` FROM signals
 	WHERE $9::text IS NOT NULL AND tenant_id = $1 AND project_id = $2 AND from_session = $5
 	  AND idempotency_key = $9 AND ($12::timestamptz IS NULL OR created_at >= $12)
@@ -61,7 +65,7 @@ const appendSQL = `WITH dup AS (
 ), bump AS (
 	UPDATE sessions SET last_seq = last_seq + 1, pending_bytes = pending_bytes + $14::bigint
 	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $13
-	  AND NOT EXISTS (SELECT 1 FROM dup)
+	  AND (SELECT ok FROM auth) AND NOT EXISTS (SELECT 1 FROM dup)
 	  AND ($15::bigint <= 0 OR last_seq - acked_seq < $15::bigint)
 	  AND ($16::bigint <= 0 OR (SELECT project_bytes FROM rcpt) + $14::bigint <= $16::bigint)
 	RETURNING last_seq, queue_instance
@@ -73,10 +77,10 @@ const appendSQL = `WITH dup AS (
 		created_at, idempotency_key, delivery, route_state)
 	SELECT $1, $2, $3, bump.last_seq, $4, $5, $6, $7::json, $8, $9, $10, $11 FROM bump
 )
-SELECT bump.last_seq, bump.queue_instance, rcpt.pending, rcpt.project_bytes,
+SELECT auth.ok, bump.last_seq, bump.queue_instance, rcpt.pending, rcpt.project_bytes,
 	dup.id, dup.seq, dup.tenant_id, dup.project_id, dup.to_session, dup.from_session, dup.kind,
 	dup.payload, dup.created_at, dup.idempotency_key, dup.delivery, dup.route_state
-FROM (SELECT) AS one LEFT JOIN bump ON true LEFT JOIN rcpt ON true LEFT JOIN dup ON true`
+FROM auth LEFT JOIN bump ON true LEFT JOIN rcpt ON true LEFT JOIN dup ON true`
 
 // appendReq is one AppendSignal waiting for its batch.
 type appendReq struct {
@@ -206,12 +210,13 @@ func appendArgs(ns sessionstore.NewSignal, now time.Time) []any {
 	}
 	return []any{ns.To.TenantID, ns.To.ProjectID, ns.To.SessionID, ns.ID, ns.FromSession, ns.Kind,
 		payload, ns.CreatedAt, idem, ns.Delivery, ns.RouteState, toNull(ns.IdempotencySince), now,
-		int64(len(ns.Payload)), ns.Limits.PendingPerRecipient, ns.Limits.PendingBytesPerProject}
+		int64(len(ns.Payload)), ns.Limits.PendingPerRecipient, ns.Limits.PendingBytesPerProject, ns.SenderTokenHash}
 }
 
 // scanAppend reads appendSQL's row into the outcome of ns.
 func scanAppend(row pgx.Row, ns sessionstore.NewSignal) (appendOutcome, error) {
 	var (
+		authorized                 bool
 		seq, pending, projectBytes *int64
 		queue                      *string
 		d                          struct {
@@ -222,12 +227,14 @@ func scanAppend(row pgx.Row, ns sessionstore.NewSignal) (appendOutcome, error) {
 			idem                                                 *string
 		}
 	)
-	if err := row.Scan(&seq, &queue, &pending, &projectBytes,
+	if err := row.Scan(&authorized, &seq, &queue, &pending, &projectBytes,
 		&d.id, &d.seq, &d.tenant, &d.project, &d.to, &d.from, &d.kind,
 		&d.payload, &d.createdAt, &d.idem, &d.delivery, &d.route); err != nil {
 		return appendOutcome{}, err
 	}
 	switch {
+	case !authorized:
+		return appendOutcome{err: sessionstore.ErrTokenMismatch}, nil
 	case seq != nil:
 		return appendOutcome{sig: sessionstore.Signal{
 			ID: ns.ID, Seq: *seq, To: ns.To, FromSession: ns.FromSession, Kind: ns.Kind,

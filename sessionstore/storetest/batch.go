@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
@@ -193,7 +194,7 @@ func testInvalidInput(t *testing.T, s sessionstore.Store) {
 		wantErr(t, fmt.Sprintf("append of kind %q key %q", ns.Kind, ns.IdempotencyKey), err, sessionstore.ErrInvalidInput)
 	}
 	wantCount(t, s, k, 0)
-	sess := newSession(key("t", "p", "bob"), hash("bob"), at(24*3600e9))
+	sess := newSession(key("t", "p", "bob"), hash("bob"), at(24*time.Hour))
 	sess.ClientID = "c\x00"
 	_, err := s.CreateSession(ctx, sess, t0)
 	wantErr(t, "CreateSession with a NUL in client_id", err, sessionstore.ErrInvalidInput)
@@ -284,4 +285,44 @@ func testQuotaPendingBytesPerProject(t *testing.T, s sessionstore.Store) {
 	wantQuota(t, "full again", err, marconi.QuotaPendingBytesPerProject, 100, 100)
 	noErr(t, "DeleteSession", s.DeleteSession(ctx, a)) // deleting frees a's 60
 	mustAppend(t, s, sized(b, 60))
+}
+
+func testAppendSenderToken(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	to := key("t", "p", "bob")
+	mustCreate(t, s, to)
+	sender := mustCreate(t, s, key("t", "p", "alice"))
+	authed := func() sessionstore.NewSignal {
+		ns := send(to, "alice")
+		ns.SenderTokenHash = sender.TokenHash
+		return ns
+	}
+	mustAppend(t, s, authed())
+
+	// Rotated: the old hash sends nothing, not even a duplicate's answer.
+	newHash := hash("alice-rotated")
+	_, err := s.ResumeSession(ctx, sender.Key, sender.TokenHash, newHash, sessionstore.Touch{}, t0)
+	noErr(t, "ResumeSession", err)
+	_, _, err = s.AppendSignal(ctx, authed(), t0)
+	wantErr(t, "append with a rotated token", err, sessionstore.ErrTokenMismatch)
+	ns := authed()
+	ns.SenderTokenHash = newHash
+	mustAppend(t, s, ns)
+
+	// Another sender's hash, or a hash of another tenant's alice, is no better.
+	other := mustCreate(t, s, key("t2", "p", "alice"))
+	ns = authed()
+	ns.SenderTokenHash = other.TokenHash
+	_, _, err = s.AppendSignal(ctx, ns, t0)
+	wantErr(t, "append with another tenant's token", err, sessionstore.ErrTokenMismatch)
+
+	// Expired and deleted senders send nothing.
+	ns = authed()
+	ns.SenderTokenHash = newHash
+	_, _, err = s.AppendSignal(ctx, ns, at(25*time.Hour))
+	wantErr(t, "append from an expired sender", err, sessionstore.ErrTokenMismatch)
+	noErr(t, "DeleteSession", s.DeleteSession(ctx, sender.Key))
+	_, _, err = s.AppendSignal(ctx, ns, t0)
+	wantErr(t, "append from a deleted sender", err, sessionstore.ErrTokenMismatch)
+	wantPending(t, s, to, 1, 2)
 }

@@ -80,6 +80,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"AppendSignal/batch: each recipient's seq gap-free, each sender's order kept", testBatchOrderPerSender},
 		{"AppendSignal/batch: one idempotency key sent at once is stored once", testBatchIdempotency},
 		{"AppendSignal/batch: a failing member fails alone", testBatchFailingMember},
+		{"AppendSignal/a sender token hash authorises the append in the store", testAppendSenderToken},
 		{"AppendSignal and CreateSession/a value the store cannot keep is ErrInvalidInput", testInvalidInput},
 		{"Quota/pending signals per recipient: refused stores nothing, acking frees room", testQuotaPendingPerRecipient},
 		{"Quota/pending bytes per project: refused stores nothing, acking or deleting frees room", testQuotaPendingBytesPerProject},
