@@ -4,8 +4,10 @@
 -- seq), so a recipient's pending signals are exactly those with
 -- seq > acked_seq: their count is last_seq - acked_seq, read from the row the
 -- append locks anyway. pending_bytes is the payload bytes of those signals.
--- project_usage keeps the same bytes summed per project; an append locks its
--- project's row first, so the quota check and the counters move together.
+-- project_usage keeps the same bytes summed per project. Only appends lock
+-- and write its row (once per group commit); what frees bytes (acks, deletes,
+-- prunes) inserts a negative delta into project_usage_deltas instead, which
+-- the next append folds in, so acks never wait on a project-wide lock.
 --
 -- queue_latest_attach is the attach time of the newest SetQueue, kept after
 -- the queue detaches, so that a late SetQueue of an older attach is refused.
@@ -32,3 +34,11 @@ CREATE TABLE project_usage (
 
 INSERT INTO project_usage (tenant_id, project_id, pending_bytes)
 SELECT tenant_id, project_id, sum(pending_bytes) FROM sessions GROUP BY tenant_id, project_id;
+
+CREATE TABLE project_usage_deltas (
+    tenant_id  text   NOT NULL,
+    project_id text   NOT NULL,
+    delta      bigint NOT NULL
+);
+
+CREATE INDEX project_usage_deltas_project_idx ON project_usage_deltas (tenant_id, project_id);

@@ -97,6 +97,9 @@ func loopback(host string) bool {
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "durable" {
+		return runDurable(ctx, args[1:], stdout, stderr)
+	}
 	o, err := parseOptions(args, getenv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0

@@ -31,13 +31,24 @@ const lockIdempotencySQL = `SELECT count(pg_advisory_xact_lock(h)) FROM (
 	SELECT DISTINCT hashtextextended(k, 0) AS h FROM unnest($1::text[]) AS k ORDER BY h OFFSET 0) AS locks`
 
 // lockProjectsSQL locks (creating where missing) the project_usage row of
-// every project of the batch, in order. Every statement that moves a
-// project's pending bytes holds that lock first, so the quota check of an
-// append reads exactly what is stored, and no two batches can lock the
-// session rows of a project in different orders.
+// every project the batch appends to, in order. Only appends write that row,
+// so no two batches can lock the session rows of a project in different
+// orders, and the quota check of an append reads exactly what appends
+// stored.
 const lockProjectsSQL = `INSERT INTO project_usage AS u (tenant_id, project_id)
 	SELECT t, p FROM unnest($1::text[], $2::text[]) AS x(t, p) ORDER BY t, p
 	ON CONFLICT (tenant_id, project_id) DO UPDATE SET pending_bytes = u.pending_bytes`
+
+// foldDeltasSQL folds into the locked project_usage rows the bytes that
+// acks, deletes and prunes freed (committed deltas; one committed meanwhile
+// waits for the next batch, so the quota errs on the side of refusing).
+const foldDeltasSQL = `WITH d AS (
+	DELETE FROM project_usage_deltas
+	WHERE (tenant_id, project_id) IN (SELECT t, p FROM unnest($1::text[], $2::text[]) AS x(t, p))
+	RETURNING tenant_id, project_id, delta
+), s AS (SELECT tenant_id, project_id, sum(delta)::bigint AS b FROM d GROUP BY 1, 2)
+UPDATE project_usage u SET pending_bytes = u.pending_bytes + s.b FROM s
+WHERE u.tenant_id = s.tenant_id AND u.project_id = s.project_id`
 
 // appendSQL is one append in one statement: the idempotency lookup, the
 // recipient and quota checks, the seq bump, the byte counters and the insert.
@@ -82,40 +93,66 @@ SELECT auth.ok, bump.last_seq, bump.queue_instance, rcpt.pending, rcpt.project_b
 	dup.payload, dup.created_at, dup.idempotency_key, dup.delivery, dup.route_state
 FROM auth LEFT JOIN bump ON true LEFT JOIN rcpt ON true LEFT JOIN dup ON true`
 
-// appendReq is one AppendSignal waiting for its batch.
+// appendReq is one AppendSignal, or one acknowledgement, waiting for its
+// batch.
 type appendReq struct {
 	ns  sessionstore.NewSignal
 	now time.Time
+	ack *ackReq // set for an acknowledgement instead of an append
 	out appendOutcome
 	// turn receives true when out is set, false when this request is to
 	// lead the next batch.
 	turn chan bool
 }
 
-// appendOutcome is what one append of a batch came to.
+// ackReq is an acknowledgement of k's signals up to upTo.
+type ackReq struct {
+	k    sessionstore.Key
+	upTo int64
+	at   time.Time
+}
+
+// appendOutcome is what one member of a batch came to.
 type appendOutcome struct {
-	sig sessionstore.Signal
-	dup bool
-	err error
+	sig   sessionstore.Signal
+	dup   bool
+	acked int // for an acknowledgement
+	err   error
 }
 
 // AppendSignal implements sessionstore.Store. With group commit on (the
 // default) it joins the next batch and returns once that batch committed;
 // off, it runs as a batch of its own.
 func (s *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now time.Time) (sessionstore.Signal, bool, error) {
-	if s.closed.Load() {
-		return sessionstore.Signal{}, false, wrap("append signal", fmt.Errorf("store closed: %w", sessionstore.ErrUnavailable))
-	}
 	r := &appendReq{ns: ns, now: now}
+	if err := s.commit(ctx, r); err != nil {
+		return sessionstore.Signal{}, false, wrap("append signal", err)
+	}
+	return r.out.sig, r.out.dup, nil
+}
+
+// ack acknowledges k's signals up to upTo, in the next batch with group
+// commit on (an agent's steady traffic then costs one commit per batch, not
+// one per ack), else in a transaction of its own.
+func (s *Store) ack(ctx context.Context, k sessionstore.Key, upTo int64, at time.Time) (int, error) {
+	r := &appendReq{ack: &ackReq{k: k, upTo: upTo, at: at}}
+	if err := s.commit(ctx, r); err != nil {
+		return 0, err
+	}
+	return r.out.acked, nil
+}
+
+// commit runs r in a batch and returns its error.
+func (s *Store) commit(ctx context.Context, r *appendReq) error {
+	if s.closed.Load() {
+		return fmt.Errorf("store closed: %w", sessionstore.ErrUnavailable)
+	}
 	if s.group == nil {
 		s.runBatch([]*appendReq{r})
 	} else if err := s.group.do(ctx, r); err != nil {
-		return sessionstore.Signal{}, false, wrap("append signal", fmt.Errorf("%w: %w", sessionstore.ErrUnavailable, err))
+		return fmt.Errorf("%w: %w", sessionstore.ErrUnavailable, err)
 	}
-	if r.out.err != nil {
-		return sessionstore.Signal{}, false, wrap("append signal", r.out.err)
-	}
-	return r.out.sig, r.out.dup, nil
+	return r.out.err
 }
 
 // runBatch stores the appends of batch in one transaction and sets each
@@ -151,19 +188,33 @@ func (s *Store) runBatch(batch []*appendReq) {
 // not have: a lost connection leaves that unknown, and the members fail
 // closed); outcomes are set only when it returns nil.
 func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
+	// Row locks in one global order (by recipient), so that batches of two
+	// instances (one appending to A then B, the other acknowledging B then
+	// A) cannot deadlock; the sort is stable, so each recipient's appends
+	// and acks keep their arrival order.
+	batch = slices.Clone(batch)
+	slices.SortStableFunc(batch, func(a, b *appendReq) int { return compareKeys(a.recipient(), b.recipient()) })
 	b := &pgx.Batch{}
 	keys := idempotencyLockKeys(batch)
 	if len(keys) > 0 {
 		b.Queue(lockIdempotencySQL, keys)
 	}
 	tenants, projects := batchProjects(batch)
-	b.Queue(lockProjectsSQL, tenants, projects)
+	if len(tenants) > 0 {
+		b.Queue(lockProjectsSQL, tenants, projects)
+		b.Queue(foldDeltasSQL, tenants, projects)
+	}
 	for _, r := range batch {
+		if a := r.ack; a != nil {
+			b.Queue(ackSeqSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo)
+			b.Queue(ackSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.at)
+			continue
+		}
 		b.Queue(appendSQL, appendArgs(r.ns, r.now)...)
 	}
 	br := s.pool.SendBatch(ctx, b)
 	outs := make([]appendOutcome, len(batch))
-	err := readBatch(br, batch, len(keys) > 0, outs)
+	err := readBatch(br, batch, len(keys) > 0, len(tenants) > 0, outs)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -176,16 +227,29 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 	return nil
 }
 
-func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys bool, outs []appendOutcome) error {
+func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys, lockedProjects bool, outs []appendOutcome) error {
+	prefix := 0
 	if lockedKeys {
+		prefix++
+	}
+	if lockedProjects {
+		prefix += 2
+	}
+	for range prefix {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}
 	}
-	if _, err := br.Exec(); err != nil {
-		return err
-	}
 	for i, r := range batch {
+		if r.ack != nil {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+			if err := br.QueryRow().Scan(&outs[i].acked); err != nil {
+				return err
+			}
+			continue
+		}
 		out, err := scanAppend(br.QueryRow(), r.ns)
 		if err != nil {
 			return err
@@ -193,6 +257,24 @@ func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys bool, outs []
 		outs[i] = out
 	}
 	return nil
+}
+
+// recipient is the session whose row r locks.
+func (r *appendReq) recipient() sessionstore.Key {
+	if r.ack != nil {
+		return r.ack.k
+	}
+	return r.ns.To
+}
+
+func compareKeys(a, b sessionstore.Key) int {
+	if c := strings.Compare(a.TenantID, b.TenantID); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.ProjectID, b.ProjectID); c != 0 {
+		return c
+	}
+	return strings.Compare(a.SessionID, b.SessionID)
 }
 
 // appendArgs are appendSQL's arguments for ns.
@@ -278,7 +360,7 @@ func deref(s *string) string {
 func idempotencyLockKeys(batch []*appendReq) []string {
 	var keys []string
 	for _, r := range batch {
-		if ns := r.ns; ns.IdempotencyKey != "" {
+		if ns := r.ns; r.ack == nil && ns.IdempotencyKey != "" {
 			keys = append(keys, strings.Join([]string{"marconi.idem", ns.To.TenantID, ns.To.ProjectID, ns.FromSession, ns.IdempotencyKey}, "\x1f"))
 		}
 	}
@@ -288,8 +370,11 @@ func idempotencyLockKeys(batch []*appendReq) []string {
 // batchProjects lists the distinct (tenant, project) pairs of batch, sorted.
 func batchProjects(batch []*appendReq) (tenants, projects []string) {
 	type tp struct{ t, p string }
-	seen := make([]tp, 0, 1)
+	var seen []tp
 	for _, r := range batch {
+		if r.ack != nil {
+			continue
+		}
 		k := tp{r.ns.To.TenantID, r.ns.To.ProjectID}
 		if !slices.Contains(seen, k) {
 			seen = append(seen, k)

@@ -375,39 +375,27 @@ func (s *Store) TouchSession(ctx context.Context, k sessionstore.Key, t sessions
 }
 
 // deleteSessionSQL deletes a session (its signals go by ON DELETE CASCADE)
-// and takes its pending bytes off its project's counter; it returns how many
-// sessions it deleted. $4 false deletes the session whatever its expiry;
-// true only when it expired before $5.
+// and takes its pending bytes off its project's by a delta; it returns how
+// many sessions it deleted. $4 false deletes the session whatever its
+// expiry; true only when it expired before $5.
 const deleteSessionSQL = `WITH d AS (
 	DELETE FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
 	  AND (NOT $4::bool OR expires_at < $5::timestamptz)
 	RETURNING pending_bytes
 ), u AS (
-	UPDATE project_usage SET pending_bytes = project_usage.pending_bytes - d.pending_bytes FROM d
-	WHERE tenant_id = $1 AND project_id = $2 AND d.pending_bytes <> 0
+	INSERT INTO project_usage_deltas (tenant_id, project_id, delta)
+	SELECT $1, $2, -pending_bytes FROM d WHERE pending_bytes <> 0
 )
 SELECT count(*) FROM d`
 
-// deleteSession runs deleteSessionSQL after locking the project, in db's
-// transaction or, for a pool, in one pipelined implicit one.
-func deleteSession(ctx context.Context, db batchSender, k sessionstore.Key, onlyExpiredBefore time.Time) (int, error) {
-	b := &pgx.Batch{}
-	b.Queue(lockProjectSQL, k.TenantID, k.ProjectID)
-	b.Queue(deleteSessionSQL, k.TenantID, k.ProjectID, k.SessionID, !onlyExpiredBefore.IsZero(), toNull(onlyExpiredBefore))
-	br := db.SendBatch(ctx, b)
+// deleteSession runs deleteSessionSQL on db (the pool or a transaction).
+func deleteSession(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, k sessionstore.Key, onlyExpiredBefore time.Time) (int, error) {
 	var n int
-	_, err := br.Exec()
-	if err == nil {
-		err = br.QueryRow().Scan(&n)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	err := db.QueryRow(ctx, deleteSessionSQL, k.TenantID, k.ProjectID, k.SessionID,
+		!onlyExpiredBefore.IsZero(), toNull(onlyExpiredBefore)).Scan(&n)
 	return n, err
-}
-
-type batchSender interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // DeleteSession implements sessionstore.Store.

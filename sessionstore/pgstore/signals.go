@@ -60,18 +60,20 @@ func (s *Store) PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq
 // AckSignals implements sessionstore.Store. Acknowledgements are
 // cumulative: the recipient's acked_seq moves up to upToSeq (never past its
 // last seq), and the signals up to it are marked, their bytes taken off the
-// pending counters, in one pipelined transaction (see ackBatch).
+// pending counters. With group commit on, an ack rides the next batch.
 func (s *Store) AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int64, at time.Time) (int, error) {
-	n, err := s.ackBatch(ctx, k, upToSeq, at)
+	n, err := s.ack(ctx, k, upToSeq, at)
 	return n, wrap("ack signals", err)
 }
 
-// lockProjectSQL locks one project's usage row (when it has one), first, as
-// every writer of pending bytes does (see lockProjectsSQL).
-const lockProjectSQL = `SELECT 1 FROM project_usage WHERE tenant_id = $1 AND project_id = $2 FOR UPDATE`
+// ackSeqSQL moves k's acked_seq up to $4, never past its last seq. It locks
+// the session's row first, as an append to it does.
+const ackSeqSQL = `UPDATE sessions SET acked_seq = GREATEST(acked_seq, LEAST($4::bigint, last_seq))
+	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3`
 
 // ackSQL marks k's pending signals up to its acked_seq and takes their bytes
-// off the session's and the project's counters; it returns how many.
+// off the session's counter, and off its project's by a delta (see
+// migration 0005); it returns how many it marked.
 const ackSQL = `WITH a AS (
 	UPDATE signals SET acked_at = $4
 	WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL
@@ -82,41 +84,9 @@ const ackSQL = `WITH a AS (
 	UPDATE sessions SET pending_bytes = pending_bytes - t.b FROM t
 	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND t.b <> 0
 ), p AS (
-	UPDATE project_usage SET pending_bytes = project_usage.pending_bytes - t.b FROM t
-	WHERE tenant_id = $1 AND project_id = $2 AND t.b <> 0
+	INSERT INTO project_usage_deltas (tenant_id, project_id, delta) SELECT $1, $2, -t.b FROM t WHERE t.b <> 0
 )
 SELECT c FROM t`
-
-// ackBatch acknowledges k's signals up to upToSeq in one round trip: lock
-// the project, move acked_seq, mark and count.
-func (s *Store) ackBatch(ctx context.Context, k sessionstore.Key, upToSeq int64, at time.Time) (int, error) {
-	ctx, cancel, err := s.call(ctx)
-	defer cancel()
-	if err != nil {
-		return 0, err
-	}
-	b := &pgx.Batch{}
-	b.Queue(lockProjectSQL, k.TenantID, k.ProjectID)
-	b.Queue(`UPDATE sessions SET acked_seq = GREATEST(acked_seq, LEAST($4::bigint, last_seq))
-		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3`, k.TenantID, k.ProjectID, k.SessionID, upToSeq)
-	b.Queue(ackSQL, k.TenantID, k.ProjectID, k.SessionID, at)
-	br := s.pool.SendBatch(ctx, b)
-	var n int
-	_, err = br.Exec()
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		err = br.QueryRow().Scan(&n)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return 0, err
-	}
-	return n, nil
-}
 
 // CountPending implements sessionstore.Store.
 func (s *Store) CountPending(ctx context.Context, k sessionstore.Key) (int, error) {
@@ -155,7 +125,7 @@ func (s *Store) PendingTotal(ctx context.Context, now time.Time) (int, error) {
 // DropPending implements sessionstore.Store: an acknowledgement of
 // everything stored.
 func (s *Store) DropPending(ctx context.Context, k sessionstore.Key, at time.Time) (int, error) {
-	n, err := s.ackBatch(ctx, k, math.MaxInt64, at)
+	n, err := s.ack(ctx, k, math.MaxInt64, at)
 	return n, wrap("drop pending", err)
 }
 
@@ -189,8 +159,8 @@ const (
 		RETURNING tenant_id, project_id, pending_bytes
 	), g AS (SELECT tenant_id, project_id, sum(pending_bytes)::bigint AS b FROM d GROUP BY 1, 2
 	), u AS (
-		UPDATE project_usage SET pending_bytes = project_usage.pending_bytes - g.b FROM g
-		WHERE project_usage.tenant_id = g.tenant_id AND project_usage.project_id = g.project_id AND g.b <> 0
+		INSERT INTO project_usage_deltas (tenant_id, project_id, delta)
+		SELECT tenant_id, project_id, -b FROM g WHERE b <> 0
 	)
 	SELECT count(*) FROM d`
 	// Instances are few, but one per pod ever started: no index needed.
