@@ -39,15 +39,22 @@ type Config struct {
 	Quotas sessionstore.Limits
 }
 
+// Defaults of Config.
+const (
+	DefaultMaxPayloadBytes             = 65536
+	DefaultQuotaPendingPerRecipient    = 10000
+	DefaultQuotaPendingBytesPerProject = 256 << 20
+)
+
 func (c *Config) setDefaults() {
 	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = 65536
+		c.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
 	if c.IdempotencyWindow == 0 {
 		c.IdempotencyWindow = 24 * time.Hour
 	}
 	if c.Freshness == 0 {
-		c.Freshness = 300 * time.Second
+		c.Freshness = selfheal.DefaultFreshness
 	}
 	if c.PiggybackLimit == 0 {
 		c.PiggybackLimit = 50
@@ -56,10 +63,10 @@ func (c *Config) setDefaults() {
 		c.DrainLimit = 500
 	}
 	if c.Quotas.PendingPerRecipient == 0 {
-		c.Quotas.PendingPerRecipient = 10000
+		c.Quotas.PendingPerRecipient = DefaultQuotaPendingPerRecipient
 	}
 	if c.Quotas.PendingBytesPerProject == 0 {
-		c.Quotas.PendingBytesPerProject = 256 << 20
+		c.Quotas.PendingBytesPerProject = DefaultQuotaPendingBytesPerProject
 	}
 }
 
@@ -109,8 +116,8 @@ type SendRequest struct {
 // SendResult is the answer to a send.
 type SendResult struct {
 	Signal     sessionstore.Signal
-	Delivery   string
-	RouteState string
+	Delivery   Delivery
+	RouteState RouteState
 	Duplicate  bool
 	SelfHeal   selfheal.Result
 	// Pending are the sender's own unacknowledged signals when it has no
@@ -154,8 +161,8 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 		CreatedAt:        start,
 		IdempotencyKey:   req.IdempotencyKey,
 		IdempotencySince: start.Add(-s.cfg.IdempotencyWindow),
-		Delivery:         DeliveryFor(state),
-		RouteState:       state,
+		Delivery:         string(DeliveryFor(state)),
+		RouteState:       string(state),
 		Limits:           s.cfg.Quotas,
 		SenderTokenHash:  req.SenderTokenHash,
 	}, start)
@@ -168,7 +175,7 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 	if err != nil {
 		return SendResult{}, fmt.Errorf("append signal: %w", err)
 	}
-	res := SendResult{Signal: sig, Delivery: sig.Delivery, RouteState: sig.RouteState, Duplicate: dup}
+	res := SendResult{Signal: sig, Delivery: Delivery(sig.Delivery), RouteState: RouteState(sig.RouteState), Duplicate: dup}
 	if dup {
 		// The first send's answer; nothing new is stored, delivered or counted.
 		s.metrics.duplicates.Inc()
@@ -177,7 +184,7 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 	// Always offer the signal to the recipient's queue: an attach that raced
 	// this send may have missed it in its replay.
 	s.router.Deliver(ctx, recipient, sig)
-	s.metrics.sent.WithLabelValues(res.Delivery).Inc()
+	s.metrics.sent.WithLabelValues(string(res.Delivery)).Inc()
 
 	sRoute := s.router.Route(ctx, req.Sender)
 	res.SelfHeal = s.selfheal.EvaluateAt(start, party(recipient, rRoute), party(req.Sender, sRoute))
@@ -206,7 +213,7 @@ func (s *Service) piggyback(ctx context.Context, sender sessionstore.Session, r 
 func party(sess sessionstore.Session, r Route) selfheal.Party {
 	return selfheal.Party{
 		TenantID: sess.TenantID, ProjectID: sess.ProjectID, SessionID: sess.SessionID,
-		Surface: sess.Surface, ProofOfLife: sess.FreshestProofOfLife(), HasQueue: r.Attached,
+		Surface: selfheal.Surface(sess.Surface), ProofOfLife: sess.FreshestProofOfLife(), HasQueue: r.Attached,
 	}
 }
 
