@@ -96,10 +96,11 @@ FROM auth LEFT JOIN bump ON true LEFT JOIN rcpt ON true LEFT JOIN dup ON true`
 // appendReq is one AppendSignal, or one acknowledgement, waiting for its
 // batch.
 type appendReq struct {
-	ns  sessionstore.NewSignal
-	now time.Time
-	ack *ackReq // set for an acknowledgement instead of an append
-	out appendOutcome
+	ns   sessionstore.NewSignal
+	now  time.Time
+	ack  *ackReq  // set for an acknowledgement instead of an append
+	wake *wakeReq // set for a wake-up instead of an append
+	out  appendOutcome
 	// turn receives true when out is set, false when this request is to
 	// lead the next batch.
 	turn chan bool
@@ -111,6 +112,19 @@ type ackReq struct {
 	upTo int64
 	at   time.Time
 }
+
+// wakeReq is a wake-up (NOTIFY) of instance for k's signal seq.
+type wakeReq struct {
+	instance string
+	k        sessionstore.Key
+	seq      int64
+}
+
+// notifySQL sends the batch's wake-ups, one per instance and session (the
+// highest seq), in the batch's transaction: Postgres delivers them at its
+// commit and serialises notifying commits, so a batch pays that once.
+const notifySQL = `SELECT count(pg_notify('marconi_wake_' || md5(coalesce(current_schema(), '') || '/' || i), p))
+	FROM unnest($1::text[], $2::text[]) AS x(i, p)`
 
 // appendOutcome is what one member of a batch came to.
 type appendOutcome struct {
@@ -205,12 +219,17 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 		b.Queue(foldDeltasSQL, tenants, projects)
 	}
 	for _, r := range batch {
-		if a := r.ack; a != nil {
+		switch {
+		case r.ack != nil:
+			a := r.ack
 			b.Queue(ackSeqSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo)
 			b.Queue(ackSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.at)
-			continue
+		case r.wake == nil:
+			b.Queue(appendSQL, appendArgs(r.ns, r.now)...)
 		}
-		b.Queue(appendSQL, appendArgs(r.ns, r.now)...)
+	}
+	if instances, payloads := batchWakes(batch); len(instances) > 0 {
+		b.Queue(notifySQL, instances, payloads)
 	}
 	br := s.pool.SendBatch(ctx, b)
 	outs := make([]appendOutcome, len(batch))
@@ -240,29 +259,69 @@ func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys, lockedProjec
 			return err
 		}
 	}
+	wakes := false
 	for i, r := range batch {
-		if r.ack != nil {
+		switch {
+		case r.wake != nil:
+			wakes = true
+		case r.ack != nil:
 			if _, err := br.Exec(); err != nil {
 				return err
 			}
 			if err := br.QueryRow().Scan(&outs[i].acked); err != nil {
 				return err
 			}
-			continue
+		default:
+			out, err := scanAppend(br.QueryRow(), r.ns)
+			if err != nil {
+				return err
+			}
+			outs[i] = out
 		}
-		out, err := scanAppend(br.QueryRow(), r.ns)
-		if err != nil {
+	}
+	if wakes {
+		if _, err := br.Exec(); err != nil {
 			return err
 		}
-		outs[i] = out
 	}
 	return nil
 }
 
+// batchWakes lists the wake-ups of batch, one per instance and session,
+// with the highest seq, as notifySQL's arguments.
+func batchWakes(batch []*appendReq) (instances, payloads []string) {
+	type target struct {
+		instance string
+		k        sessionstore.Key
+	}
+	var order []target
+	top := map[target]int64{}
+	for _, r := range batch {
+		if w := r.wake; w != nil {
+			t := target{w.instance, w.k}
+			if _, ok := top[t]; !ok {
+				order = append(order, t)
+			}
+			top[t] = max(top[t], w.seq)
+		}
+	}
+	for _, t := range order {
+		p, err := EncodeWake(t.k, top[t])
+		if err != nil {
+			continue // Publish validated it; cannot happen
+		}
+		instances, payloads = append(instances, t.instance), append(payloads, p)
+	}
+	return instances, payloads
+}
+
 // recipient is the session whose row r locks.
 func (r *appendReq) recipient() sessionstore.Key {
-	if r.ack != nil {
+	switch {
+	case r.ack != nil:
 		return r.ack.k
+	case r.wake != nil:
+		return r.wake.k
 	}
 	return r.ns.To
 }
@@ -360,7 +419,7 @@ func deref(s *string) string {
 func idempotencyLockKeys(batch []*appendReq) []string {
 	var keys []string
 	for _, r := range batch {
-		if ns := r.ns; r.ack == nil && ns.IdempotencyKey != "" {
+		if ns := r.ns; r.ack == nil && r.wake == nil && ns.IdempotencyKey != "" {
 			keys = append(keys, strings.Join([]string{"marconi.idem", ns.To.TenantID, ns.To.ProjectID, ns.FromSession, ns.IdempotencyKey}, "\x1f"))
 		}
 	}
@@ -372,7 +431,7 @@ func batchProjects(batch []*appendReq) (tenants, projects []string) {
 	type tp struct{ t, p string }
 	var seen []tp
 	for _, r := range batch {
-		if r.ack != nil {
+		if r.ack != nil || r.wake != nil {
 			continue
 		}
 		k := tp{r.ns.To.TenantID, r.ns.To.ProjectID}
