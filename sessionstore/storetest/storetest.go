@@ -749,16 +749,23 @@ func testTenantIsolation(t *testing.T, s sessionstore.Store) {
 	}
 }
 
-func testQueue(t *testing.T, s sessionstore.Store) {
-	ctx := t.Context()
+// queueFixture creates alice and returns her key, her row as the test
+// expects it to be stored, and a check of the stored row against it.
+func queueFixture(t *testing.T, s sessionstore.Store) (sessionstore.Key, *sessionstore.Session, func(what string)) {
 	k := key("t", "p", "alice")
 	want := mustCreate(t, s, k)
 	check := func(what string) {
 		t.Helper()
-		got, err := s.GetSession(ctx, k, t0)
+		got, err := s.GetSession(t.Context(), k, t0)
 		noErr(t, what, err)
 		wantSession(t, what, got, want)
 	}
+	return k, &want, check
+}
+
+func testQueue(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k, want, check := queueFixture(t, s)
 
 	noErr(t, "SetQueue(hub-1)", s.SetQueue(ctx, k, "hub-1", at(time.Second)))
 	want.QueueInstance, want.QueueAttachedAt = "hub-1", at(time.Second)
@@ -802,14 +809,7 @@ func testQueue(t *testing.T, s sessionstore.Store) {
 
 func testQueueCompareAndSet(t *testing.T, s sessionstore.Store) {
 	ctx := t.Context()
-	k := key("t", "p", "alice")
-	want := mustCreate(t, s, k)
-	check := func(what string) {
-		t.Helper()
-		got, err := s.GetSession(ctx, k, t0)
-		noErr(t, what, err)
-		wantSession(t, what, got, want)
-	}
+	k, want, check := queueFixture(t, s)
 
 	// hub-2's attach at 2s lands first; hub-1's older attach (1s) lands late.
 	noErr(t, "SetQueue(hub-2, 2s)", s.SetQueue(ctx, k, "hub-2", at(2*time.Second)))
