@@ -19,7 +19,6 @@ import (
 const (
 	codeUniqueViolation  = "23505"
 	classDataException   = "22" // data_exception: NUL in text, bad encoding, value too long
-	codeDeadlock         = "40P01"
 	classConnection      = "08" // connection_exception
 	codeAdminShutdown    = "57P01"
 	codeCrashShutdown    = "57P02"
@@ -65,13 +64,6 @@ func isConflict(err error) bool {
 func isDataException(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && pgErr.Code[:2] == classDataException
-}
-
-// isDeadlock reports whether Postgres aborted the transaction to break a
-// deadlock; running it again may succeed.
-func isDeadlock(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == codeDeadlock
 }
 
 // isUnavailable reports whether err means Postgres could not be reached or
