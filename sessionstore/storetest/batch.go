@@ -257,6 +257,18 @@ func testQuotaPendingPerRecipient(t *testing.T, s sessionstore.Store) {
 	_, err = s.DropPending(ctx, k, t0)
 	noErr(t, "DropPending", err)
 	mustAppend(t, s, limited(k))
+
+	// An ack past the last seq acknowledges what exists, not what comes
+	// later: the next signals are pending and count against the quota.
+	n, err := s.AckSignals(ctx, other, 100, t0)
+	noErr(t, "AckSignals past the last seq", err)
+	wantInt(t, "acked past the last seq", n, 1)
+	for range 3 {
+		mustAppend(t, s, limited(other))
+	}
+	wantPending(t, s, other, 2, 3, 4)
+	_, _, err = s.AppendSignal(ctx, limited(other), t0)
+	wantQuota(t, "full after an ack past the last seq", err, marconi.QuotaPendingPerRecipient, 3, 3)
 }
 
 func testQuotaPendingBytesPerProject(t *testing.T, s sessionstore.Store) {
