@@ -79,6 +79,8 @@ func (f *Fabric) confirmHealthy(ctx context.Context, instance string) bool {
 	if f.prober == nil {
 		return true
 	}
+	// One probe at a time: concurrent attaches wait for it and use its view.
+	f.probeMu.Lock()
 	f.mu.RLock()
 	stale := time.Since(f.lastProbe) >= minProbeGap
 	f.mu.RUnlock()
@@ -87,6 +89,7 @@ func (f *Fabric) confirmHealthy(ctx context.Context, instance string) bool {
 			f.log.Debug("probe before wrong_instance", "instance", instance, "err", err)
 		}
 	}
+	f.probeMu.Unlock()
 	return f.Healthy(ctx, instance)
 }
 
