@@ -36,6 +36,8 @@ type Config struct {
 	GroupCommit bool
 	// GroupCommitMaxBatch is how many sends one group commit carries at most.
 	GroupCommitMaxBatch int
+	// DatabaseMaxConns is the size of the Postgres connection pool.
+	DatabaseMaxConns int
 	// generatedAPIKey and generatedAdminToken are set when development mode
 	// made them; they are printed once at start.
 	generatedAPIKey     string
@@ -78,6 +80,10 @@ func positiveInt(dst *int) func(*Config, string) error {
 		return nil
 	}
 }
+
+// defaultDatabaseMaxConns sizes the pool for a send's reads beside the one
+// connection a group commit holds.
+const defaultDatabaseMaxConns = 8
 
 func positiveInt64(dst *int64) func(*Config, string) error {
 	return func(_ *Config, v string) error {
@@ -274,6 +280,14 @@ func settings(c *Config) []setting {
 			if n == 0 {
 				c.Hub.TokenCacheSize = -1
 			}
+			return nil
+		}},
+		{"MARCONI_DATABASE_MAX_CONNS", strconv.Itoa(defaultDatabaseMaxConns), "Postgres connections of this instance's pool (the wake-up listener holds one more)", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 1000 {
+				return fmt.Errorf("want a whole number from 1 to 1000, got %q", v)
+			}
+			c.DatabaseMaxConns = n
 			return nil
 		}},
 		{"MARCONI_GROUP_COMMIT", "on", "gather concurrent durable sends into one Postgres transaction (off: one per send, for comparison)", func(c *Config, v string) error {
