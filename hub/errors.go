@@ -13,6 +13,7 @@ import (
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/sessionstore/breaker"
 )
 
 // statusByCode is the one table from error code to HTTP status.
@@ -30,6 +31,7 @@ var statusByCode = map[string]int{
 	marconi.CodeNotAdaptivePlacement:   http.StatusConflict,
 	marconi.CodeSessionExpired:         http.StatusGone,
 	marconi.CodePayloadTooLarge:        http.StatusRequestEntityTooLarge,
+	marconi.CodeRequestTimeout:         http.StatusRequestTimeout,
 	marconi.CodeTooManyRequests:        http.StatusTooManyRequests,
 	marconi.CodeQuotaExceeded:          http.StatusTooManyRequests,
 	marconi.CodeRegistryUnavailable:    http.StatusServiceUnavailable,
@@ -59,6 +61,9 @@ func publicError(err error) *marconi.Error {
 	}
 	if qe, ok := errors.AsType[*sessionstore.QuotaError](err); ok {
 		return marconi.QuotaExceeded(qe.Quota, 0, "%d of %d in use; acknowledge or deregister to free some", qe.Current, qe.Limit)
+	}
+	if errors.Is(err, sessionstore.ErrInvalidInput) {
+		return marconi.Errorf(marconi.CodeInvalidField, "a field holds a value that cannot be stored (such as a NUL character)")
 	}
 	if errors.Is(err, sessionstore.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 		return marconi.Errorf(marconi.CodeRegistryUnavailable, "the session registry cannot be reached; try again shortly")
@@ -90,12 +95,15 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	if status == 0 {
 		status = http.StatusInternalServerError
 	}
+	if pe.Code == marconi.CodeQuotaExceeded {
+		s.QuotaRefused(pe.Quota)
+	}
 	switch {
 	case pe.Code == marconi.CodeInternal:
 		s.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
 	case pe.Code == marconi.CodeRegistryUnavailable:
 		s.metrics.registryErrors.Inc()
-		s.log.Warn("store unavailable", "method", c.Request().Method, "path", c.Path(), "err", err)
+		s.storeLog(err)("store unavailable", "method", c.Request().Method, "path", c.Path(), "err", err)
 	default:
 		s.log.Debug("request refused", "method", c.Request().Method, "path", c.Path(), "code", pe.Code, "msg", pe.Message)
 	}
@@ -114,6 +122,16 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	if err != nil {
 		s.log.Debug("writing error response", "err", err)
 	}
+}
+
+// storeLog is the level to log a store failure at: a call the open store
+// breaker refused at once is Debug (the breaker logged the outage when it
+// opened and logs its end), anything else Warn.
+func (s *Server) storeLog(err error) func(msg string, args ...any) {
+	if errors.Is(err, breaker.ErrOpen) {
+		return s.log.Debug
+	}
+	return s.log.Warn
 }
 
 // logAttrs is a small helper for structured logs of a session key.
