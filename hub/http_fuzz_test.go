@@ -2,22 +2,27 @@ package hub_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/memstore"
+	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
 
 // statusOfCode is the contract's table (API.md) from error code to status,
@@ -97,6 +102,18 @@ func validHeaderValue(v string) bool {
 // per probe (the route is an index into fuzzRoutes: append, never reorder).
 func FuzzHTTP(f *testing.F) {
 	fuzzers := []*httpFuzzer{newHTTPFuzzer(f, memstore.New())}
+	if os.Getenv(pgtest.EnvDatabaseURL) != "" {
+		// Postgres refuses strings that the memory store keeps (NUL, say):
+		// every input goes to both.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		st, err := pgstore.Open(ctx, pgtest.Schema(f))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Cleanup(func() { st.Close() })
+		fuzzers = append(fuzzers, newHTTPFuzzer(f, st))
+	}
 	f.Add(uint8(1), "", "", []byte(`{"to_session":"bob","payload":{"a":1}}`))
 	f.Fuzz(func(t *testing.T, route uint8, target, auth string, body []byte) {
 		for _, z := range fuzzers {
@@ -107,7 +124,7 @@ func FuzzHTTP(f *testing.F) {
 
 // newHTTPFuzzer starts a hub on store with alice and bob registered.
 func newHTTPFuzzer(f *testing.F, store sessionstore.Store) *httpFuzzer {
-	z := &httpFuzzer{h: hubtest.Start(f, hubtest.Options{Store: store, Config: hub.Config{MaxPayloadBytes: 2048, SendRatePerSecond: 1e9}})}
+	z := &httpFuzzer{h: hubtest.Start(f, hubtest.Options{Store: store, Config: hub.Config{MaxPayloadBytes: 2048, SendRatePerSecond: 1e9, QuotaRegistrationsPerSecond: 1e9}})}
 	for name, a := range map[string]*agent{"alice": &z.alice, "bob": &z.bob} {
 		rec := z.do("POST", "/v1/sessions", bearerHeader(z.h.APIKey), []byte(`{"session_id":"`+name+`","surface":"codex"}`))
 		var r struct {
