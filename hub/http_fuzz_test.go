@@ -17,6 +17,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/internal/pgtest"
@@ -82,16 +84,6 @@ func bearerHeader(cred string) http.Header {
 	return http.Header{"Authorization": {"Bearer " + cred}, "Content-Type": {"application/json"}}
 }
 
-// validHeaderValue mirrors what net/http lets through on the wire.
-func validHeaderValue(v string) bool {
-	for i := 0; i < len(v); i++ {
-		if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
 // FuzzHTTP sends hostile bodies, query strings, path parameters and
 // headers to every endpoint of a real hub and checks what a client would
 // rely on: never a 5xx, every error in the one error shape with a code whose
@@ -152,7 +144,7 @@ func (z *httpFuzzer) check(t *testing.T, route int, target, auth string, body []
 	case target != "":
 		path += "?" + target
 	}
-	if _, err := url.Parse(path); err != nil || !validHeaderValue(auth) || !validHeaderValue(target) {
+	if _, err := url.Parse(path); err != nil || !httpguts.ValidHeaderFieldValue(auth) || !httpguts.ValidHeaderFieldValue(target) {
 		t.Skip("not a request that reaches a server")
 	}
 	switch {
