@@ -33,7 +33,7 @@ var statusOfCode = map[string]int{
 	"invalid_json": 400, "invalid_field": 400, "invalid_surface": 400, "invalid_runtime_mode": 400,
 	"reserved_runtime_mode": 400, "unauthorized": 401, "forbidden": 403, "recipient_not_registered": 404,
 	"not_found": 404, "wrong_instance": 409, "not_adaptive_placement": 409, "session_expired": 410,
-	"payload_too_large": 413, "upgrade_required": 426, "too_many_requests": 429, "quota_exceeded": 429,
+	"request_timeout": 408, "payload_too_large": 413, "upgrade_required": 426, "too_many_requests": 429, "quota_exceeded": 429,
 	"registry_unavailable": 503, "draining": 503,
 }
 
@@ -215,14 +215,12 @@ func (z *httpFuzzer) checkRegistered(rec *httptest.ResponseRecorder, body []byte
 		return fmt.Errorf("accepted a body that is not JSON: %v", err)
 	}
 	var resp struct {
-		SessionID, Token, Surface, TenantID string
+		SessionID string `json:"session_id"`
+		Token     string `json:"token"`
+		Surface   string `json:"surface"`
+		TenantID  string `json:"tenant_id"`
 	}
-	if err := json.Unmarshal(rec.Body.Bytes(), &struct {
-		SessionID *string `json:"session_id"`
-		Token     *string `json:"token"`
-		Surface   *string `json:"surface"`
-		TenantID  *string `json:"tenant_id"`
-	}{&resp.SessionID, &resp.Token, &resp.Surface, &resp.TenantID}); err != nil {
+	if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil {
 		return err
 	}
 	if !idPattern.MatchString(resp.SessionID) || (req.SessionID != "" && req.SessionID != resp.SessionID) {
