@@ -204,7 +204,8 @@ type Server struct {
 	wakeMetrics *wakeMetrics
 
 	draining      atomic.Bool
-	storeNotReady atomic.Bool // set while the store's schema is not migrated
+	storeNotReady atomic.Bool            // set while the store's schema is not migrated
+	storeCause    atomic.Pointer[string] // why the store is not ready, when known
 
 	mu      sync.Mutex
 	closing bool
@@ -337,6 +338,24 @@ func (s *Server) SetDraining() {
 // /readyz fails.
 func (s *Server) SetStoreReady(ready bool) { s.storeNotReady.Store(!ready) }
 
+// SetStoreCause says why the store is not ready ("connection refused at
+// db:5432", "migrations pending"): /readyz and the 503 answers name it.
+// An empty cause means "migrations pending".
+func (s *Server) SetStoreCause(cause string) { s.storeCause.Store(&cause) }
+
+// notReadyMessage is the message of a 503 while the store is not ready.
+func (s *Server) notReadyMessage() string {
+	cause := "schema migrations pending"
+	if p := s.storeCause.Load(); p != nil && *p != "" {
+		cause = *p
+	}
+	return "the session registry is not ready (" + cause + ")"
+}
+
+// storeDiagnoser is met by a store that can say why a call failed
+// (pgstore.Store).
+type storeDiagnoser interface{ Diagnose(error) string }
+
 // Draining reports whether SetDraining was called.
 func (s *Server) Draining() bool { return s.draining.Load() }
 
@@ -438,7 +457,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.storeNotReady.Load() {
-			return marconi.Errorf(marconi.CodeRegistryUnavailable, "the session registry is not ready (schema migrations pending); try again shortly")
+			return marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.notReadyMessage())
 		}
 		if c.Path() == "/v1/ws" {
 			return next(c)
@@ -461,11 +480,15 @@ func (s *Server) readyz(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
 	if s.storeNotReady.Load() {
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: "the session registry is not ready (schema migrations pending)"}})
+		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: s.notReadyMessage()}})
 	}
 	if err := s.store.Ping(ctx); err != nil {
 		s.log.Warn("readyz: store unreachable", "err", err)
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: "the session registry cannot be reached"}})
+		msg := "the session registry cannot be reached"
+		if d, ok := s.store.(storeDiagnoser); ok {
+			msg += " (" + d.Diagnose(err) + ")"
+		}
+		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ready", "instance_id": s.cfg.InstanceID})
 }

@@ -79,9 +79,10 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	m.hub = h
 	if cfg.DatabaseURL != "" {
-		m.goMigrate(bg, cfg.DatabaseURL)
+		if cause := m.goMigrate(bg, cfg.DatabaseURL); cause != "" {
+			storeName = "postgres, NOT READY: " + cause + " (retrying every 2s; /readyz answers 503 until then)"
+		}
 	}
-
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("MARCONI_ADDR: %w", err)
@@ -123,28 +124,46 @@ func (m *Main) Run(ctx context.Context) error {
 	if cfg.generatedAdminToken != "" {
 		fmt.Fprintf(m.Stdout, "  admin token: %s\n", cfg.generatedAdminToken)
 	}
+	if cfg.devCredentialsFile != "" {
+		fmt.Fprintf(m.Stdout, "  (development credentials kept in %s and reused at every start; delete it for new ones)\n", cfg.devCredentialsFile)
+	}
+	if host, _, err := net.SplitHostPort(cfg.Addr); err == nil && cfg.Hub.Mode == "development" && (host == "127.0.0.1" || host == "localhost" || host == "::1") {
+		fmt.Fprintln(m.Stdout, "  listening on loopback only (development mode); MARCONI_ADDR=:8080 listens on every interface")
+	}
 	fmt.Fprintf(m.Stdout, "  dashboard: %s/\n", m.URL())
 	return nil
 }
 
 // goMigrate applies the migrations, retrying in the background while they
 // fail (Postgres unreachable, a dirty schema): until they are applied the hub
-// answers 503 registry_unavailable and /readyz fails, rather than serving on a
-// schema that is not there.
-func (m *Main) goMigrate(ctx context.Context, url string) {
-	attempt := func() bool {
+// answers 503 registry_unavailable and /readyz fails, naming the cause,
+// rather than serving on a schema that is not there. It returns the cause of
+// the first attempt's failure, or "" when the store is ready.
+func (m *Main) goMigrate(ctx context.Context, url string) string {
+	last := ""
+	attempt := func() string {
 		mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		if err := migrations.Up(mctx, url); err != nil {
-			m.Logger.Warn("migrations not applied yet; retrying", "err", err)
-			return false
+		err := migrations.Up(mctx, url)
+		if err == nil {
+			m.hub.SetStoreReady(true)
+			return ""
 		}
-		m.hub.SetStoreReady(true)
-		return true
+		cause := "migrations not applied: " + err.Error()
+		if perr := m.store.Ping(mctx); perr != nil {
+			cause = pgstore.Diagnose(perr)
+		}
+		m.hub.SetStoreCause(cause)
+		if cause != last { // once per cause, not every 2 s
+			m.Logger.Warn("store not ready; retrying every 2s", "cause", cause)
+			last = cause
+		}
+		return cause
 	}
 	m.hub.SetStoreReady(false)
-	if attempt() {
-		return
+	first := attempt()
+	if first == "" {
+		return ""
 	}
 	m.wg.Add(1)
 	go func() {
@@ -156,13 +175,28 @@ func (m *Main) goMigrate(ctx context.Context, url string) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if attempt() {
-					m.Logger.Info("migrations applied")
+				if attempt() == "" {
+					m.Logger.Info("store ready: migrations applied")
 					return
 				}
 			}
 		}
 	}()
+	return first
+}
+
+// checkStore connects to the database once and names what is wrong, for
+// `marconi config check`.
+func checkStore(ctx context.Context, url string, timeout time.Duration) error {
+	st, err := pgstore.Open(ctx, url, pgstore.WithQueryTimeout(timeout))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := st.Ping(ctx); err != nil {
+		return errors.New(pgstore.Diagnose(err))
+	}
+	return nil
 }
 
 // URL is where the hub listens, as a client on this machine reaches it.
