@@ -10,7 +10,6 @@ type metrics struct {
 	disconnects    *prometheus.CounterVec
 	queueDrops     *prometheus.CounterVec
 	pruned         *prometheus.CounterVec
-	pending        prometheus.Gauge
 }
 
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
@@ -39,10 +38,6 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "marconi_pruned_total",
 			Help: "Rows removed by the retention loop, by kind (signals, sessions).",
 		}, []string{"kind"}),
-		pending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "marconi_pending_signals",
-			Help: "Unacknowledged signals of live sessions, cluster-wide, sampled by the retention loop.",
-		}),
 	}
 	for _, r := range []string{"client_closed", "connection_lost", "ping_timeout", "replaced", "slow_consumer", "deregistered", "shutdown", "message_too_big", "affinity_reset"} {
 		m.disconnects.WithLabelValues(r)
@@ -50,7 +45,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 	m.queueDrops.WithLabelValues("slow_consumer")
 	m.pruned.WithLabelValues("signals")
 	m.pruned.WithLabelValues("sessions")
-	for _, c := range []prometheus.Collector{m.registryErrors, m.registrations, m.connections, m.disconnects, m.queueDrops, m.pruned, m.pending} {
+	for _, c := range []prometheus.Collector{m.registryErrors, m.registrations, m.connections, m.disconnects, m.queueDrops, m.pruned} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}

@@ -202,6 +202,8 @@ type Server struct {
 	bus      fabric.Bus // counted; see wake.go
 
 	wakeMetrics *wakeMetrics
+	cluster     *clusterGauges
+	http        *httpMetrics
 
 	draining      atomic.Bool
 	storeNotReady atomic.Bool            // set while the store's schema is not migrated
@@ -251,6 +253,13 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s.placer, s.peers = s.fabric, s.fabric
+	s.cluster = &clusterGauges{reporter: s.fabric.Reporter}
+	if err := d.Registry.Register(s.cluster); err != nil {
+		return nil, err
+	}
+	if s.http, err = newHTTPMetrics(d.Registry); err != nil {
+		return nil, err
+	}
 	if d.Bus == nil {
 		d.Bus = fabric.NoBus{}
 	}
@@ -276,6 +285,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 
 func (s *Server) routes(g prometheus.Gatherer) {
 	e := s.echo
+	e.Use(s.observeHTTP)
 	getHead := []string{http.MethodGet, http.MethodHead}
 	e.Match(getHead, "/healthz", s.healthz)
 	e.Match(getHead, "/readyz", s.readyz)
@@ -419,8 +429,8 @@ func (s *Server) every(ctx context.Context, period time.Duration, fn func(contex
 	}
 }
 
-// prune applies the retention policy once, then samples the pending-signals
-// gauge.
+// prune applies the retention policy once, then samples the cluster-wide
+// gauges (clustermetrics.go).
 func (s *Server) prune(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -436,12 +446,7 @@ func (s *Server) prune(ctx context.Context) {
 	if sigs+sessions > 0 {
 		s.log.Debug("pruned", "signals", sigs, "sessions", sessions)
 	}
-	n, err := s.store.PendingTotal(ctx, now)
-	if err != nil {
-		s.log.Warn("count pending signals", "err", err)
-		return
-	}
-	s.metrics.pending.Set(float64(n))
+	s.sampleCluster(ctx)
 }
 
 // Shutdown stops accepting work, closes WebSockets and the HTTP server.

@@ -98,6 +98,7 @@ func (s *Server) register(c echo.Context) error {
 		switch {
 		case err == nil:
 			s.metrics.registrations.WithLabelValues("resumed").Inc()
+			s.log.Info("session resumed", keyAttrs(sess.Key), "surface", sess.Surface, "runtime_mode", sess.RuntimeMode)
 			return c.JSON(http.StatusOK, s.sessionResponse(sess, token))
 		case errors.Is(err, sessionstore.ErrTokenMismatch):
 			return marconi.Errorf(marconi.CodeForbidden, "session %q is live and this is not its current token", req.SessionID)
@@ -140,6 +141,8 @@ func (s *Server) register(c echo.Context) error {
 		s.placer.CountAdaptivePlacement(ctx)
 	}
 	s.metrics.registrations.WithLabelValues("created").Inc()
+	s.log.Info("session registered", keyAttrs(sess.Key), "surface", sess.Surface, "runtime_mode", sess.RuntimeMode,
+		"runtime_mode_source", sess.RuntimeModeSource, "assigned_instance", sess.AssignedInstance)
 	return c.JSON(http.StatusCreated, s.sessionResponse(sess, token))
 }
 
@@ -206,6 +209,7 @@ func (s *Server) deregister(c echo.Context) error {
 		return err
 	}
 	s.kickSession(sess.Key, statusSessionExpired, "session deregistered", "deregistered")
+	s.log.Info("session deregistered", keyAttrs(sess.Key))
 	return c.NoContent(http.StatusNoContent)
 }
 

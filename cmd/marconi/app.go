@@ -72,7 +72,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge(readBuildInfo()))
 	h, err := hub.New(cfg.Hub, hub.Deps{Store: m.store, Registry: reg, Gatherer: reg, Logger: m.Logger, Bus: bus})
 	if err != nil {
 		return err
@@ -132,6 +132,17 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	fmt.Fprintf(m.Stdout, "  dashboard: %s/\n", m.URL())
 	return nil
+}
+
+// buildInfoGauge is marconi_build_info: always 1, its labels say what runs.
+func buildInfoGauge(b buildInfo) prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "marconi_build_info",
+		Help:        "Always 1; the labels are the build's module version, VCS revision and Go version (as marconi version prints them).",
+		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
+	})
+	g.Set(1)
+	return g
 }
 
 // goMigrate applies the migrations, retrying in the background while they

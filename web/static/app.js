@@ -665,7 +665,8 @@
     const v = st.lastMetrics ? st.lastMetrics.pending : undefined;
     if (v === undefined) { replace(c); return; }
     if (v === null) {
-      replace(c, el('p', { class: 'hint' }, 'Pending signals: not exposed by this hub (', code('marconi_pending_signals'), ').'));
+      replace(c, el('p', { class: 'hint' }, 'Pending signals: not exported by this instance (', code('marconi_pending_signals'),
+        ' is cluster-wide and exported only by the reporting instance, the healthy one with the lowest id; see ', code('marconi_cluster_reporter'), ').'));
       return;
     }
     replace(c, el('p', { class: 'pending' },
