@@ -24,7 +24,7 @@ import (
 // WebSocket when alive (live) from piggyback-only ones (codex), for which
 // route_without_queue is the normal state.
 func surfaceClass(surface string) string {
-	if selfheal.LiveSurface(surface) {
+	if selfheal.Surface(surface).Live() {
 		return "live"
 	}
 	return "piggyback"
@@ -41,7 +41,7 @@ var (
 )
 
 // routeStates are the route states a live session can be in.
-var routeStates = []string{signals.StateAttached, signals.StateRouteWithoutQueue, signals.StateStale}
+var routeStates = []signals.RouteState{signals.StateAttached, signals.StateRouteWithoutQueue, signals.StateStale}
 
 // clusterGauges holds the last sample of the cluster-wide gauges. It is a
 // prometheus.Collector that exports them only while reporter() is true and a
@@ -75,8 +75,8 @@ func (g *clusterGauges) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(g.pending))
 	for _, state := range routeStates {
 		for _, class := range []string{"live", "piggyback"} {
-			n := g.sessions[[2]string{state, class}]
-			ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(n), state, class)
+			n := g.sessions[[2]string{string(state), class}]
+			ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(n), string(state), class)
 		}
 	}
 }
@@ -101,8 +101,8 @@ func (s *Server) sampleCluster(ctx context.Context) {
 	byState := make(map[[2]string]int, 6)
 	fresh := s.signals.Config().Freshness
 	for i := range sessions {
-		state := signals.Classify(sessions[i], s.Route(ctx, sessions[i]), now, fresh)
-		byState[[2]string{state, surfaceClass(sessions[i].Surface)}]++
+		state := signals.Classify(sessions[i], s.conns.Route(ctx, sessions[i]), now, fresh)
+		byState[[2]string{string(state), surfaceClass(sessions[i].Surface)}]++
 	}
 	s.cluster.mu.Lock()
 	s.cluster.sampled, s.cluster.pending, s.cluster.sessions = true, n, byState
