@@ -72,6 +72,10 @@ type Config struct {
 	// queue attached here catches up from the store, so that a lost
 	// cross-instance wake-up delays a signal by at most this long.
 	PendingSweep time.Duration
+	// SelfhealHistoryBucket is the width of one bucket of the self-heal
+	// history the dashboard reads (GET /v1/ops/selfheal/history); the
+	// history keeps the last 20.
+	SelfhealHistoryBucket time.Duration
 }
 
 // Retention is how long the store keeps what is done with.
@@ -108,6 +112,7 @@ const (
 	DefaultRetainExpired     = time.Hour
 	DefaultPruneEvery        = time.Minute
 	DefaultPendingSweep      = 5 * time.Second
+	DefaultHistoryBucket     = 30 * time.Second
 )
 
 func (c *Config) setDefaults() {
@@ -181,6 +186,9 @@ func (c *Config) setDefaults() {
 	if c.PendingSweep == 0 {
 		c.PendingSweep = DefaultPendingSweep
 	}
+	if c.SelfhealHistoryBucket == 0 {
+		c.SelfhealHistoryBucket = DefaultHistoryBucket
+	}
 	c.Fabric.InstanceID = c.InstanceID
 	c.Fabric.PublicURL = c.PublicURL
 	if c.Fabric.Placement.DefaultMode == "" {
@@ -220,6 +228,7 @@ type Server struct {
 
 	cluster *clusterGauges
 	http    *httpMetrics
+	history *selfhealHistory // nil without a Gatherer
 
 	draining      atomic.Bool
 	storeNotReady atomic.Bool            // set while the store's schema is not migrated
@@ -269,6 +278,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	if s.http, err = newHTTPMetrics(d.Registry); err != nil {
 		return nil, err
+	}
+	if d.Gatherer != nil {
+		s.history = &selfhealHistory{gatherer: d.Gatherer, every: cfg.SelfhealHistoryBucket}
 	}
 	s.placer = s.fabric
 	s.conns, err = conns.New(conns.Config{
@@ -339,6 +351,10 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	ops.GET("/route_state", s.routeStateList)
 	ops.GET("/route_state/:tenant/:project/:session", s.routeStateOne)
 	ops.GET("/fabric/summary", s.fabricSummary)
+	ops.GET("/sessions/:tenant/:project/:session/signals", s.opsPending)
+	ops.POST("/sessions/:tenant/:project/:session/disconnect", s.opsDisconnect)
+	ops.DELETE("/sessions/:tenant/:project/:session", s.opsDeregister)
+	ops.GET("/selfheal/history", s.opsSelfhealHistory)
 
 	// The operator dashboard: static files, no credential (the page asks for
 	// the admin token and sends it on its own /v1/ops calls).
@@ -416,6 +432,9 @@ func (s *Server) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.conns.Listen(ctx, s.bus) })
 	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.conns.Sweep); return nil })
+	if s.history != nil {
+		g.Go(func() error { s.history.run(ctx, s.now); return nil })
+	}
 	g.Go(func() error { s.every(ctx, s.cfg.Retention.Every, s.prune); return nil })
 	g.Go(func() error { return s.fabric.Run(ctx) })
 	g.Go(func() error {
