@@ -120,8 +120,9 @@ func TestDashboardInBrowser(t *testing.T) {
 	step("sign in",
 		chromedp.SendKeys(chromedp.CSS(`#token`), h.AdminToken),
 		chromedp.Click(chromedp.CSS(`#signin-submit`)))
-	waitFor("the overview counts three sessions without a queue and one attached",
-		`document.querySelector('[data-testid="count-route_without_queue"]')?.textContent === '3' &&
+	waitFor("the overview counts two sessions without a queue, the piggyback-only one apart, and one attached",
+		`document.querySelector('[data-testid="count-route_without_queue"]')?.textContent === '2' &&
+		 document.querySelector('[data-testid="count-piggyback"]')?.textContent === '1' &&
 		 document.querySelector('[data-testid="count-attached"]')?.textContent === '1'`)
 	waitFor("the token is kept in sessionStorage only",
 		fmt.Sprintf(`sessionStorage.getItem('marconi.adminToken') === %q && localStorage.length === 0`, h.AdminToken))
