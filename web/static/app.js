@@ -826,8 +826,10 @@
     // The session search matches ids containing the text, among the sessions listed.
     const needle = (filters.session || '').toLowerCase();
     const sessions = (list.sessions || []).filter((s) => !needle || s.session_id.toLowerCase().includes(needle));
+    // Piggyback-only sessions without a queue come after the live ones: theirs is the normal state.
+    const order = (x) => (x.route_state === 'route_without_queue' && piggybackOnly(x) ? 0.5 : STATE_ORDER[x.route_state] ?? 9);
     sessions.sort((a, b) =>
-      (STATE_ORDER[a.route_state] ?? 9) - (STATE_ORDER[b.route_state] ?? 9) ||
+      order(a) - order(b) ||
       cmp(a.tenant_id, b.tenant_id) || cmp(a.project_id, b.project_id) || cmp(a.session_id, b.session_id));
     const filtered = filters.tenant || filters.project || filters.state || filters.session;
     const capped = sessions.length >= LIST_LIMIT;
