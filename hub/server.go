@@ -54,6 +54,18 @@ type Config struct {
 	WSQueueSize int
 	// WSWriteTimeout bounds one frame write.
 	WSWriteTimeout time.Duration
+	// WSAckInterval is MARCONI_WS_ACK_INTERVAL_MS (5): a connection's acks
+	// are coalesced and written at most once per interval (and on close).
+	WSAckInterval time.Duration
+	// WSFramesPerSecond is MARCONI_WS_FRAMES_PER_SECOND (100): frames a client
+	// may send per connection and second, burst twice it; past it 1008.
+	WSFramesPerSecond float64
+	// MaxConnections is MARCONI_MAX_CONNECTIONS (100000): WebSockets open on
+	// this instance; past it an attach is refused with 429 quota_exceeded.
+	MaxConnections int
+	// MaxConnectionsPerAddress is MARCONI_MAX_CONNECTIONS_PER_ADDRESS
+	// (25000): WebSockets open from one client address.
+	MaxConnectionsPerAddress int
 	// DefaultRuntimeMode applies when a registration names none.
 	DefaultRuntimeMode fabric.Mode
 	// DevAPIKeys maps API key to tenant/project, from MARCONI_API_KEYS.
@@ -113,6 +125,11 @@ const (
 	DefaultPruneEvery        = time.Minute
 	DefaultPendingSweep      = 5 * time.Second
 	DefaultHistoryBucket     = 30 * time.Second
+
+	DefaultWSAckInterval            = 5 * time.Millisecond
+	DefaultWSFramesPerSecond        = 100
+	DefaultMaxConnections           = 100000
+	DefaultMaxConnectionsPerAddress = 25000
 )
 
 func (c *Config) setDefaults() {
@@ -151,6 +168,18 @@ func (c *Config) setDefaults() {
 	}
 	if c.WSWriteTimeout == 0 {
 		c.WSWriteTimeout = DefaultWSWriteTimeout
+	}
+	if c.WSAckInterval == 0 {
+		c.WSAckInterval = DefaultWSAckInterval
+	}
+	if c.WSFramesPerSecond == 0 {
+		c.WSFramesPerSecond = DefaultWSFramesPerSecond
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxConnectionsPerAddress == 0 {
+		c.MaxConnectionsPerAddress = DefaultMaxConnectionsPerAddress
 	}
 	if c.DefaultRuntimeMode == "" {
 		c.DefaultRuntimeMode = fabric.DefaultRuntimeMode
@@ -292,6 +321,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 		ReadLimit:     cfg.WSReadLimit,
 		QueueSize:     cfg.WSQueueSize,
 		WriteTimeout:  cfg.WSWriteTimeout,
+		AckInterval:   cfg.WSAckInterval,
+
+		FramesPerSecond:          cfg.WSFramesPerSecond,
+		MaxConnections:           cfg.MaxConnections,
+		MaxConnectionsPerAddress: cfg.MaxConnectionsPerAddress,
 	}, conns.Deps{
 		Store: d.Store,
 		Ack: func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error) {
@@ -311,6 +345,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s.bus = s.conns.CountBus(d.Bus)
 	s.fabric.SetBus(s.bus)
+	if p, ok := d.Bus.(fabric.Prober); ok { // pgstore.Bus: death seen through the listener's connection
+		s.fabric.SetProber(p)
+	}
 	s.signals, err = signals.New(signals.Config{
 		MaxPayloadBytes: cfg.MaxPayloadBytes,
 		Freshness:       cfg.SelfHeal.Freshness,

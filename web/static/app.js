@@ -1030,7 +1030,7 @@
 
       registered ? detailRest(rs, store, q, sh, queueHealth, now) : null,
       registered ? pendingList(pending) : null,
-      registered || st.actionNote ? actions(rs) : null,
+      registered || st.actionNote ? actionsNode(rs) : null,
 
       el('details', null, el('summary', null, 'Raw response'),
         el('pre', { 'data-testid': 'detail-raw' }, JSON.stringify(rs, null, 2))));
@@ -1058,6 +1058,18 @@
           el('td', { class: 'n' }, num(g.seq)), el('td', null, code(g.from_session || '')),
           el('td', null, timeAgo(g.created_at)), el('td', null, code(preview(g.payload))))))),
       p.total > sigs.length ? el('p', { class: 'hint' }, 'The oldest ' + sigs.length + ' of ' + num(p.total) + '.') : null];
+  }
+
+  // actionsNode returns the actions block, the same DOM node while nothing it
+  // shows has changed: the 2 s refresh must not replace a button between the
+  // press and the release of a click.
+  function actionsNode(rs) {
+    const key = JSON.stringify([keyOf(st.route.detail), rs.route_state, !!(rs.queue && rs.queue.attached), st.confirming, st.actionNote]);
+    if (st.actionsKey !== key || !st.actionsEl) {
+      st.actionsKey = key;
+      st.actionsEl = el('div', { 'data-testid': 'detail-actions' }, actions(rs));
+    }
+    return st.actionsEl;
   }
 
   // actions: disconnect the WebSocket, deregister the session; each asks
@@ -1185,6 +1197,24 @@
           el('h4', null, 'By mode source'), kvTable('Sessions by runtime mode source', ss.by_source)),
         el('section', { class: 'card wide', 'aria-labelledby': 'fb-inst-h' },
           el('h3', { id: 'fb-inst-h' }, 'Instances'), instancesTable(s.instances || [])),
+        el('section', { class: 'card wide', 'aria-labelledby': 'fb-canary-h' },
+          el('h3', { id: 'fb-canary-h' }, 'Adaptive placements by client'),
+          el('p', { class: 'hint' }, 'Live sessions the adaptive classifier placed, by ', code('client_id'),
+            ' (most first, up to 50). Only expected canary clients should appear; a client not on the allowlist stands out.'),
+          (ap.by_client || []).length
+            ? el('table', { 'data-testid': 'canary-table' },
+              el('caption', { class: 'sr-only' }, 'Adaptive placements by client id'),
+              el('thead', null, el('tr', null,
+                el('th', { scope: 'col' }, 'Client'), el('th', { scope: 'col', class: 'n' }, 'Sessions'),
+                el('th', { scope: 'col', class: 'n' }, 'Sticky'), el('th', { scope: 'col', class: 'n' }, 'Stateless'),
+                el('th', { scope: 'col' }, 'Allowlist'))),
+              el('tbody', null, ap.by_client.map((c) => el('tr', { 'data-testid': 'canary-row', 'data-client-id': c.client_id, class: c.on_allowlist ? null : 'attention' },
+                el('th', { scope: 'row' }, c.client_id ? code(c.client_id) : el('span', { class: 'muted' }, '(none)')),
+                el('td', { class: 'n', 'data-testid': 'canary-sessions' }, num(c.sessions)),
+                el('td', { class: 'n' }, num((c.by_mode || {}).sticky || 0)),
+                el('td', { class: 'n' }, num((c.by_mode || {}).stateless || 0)),
+                el('td', { 'data-testid': 'canary-allowlist' }, c.on_allowlist ? badge('on the allowlist', 'ok') : badge('not on the allowlist', 'warn'))))))
+            : empty('No live session was placed by the adaptive classifier.', 'no-canary')),
         el('section', { class: 'card wide', 'aria-labelledby': 'fb-ev-h' },
           el('h3', { id: 'fb-ev-h' }, 'Fallback events'),
           el('p', { class: 'hint' }, 'A sticky session that lost its runtime-local state (its client got affinity_reset): ',
