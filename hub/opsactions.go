@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"strconv"
@@ -170,7 +169,7 @@ func outcomeLabel(m *dto.Metric) string {
 }
 
 // sample closes the bucket that started at start with the increments since
-// the previous sample.
+// the previous sample. A failed gather leaves a gap, not a wrong bucket.
 func (h *selfhealHistory) sample(start time.Time) error {
 	cur, err := h.outcomeTotals()
 	if err != nil {
@@ -188,22 +187,6 @@ func (h *selfhealHistory) sample(start time.Time) error {
 		h.buckets = append(h.buckets[:0], h.buckets[len(h.buckets)-historyBuckets:]...)
 	}
 	return nil
-}
-
-// run samples every h.every until ctx ends.
-func (h *selfhealHistory) run(ctx context.Context, now func() time.Time) {
-	start := now()
-	t := time.NewTicker(h.every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			_ = h.sample(start) // a failed gather leaves a gap, not a wrong bucket
-			start = now()
-		}
-	}
 }
 
 // opsSelfhealHistory is GET /v1/ops/selfheal/history.

@@ -32,33 +32,12 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// hasMetric reports whether the registry holds a series named name with
-// the given label pairs.
+// hasMetric reports whether the registry holds a counter or gauge series
+// named name with the given label pairs.
 func hasMetric(t *testing.T, h *hubtest.Hub, name string, labels ...string) bool {
 	t.Helper()
-	mfs, err := h.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			got := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				got[lp.GetName()] = lp.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if got[labels[i]] != labels[i+1] {
-					continue series
-				}
-			}
-			return true
-		}
-	}
-	return false
+	_, ok := lookupMetric(t, h, name, labels...)
+	return ok
 }
 
 // histogramCount is the sample count of a histogram series.

@@ -470,7 +470,14 @@ func (s *Server) Run(ctx context.Context) error {
 	g.Go(func() error { return s.conns.Listen(ctx, s.bus) })
 	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.conns.Sweep); return nil })
 	if s.history != nil {
-		g.Go(func() error { s.history.run(ctx, s.now); return nil })
+		g.Go(func() error {
+			start := s.now()
+			s.every(ctx, s.history.every, func(context.Context) {
+				_ = s.history.sample(start)
+				start = s.now()
+			})
+			return nil
+		})
 	}
 	g.Go(func() error { s.every(ctx, s.cfg.Retention.Every, s.prune); return nil })
 	g.Go(func() error { return s.fabric.Run(ctx) })

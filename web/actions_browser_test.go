@@ -27,6 +27,26 @@ func needChromium(t *testing.T) {
 	}
 }
 
+// driver returns step, which runs actions in the page, and waitFor, which
+// polls a JavaScript condition; either fails the test with the page's text.
+func driver(t *testing.T, ctx context.Context) (step func(string, ...chromedp.Action[chromedp.Void]), waitFor func(string, string)) {
+	step = func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := chromedp.Do(actx, actions...); err != nil {
+			t.Fatalf("%s: %v\npage text:\n%s", what, err, pageText(ctx))
+		}
+	}
+	waitFor = func(what, expr string) {
+		t.Helper()
+		if err := pollJS(ctx, expr, 15*time.Second); err != nil {
+			t.Fatalf("waiting until %s (%s): %v\npage text:\n%s", what, expr, err, pageText(ctx))
+		}
+	}
+	return step, waitFor
+}
+
 // TestDashboardActsInBrowser: with the adaptive gate off, the panel folds to
 // one line; a piggyback-only session is neutral, not "needs attention"; an
 // instance gone for minutes is hidden until asked for; the self-heal chart
@@ -62,20 +82,7 @@ func TestDashboardActsInBrowser(t *testing.T) {
 	tick(t, h)
 
 	ctx := browser(t)
-	step := func(what string, actions ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		actx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		if err := chromedp.Do(actx, actions...); err != nil {
-			t.Fatalf("%s: %v\npage text:\n%s", what, err, pageText(ctx))
-		}
-	}
-	waitFor := func(what, expr string) {
-		t.Helper()
-		if err := pollJS(ctx, expr, 15*time.Second); err != nil {
-			t.Fatalf("waiting until %s (%s): %v\npage text:\n%s", what, expr, err, pageText(ctx))
-		}
-	}
+	step, waitFor := driver(t, ctx)
 	q := func(sel string) string { return fmt.Sprintf("document.querySelector(%q)", sel) }
 
 	step("open the page and sign in", chromedp.Navigate(h.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#token`)),

@@ -100,20 +100,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	send(t, h, builder, "batch")    // recipient side: unsupported_surface
 
 	ctx := browser(t)
-	step := func(what string, actions ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		actx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		if err := chromedp.Do(actx, actions...); err != nil {
-			t.Fatalf("%s: %v\npage text:\n%s", what, err, pageText(ctx))
-		}
-	}
-	waitFor := func(what, expr string) {
-		t.Helper()
-		if err := pollJS(ctx, expr, 15*time.Second); err != nil {
-			t.Fatalf("waiting until %s (%s): %v\npage text:\n%s", what, expr, err, pageText(ctx))
-		}
-	}
+	step, waitFor := driver(t, ctx)
 	const rowPlanner = `document.querySelector('tr[data-testid="session-row"][data-session-id="planner"]')`
 
 	step("open the page", chromedp.Navigate(base), chromedp.WaitVisible(chromedp.CSS(`#token`)))
