@@ -160,13 +160,15 @@ func (m *Main) goMigrate(ctx context.Context, url string) string {
 			m.hub.SetStoreReady(true)
 			return ""
 		}
-		cause := "migrations not applied: " + err.Error()
+		// The cause goes to /readyz and 503 answers: a migration's own
+		// error (it may quote SQL) stays in the log.
+		cause := "schema migrations failing; the hub's log says why"
 		if perr := m.store.Ping(mctx); perr != nil {
 			cause = pgstore.Diagnose(perr)
 		}
 		m.hub.SetStoreCause(cause)
 		if cause != last { // once per cause, not every 2 s
-			m.Logger.Warn("store not ready; retrying every 2s", "cause", cause)
+			m.Logger.Warn("store not ready; retrying every 2s", "cause", cause, "err", err)
 			last = cause
 		}
 		return cause

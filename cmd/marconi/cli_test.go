@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/migrations"
 )
@@ -37,6 +39,9 @@ func runCLI(t *testing.T, kv map[string]string, stdin string, terminal bool, arg
 	return code, stdout.String(), stderr.String()
 }
 
+// closedPortAddr is a loopback port nothing should listen on (port 1, tcpmux).
+const closedPortAddr = "127.0.0.1:1"
+
 func TestCLIExitCodesAndMessages(t *testing.T) {
 	tests := []struct {
 		args       []string
@@ -60,6 +65,10 @@ func TestCLIExitCodesAndMessages(t *testing.T) {
 		{[]string{"migrate", "sideways"}, 2, "", `unknown migrate command "sideways"`, true},
 		{[]string{"migrate", "up"}, 2, "", "no database", true},
 		{[]string{"config", "check", "--mode", "prod"}, 2, "", "MARCONI_MODE", true},
+		{[]string{"demo", "now"}, 2, "", "usage: marconi demo", true},
+		{[]string{"attach"}, 2, "", "usage: marconi attach HUB_URL SESSION_TOKEN", true},
+		{[]string{"healthcheck"}, 2, "", "usage: marconi healthcheck URL", true},
+		{[]string{"healthcheck", "http://" + closedPortAddr}, 1, "", "connection refused", true},
 	}
 	for _, tt := range tests {
 		code, stdout, stderr := runCLI(t, nil, "", false, tt.args...)
@@ -332,5 +341,35 @@ func TestDevCredentialsKeptUnderPostgres(t *testing.T) {
 	}
 	if _, err := os.Stat(other); !os.IsNotExist(err) {
 		t.Errorf("a credentials file was written where none was needed: %v", err)
+	}
+}
+
+// TestFailingMigrationNamedWithoutSQL: Postgres answers but a migration
+// fails (a conflicting table): /readyz says so and points at the log; the
+// migration's own error, which may quote SQL, stays in the log.
+func TestFailingMigrationNamedWithoutSQL(t *testing.T) {
+	dbURL := pgtest.EmptySchema(t)
+	conn, err := pgx.Connect(t.Context(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(t.Context(), `CREATE TABLE sessions (squatter int)`); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(t.Context())
+	m, out := startMain(t, map[string]string{"MARCONI_DATABASE_URL": dbURL})
+	if !strings.Contains(out.String(), "NOT READY: schema migrations failing") {
+		t.Errorf("banner:\n%s", out.String())
+	}
+	resp, err := http.Get(m.URL() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body bytes.Buffer
+	body.ReadFrom(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(body.String(), "schema migrations failing") ||
+		strings.Contains(strings.ToUpper(body.String()), "CREATE") || strings.Contains(body.String(), "sessions") {
+		t.Errorf("readyz: %d %s", resp.StatusCode, body.String())
 	}
 }
