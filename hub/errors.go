@@ -30,6 +30,7 @@ var statusByCode = map[string]int{
 	marconi.CodeNotAdaptivePlacement:   http.StatusConflict,
 	marconi.CodeSessionExpired:         http.StatusGone,
 	marconi.CodePayloadTooLarge:        http.StatusRequestEntityTooLarge,
+	marconi.CodeRequestTimeout:         http.StatusRequestTimeout,
 	marconi.CodeTooManyRequests:        http.StatusTooManyRequests,
 	marconi.CodeQuotaExceeded:          http.StatusTooManyRequests,
 	marconi.CodeRegistryUnavailable:    http.StatusServiceUnavailable,
@@ -89,6 +90,9 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	status := statusByCode[pe.Code]
 	if status == 0 {
 		status = http.StatusInternalServerError
+	}
+	if pe.Code == marconi.CodeQuotaExceeded {
+		s.QuotaRefused(pe.Quota)
 	}
 	switch {
 	case pe.Code == marconi.CodeInternal:

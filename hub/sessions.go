@@ -56,6 +56,9 @@ func (s *Server) register(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.registrationAllowed(bearer(c)); err != nil {
+		return err
+	}
 	var req registerRequest
 	if err := decodeBody(c, registerBodyLimit, &req); err != nil {
 		return err
@@ -112,6 +115,16 @@ func (s *Server) register(c echo.Context) error {
 		TokenHash:         hashSecret(token),
 		RegisteredAt:      now,
 		ExpiresAt:         now.Add(s.cfg.SessionTTL),
+	}
+	// Count and create under the project's lock, so that this instance's
+	// concurrent registrations cannot pass the quota together.
+	unlock, err := s.newSessions.lock(ctx, owner)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := s.checkSessionQuota(ctx, owner); err != nil {
+		return err
 	}
 	if mode == fabric.ModeSticky {
 		inst, err := s.placer.Assign(ctx)
@@ -198,6 +211,8 @@ func (s *Server) deregister(c echo.Context) error {
 	if err != nil && !errors.Is(err, sessionstore.ErrNotFound) {
 		return err
 	}
+	// A place is free again in this project: no need to wait for a recount.
+	s.fullProjects.forget(TenantProject{TenantID: sess.TenantID, ProjectID: sess.ProjectID})
 	s.conns.Kick(sess.Key, conns.DisconnectDeregistered)
 	s.log.Info("session deregistered", keyAttrs(sess.Key))
 	return c.NoContent(http.StatusNoContent)

@@ -195,6 +195,10 @@ type Store interface {
 	// ListSessions returns live sessions matching f, ordered by tenant,
 	// project and session id.
 	ListSessions(ctx context.Context, f SessionFilter, now time.Time) ([]Session, error)
+	// CountSessions counts the live sessions matching f, counting no
+	// further than f.Limit when it is positive (a quota check needs only
+	// to know whether the limit is reached).
+	CountSessions(ctx context.Context, f SessionFilter, now time.Time) (int, error)
 	// TouchSession records proof of life. Returns ErrNotFound when no live
 	// session has the key.
 	TouchSession(ctx context.Context, k Key, t Touch, now time.Time) error

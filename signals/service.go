@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"regexp"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -113,6 +114,24 @@ var (
 // ValidSessionID reports whether id has the form of a session id.
 func ValidSessionID(id string) bool { return idPattern.MatchString(id) }
 
+// ValidText reports whether s is text a store and a log can take as it is:
+// valid UTF-8 of at most max bytes, with no NUL or other control character
+// (Postgres refuses NUL in text; control characters forge log lines).
+func ValidText(s string, max int) bool {
+	if len(s) > max || !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// MaxIdempotencyKeyBytes bounds an idempotency key.
+const MaxIdempotencyKeyBytes = 256
+
 // Send persists a signal, classifies its recipient's route, evaluates the
 // self-heal gates and hands it to the recipient's queue. The signal is
 // durable when Send returns without error.
@@ -214,8 +233,8 @@ func (s *Service) validate(req *SendRequest) error {
 	if len(req.Payload) > s.cfg.MaxPayloadBytes {
 		return marconi.Errorf(marconi.CodePayloadTooLarge, "payload is %d bytes encoded; the limit is %d", len(req.Payload), s.cfg.MaxPayloadBytes)
 	}
-	if len(req.IdempotencyKey) > 256 {
-		return marconi.Errorf(marconi.CodeInvalidField, "idempotency_key is longer than 256 bytes")
+	if !ValidText(req.IdempotencyKey, MaxIdempotencyKeyBytes) {
+		return marconi.Errorf(marconi.CodeInvalidField, "idempotency_key must be UTF-8 text of at most %d bytes without control characters", MaxIdempotencyKeyBytes)
 	}
 	return nil
 }

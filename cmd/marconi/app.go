@@ -19,6 +19,7 @@ import (
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/migrations"
 	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/sessionstore/breaker"
 	"github.com/marconihub/marconi/sessionstore/memstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
@@ -57,6 +58,9 @@ func (m *Main) Run(ctx context.Context) error {
 	bg, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
 
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge(readBuildInfo()))
+
 	storeName := "memory (nothing is durable; one instance only)"
 	var bus fabric.Bus // nil: one instance, nobody to wake
 	if cfg.DatabaseURL == "" {
@@ -69,10 +73,20 @@ func (m *Main) Run(ctx context.Context) error {
 		m.store = st
 		bus = pgstore.NewBus(st, m.Logger)
 		storeName = "postgres"
+		if cfg.StoreBreaker {
+			br, err := breaker.New(st, breaker.Config{ProbeEvery: cfg.StoreProbeEvery, ProbeTimeout: cfg.Hub.StoreTimeout}, reg, m.Logger)
+			if err != nil {
+				st.Close()
+				return err
+			}
+			m.store = br
+			m.wg.Add(1)
+			go func() {
+				defer m.wg.Done()
+				_ = br.Run(bg)
+			}()
+		}
 	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge(readBuildInfo()))
 	h, err := hub.New(cfg.Hub, hub.Deps{Store: m.store, Registry: reg, Gatherer: reg, Logger: m.Logger, Bus: bus})
 	if err != nil {
 		return err
@@ -94,7 +108,7 @@ func (m *Main) Run(ctx context.Context) error {
 	m.http = &http.Server{
 		Handler:           h.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
+		ReadTimeout:       max(30*time.Second, 10*time.Second+cfg.Hub.BodyReadTimeout),
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
@@ -165,6 +179,9 @@ func (m *Main) goMigrate(ctx context.Context, url string) string {
 		cause := "schema migrations failing; the hub's log says why"
 		if perr := m.store.Ping(mctx); perr != nil {
 			cause = pgstore.Diagnose(perr)
+			if d, ok := m.store.(interface{ Diagnose(error) string }); ok {
+				cause = d.Diagnose(perr) // through the breaker: what opened it
+			}
 		}
 		m.hub.SetStoreCause(cause)
 		if cause != last { // once per cause, not every 2 s

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -371,5 +372,29 @@ func TestFailingMigrationNamedWithoutSQL(t *testing.T) {
 	if resp.StatusCode != 503 || !strings.Contains(body.String(), "schema migrations failing") ||
 		strings.Contains(strings.ToUpper(body.String()), "CREATE") || strings.Contains(body.String(), "sessions") {
 		t.Errorf("readyz: %d %s", resp.StatusCode, body.String())
+	}
+}
+
+// TestReadyzNamesTheCauseAfterAnOutage: a hub that was serving loses
+// Postgres; /readyz names what happened (through the store breaker), not a
+// bare "cannot be reached".
+func TestReadyzNamesTheCauseAfterAnOutage(t *testing.T) {
+	dbURL, proxy := viaProxy(t, pgtest.Schema(t))
+	m, _ := startMain(t, map[string]string{"MARCONI_DATABASE_URL": dbURL, "MARCONI_STORE_TIMEOUT_SECONDS": "2"})
+	pollUntil(t, "the hub to be ready", func() bool { return get(t, m.URL()+"/readyz") == 200 })
+	proxy.Cut()
+	var body string
+	pollUntil(t, "readyz to fail and name the cause", func() bool {
+		resp, err := http.Get(m.URL() + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body = string(b)
+		return resp.StatusCode == 503 && strings.Contains(body, "cannot be reached (")
+	})
+	if !strings.Contains(body, proxy.Addr()) || strings.Contains(body, "breaker") {
+		t.Errorf("readyz after the outage: %s", body)
 	}
 }

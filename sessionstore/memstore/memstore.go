@@ -306,6 +306,26 @@ func (m *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, 
 	return out, nil
 }
 
+// CountSessions implements sessionstore.Store. It scans every session: the
+// in-memory store serves one instance and keeps no per-project index.
+func (m *Store) CountSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) (int, error) {
+	if err := m.lock(); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	n := 0
+	for k, s := range m.sessions {
+		if (f.TenantID != "" && k.TenantID != f.TenantID) ||
+			(f.ProjectID != "" && k.ProjectID != f.ProjectID) || !live(s, now) {
+			continue
+		}
+		if n++; f.Limit > 0 && n == f.Limit {
+			break
+		}
+	}
+	return n, nil
+}
+
 // SessionStats implements sessionstore.Store.
 func (m *Store) SessionStats(ctx context.Context, now time.Time) (sessionstore.SessionStats, error) {
 	if err := m.lock(); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"syscall"
 
@@ -20,18 +21,24 @@ const (
 )
 
 // Diagnose is the package's Diagnose, as a method so that a consumer that
-// knows only sessionstore.Store can ask for it.
-func (s *Store) Diagnose(err error) string { return Diagnose(err) }
+// knows only sessionstore.Store can ask for it; it names the database's
+// address even when err came from a connection already open.
+func (s *Store) Diagnose(err error) string {
+	cfg := s.pool.Config().ConnConfig
+	return diagnose(err, net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port)))
+}
 
 // Diagnose says in a few words why err kept the store from Postgres, for an
 // operator: "connection refused at db:5432", "authentication failed for user
 // marconi", "database marconi does not exist". It never includes a password.
 // It returns "" when err is nil, and err's own text when it knows no better.
-func Diagnose(err error) string {
+func Diagnose(err error) string { return diagnose(err, "") }
+
+// diagnose is Diagnose with the address to name when err does not say.
+func diagnose(err error, where string) string {
 	if err == nil {
 		return ""
 	}
-	where := ""
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) && ce.Config != nil {
 		where = net.JoinHostPort(ce.Config.Host, fmt.Sprint(ce.Config.Port))
@@ -70,6 +77,8 @@ func Diagnose(err error) string {
 		return "no answer from " + orUnknown(where) + " in time"
 	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
 		return "connection reset by " + orUnknown(where)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection closed by " + orUnknown(where) + " before Postgres answered"
 	}
 	if pgErr != nil {
 		return fmt.Sprintf("Postgres error %s: %s", pgErr.Code, pgErr.Message)

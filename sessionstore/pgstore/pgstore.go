@@ -294,6 +294,26 @@ func (s *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, 
 	return out, nil
 }
 
+// CountSessions implements sessionstore.Store: a scan of the primary key's
+// (tenant_id, project_id) prefix, stopped at the limit.
+func (s *Store) CountSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) (int, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return 0, wrap("count sessions", err)
+	}
+	var n int
+	err = s.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM sessions
+		WHERE expires_at >= $1
+		  AND ($2 = '' OR tenant_id = $2)
+		  AND ($3 = '' OR project_id = $3)
+		LIMIT $4) AS live`, now, f.TenantID, f.ProjectID, limitOrNil(f.Limit)).Scan(&n)
+	if err != nil {
+		return 0, wrap("count sessions", err)
+	}
+	return n, nil
+}
+
 // CountByClient implements sessionstore.Store: one grouped scan of the live
 // sessions of one source.
 func (s *Store) CountByClient(ctx context.Context, now time.Time, source string) (map[string]map[string]int, error) {

@@ -60,7 +60,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"ResumeSession/unknown or expired is ErrNotFound", testResumeNotFound},
 		{"Expired sessions are invisible to reads and touches", testExpiredInvisible},
 		{"TouchSession/never moves a time backwards and extends expiry", testTouch},
-		{"ListSessions/filters, orders and limits", testListSessions},
+		{"ListSessions and CountSessions/filter, order and limit", testListSessions},
 		{"DeleteSession/removes the session and its signals", testDelete},
 		{"DeleteSession/removes an expired row too (ErrNotFound only when no row)", testDeleteExpired},
 		{"Tenant isolation/same session id in two tenants or projects", testTenantIsolation},
@@ -629,6 +629,13 @@ func testListSessions(t *testing.T, s sessionstore.Store) {
 		got := list(c.f)
 		if len(got) != len(c.want) || (len(got) > 0 && !reflect.DeepEqual(got, c.want)) {
 			t.Errorf("ListSessions(%+v) = %v, want %v", c.f, got, c.want)
+		}
+		// CountSessions counts what ListSessions lists, expired sessions
+		// left out, the limit included.
+		n, err := s.CountSessions(ctx, c.f, now)
+		noErr(t, "CountSessions", err)
+		if n != len(c.want) {
+			t.Errorf("CountSessions(%+v) = %d, want %d", c.f, n, len(c.want))
 		}
 	}
 }
