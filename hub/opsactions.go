@@ -204,6 +204,7 @@ func (s *Server) opsSelfhealHistory(c echo.Context) error {
 	h.mu.Unlock()
 	return c.JSON(http.StatusOK, map[string]any{
 		"instance_id":    s.cfg.InstanceID,
+		"enabled":        s.selfheal.Config().Enabled,
 		"bucket_seconds": h.every.Seconds(),
 		"totals":         totals,
 		"buckets":        buckets,

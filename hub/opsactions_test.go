@@ -117,7 +117,7 @@ func TestSelfhealHistoryFromTheHub(t *testing.T) {
 		st, hist = call(t, "GET", h.URL+"/v1/ops/selfheal/history", h.AdminToken, nil)
 		return st == 200 && len(hist["buckets"].([]any)) > 0 && sumBuckets(hist, "attempted") >= 1
 	})
-	if hist["totals"].(map[string]any)["attempted"].(float64) < 1 || hist["instance_id"] != "test-1" {
+	if hist["totals"].(map[string]any)["attempted"].(float64) < 1 || hist["instance_id"] != "test-1" || hist["enabled"] != true {
 		t.Fatalf("history: %v", hist)
 	}
 	// The history is bounded: older buckets fall off.

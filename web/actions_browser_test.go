@@ -13,6 +13,7 @@ import (
 	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/memstore"
+	"github.com/marconihub/marconi/signals/selfheal"
 )
 
 // needChromium skips the test without Debian's chromium, or fails it when
@@ -172,4 +173,23 @@ func disconnects(t *testing.T, h *hubtest.Hub, reason string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestDashboardFoldsSelfHealWhenOff: on an instance with self-heal off (lan
+// mode's default) that never counted an outcome, the self-heal card folds
+// to one line, as the adaptive card does with its gate off.
+func TestDashboardFoldsSelfHealWhenOff(t *testing.T) {
+	needChromium(t)
+	off := selfheal.DefaultConfig()
+	off.Enabled = false
+	h := hubtest.Start(t, hubtest.Options{Config: hub.Config{Mode: "lan", SelfHeal: off}})
+	register(t, h, "solo", "claude_code")
+	ctx := browser(t)
+	step, waitFor := driver(t, ctx)
+	step("open the page and sign in", chromedp.Navigate(h.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#token`)),
+		chromedp.SendKeys(chromedp.CSS(`#token`), h.AdminToken), chromedp.Click(chromedp.CSS(`#signin-submit`)))
+	waitFor("the self-heal card folds to one line",
+		`document.querySelector('#ov-heal-card').hidden &&
+		 document.querySelector('[data-testid="selfheal-folded"]')?.textContent.includes('MARCONI_SELFHEAL') &&
+		 document.querySelector('[data-testid="count-route_without_queue"]')?.textContent === '1'`)
 }

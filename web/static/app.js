@@ -772,6 +772,12 @@
     if (st.historyError && !st.history) { replace(c, el('p', { class: 'error' }, st.historyError)); return; }
     if (!st.history) { replace(c, empty('Loading the self-heal history…')); return; }
     const totals = st.history.totals || {};
+    // Self-heal off and nothing ever counted: the card folds to one line.
+    const folded = st.history.enabled === false && !Object.values(totals).some((v) => v > 0);
+    $('ov-heal-card').hidden = folded;
+    replace($('ov-heal-folded'), folded ? el('p', { class: 'hint', 'data-testid': 'selfheal-folded' },
+      'Self-heal hints: ', badge('off', 'gate-off'), ' on this instance (MARCONI_SELFHEAL); its panel shows when it is on.') : null);
+    if (folded) return;
     const b = buckets();
     let max = 1;
     for (const o of OUTCOMES) for (const x of b[o]) if (x !== null && x > max) max = x;
