@@ -52,6 +52,14 @@ type Config struct {
 	MaxPayloadBytes int
 	// SendRatePerSecond is the per-session send limit; the burst is twice it.
 	SendRatePerSecond float64
+	// StoreQuotas are the quotas the store enforces inside each append
+	// (pending signals per recipient, pending bytes per project); zero
+	// fields take the signals package's defaults.
+	StoreQuotas sessionstore.Limits
+	// TokenCacheSize is how many session tokens the send path remembers
+	// (for TouchInterval each); 0 takes the default 10000, negative turns
+	// the cache off.
+	TokenCacheSize int
 	// WSPingInterval: the hub pings every interval and drops a peer whose
 	// pong has not come within one more interval.
 	WSPingInterval time.Duration
@@ -139,6 +147,7 @@ const (
 	DefaultPruneEvery                  = time.Minute
 	DefaultPendingSweep                = 5 * time.Second
 	DefaultHistoryBucket               = 30 * time.Second
+	DefaultTokenCacheSize              = 10000
 
 	DefaultWSAckInterval            = 5 * time.Millisecond
 	DefaultWSFramesPerSecond        = 100
@@ -179,6 +188,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.SendRatePerSecond == 0 {
 		c.SendRatePerSecond = DefaultSendRatePerSecond
+	}
+	if c.TokenCacheSize == 0 {
+		c.TokenCacheSize = DefaultTokenCacheSize
 	}
 	if c.WSPingInterval == 0 {
 		c.WSPingInterval = DefaultWSPingInterval
@@ -271,6 +283,7 @@ type Server struct {
 	metrics  *metrics
 	creds    *credentials
 	limits   *sendLimiter
+	tokens   *tokenCache // nil when off
 	conns    *conns.Hub
 	signals  *signals.Service
 	selfheal *selfheal.Evaluator
@@ -330,6 +343,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		newSessions:   newKeyedMutex[TenantProject](),
 		fullProjects:  newProjectMemo(),
 		quotas:        qm,
+		tokens:        newTokenCache(cfg.TokenCacheSize, cfg.TouchInterval),
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
 	if err != nil {
@@ -390,6 +404,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s.signals, err = signals.New(signals.Config{
 		MaxPayloadBytes: cfg.MaxPayloadBytes,
 		Freshness:       cfg.SelfHeal.Freshness,
+		Quotas:          cfg.StoreQuotas,
 	}, d.Store, s.conns, s.selfheal, d.Now, d.Registry, d.Logger)
 	if err != nil {
 		return nil, err
@@ -416,7 +431,7 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	v1.POST("/sessions", s.register)
 	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth)
 	v1.DELETE("/session", s.deregister, s.sessionAuth)
-	v1.POST("/signals", s.send, s.sessionAuth)
+	v1.POST("/signals", s.send, s.sendAuth)
 	v1.GET("/signals", s.drain, s.sessionAuth)
 	v1.POST("/signals/ack", s.ack, s.sessionAuth)
 	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth)

@@ -90,6 +90,7 @@ func (s *Server) register(c echo.Context) error {
 			sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)
 		switch {
 		case err == nil:
+			s.tokens.drop(hashSecret(old))
 			s.metrics.registrations.WithLabelValues("resumed").Inc()
 			s.log.Info("session resumed", keyAttrs(sess.Key), "surface", sess.Surface, "runtime_mode", sess.RuntimeMode)
 			return c.JSON(http.StatusOK, s.sessionResponse(sess, token))
@@ -213,6 +214,7 @@ func (s *Server) deregister(c echo.Context) error {
 	}
 	// A place is free again in this project: no need to wait for a recount.
 	s.fullProjects.forget(TenantProject{TenantID: sess.TenantID, ProjectID: sess.ProjectID})
+	s.tokens.drop(tokenHash(c))
 	s.conns.Kick(sess.Key, conns.DisconnectDeregistered)
 	s.log.Info("session deregistered", keyAttrs(sess.Key))
 	return c.NoContent(http.StatusNoContent)
@@ -225,8 +227,11 @@ func (s *Server) touchVerb(c echo.Context, sess sessionstore.Session) {
 	if now.Sub(sess.LastVerbAt) < s.cfg.TouchInterval {
 		return
 	}
-	err := s.store.TouchSession(c.Request().Context(), sess.Key, sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)
+	t := sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}
+	err := s.store.TouchSession(c.Request().Context(), sess.Key, t, now)
 	if err != nil {
 		s.log.Debug("touch verb", keyAttrs(sess.Key), "err", err)
+		return
 	}
+	s.tokens.touched([32]byte(tokenHash(c)), t)
 }

@@ -72,7 +72,8 @@ func (s *Server) send(c echo.Context) error {
 		return err
 	}
 	res, err := s.signals.Send(c.Request().Context(), signals.SendRequest{
-		Sender: sender, To: req.ToSession, Kind: req.Kind, Payload: req.Payload, IdempotencyKey: req.IdempotencyKey,
+		Sender: sender, SenderTokenHash: tokenHash(c),
+		To: req.ToSession, Kind: req.Kind, Payload: req.Payload, IdempotencyKey: req.IdempotencyKey,
 	})
 	if err != nil {
 		return err

@@ -33,10 +33,19 @@ type Config struct {
 	PiggybackLimit int
 	// DrainLimit caps one drain page (500).
 	DrainLimit int
+	// Quotas are the store-side quotas every append carries to the store:
+	// MARCONI_QUOTA_PENDING_PER_RECIPIENT (10000) and
+	// MARCONI_QUOTA_PENDING_BYTES_PER_PROJECT (268435456). A refused send
+	// stores nothing and answers 429 quota_exceeded.
+	Quotas sessionstore.Limits
 }
 
-// DefaultMaxPayloadBytes is the default of Config.MaxPayloadBytes.
-const DefaultMaxPayloadBytes = 65536
+// Defaults of Config.
+const (
+	DefaultMaxPayloadBytes             = 65536
+	DefaultQuotaPendingPerRecipient    = 10000
+	DefaultQuotaPendingBytesPerProject = 256 << 20
+)
 
 func (c *Config) setDefaults() {
 	if c.MaxPayloadBytes == 0 {
@@ -53,6 +62,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.DrainLimit == 0 {
 		c.DrainLimit = 500
+	}
+	if c.Quotas.PendingPerRecipient == 0 {
+		c.Quotas.PendingPerRecipient = DefaultQuotaPendingPerRecipient
+	}
+	if c.Quotas.PendingBytesPerProject == 0 {
+		c.Quotas.PendingBytesPerProject = DefaultQuotaPendingBytesPerProject
 	}
 }
 
@@ -87,11 +102,16 @@ func (s *Service) Config() Config { return s.cfg }
 // SendRequest is one POST /v1/signals, already authenticated.
 type SendRequest struct {
 	// Sender is the caller's session as loaded before this call.
-	Sender         sessionstore.Session
-	To             string
-	Kind           string
-	Payload        json.RawMessage
-	IdempotencyKey string
+	Sender sessionstore.Session
+	// SenderTokenHash, when set, is the hash of the token the sender
+	// presented: the store stores the signal only while a live session of
+	// the sender still holds it (a token cache relies on that); otherwise
+	// Send answers session_expired.
+	SenderTokenHash []byte
+	To              string
+	Kind            string
+	Payload         json.RawMessage
+	IdempotencyKey  string
 }
 
 // SendResult is the answer to a send.
@@ -162,7 +182,12 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 		IdempotencySince: start.Add(-s.cfg.IdempotencyWindow),
 		Delivery:         string(DeliveryFor(state)),
 		RouteState:       string(state),
+		Limits:           s.cfg.Quotas,
+		SenderTokenHash:  req.SenderTokenHash,
 	}, start)
+	if errors.Is(err, sessionstore.ErrTokenMismatch) {
+		return SendResult{}, marconi.Errorf(marconi.CodeSessionExpired, "this session token matches no live session; register again")
+	}
 	if errors.Is(err, sessionstore.ErrNotFound) {
 		return SendResult{}, marconi.Errorf(marconi.CodeRecipientNotRegistered, "no live session %q in this project", req.To)
 	}

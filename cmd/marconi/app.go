@@ -66,7 +66,8 @@ func (m *Main) Run(ctx context.Context) error {
 	if cfg.DatabaseURL == "" {
 		m.store = memstore.New()
 	} else {
-		st, err := pgstore.Open(ctx, cfg.DatabaseURL, pgstore.WithQueryTimeout(cfg.Hub.StoreTimeout))
+		st, err := pgstore.Open(ctx, cfg.DatabaseURL, pgstore.WithQueryTimeout(cfg.Hub.StoreTimeout),
+			pgstore.WithGroupCommit(cfg.GroupCommit), pgstore.WithMaxBatch(cfg.GroupCommitMaxBatch))
 		if err != nil {
 			return fmt.Errorf("MARCONI_DATABASE_URL: %w", err)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/sessionstore/breaker"
+	"github.com/marconihub/marconi/sessionstore/pgstore"
 	"github.com/marconihub/marconi/signals"
 	"github.com/marconihub/marconi/signals/selfheal"
 )
@@ -36,6 +37,11 @@ type Config struct {
 	StoreBreaker bool
 	// StoreProbeEvery is how often an open breaker probes the store.
 	StoreProbeEvery time.Duration
+	// GroupCommit gathers concurrent durable sends into one transaction
+	// (Postgres store); off is kept to measure what it gains.
+	GroupCommit bool
+	// GroupCommitMaxBatch is how many sends one group commit carries at most.
+	GroupCommitMaxBatch int
 	// generatedAPIKey and generatedAdminToken are set when development mode
 	// made them; they are printed once at start.
 	generatedAPIKey     string
@@ -90,6 +96,17 @@ func positiveFloat(dst *float64) func(*Config, string) error {
 		n, err := strconv.ParseFloat(v, 64)
 		if err != nil || !(n > 0) || math.IsInf(n, 1) {
 			return fmt.Errorf("want a positive number, got %q", v)
+		}
+		*dst = n
+		return nil
+	}
+}
+
+func positiveInt64(dst *int64) func(*Config, string) error {
+	return func(_ *Config, v string) error {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("want a positive whole number, got %q", v)
 		}
 		*dst = n
 		return nil
@@ -279,6 +296,25 @@ func settings(c *Config) []setting {
 		{"MARCONI_PRUNE_INTERVAL_SECONDS", secs(hub.DefaultPruneEvery), "how often the retention loop runs", seconds(&h.Retention.Every)},
 		{"MARCONI_PENDING_SWEEP_SECONDS", secs(hub.DefaultPendingSweep), "how often every attached queue re-reads the store (bounds the delay of a lost cross-instance wake-up)", seconds(&h.PendingSweep)},
 		{"MARCONI_SHUTDOWN_TIMEOUT_SECONDS", secs(defaultShutdownTimeout), "bound on graceful shutdown", seconds(&c.ShutdownTimeout)},
+		{"MARCONI_QUOTA_PENDING_PER_RECIPIENT", strconv.Itoa(signals.DefaultQuotaPendingPerRecipient), "unacknowledged signals one recipient may hold (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingPerRecipient)},
+		{"MARCONI_QUOTA_PENDING_BYTES_PER_PROJECT", strconv.Itoa(signals.DefaultQuotaPendingBytesPerProject), "payload bytes of the unacknowledged signals of one project (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingBytesPerProject)},
+		{"MARCONI_TOKEN_CACHE_SIZE", strconv.Itoa(hub.DefaultTokenCacheSize), "session tokens the send path remembers, each for MARCONI_TOUCH_INTERVAL_SECONDS (0: off; the store still authorises every send)", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return fmt.Errorf("want a whole number, 0 or more, got %q", v)
+			}
+			c.Hub.TokenCacheSize = n
+			if n == 0 {
+				c.Hub.TokenCacheSize = -1
+			}
+			return nil
+		}},
+		{"MARCONI_GROUP_COMMIT", "on", "gather concurrent durable sends into one Postgres transaction (off: one per send, for comparison)", func(c *Config, v string) error {
+			b, err := parseBool(v)
+			c.GroupCommit = b
+			return err
+		}},
+		{"MARCONI_GROUP_COMMIT_MAX_BATCH", strconv.Itoa(pgstore.DefaultMaxBatch), "most sends one group commit carries (eight times as many may wait)", positiveInt(&c.GroupCommitMaxBatch)},
 	}
 }
 

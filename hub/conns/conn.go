@@ -194,7 +194,7 @@ func (h *Hub) recordDetach(c *Conn) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.StoreTimeout)
 	defer cancel()
-	if _, err := h.store.ClearQueue(ctx, c.key, h.cfg.InstanceID, h.now()); err != nil {
+	if _, err := h.store.ClearQueue(ctx, c.key, h.cfg.InstanceID, c.attachedAt, h.now()); err != nil {
 		h.log.Warn("record queue detach", KeyAttrs(c.key), "err", err)
 	}
 	if cur := h.registry.get(c.key); cur != nil {

@@ -66,8 +66,8 @@ func (b *Store) SetQueue(ctx context.Context, k sessionstore.Key, instance strin
 }
 
 // ClearQueue implements sessionstore.Store.
-func (b *Store) ClearQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) (bool, error) {
-	return guard(b, ctx, func() (bool, error) { return b.inner.ClearQueue(ctx, k, instance, at) })
+func (b *Store) ClearQueue(ctx context.Context, k sessionstore.Key, instance string, attachedAt, at time.Time) (bool, error) {
+	return guard(b, ctx, func() (bool, error) { return b.inner.ClearQueue(ctx, k, instance, attachedAt, at) })
 }
 
 // AssignInstance implements sessionstore.Store.
