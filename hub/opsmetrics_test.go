@@ -1,10 +1,8 @@
 package hub_test
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,24 +11,6 @@ import (
 	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/sessionstore/memstore"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a logger's writes and the test's reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // hasMetric reports whether the registry holds a counter or gauge series
 // named name with the given label pairs.

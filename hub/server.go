@@ -624,7 +624,7 @@ func (s *Server) readyz(c echo.Context) error {
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: s.notReadyMessage()}})
 	}
 	if err := s.store.Ping(ctx); err != nil {
-		s.log.Warn("readyz: store unreachable", "err", err)
+		s.storeLog(err)("readyz: store unreachable", "err", err)
 		msg := "the session registry cannot be reached"
 		if d, ok := s.store.(storeDiagnoser); ok {
 			msg += " (" + d.Diagnose(err) + ")"
