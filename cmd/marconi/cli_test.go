@@ -102,6 +102,11 @@ func TestHelpShowsTypedFlags(t *testing.T) {
 	if strings.Contains(stdout, "-selfheal string") || strings.Contains(stdout, "-selfheal bool") {
 		t.Error("--selfheal should be a bare boolean flag")
 	}
+	// The type reads once, in the parentheses, not as the help's first word.
+	if !strings.Contains(stdout, "address to listen on (default: 127.0.0.1:8080 in development, :8080 in lan and cloud) (string; env MARCONI_ADDR") ||
+		strings.Contains(stdout, "\tstring ") || strings.Contains(stdout, "\tseconds ") {
+		t.Errorf("serve -h help text:\n%s", stdout)
+	}
 	// A boolean flag stands alone.
 	c, err := LoadConfig([]string{"--selfheal", "--mode", "lan", "--admin-token", "0123456789abcdef"}, env(nil), &bytes.Buffer{})
 	if err != nil || !c.Hub.SelfHeal.Enabled {

@@ -422,13 +422,13 @@ func LoadConfig(args []string, getenv func(string) string, out io.Writer) (Confi
 		}
 		f := &settingFlag{bool: boolSettings[s.env]}
 		flags[s.env] = f
-		// A back-quoted word in the usage is the value's name in -h; a
-		// boolean flag shows none, as flag.Bool's do.
-		kind := "`" + s.kind() + "` "
+		// A back-quoted word in the usage is the value's name in -h (and
+		// stays in the text); a boolean flag shows none, as flag.Bool's do.
+		kind := "`" + s.kind() + "`; "
 		if f.bool {
-			kind = ""
+			kind = "bool; "
 		}
-		fs.Var(f, flagName(s.env), fmt.Sprintf("%s%s (env %s, default %s)", kind, s.help, s.env, def))
+		fs.Var(f, flagName(s.env), fmt.Sprintf("%s (%senv %s, default %s)", s.help, kind, s.env, def))
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
