@@ -574,7 +574,7 @@ func (s *Server) readyz(c echo.Context) error {
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: "the session registry is not ready (schema migrations pending)"}})
 	}
 	if err := s.store.Ping(ctx); err != nil {
-		s.log.Warn("readyz: store unreachable", "err", err)
+		s.storeLog(err)("readyz: store unreachable", "err", err)
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: "the session registry cannot be reached"}})
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ready", "instance_id": s.cfg.InstanceID})
