@@ -100,28 +100,16 @@ func TestDashboardInBrowser(t *testing.T) {
 	send(t, h, builder, "batch")    // recipient side: unsupported_surface
 
 	ctx := browser(t)
-	step := func(what string, actions ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		actx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		if err := chromedp.Do(actx, actions...); err != nil {
-			t.Fatalf("%s: %v\npage text:\n%s", what, err, pageText(ctx))
-		}
-	}
-	waitFor := func(what, expr string) {
-		t.Helper()
-		if err := pollJS(ctx, expr, 15*time.Second); err != nil {
-			t.Fatalf("waiting until %s (%s): %v\npage text:\n%s", what, expr, err, pageText(ctx))
-		}
-	}
+	step, waitFor := driver(t, ctx)
 	const rowPlanner = `document.querySelector('tr[data-testid="session-row"][data-session-id="planner"]')`
 
 	step("open the page", chromedp.Navigate(base), chromedp.WaitVisible(chromedp.CSS(`#token`)))
 	step("sign in",
 		chromedp.SendKeys(chromedp.CSS(`#token`), h.AdminToken),
 		chromedp.Click(chromedp.CSS(`#signin-submit`)))
-	waitFor("the overview counts three sessions without a queue and one attached",
-		`document.querySelector('[data-testid="count-route_without_queue"]')?.textContent === '3' &&
+	waitFor("the overview counts two sessions without a queue, the piggyback-only one apart, and one attached",
+		`document.querySelector('[data-testid="count-route_without_queue"]')?.textContent === '2' &&
+		 document.querySelector('[data-testid="count-piggyback"]')?.textContent === '1' &&
 		 document.querySelector('[data-testid="count-attached"]')?.textContent === '1'`)
 	waitFor("the token is kept in sessionStorage only",
 		fmt.Sprintf(`sessionStorage.getItem('marconi.adminToken') === %q && localStorage.length === 0`, h.AdminToken))
