@@ -74,41 +74,37 @@ var rapidExplicit = sync.OnceValue(func() map[string]bool {
 func TestPropertyDelivery(t *testing.T) {
 	setRapidChecks(t, propertyChecks)
 	rapid.Check(t, func(rt *rapid.T) {
-		runModel(t, rt, "", func(cfg hub.Config) []*hubtest.Hub {
-			return []*hubtest.Hub{hubtest.Start(t, hubtest.Options{Store: memstore.New(), Config: cfg})}
+		runModel(t, rt, "", []string{"test-1"}, false, func(cfg hub.Config) (*hubtest.Hub, func()) {
+			h := hubtest.Start(t, hubtest.Options{Store: memstore.New(), Config: cfg})
+			return h, h.Close
 		})
 	})
 }
 
 // TestPGPropertyDelivery runs the model against two instances on one
 // Postgres, each with its own pool and wake-up bus, as two processes would
-// be: every call goes to either, and a signal sent through one reaches a
-// WebSocket attached to the other.
+// be: every call goes to either, a signal sent through one reaches a
+// WebSocket attached to the other, and an instance may restart.
 func TestPGPropertyDelivery(t *testing.T) {
 	schema := pgtest.Schema(t)
 	setRapidChecks(t, 4)
 	check := 0
 	rapid.Check(t, func(rt *rapid.T) {
 		check++ // one schema for every check: each has tenants of its own
-		runModel(t, rt, fmt.Sprintf("c%d-", check), func(cfg hub.Config) []*hubtest.Hub {
-			var hubs []*hubtest.Hub
-			for _, id := range []string{"a", "b"} {
-				st, err := pgstore.Open(context.Background(), schema, pgstore.WithMaxConns(4))
-				if err != nil {
-					t.Fatalf("open pgstore: %v", err)
-				}
-				bus := pgstore.NewBus(st, nil)
-				cfg.InstanceID = id
-				// A connection replaced or deregistered through the other
-				// instance closes at this one's next sweep (docs/api.md).
-				cfg.PendingSweep = 100 * time.Millisecond
-				h := hubtest.Start(t, hubtest.Options{Store: st, Bus: bus, Config: cfg})
-				hubs = append(hubs, h)
-				t.Cleanup(func() { h.Close(); _ = st.Close() }) // before the schema is dropped
-				// It listens for wake-ups before anyone sends to it.
-				waitFor(t, "the wake-up listener of "+id, func() bool { return metric(t, h, "marconi_wake_listener_connects_total") >= 1 })
+		runModel(t, rt, fmt.Sprintf("c%d-", check), []string{"a", "b"}, true, func(cfg hub.Config) (*hubtest.Hub, func()) {
+			st, err := pgstore.Open(context.Background(), schema, pgstore.WithMaxConns(4))
+			if err != nil {
+				t.Fatalf("open pgstore: %v", err)
 			}
-			return hubs
+			// A connection replaced or deregistered through the other
+			// instance closes at this one's next sweep (docs/api.md).
+			cfg.PendingSweep = 100 * time.Millisecond
+			h := hubtest.Start(t, hubtest.Options{Store: st, Bus: pgstore.NewBus(st, nil), Config: cfg})
+			stop := sync.OnceFunc(func() { h.Close(); _ = st.Close() })
+			t.Cleanup(stop) // before the schema is dropped
+			// It listens for wake-ups before anyone sends to it.
+			waitFor(t, "the wake-up listener of "+cfg.InstanceID, func() bool { return metric(t, h, "marconi_wake_listener_connects_total") >= 1 })
+			return h, stop
 		})
 	})
 }
@@ -142,6 +138,7 @@ type modelSession struct {
 // modelConn is one attached WebSocket; its reader checks every frame as it
 // comes and keeps the signals it saw.
 type modelConn struct {
+	hub     int // index of its instance
 	ws      *websocket.Conn
 	done    chan struct{}
 	mu      sync.Mutex
@@ -154,19 +151,25 @@ type modelConn struct {
 
 type model struct {
 	t        *testing.T
+	cfg      hub.Config
+	ids      []string       // instance ids
 	hubs     []*hubtest.Hub // instances on one store
-	h        *hubtest.Hub   // the instance of the current call
-	keys     []string       // API key per scope
+	stops    []func()       // each stops its instance
+	start    func(hub.Config) (*hubtest.Hub, func())
+	durable  bool         // the store outlives an instance
+	h        *hubtest.Hub // the instance of the current call
+	keys     []string     // API key per scope
 	tenants  []hub.TenantProject
 	sessions map[[2]any]*modelSession // (scope, id)
 	n        int                      // payload counter: each payload is unique
 	inc      int                      // incarnations registered
 }
 
-// runModel runs one random sequence against the instances that start
-// returns, with prefix before every tenant id.
-func runModel(t *testing.T, rt *rapid.T, prefix string, start func(hub.Config) []*hubtest.Hub) {
-	m := &model{t: t, sessions: map[[2]any]*modelSession{}}
+// runModel runs one random sequence against instances of the given ids
+// that start starts, with prefix before every tenant id. When the store is
+// durable (it outlives an instance), instances restart too.
+func runModel(t *testing.T, rt *rapid.T, prefix string, ids []string, durable bool, start func(hub.Config) (*hubtest.Hub, func())) {
+	m := &model{t: t, ids: ids, start: start, durable: durable, sessions: map[[2]any]*modelSession{}}
 	cfg := hub.Config{APIKeys: map[string]hub.TenantProject{}, AdminToken: hub.NewAdminToken(), SendRatePerSecond: 1e6}
 	for i, sc := range modelScopes {
 		key := hub.NewAPIKey()
@@ -177,7 +180,12 @@ func runModel(t *testing.T, rt *rapid.T, prefix string, start func(hub.Config) [
 			m.sessions[[2]any{i, id}] = &modelSession{scope: i, id: id}
 		}
 	}
-	m.hubs = start(cfg)
+	m.cfg = cfg
+	for _, id := range ids {
+		m.cfg.InstanceID = id
+		h, stop := start(m.cfg)
+		m.hubs, m.stops = append(m.hubs, h), append(m.stops, stop)
+	}
 	defer m.close()
 	actions := map[string]func(*rapid.T){
 		"register":   m.register,
@@ -192,6 +200,7 @@ func runModel(t *testing.T, rt *rapid.T, prefix string, start func(hub.Config) [
 		"detach":     m.detach,
 		"deregister": m.deregister,
 		"staleToken": m.staleToken,
+		"restart":    m.restart,
 	}
 	for name, act := range actions {
 		actions[name] = func(rt *rapid.T) { // through either instance
@@ -210,8 +219,38 @@ func (m *model) close() {
 			<-s.conn.done
 		}
 	}
-	for _, h := range m.hubs {
-		h.Close()
+	for _, stop := range m.stops {
+		stop()
+	}
+}
+
+// restart stops the current instance and starts it again on the same
+// store, as a new process with the same id would: its connections close
+// with 1012, and nothing else changes.
+func (m *model) restart(rt *rapid.T) {
+	if !m.durable {
+		rt.Skip("the memory store forgets everything with the process")
+	}
+	i := slices.Index(m.hubs, m.h)
+	var gone []*modelSession
+	for _, s := range m.sessions {
+		if s.conn != nil && s.conn.hub == i {
+			gone = append(gone, s)
+		}
+	}
+	m.stops[i]()
+	for _, s := range gone {
+		m.closed(rt, s.conn, "restarting")
+		s.conn = nil
+	}
+	cfg := m.cfg
+	cfg.InstanceID = m.ids[i]
+	m.hubs[i], m.stops[i] = m.start(cfg)
+	m.h = m.hubs[i]
+	for _, s := range gone {
+		m.eventually(rt, "every instance sees the queue gone with the process", func() bool {
+			return strings.HasPrefix(m.routeState(rt, s), "route_without_queue@")
+		})
 	}
 }
 
@@ -485,7 +524,7 @@ func (m *model) attachOne(rt *rapid.T) *modelSession {
 		ws.CloseNow()
 		rt.Fatalf("welcome of %d/%s: %s %v, want replayed %d", s.scope, s.id, data, err, len(s.pending))
 	}
-	c := &modelConn{ws: ws, done: make(chan struct{}), seen: map[string]bool{}}
+	c := &modelConn{ws: ws, done: make(chan struct{}), seen: map[string]bool{}, hub: slices.Index(m.hubs, m.h)}
 	go c.read(s)
 	s.conn = c
 	if old != nil {
@@ -558,7 +597,7 @@ func (m *model) routeState(rt *rapid.T, s *modelSession) string {
 // closed waits until the hub has closed c, and checks it closed with the
 // code of why.
 func (m *model) closed(rt *rapid.T, c *modelConn, why string) {
-	want := map[string]websocket.StatusCode{"replaced": 4409, "deregistered": 4410}[why]
+	want := map[string]websocket.StatusCode{"replaced": 4409, "deregistered": 4410, "restarting": 1012}[why]
 	select {
 	case <-c.done:
 	case <-time.After(10 * time.Second):
