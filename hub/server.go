@@ -326,12 +326,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 		metrics: m,
 		creds:   newCredentials(cfg.APIKeys, cfg.AdminToken),
 		limits:  newSendLimiter(cfg.SendRatePerSecond, d.Now),
+		tokens:  newTokenCache(cfg.TokenCacheSize, cfg.TouchInterval),
 
 		registrations: newRateLimiter[[32]byte](cfg.QuotaRegistrationsPerSecond, d.Now),
 		newSessions:   newKeyedMutex[TenantProject](),
 		fullProjects:  newProjectMemo(),
 		quotas:        qm,
-		tokens:        newTokenCache(cfg.TokenCacheSize, cfg.TouchInterval),
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
 	if err != nil {
