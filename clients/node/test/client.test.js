@@ -4,8 +4,8 @@
 
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { ClientClosedError, MarconiError, dial } from '@marconihub/client';
-import { Inbox, LogRecorder, apiKey, buildGo, routeState, startHub, waitFor } from './support/hub.js';
+import { ClientClosedError, MarconiError, TransportError, dial } from '@marconihub/client';
+import { Inbox, LogRecorder, apiKey, buildGo, freePort, routeState, startHub, waitFor } from './support/hub.js';
 import { Proxy } from './support/proxy.js';
 
 /** @type {{bins: Record<string, string>, cleanup: () => Promise<void>}} */
@@ -140,6 +140,34 @@ test('an idempotency key makes a repeat a no-op; a send whose answer was lost is
   await a.client.send('idem-b', 'chat', { n: 3 });
   await waitFor('b to get 1..3', () => b.inbox.signals.length === 3);
   assert.deepEqual(b.inbox.ns(), [1, 2, 3], 'each signal once, the repeat and the retry stored nothing new');
+});
+
+test('sendAttempts 1: a lost answer is the caller\'s TransportError, and its own retry with the key stores nothing new', async (t) => {
+  const proxy = new Proxy(hub.port);
+  const url = await proxy.listen();
+  t.after(() => proxy.close());
+  const a = await agent('once-a', { hubURL: url, sendAttempts: 1 });
+  const b = await agent('once-b');
+  t.after(async () => { await a.client.close(); await b.client.close(); });
+  proxy.loseNextAnswer('POST /v1/signals ');
+  await assert.rejects(a.client.send('once-b', 'chat', { n: 1 }, { idempotencyKey: 'once-1' }), TransportError);
+  assert.equal(a.client.stats().sendRetries, 0);
+  const again = await a.client.send('once-b', 'chat', { n: 1 }, { idempotencyKey: 'once-1' });
+  assert.equal(again.duplicate, true);
+  await a.client.send('once-b', 'chat', { n: 2 });
+  await waitFor('b to get 1..2', () => b.inbox.signals.length === 2);
+  assert.deepEqual(b.inbox.ns(), [1, 2]);
+});
+
+test('dial fails over from a hub URL that does not answer to the next', async (t) => {
+  const dead = `http://127.0.0.1:${await freePort()}`;
+  const log = new LogRecorder();
+  const a = await agent('dial-failover', { hubURL: dead, hubURLs: [hub.url, `${hub.url}/`], logger: log });
+  t.after(() => a.client.close());
+  assert.equal(a.client.stats().failovers, 1);
+  assert.equal(log.find('marconi: hub URL unreachable; failing over')[0].fields.to, hub.url);
+  assert.equal((await routeState(hub, 'dial-failover')).route_state, 'attached');
+  await assert.rejects(dial({ hubURL: dead, apiKey, surface: 'claude_code' }), TransportError);
 });
 
 test('a hub restart on the memory store: the session is registered again and the application told', async (t) => {

@@ -102,7 +102,7 @@ test('several hub URLs: when the first dies the client fails over to the next, a
   hubs.set('hub-c', c);
   const b = hub('hub-b');
   const inbox = new Inbox();
-  const recipient = await dial({ hubURL: [c.url, b.url], apiKey, surface: 'claude_code', sessionID: 'pg-multi', onSignal: inbox.on, ...fast });
+  const recipient = await dial({ hubURL: c.url, hubURLs: [b.url], apiKey, surface: 'claude_code', sessionID: 'pg-multi', onSignal: inbox.on, ...fast });
   const sender = await dial({ hubURL: b.url, apiKey, surface: 'claude_code', sessionID: 'pg-multi-sender', ...fast });
   t.after(async () => { await recipient.close(); await sender.close(); });
   assert.equal((await routeState(b, 'pg-multi')).queue.instance_id, 'hub-c');
