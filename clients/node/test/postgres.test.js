@@ -88,7 +88,8 @@ test('sticky: wrong_instance is followed; when the instance dies the survivor ta
   hubs.delete('hub-a');
   await sender.send('pg-recipient', 'chat', { n: 3 });
   await waitFor('the takeover by hub-b', async () => (await routeState(b, 'pg-recipient')).queue.instance_id === 'hub-b', { timeoutMs: 20000 });
-  await waitFor('3 replayed', () => inbox.signals.length === 3);
+  await waitFor('the application to be told', () => resets.length > 0);
+  await waitFor('3 to arrive', () => inbox.signals.length === 3);
   assert.deepEqual(inbox.ns(), [1, 2, 3]);
   assert.deepEqual(resets, [{ reason: 'affinity_reset', dropped: 0 }]);
   assert.equal(r.stats().reregistrations, 0, 'the same session, resumed');
