@@ -45,7 +45,7 @@ func (f *Fabric) Open(clientID string) bool {
 
 // RuntimeMode resolves a new session's mode and source. Only a new session
 // comes here: a resume keeps its stored mode and source.
-func (f *Fabric) RuntimeMode(explicit, clientID string, h Hints) (mode, source string) {
+func (f *Fabric) RuntimeMode(explicit Mode, clientID string, h Hints) (Mode, ModeSource) {
 	return ResolveMode(explicit, clientID, h, f, f.cfg.Placement.DefaultMode)
 }
 
@@ -64,7 +64,7 @@ func (f *Fabric) CountAdaptivePlacement(ctx context.Context) {
 // Every report counts. Errors: not_adaptive_placement when the classifier
 // did not place sess, or a wrapped store error.
 func (f *Fabric) ReportMismatch(ctx context.Context, sess sessionstore.Session, reason string) error {
-	if sess.RuntimeModeSource != SourceAdaptive {
+	if ModeSource(sess.RuntimeModeSource) != SourceAdaptive {
 		return marconi.Errorf(marconi.CodeNotAdaptivePlacement,
 			"session %q was not placed by the adaptive classifier (runtime_mode_source %q)", sess.SessionID, sess.RuntimeModeSource)
 	}

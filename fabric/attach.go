@@ -98,7 +98,7 @@ func (f *Fabric) place(ctx context.Context, sess sessionstore.Session, hasLocalQ
 	live, since := f.queueGap(ctx, sess, hasLocalQueue)
 	withinGrace := live || (!since.IsZero() && now.Sub(since) <= f.cfg.Grace)
 	neverAttached := !live && since.IsZero()
-	if sess.RuntimeMode != ModeSticky {
+	if Mode(sess.RuntimeMode) != ModeSticky {
 		return Placement{Resumed: withinGrace}, nil
 	}
 	if err := f.ensureLoaded(ctx); err != nil {

@@ -42,21 +42,30 @@ type Config struct {
 	Placement PlacementConfig
 }
 
+// Defaults of Config's zero fields, each set here only.
+const (
+	DefaultDeadAfter        = 10 * time.Second
+	DefaultHeartbeatEvery   = 3 * time.Second
+	DefaultGrace            = 60 * time.Second
+	DefaultDisconnectPolicy = PolicyRetain
+	DefaultRuntimeMode      = ModeStateless
+)
+
 func (c *Config) setDefaults() {
 	if c.DeadAfter == 0 {
-		c.DeadAfter = 10 * time.Second
+		c.DeadAfter = DefaultDeadAfter
 	}
 	if c.HeartbeatEvery == 0 {
-		c.HeartbeatEvery = 3 * time.Second
+		c.HeartbeatEvery = DefaultHeartbeatEvery
 	}
 	if c.Grace == 0 {
-		c.Grace = 60 * time.Second
+		c.Grace = DefaultGrace
 	}
 	if c.DisconnectPolicy == "" {
-		c.DisconnectPolicy = PolicyRetain
+		c.DisconnectPolicy = DefaultDisconnectPolicy
 	}
 	if c.Placement.DefaultMode == "" {
-		c.Placement.DefaultMode = ModeStateless
+		c.Placement.DefaultMode = DefaultRuntimeMode
 	}
 }
 
@@ -89,7 +98,7 @@ func New(cfg Config, store sessionstore.Store, now func() time.Time, reg prometh
 	if cfg.InstanceID == "" {
 		return nil, errors.New("fabric: no instance id")
 	}
-	if _, err := NormalizeRuntimeMode(cfg.Placement.DefaultMode); err != nil {
+	if _, err := NormalizeRuntimeMode(string(cfg.Placement.DefaultMode)); err != nil {
 		return nil, fmt.Errorf("fabric: default runtime mode: %w", err)
 	}
 	switch cfg.DisconnectPolicy {

@@ -90,7 +90,7 @@ func TestAssignLeastLoaded(t *testing.T) {
 		}
 		got = append(got, inst)
 		k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: string(rune('a' + i))}
-		_, err = st.CreateSession(ctx, sessionstore.Session{Key: k, RuntimeMode: ModeSticky, TokenHash: []byte(k.SessionID),
+		_, err = st.CreateSession(ctx, sessionstore.Session{Key: k, RuntimeMode: string(ModeSticky), TokenHash: []byte(k.SessionID),
 			RegisteredAt: clk.t, ExpiresAt: clk.t.Add(time.Hour), AssignedInstance: inst}, clk.t)
 		if err != nil {
 			t.Fatal(err)

@@ -8,7 +8,7 @@ import (
 func TestNormalizeRuntimeMode(t *testing.T) {
 	tests := []struct {
 		in      string
-		want    string
+		want    Mode
 		wantErr error
 	}{
 		{"stateless", "stateless", nil},

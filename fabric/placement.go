@@ -19,7 +19,7 @@ type Hints struct {
 // should use sticky); so does a live-WebSocket surface whose agent holds a
 // terminal (claude_code, headless_cc, headless_cx) when it declares local
 // state. Everything else is replay-safe and goes stateless.
-func Classify(h Hints) string {
+func Classify(h Hints) Mode {
 	if h.LocalState || h.SideEffects {
 		return ModeSticky
 	}
@@ -29,7 +29,7 @@ func Classify(h Hints) string {
 // PlacementConfig configures runtime-mode resolution.
 type PlacementConfig struct {
 	// DefaultMode is MARCONI_DEFAULT_RUNTIME_MODE (stateless).
-	DefaultMode string
+	DefaultMode Mode
 	// Adaptive is MARCONI_ADAPTIVE_PLACEMENT=on.
 	Adaptive bool
 	// AdaptiveClients is MARCONI_ADAPTIVE_CLIENTS: client ids the classifier
@@ -62,7 +62,7 @@ type AdaptiveGate interface {
 // ResolveMode picks a new session's runtime mode and its source: an explicit
 // mode always wins; else the classifier when the gate is open for clientID;
 // else the default.
-func ResolveMode(explicit, clientID string, h Hints, gate AdaptiveGate, defaultMode string) (mode, source string) {
+func ResolveMode(explicit Mode, clientID string, h Hints, gate AdaptiveGate, defaultMode Mode) (Mode, ModeSource) {
 	if explicit != "" {
 		return explicit, SourceExplicit
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -115,6 +116,4 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 }
 
 // logAttrs is a small helper for structured logs of a session key.
-func keyAttrs(k sessionstore.Key) slog.Attr {
-	return slog.Group("session", "tenant_id", k.TenantID, "project_id", k.ProjectID, "session_id", k.SessionID)
-}
+func keyAttrs(k sessionstore.Key) slog.Attr { return conns.KeyAttrs(k) }

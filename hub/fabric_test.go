@@ -1038,7 +1038,7 @@ func TestReservedModesRejectedEverywhere(t *testing.T) {
 		if rs := routeState(t, h, "r-"+m); rs["route_state"] != "not_registered" {
 			t.Fatalf("%s stored something: %v", m, rs)
 		}
-		for _, cfg := range []hub.Config{{DefaultRuntimeMode: m}, {Fabric: fabric.Config{Placement: fabric.PlacementConfig{DefaultMode: m}}}} {
+		for _, cfg := range []hub.Config{{DefaultRuntimeMode: fabric.Mode(m)}, {Fabric: fabric.Config{Placement: fabric.PlacementConfig{DefaultMode: fabric.Mode(m)}}}} {
 			if _, err := hub.New(cfg, hub.Deps{Store: memstore.New()}); err == nil {
 				t.Fatalf("hub.New with default runtime mode %s: no error", m)
 			}

@@ -73,7 +73,7 @@ type routeStateJSON struct {
 	TenantID              string             `json:"tenant_id"`
 	ProjectID             string             `json:"project_id"`
 	SessionID             string             `json:"session_id"`
-	RouteState            string             `json:"route_state"`
+	RouteState            signals.RouteState `json:"route_state"`
 	Queue                 routeQueueJSON     `json:"queue"`
 	Store                 *routeStoreJSON    `json:"store"`
 	FreshestProofOfLife   *time.Time         `json:"freshest_proof_of_life"`
@@ -110,7 +110,7 @@ func (s *Server) routeState(ctx context.Context, k sessionstore.Key, sess *sessi
 		}
 		sess = &got
 	}
-	r := s.Route(ctx, *sess)
+	r := s.conns.Route(ctx, *sess)
 	out.RouteState = signals.Classify(*sess, r, now, fresh)
 	out.Queue = routeQueueJSON{Attached: r.Attached, InstanceHealthy: r.InstanceHealthy, AttachedAt: timePtr(r.AttachedAt)}
 	if r.InstanceID != "" {
@@ -133,9 +133,9 @@ func (s *Server) routeState(ctx context.Context, k sessionstore.Key, sess *sessi
 	out.ProofOfLifeAgeSeconds = &age
 	out.Selfheal = &routeSelfhealJSON{
 		Enabled:         s.selfheal.Config().Enabled,
-		EligibleSurface: selfheal.LiveSurface(sess.Surface),
-		RecipientTokens: s.selfheal.Tokens("recipient", k.TenantID, k.ProjectID, k.SessionID),
-		SenderTokens:    s.selfheal.Tokens("sender", k.TenantID, k.ProjectID, k.SessionID),
+		EligibleSurface: selfheal.Surface(sess.Surface).Live(),
+		RecipientTokens: s.selfheal.Tokens(selfheal.SideRecipient, k.TenantID, k.ProjectID, k.SessionID),
+		SenderTokens:    s.selfheal.Tokens(selfheal.SideSender, k.TenantID, k.ProjectID, k.SessionID),
 	}
 	n, err := s.store.CountPending(ctx, k)
 	if err != nil {
@@ -175,7 +175,7 @@ func freshestSource(s sessionstore.Session) string {
 }
 
 // explain says in one sentence what a route state means and what heals it.
-func explain(state string, age, fresh time.Duration) string {
+func explain(state signals.RouteState, age, fresh time.Duration) string {
 	a := age.Round(time.Second).String()
 	switch state {
 	case signals.StateAttached:
@@ -212,7 +212,7 @@ const maxRouteStateList = 1000
 // routeStateList is GET /v1/ops/route_state?tenant_id=&project_id=&state=&limit=.
 func (s *Server) routeStateList(c echo.Context) error {
 	f := sessionstore.SessionFilter{TenantID: c.QueryParam("tenant_id"), ProjectID: c.QueryParam("project_id")}
-	state := c.QueryParam("state")
+	state := signals.RouteState(c.QueryParam("state"))
 	switch state {
 	case "", signals.StateAttached, signals.StateRouteWithoutQueue, signals.StateStale:
 	default:
@@ -242,7 +242,7 @@ func (s *Server) routeStateList(c echo.Context) error {
 		}
 		// Filter on the route state first: it costs no store call, the full
 		// view (pending count) does.
-		if state != "" && signals.Classify(sessions[i], s.Route(ctx, sessions[i]), now, fresh) != state {
+		if state != "" && signals.Classify(sessions[i], s.conns.Route(ctx, sessions[i]), now, fresh) != state {
 			continue
 		}
 		rs, err := s.routeState(ctx, sessions[i].Key, &sessions[i])

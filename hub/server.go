@@ -3,11 +3,9 @@ package hub
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 	"github.com/marconihub/marconi/signals/selfheal"
@@ -56,7 +55,7 @@ type Config struct {
 	// WSWriteTimeout bounds one frame write.
 	WSWriteTimeout time.Duration
 	// DefaultRuntimeMode applies when a registration names none.
-	DefaultRuntimeMode string
+	DefaultRuntimeMode fabric.Mode
 	// DevAPIKeys maps API key to tenant/project, from MARCONI_API_KEYS.
 	APIKeys map[string]TenantProject
 	// AdminToken guards /v1/ops/*.
@@ -92,45 +91,64 @@ type TenantProject struct {
 	TenantID, ProjectID string
 }
 
+// Defaults of Config's zero fields, each set here only (the send path's,
+// self-heal's and the fabric's are set in their packages).
+const (
+	DefaultMode              = "development"
+	DefaultSessionTTL        = time.Hour
+	DefaultHeartbeatInterval = 20 * time.Second
+	DefaultTouchInterval     = 5 * time.Second
+	DefaultStoreTimeout      = 3 * time.Second
+	DefaultSendRatePerSecond = 200
+	DefaultWSPingInterval    = 20 * time.Second
+	DefaultWSReadLimit       = 32768
+	DefaultWSQueueSize       = 256
+	DefaultWSWriteTimeout    = 10 * time.Second
+	DefaultRetainAcked       = 24 * time.Hour
+	DefaultRetainExpired     = time.Hour
+	DefaultPruneEvery        = time.Minute
+	DefaultPendingSweep      = 5 * time.Second
+)
+
 func (c *Config) setDefaults() {
 	if c.Mode == "" {
-		c.Mode = "development"
+		c.Mode = DefaultMode
 	}
 	if c.InstanceID == "" {
 		c.InstanceID = "local"
 	}
 	if c.SessionTTL == 0 {
-		c.SessionTTL = time.Hour
+		c.SessionTTL = DefaultSessionTTL
 	}
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = 20 * time.Second
+		c.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if c.TouchInterval == 0 {
-		c.TouchInterval = 5 * time.Second
+		c.TouchInterval = DefaultTouchInterval
 	}
 	if c.StoreTimeout == 0 {
-		c.StoreTimeout = 3 * time.Second
+		c.StoreTimeout = DefaultStoreTimeout
 	}
 	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = 65536
+		c.MaxPayloadBytes = signals.DefaultMaxPayloadBytes
 	}
 	if c.SendRatePerSecond == 0 {
-		c.SendRatePerSecond = 200
+		c.SendRatePerSecond = DefaultSendRatePerSecond
 	}
 	if c.WSPingInterval == 0 {
-		c.WSPingInterval = 20 * time.Second
+		c.WSPingInterval = DefaultWSPingInterval
 	}
 	if c.WSReadLimit == 0 {
-		c.WSReadLimit = 32768
+		c.WSReadLimit = DefaultWSReadLimit
 	}
 	if c.WSQueueSize == 0 {
-		c.WSQueueSize = 256
+		c.WSQueueSize = DefaultWSQueueSize
 	}
 	if c.WSWriteTimeout == 0 {
-		c.WSWriteTimeout = 10 * time.Second
+		c.WSWriteTimeout = DefaultWSWriteTimeout
 	}
 	if c.DefaultRuntimeMode == "" {
-		c.DefaultRuntimeMode = "stateless"
+		c.DefaultRuntimeMode = fabric.DefaultRuntimeMode
 	}
 	// A zero SelfHeal is "the defaults for this mode"; otherwise only zero
 	// knobs take their defaults and Enabled is as given.
@@ -152,16 +170,16 @@ func (c *Config) setDefaults() {
 		c.SelfHeal.RefillPeriod = def.RefillPeriod
 	}
 	if c.Retention.Acked == 0 {
-		c.Retention.Acked = 24 * time.Hour
+		c.Retention.Acked = DefaultRetainAcked
 	}
 	if c.Retention.Expired == 0 {
-		c.Retention.Expired = time.Hour
+		c.Retention.Expired = DefaultRetainExpired
 	}
 	if c.Retention.Every == 0 {
-		c.Retention.Every = time.Minute
+		c.Retention.Every = DefaultPruneEvery
 	}
 	if c.PendingSweep == 0 {
-		c.PendingSweep = 5 * time.Second
+		c.PendingSweep = DefaultPendingSweep
 	}
 	c.Fabric.InstanceID = c.InstanceID
 	c.Fabric.PublicURL = c.PublicURL
@@ -193,22 +211,15 @@ type Server struct {
 	metrics  *metrics
 	creds    *credentials
 	limits   *sendLimiter
-	registry *registry
+	conns    *conns.Hub
 	signals  *signals.Service
 	selfheal *selfheal.Evaluator
 	fabric   *fabric.Fabric
-	peers    Peers
 	placer   *fabric.Fabric
-	bus      fabric.Bus // counted; see wake.go
-
-	wakeMetrics *wakeMetrics
+	bus      fabric.Bus // counted by the connection hub
 
 	draining      atomic.Bool
 	storeNotReady atomic.Bool // set while the store's schema is not migrated
-
-	mu      sync.Mutex
-	closing bool
-	wsWG    sync.WaitGroup // attached WebSocket handlers (hijacked: echo.Shutdown does not wait for them)
 }
 
 // New builds a hub. It does not listen; serve Handler() or use Start.
@@ -232,14 +243,13 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg:      cfg,
-		store:    d.Store,
-		log:      d.Logger,
-		now:      d.Now,
-		metrics:  m,
-		creds:    newCredentials(cfg.APIKeys, cfg.AdminToken),
-		limits:   newSendLimiter(cfg.SendRatePerSecond, d.Now),
-		registry: newRegistry(),
+		cfg:     cfg,
+		store:   d.Store,
+		log:     d.Logger,
+		now:     d.Now,
+		metrics: m,
+		creds:   newCredentials(cfg.APIKeys, cfg.AdminToken),
+		limits:  newSendLimiter(cfg.SendRatePerSecond, d.Now),
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
 	if err != nil {
@@ -249,19 +259,39 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.placer, s.peers = s.fabric, s.fabric
+	s.placer = s.fabric
+	s.conns, err = conns.New(conns.Config{
+		InstanceID:    cfg.InstanceID,
+		SessionTTL:    cfg.SessionTTL,
+		TouchInterval: cfg.TouchInterval,
+		StoreTimeout:  cfg.StoreTimeout,
+		PingInterval:  cfg.WSPingInterval,
+		ReadLimit:     cfg.WSReadLimit,
+		QueueSize:     cfg.WSQueueSize,
+		WriteTimeout:  cfg.WSWriteTimeout,
+	}, conns.Deps{
+		Store: d.Store,
+		Ack: func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error) {
+			return s.signals.Ack(ctx, k, upToSeq)
+		},
+		Peers:    s.fabric,
+		Draining: s.Draining,
+		Registry: d.Registry,
+		Logger:   d.Logger,
+		Now:      d.Now,
+	})
+	if err != nil {
+		return nil, err
+	}
 	if d.Bus == nil {
 		d.Bus = fabric.NoBus{}
 	}
-	if s.wakeMetrics, err = newWakeMetrics(d.Registry); err != nil {
-		return nil, err
-	}
-	s.bus = countingBus{Bus: d.Bus, m: s.wakeMetrics}
+	s.bus = s.conns.CountBus(d.Bus)
 	s.fabric.SetBus(s.bus)
 	s.signals, err = signals.New(signals.Config{
 		MaxPayloadBytes: cfg.MaxPayloadBytes,
 		Freshness:       cfg.SelfHeal.Freshness,
-	}, d.Store, s, s.selfheal, d.Now, d.Registry, d.Logger)
+	}, d.Store, s.conns, s.selfheal, d.Now, d.Registry, d.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -343,37 +373,19 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 // CloseConnections is the WebSocket step of shutdown: it refuses new
 // attaches, closes every attached connection with 1012 (hub restarting) and
 // waits, until ctx ends, for their handlers to finish.
-func (s *Server) CloseConnections(ctx context.Context) error {
-	s.mu.Lock()
-	s.closing = true
-	s.mu.Unlock()
-	s.closeAll(statusRestarting, "hub restarting", "shutdown")
-	done := make(chan struct{})
-	go func() {
-		s.wsWG.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("websocket handlers still running: %w", ctx.Err())
-	}
-}
+func (s *Server) CloseConnections(ctx context.Context) error { return s.conns.Close(ctx) }
 
-func (s *Server) isClosing() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closing
-}
+// WakeLocal is how the fabric hands a cross-instance wake-up to this
+// instance: the session's queue catches up from the store.
+func (s *Server) WakeLocal(k sessionstore.Key) { s.conns.WakeLocal(k) }
 
 // Run runs the hub's background loops (pruning, bucket sweeps, the
 // wake-up listener and the pending sweep) until ctx ends, and returns when
 // they have all stopped.
 func (s *Server) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return s.listenWakes(ctx) })
-	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.sweepPending); return nil })
+	g.Go(func() error { return s.conns.Listen(ctx, s.bus) })
+	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.conns.Sweep); return nil })
 	g.Go(func() error { s.every(ctx, s.cfg.Retention.Every, s.prune); return nil })
 	g.Go(func() error { return s.fabric.Run(ctx) })
 	g.Go(func() error {

@@ -10,8 +10,10 @@ import (
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
+	"github.com/marconihub/marconi/signals/selfheal"
 )
 
 // registerBodyLimit bounds a registration body.
@@ -43,19 +45,7 @@ type sessionResponse struct {
 	HeartbeatIntervalSeconds int       `json:"heartbeat_interval_seconds"`
 }
 
-var (
-	consoleSurface = regexp.MustCompile(`^console_[A-Za-z0-9._-]{1,64}$`)
-	clientIDRe     = regexp.MustCompile(`^[\x21-\x7e]{1,128}$`)
-)
-
-// validSurface reports whether surface is one of the contract's surfaces.
-func validSurface(surface string) bool {
-	switch surface {
-	case "claude_code", "headless_cc", "headless_cx", "codex":
-		return true
-	}
-	return consoleSurface.MatchString(surface)
-}
+var clientIDRe = regexp.MustCompile(`^[\x21-\x7e]{1,128}$`)
 
 // register is POST /v1/sessions: create, or resume with the current token.
 func (s *Server) register(c echo.Context) error {
@@ -73,8 +63,8 @@ func (s *Server) register(c echo.Context) error {
 	if req.SessionID != "" && !signals.ValidSessionID(req.SessionID) {
 		return marconi.Errorf(marconi.CodeInvalidField, "session_id must match [A-Za-z0-9._-]{1,128}")
 	}
-	if !validSurface(req.Surface) {
-		return marconi.Errorf(marconi.CodeInvalidSurface, "surface %q is not one of claude_code, console_<name>, headless_cc, headless_cx, codex", req.Surface)
+	if !selfheal.Surface(req.Surface).Valid() {
+		return marconi.Errorf(marconi.CodeInvalidSurface, "surface %q is not one of %s", req.Surface, selfheal.SurfaceNames)
 	}
 	if req.ClientID != "" && !clientIDRe.MatchString(req.ClientID) {
 		return marconi.Errorf(marconi.CodeInvalidField, "client_id must be 1 to 128 printable ASCII characters")
@@ -111,12 +101,12 @@ func (s *Server) register(c echo.Context) error {
 	if id == "" {
 		id = newSessionID()
 	}
-	mode, source := s.placer.RuntimeMode(req.RuntimeMode, req.ClientID, fabric.Hints{Surface: req.Surface, LocalState: req.Hints.LocalState, SideEffects: req.Hints.SideEffects})
+	mode, source := s.placer.RuntimeMode(fabric.Mode(req.RuntimeMode), req.ClientID, fabric.Hints{Surface: req.Surface, LocalState: req.Hints.LocalState, SideEffects: req.Hints.SideEffects})
 	sess := sessionstore.Session{
 		Key:               sessionstore.Key{TenantID: owner.TenantID, ProjectID: owner.ProjectID, SessionID: id},
 		Surface:           req.Surface,
-		RuntimeMode:       mode,
-		RuntimeModeSource: source,
+		RuntimeMode:       string(mode),
+		RuntimeModeSource: string(source),
 		ClientID:          req.ClientID,
 		TokenHash:         hashSecret(token),
 		RegisteredAt:      now,
@@ -151,7 +141,7 @@ func (s *Server) sessionResponse(sess sessionstore.Session, token string) sessio
 		RegisteredAt: sess.RegisteredAt.UTC(), ExpiresAt: sess.ExpiresAt.UTC(),
 		HeartbeatIntervalSeconds: int(s.cfg.HeartbeatInterval / time.Second),
 	}
-	if sess.RuntimeMode == fabric.ModeSticky && sess.AssignedInstance != "" {
+	if fabric.Mode(sess.RuntimeMode) == fabric.ModeSticky && sess.AssignedInstance != "" {
 		r.InstanceID = sess.AssignedInstance
 		if u := s.placer.URL(sess.AssignedInstance); u != "" {
 			r.InstanceURL = &u // null when the instance table does not know it
@@ -181,10 +171,10 @@ func (s *Server) heartbeat(c echo.Context) error {
 		return err
 	}
 	sess.LastSeenAt, sess.LastVerbAt, sess.ExpiresAt = now, now, exp
-	route := s.Route(ctx, sess)
+	route := s.conns.Route(ctx, sess)
 	resp := heartbeatResponse{
 		SessionID:  sess.SessionID,
-		RouteState: signals.Classify(sess, route, now, s.signals.Config().Freshness),
+		RouteState: string(signals.Classify(sess, route, now, s.signals.Config().Freshness)),
 		ExpiresAt:  exp.UTC(),
 		Pending:    []signalJSON{},
 	}
@@ -205,7 +195,7 @@ func (s *Server) deregister(c echo.Context) error {
 	if err != nil && !errors.Is(err, sessionstore.ErrNotFound) {
 		return err
 	}
-	s.kickSession(sess.Key, statusSessionExpired, "session deregistered", "deregistered")
+	s.conns.Kick(sess.Key, conns.DisconnectDeregistered)
 	return c.NoContent(http.StatusNoContent)
 }
 

@@ -4,35 +4,22 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 )
 
-// signalJSON is the wire form of a signal.
-type signalJSON struct {
-	ID          string          `json:"id"`
-	Seq         int64           `json:"seq"`
-	FromSession string          `json:"from_session"`
-	ToSession   string          `json:"to_session"`
-	Kind        string          `json:"kind"`
-	Payload     json.RawMessage `json:"payload"`
-	CreatedAt   time.Time       `json:"created_at"`
-}
-
-func toSignalJSON(s sessionstore.Signal) signalJSON {
-	return signalJSON{ID: s.ID, Seq: s.Seq, FromSession: s.FromSession, ToSession: s.To.SessionID,
-		Kind: s.Kind, Payload: s.Payload, CreatedAt: s.CreatedAt.UTC()}
-}
+// signalJSON is the wire form of a signal, the one WebSocket frames carry.
+type signalJSON = conns.Signal
 
 func toSignalsJSON(sigs []sessionstore.Signal) []signalJSON {
 	out := make([]signalJSON, len(sigs))
 	for i, s := range sigs {
-		out[i] = toSignalJSON(s)
+		out[i] = conns.WireSignal(s)
 	}
 	return out
 }
@@ -62,11 +49,12 @@ type sendResponse struct {
 	Pending             []signalJSON `json:"pending"`
 }
 
-func nullable(s string) *string {
+func nullable[T ~string](s T) *string {
 	if s == "" {
 		return nil
 	}
-	return &s
+	v := string(s)
+	return &v
 }
 
 // send is POST /v1/signals.
@@ -92,8 +80,8 @@ func (s *Server) send(c echo.Context) error {
 	return c.JSON(http.StatusOK, sendResponse{
 		SignalID:            res.Signal.ID,
 		Seq:                 res.Signal.Seq,
-		Delivery:            res.Delivery,
-		RecipientRouteState: res.RouteState,
+		Delivery:            string(res.Delivery),
+		RecipientRouteState: string(res.RouteState),
 		SelfhealOutcome:     nullable(res.SelfHeal.Outcome),
 		RecipientRouteStale: res.SelfHeal.RecipientRouteStale,
 		SenderRouteStale:    res.SelfHeal.SenderRouteStale,

@@ -18,8 +18,8 @@ type Key struct {
 type Session struct {
 	Key
 	Surface           string
-	RuntimeMode       string // "stateless" or "sticky"
-	RuntimeModeSource string // "explicit", "adaptive-classifier" or "default"
+	RuntimeMode       string // a fabric.Mode
+	RuntimeModeSource string // a fabric.ModeSource
 	ClientID          string
 	// TokenHash is the SHA-256 of the session token; the token itself is never stored.
 	TokenHash    []byte

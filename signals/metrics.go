@@ -34,8 +34,8 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			return nil, err
 		}
 	}
-	for _, d := range []string{DeliveryPushed, DeliveryQueuedOffline, DeliveryNotAvailableOffline} {
-		m.sent.WithLabelValues(d)
+	for _, d := range []Delivery{DeliveryPushed, DeliveryQueuedOffline, DeliveryNotAvailableOffline} {
+		m.sent.WithLabelValues(string(d))
 	}
 	return m, nil
 }

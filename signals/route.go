@@ -7,19 +7,27 @@ import (
 	"github.com/marconihub/marconi/sessionstore"
 )
 
-// Route states of a session (docs/api.md "Route state").
+// RouteState is whether the hub can reach a session (docs/api.md "Route
+// state"); it is the route_state field on the wire.
+type RouteState string
+
+// Route states of a session.
 const (
-	StateAttached          = "attached"
-	StateRouteWithoutQueue = "route_without_queue"
-	StateStale             = "stale"
-	StateNotRegistered     = "not_registered"
+	StateAttached          RouteState = "attached"
+	StateRouteWithoutQueue RouteState = "route_without_queue"
+	StateStale             RouteState = "stale"
+	StateNotRegistered     RouteState = "not_registered"
 )
+
+// Delivery is how a send was classified; it is the delivery field of a send's
+// answer.
+type Delivery string
 
 // Delivery classifications of a send.
 const (
-	DeliveryPushed              = "pushed_to_ws"
-	DeliveryQueuedOffline       = "queued_offline"
-	DeliveryNotAvailableOffline = "not_available_offline"
+	DeliveryPushed              Delivery = "pushed_to_ws"
+	DeliveryQueuedOffline       Delivery = "queued_offline"
+	DeliveryNotAvailableOffline Delivery = "not_available_offline"
 )
 
 // Route is where a session's WebSocket queue is, as the queue registry and the
@@ -47,7 +55,7 @@ type Router interface {
 }
 
 // Classify is the route state of a live session given its route.
-func Classify(s sessionstore.Session, r Route, now time.Time, freshness time.Duration) string {
+func Classify(s sessionstore.Session, r Route, now time.Time, freshness time.Duration) RouteState {
 	switch {
 	case r.Attached:
 		return StateAttached
@@ -59,7 +67,7 @@ func Classify(s sessionstore.Session, r Route, now time.Time, freshness time.Dur
 }
 
 // DeliveryFor maps a recipient's route state to the send's delivery field.
-func DeliveryFor(state string) string {
+func DeliveryFor(state RouteState) Delivery {
 	switch state {
 	case StateAttached:
 		return DeliveryPushed

@@ -15,8 +15,8 @@ func TestClassifyAndDelivery(t *testing.T) {
 		name       string
 		seen, verb time.Time
 		route      Route
-		want       string
-		delivery   string
+		want       RouteState
+		delivery   Delivery
 	}{
 		{"attached wins over staleness", time.Time{}, time.Time{}, Route{Attached: true}, StateAttached, DeliveryPushed},
 		{"seen within the window", now.Add(-299 * time.Second), time.Time{}, Route{}, StateRouteWithoutQueue, DeliveryQueuedOffline},

@@ -34,15 +34,18 @@ type Config struct {
 	DrainLimit int
 }
 
+// DefaultMaxPayloadBytes is the default of Config.MaxPayloadBytes.
+const DefaultMaxPayloadBytes = 65536
+
 func (c *Config) setDefaults() {
 	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = 65536
+		c.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
 	if c.IdempotencyWindow == 0 {
 		c.IdempotencyWindow = 24 * time.Hour
 	}
 	if c.Freshness == 0 {
-		c.Freshness = 300 * time.Second
+		c.Freshness = selfheal.DefaultFreshness
 	}
 	if c.PiggybackLimit == 0 {
 		c.PiggybackLimit = 50
@@ -93,8 +96,8 @@ type SendRequest struct {
 // SendResult is the answer to a send.
 type SendResult struct {
 	Signal     sessionstore.Signal
-	Delivery   string
-	RouteState string
+	Delivery   Delivery
+	RouteState RouteState
 	Duplicate  bool
 	SelfHeal   selfheal.Result
 	// Pending are the sender's own unacknowledged signals when it has no
@@ -138,8 +141,8 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 		CreatedAt:        start,
 		IdempotencyKey:   req.IdempotencyKey,
 		IdempotencySince: start.Add(-s.cfg.IdempotencyWindow),
-		Delivery:         DeliveryFor(state),
-		RouteState:       state,
+		Delivery:         string(DeliveryFor(state)),
+		RouteState:       string(state),
 	}, start)
 	if errors.Is(err, sessionstore.ErrNotFound) {
 		return SendResult{}, marconi.Errorf(marconi.CodeRecipientNotRegistered, "no live session %q in this project", req.To)
@@ -147,7 +150,7 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 	if err != nil {
 		return SendResult{}, fmt.Errorf("append signal: %w", err)
 	}
-	res := SendResult{Signal: sig, Delivery: sig.Delivery, RouteState: sig.RouteState, Duplicate: dup}
+	res := SendResult{Signal: sig, Delivery: Delivery(sig.Delivery), RouteState: RouteState(sig.RouteState), Duplicate: dup}
 	if dup {
 		// The first send's answer; nothing new is stored, delivered or counted.
 		s.metrics.duplicates.Inc()
@@ -156,7 +159,7 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 	// Always offer the signal to the recipient's queue: an attach that raced
 	// this send may have missed it in its replay.
 	s.router.Deliver(ctx, recipient, sig)
-	s.metrics.sent.WithLabelValues(res.Delivery).Inc()
+	s.metrics.sent.WithLabelValues(string(res.Delivery)).Inc()
 
 	sRoute := s.router.Route(ctx, req.Sender)
 	res.SelfHeal = s.selfheal.EvaluateAt(start, party(recipient, rRoute), party(req.Sender, sRoute))
@@ -185,7 +188,7 @@ func (s *Service) piggyback(ctx context.Context, sender sessionstore.Session, r 
 func party(sess sessionstore.Session, r Route) selfheal.Party {
 	return selfheal.Party{
 		TenantID: sess.TenantID, ProjectID: sess.ProjectID, SessionID: sess.SessionID,
-		Surface: sess.Surface, ProofOfLife: sess.FreshestProofOfLife(), HasQueue: r.Attached,
+		Surface: selfheal.Surface(sess.Surface), ProofOfLife: sess.FreshestProofOfLife(), HasQueue: r.Attached,
 	}
 }
 

@@ -207,5 +207,5 @@ func (m *Main) shutdownTimeout() time.Duration {
 	if m.Config.ShutdownTimeout > 0 {
 		return m.Config.ShutdownTimeout
 	}
-	return 15 * time.Second
+	return defaultShutdownTimeout
 }

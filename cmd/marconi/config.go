@@ -54,6 +54,12 @@ func seconds(dst *time.Duration) func(*Config, string) error {
 	}
 }
 
+// defaultShutdownTimeout is the default of MARCONI_SHUTDOWN_TIMEOUT_SECONDS.
+const defaultShutdownTimeout = 15 * time.Second
+
+// secs spells a default duration as the whole seconds its setting takes.
+func secs(d time.Duration) string { return strconv.Itoa(int(d / time.Second)) }
+
 func positiveInt(dst *int) func(*Config, string) error {
 	return func(_ *Config, v string) error {
 		n, err := strconv.Atoi(v)
@@ -93,7 +99,7 @@ func settings(c *Config) []setting {
 	h := &c.Hub
 	return []setting{
 		{"MARCONI_ADDR", ":8080", "address to listen on", func(c *Config, v string) error { c.Addr = v; return nil }},
-		{"MARCONI_MODE", "development", "development, lan or cloud", oneOf(&h.Mode, "development", "lan", "cloud")},
+		{"MARCONI_MODE", hub.DefaultMode, "development, lan or cloud", oneOf(&h.Mode, "development", "lan", "cloud")},
 		{"MARCONI_DATABASE_URL", "", "Postgres URL; empty runs on the embedded in-memory store", func(c *Config, v string) error {
 			if v == "" {
 				c.DatabaseURL = ""
@@ -108,15 +114,15 @@ func settings(c *Config) []setting {
 		}},
 		{"MARCONI_LOG_LEVEL", "info", "debug, info, warn or error", oneOf(&c.LogLevel, "debug", "info", "warn", "error")},
 		{"MARCONI_SELFHEAL", "", "SPEC-168 self-heal hints on or off (default: on in development, off in lan and cloud)", nil},
-		{"MARCONI_SELFHEAL_FRESHNESS_SECONDS", "300", "route-state freshness window and recipient recency gate", seconds(&h.SelfHeal.Freshness)},
-		{"MARCONI_SELFHEAL_SENDER_STALE_THRESHOLD_SECONDS", "600", "sender recency gate", seconds(&h.SelfHeal.SenderStaleThreshold)},
-		{"MARCONI_SELFHEAL_MAX_ATTEMPTS_PER_SESSION", "3", "token bucket capacity per side and session", positiveInt(&h.SelfHeal.MaxAttempts)},
-		{"MARCONI_SELFHEAL_TOKEN_REFILL_SECONDS", "60", "time for an empty bucket to refill", seconds(&h.SelfHeal.RefillPeriod)},
-		{"MARCONI_SESSION_TTL_SECONDS", "3600", "a session expires this long after its freshest proof of life", seconds(&h.SessionTTL)},
-		{"MARCONI_HEARTBEAT_INTERVAL_SECONDS", "20", "heartbeat interval told to clients at registration", seconds(&h.HeartbeatInterval)},
-		{"MARCONI_TOUCH_INTERVAL_SECONDS", "5", "proof-of-life writes per session are coalesced to one per interval", seconds(&h.TouchInterval)},
-		{"MARCONI_STORE_TIMEOUT_SECONDS", "3", "bound on each store call of a request; past it the hub answers 503", seconds(&h.StoreTimeout)},
-		{"MARCONI_RECONNECT_GRACE_SECONDS", "60", "reconnect grace window of sticky affinity", seconds(&h.Fabric.Grace)},
+		{"MARCONI_SELFHEAL_FRESHNESS_SECONDS", secs(selfheal.DefaultFreshness), "route-state freshness window and recipient recency gate", seconds(&h.SelfHeal.Freshness)},
+		{"MARCONI_SELFHEAL_SENDER_STALE_THRESHOLD_SECONDS", secs(selfheal.DefaultSenderStaleThreshold), "sender recency gate", seconds(&h.SelfHeal.SenderStaleThreshold)},
+		{"MARCONI_SELFHEAL_MAX_ATTEMPTS_PER_SESSION", strconv.Itoa(selfheal.DefaultMaxAttempts), "token bucket capacity per side and session", positiveInt(&h.SelfHeal.MaxAttempts)},
+		{"MARCONI_SELFHEAL_TOKEN_REFILL_SECONDS", secs(selfheal.DefaultRefillPeriod), "time for an empty bucket to refill", seconds(&h.SelfHeal.RefillPeriod)},
+		{"MARCONI_SESSION_TTL_SECONDS", secs(hub.DefaultSessionTTL), "a session expires this long after its freshest proof of life", seconds(&h.SessionTTL)},
+		{"MARCONI_HEARTBEAT_INTERVAL_SECONDS", secs(hub.DefaultHeartbeatInterval), "heartbeat interval told to clients at registration", seconds(&h.HeartbeatInterval)},
+		{"MARCONI_TOUCH_INTERVAL_SECONDS", secs(hub.DefaultTouchInterval), "proof-of-life writes per session are coalesced to one per interval", seconds(&h.TouchInterval)},
+		{"MARCONI_STORE_TIMEOUT_SECONDS", secs(hub.DefaultStoreTimeout), "bound on each store call of a request; past it the hub answers 503", seconds(&h.StoreTimeout)},
+		{"MARCONI_RECONNECT_GRACE_SECONDS", secs(fabric.DefaultGrace), "reconnect grace window of sticky affinity", seconds(&h.Fabric.Grace)},
 		{"MARCONI_INSTANCE_ID", "", "this instance's id (default: the host name)", func(c *Config, v string) error {
 			if v == "" {
 				host, err := os.Hostname()
@@ -142,8 +148,8 @@ func settings(c *Config) []setting {
 			c.Hub.PublicURL = strings.TrimRight(v, "/")
 			return nil
 		}},
-		{"MARCONI_INSTANCE_DEAD_AFTER_SECONDS", "10", "an instance whose heartbeat is older is unhealthy", seconds(&h.Fabric.DeadAfter)},
-		{"MARCONI_INSTANCE_HEARTBEAT_SECONDS", "3", "how often this instance heartbeats into the store", seconds(&c.InstanceHeartbeat)},
+		{"MARCONI_INSTANCE_DEAD_AFTER_SECONDS", secs(fabric.DefaultDeadAfter), "an instance whose heartbeat is older is unhealthy", seconds(&h.Fabric.DeadAfter)},
+		{"MARCONI_INSTANCE_HEARTBEAT_SECONDS", secs(fabric.DefaultHeartbeatEvery), "how often this instance heartbeats into the store", seconds(&c.InstanceHeartbeat)},
 		{"MARCONI_ADAPTIVE_PLACEMENT", "off", "adaptive classifier gate: off or on", func(c *Config, v string) error {
 			switch v {
 			case "on":
@@ -167,7 +173,7 @@ func settings(c *Config) []setting {
 			c.Hub.Fabric.Placement.RollbackAfter = n
 			return nil
 		}},
-		{"MARCONI_DEFAULT_RUNTIME_MODE", "stateless", "runtime mode of a registration that names none", func(c *Config, v string) error {
+		{"MARCONI_DEFAULT_RUNTIME_MODE", string(fabric.DefaultRuntimeMode), "runtime mode of a registration that names none", func(c *Config, v string) error {
 			m, err := fabric.NormalizeRuntimeMode(v)
 			if err != nil {
 				return err
@@ -175,7 +181,7 @@ func settings(c *Config) []setting {
 			c.Hub.DefaultRuntimeMode = m
 			return nil
 		}},
-		{"MARCONI_DISCONNECT_POLICY", "retain", "retain or drop a sticky session's pending signals at an affinity reset", oneOf(&h.Fabric.DisconnectPolicy, fabric.PolicyRetain, fabric.PolicyDrop)},
+		{"MARCONI_DISCONNECT_POLICY", fabric.DefaultDisconnectPolicy, "retain or drop a sticky session's pending signals at an affinity reset", oneOf(&h.Fabric.DisconnectPolicy, fabric.PolicyRetain, fabric.PolicyDrop)},
 		{"MARCONI_API_KEYS", "", "key1=tenant/project,key2=tenant/project", func(c *Config, v string) error {
 			keys, err := parseAPIKeys(v)
 			c.Hub.APIKeys = keys
@@ -188,9 +194,9 @@ func settings(c *Config) []setting {
 			c.Hub.AdminToken = v
 			return nil
 		}},
-		{"MARCONI_MAX_PAYLOAD_BYTES", "65536", "largest encoded payload of one signal", positiveInt(&h.MaxPayloadBytes)},
-		{"MARCONI_WS_PING_SECONDS", "20", "WebSocket ping interval; a pong later than one more interval drops the peer", seconds(&h.WSPingInterval)},
-		{"MARCONI_WS_READ_LIMIT_BYTES", "32768", "largest frame read from a client (1009 past it)", func(c *Config, v string) error {
+		{"MARCONI_MAX_PAYLOAD_BYTES", strconv.Itoa(signals.DefaultMaxPayloadBytes), "largest encoded payload of one signal", positiveInt(&h.MaxPayloadBytes)},
+		{"MARCONI_WS_PING_SECONDS", secs(hub.DefaultWSPingInterval), "WebSocket ping interval; a pong later than one more interval drops the peer", seconds(&h.WSPingInterval)},
+		{"MARCONI_WS_READ_LIMIT_BYTES", strconv.Itoa(hub.DefaultWSReadLimit), "largest frame read from a client (1009 past it)", func(c *Config, v string) error {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n < 128 {
 				return fmt.Errorf("want a whole number of at least 128, got %q", v)
@@ -198,8 +204,8 @@ func settings(c *Config) []setting {
 			c.Hub.WSReadLimit = n
 			return nil
 		}},
-		{"MARCONI_WS_QUEUE_SIZE", "256", "per-connection outgoing queue; overflow closes with 4429", positiveInt(&h.WSQueueSize)},
-		{"MARCONI_SEND_RATE_PER_SECOND", "200", "per-session send limit (burst twice it)", func(c *Config, v string) error {
+		{"MARCONI_WS_QUEUE_SIZE", strconv.Itoa(hub.DefaultWSQueueSize), "per-connection outgoing queue; overflow closes with 4429", positiveInt(&h.WSQueueSize)},
+		{"MARCONI_SEND_RATE_PER_SECOND", strconv.Itoa(hub.DefaultSendRatePerSecond), "per-session send limit (burst twice it)", func(c *Config, v string) error {
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil || n <= 0 {
 				return fmt.Errorf("want a positive number, got %q", v)
@@ -207,11 +213,11 @@ func settings(c *Config) []setting {
 			c.Hub.SendRatePerSecond = n
 			return nil
 		}},
-		{"MARCONI_RETAIN_ACKED_SECONDS", "86400", "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked)},
-		{"MARCONI_RETAIN_EXPIRED_SECONDS", "3600", "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired)},
-		{"MARCONI_PRUNE_INTERVAL_SECONDS", "60", "how often the retention loop runs", seconds(&h.Retention.Every)},
-		{"MARCONI_PENDING_SWEEP_SECONDS", "5", "how often every attached queue re-reads the store (bounds the delay of a lost cross-instance wake-up)", seconds(&h.PendingSweep)},
-		{"MARCONI_SHUTDOWN_TIMEOUT_SECONDS", "15", "bound on graceful shutdown", seconds(&c.ShutdownTimeout)},
+		{"MARCONI_RETAIN_ACKED_SECONDS", secs(hub.DefaultRetainAcked), "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked)},
+		{"MARCONI_RETAIN_EXPIRED_SECONDS", secs(hub.DefaultRetainExpired), "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired)},
+		{"MARCONI_PRUNE_INTERVAL_SECONDS", secs(hub.DefaultPruneEvery), "how often the retention loop runs", seconds(&h.Retention.Every)},
+		{"MARCONI_PENDING_SWEEP_SECONDS", secs(hub.DefaultPendingSweep), "how often every attached queue re-reads the store (bounds the delay of a lost cross-instance wake-up)", seconds(&h.PendingSweep)},
+		{"MARCONI_SHUTDOWN_TIMEOUT_SECONDS", secs(defaultShutdownTimeout), "bound on graceful shutdown", seconds(&c.ShutdownTimeout)},
 	}
 }
 

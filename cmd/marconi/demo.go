@@ -17,6 +17,8 @@ import (
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/sessionstore/memstore"
+	"github.com/marconihub/marconi/signals"
+	"github.com/marconihub/marconi/signals/selfheal"
 )
 
 // demo is `marconi demo`: an in-memory hub and two agents in one process,
@@ -86,7 +88,7 @@ func runDemo(ctx context.Context, w io.Writer) error {
 	received := map[string]chan bootstrap.Signal{"donna": make(chan bootstrap.Signal, 16), "lafonda": make(chan bootstrap.Signal, 16)}
 	dial := func(id, url string) (*bootstrap.Client, error) {
 		return bootstrap.Dial(ctx, bootstrap.Config{
-			HubURL: url, APIKey: apiKey, SessionID: id, Surface: "claude_code",
+			HubURL: url, APIKey: apiKey, SessionID: id, Surface: string(selfheal.SurfaceClaudeCode),
 			OnSignal: func(s bootstrap.Signal) { received[id] <- s },
 			Logger:   slog.New(slog.DiscardHandler),
 		})
@@ -146,7 +148,7 @@ func runDemo(ctx context.Context, w io.Writer) error {
 	say("4. lafonda's route silently breaks: her TCP connection goes half-open. Her client still")
 	say("   believes it is attached; the hub's pings go unanswered.")
 	hl.freezeWebSockets()
-	if err := waitRoute(ctx, hubURL, admin, "lafonda", "route_without_queue"); err != nil {
+	if err := waitRoute(ctx, hubURL, admin, "lafonda", signals.StateRouteWithoutQueue); err != nil {
 		return err
 	}
 	say("   The hub drops the silent peer and detaches her queue: route_state is now route_without_queue")
@@ -172,7 +174,7 @@ func runDemo(ctx context.Context, w io.Writer) error {
 	if err := expect("lafonda", "are you there?"); err != nil {
 		return err
 	}
-	if err := waitRoute(ctx, hubURL, admin, "lafonda", "attached"); err != nil {
+	if err := waitRoute(ctx, hubURL, admin, "lafonda", signals.StateAttached); err != nil {
 		return err
 	}
 	say("   lafonda is attached again (self-heal reconnects: %d) and the signal that waited reached her.", lafonda.Stats().SelfHealReconnects)
@@ -191,7 +193,7 @@ func runDemo(ctx context.Context, w io.Writer) error {
 }
 
 // waitRoute polls the operator API until session reaches state.
-func waitRoute(ctx context.Context, hubURL, admin, session, state string) error {
+func waitRoute(ctx context.Context, hubURL, admin, session string, state signals.RouteState) error {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -203,7 +205,7 @@ func waitRoute(ctx context.Context, hubURL, admin, session, state string) error 
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			var rs struct {
-				RouteState string `json:"route_state"`
+				RouteState signals.RouteState `json:"route_state"`
 			}
 			_ = json.NewDecoder(resp.Body).Decode(&rs)
 			resp.Body.Close()

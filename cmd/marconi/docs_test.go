@@ -17,6 +17,10 @@ func TestEverySettingIsDocumented(t *testing.T) {
 		row := "| `" + s.env + "` |"
 		if !strings.Contains(string(doc), row) {
 			t.Errorf("docs/operations.md has no row for %s", s.env)
+			continue
+		}
+		if s.def != "" && !strings.Contains(string(doc), row+" `"+s.def+"` |") {
+			t.Errorf("docs/operations.md does not give %s its default `%s`", s.env, s.def)
 		}
 	}
 }

@@ -20,7 +20,7 @@ type Party struct {
 	TenantID  string
 	ProjectID string
 	SessionID string
-	Surface   string
+	Surface   Surface
 	// ProofOfLife is the freshest proof of life BEFORE this call,
 	// max(last_seen_at, last_verb_at, registered_at); the caller computes it
 	// (sessionstore.Session.FreshestProofOfLife). A zero time is stale.
@@ -34,20 +34,21 @@ type Party struct {
 // constant or "" (null on the wire).
 type Result struct {
 	// Recipient is the recipient side's outcome, "" when not evaluated.
-	Recipient string
+	Recipient Outcome
 	// Sender is the sender side's outcome, "" when not evaluated.
-	Sender string
+	Sender Outcome
 	// RecipientRouteStale is set only with Recipient == OutcomeAttempted.
 	RecipientRouteStale bool
 	// SenderRouteStale is set only with Sender == OutcomeAttempted.
 	SenderRouteStale bool
 	// Outcome is selfheal_outcome: attempted when either side attempted, else
 	// Recipient when evaluated, else Sender, else "".
-	Outcome string
+	Outcome Outcome
 }
 
 type bucketKey struct {
-	side, tenant, project, session string
+	side                     Side
+	tenant, project, session string
 }
 
 // bucket is a token bucket as of time at. A bucket that is not in the map
@@ -65,7 +66,7 @@ type Evaluator struct {
 	cfg      Config
 	now      func() time.Time
 	log      *slog.Logger
-	counters map[string]prometheus.Counter
+	counters map[Outcome]prometheus.Counter
 
 	mu      sync.Mutex
 	buckets map[bucketKey]bucket
@@ -96,9 +97,9 @@ func New(cfg Config, now func() time.Time, reg prometheus.Registerer, logger *sl
 	if err := reg.Register(vec); err != nil {
 		return nil, fmt.Errorf("selfheal: register %s: %w", MetricName, err)
 	}
-	counters := make(map[string]prometheus.Counter, 7)
+	counters := make(map[Outcome]prometheus.Counter, 7)
 	for _, o := range AllOutcomes() {
-		counters[o] = vec.WithLabelValues(o)
+		counters[o] = vec.WithLabelValues(string(o))
 	}
 	return &Evaluator{
 		cfg:      cfg,
@@ -132,7 +133,7 @@ func (e *Evaluator) EvaluateAt(now time.Time, recipient, sender Party) Result {
 	if !recipient.HasQueue {
 		r.Recipient = e.gateLocked(now, SideRecipient, recipient, e.cfg.Freshness)
 	}
-	if !sender.HasQueue && LiveSurface(sender.Surface) {
+	if !sender.HasQueue && sender.Surface.Live() {
 		r.Sender = e.gateLocked(now, SideSender, sender, e.cfg.SenderStaleThreshold)
 	}
 	e.mu.Unlock()
@@ -159,8 +160,8 @@ func (e *Evaluator) EvaluateAt(now time.Time, recipient, sender Party) Result {
 // gateLocked decides one side: surface, recency, then the bucket. The caller
 // holds e.mu. The sender's surface was checked by the caller, so the surface
 // gate only ever answers for the recipient.
-func (e *Evaluator) gateLocked(now time.Time, side string, p Party, maxAge time.Duration) string {
-	if !LiveSurface(p.Surface) {
+func (e *Evaluator) gateLocked(now time.Time, side Side, p Party, maxAge time.Duration) Outcome {
+	if !p.Surface.Live() {
 		return OutcomeUnsupportedSurface
 	}
 	if now.Sub(p.ProofOfLife) > maxAge {
@@ -204,16 +205,16 @@ func (e *Evaluator) refill(b bucket, now time.Time) float64 {
 	return min(t, capacity)
 }
 
-func (e *Evaluator) record(side string, p Party, outcome string) {
+func (e *Evaluator) record(side Side, p Party, outcome Outcome) {
 	e.counters[outcome].Inc()
 	if e.log.Enabled(context.Background(), slog.LevelDebug) {
 		e.log.LogAttrs(context.Background(), slog.LevelDebug, "selfheal decision",
-			slog.String("side", side),
+			slog.String("side", string(side)),
 			slog.String("tenant_id", p.TenantID),
 			slog.String("project_id", p.ProjectID),
 			slog.String("session_id", p.SessionID),
-			slog.String("surface", p.Surface),
-			slog.String("outcome", outcome),
+			slog.String("surface", string(p.Surface)),
+			slog.String("outcome", string(outcome)),
 		)
 	}
 }
@@ -221,7 +222,7 @@ func (e *Evaluator) record(side string, p Party, outcome string) {
 // Tokens is the number of tokens (fractional) left in a bucket now, for the
 // operator route_state view; side is SideRecipient or SideSender. A bucket
 // never used, or forgotten because it refilled, reads full (MaxAttempts).
-func (e *Evaluator) Tokens(side, tenantID, projectID, sessionID string) float64 {
+func (e *Evaluator) Tokens(side Side, tenantID, projectID, sessionID string) float64 {
 	now := e.now()
 	e.mu.Lock()
 	defer e.mu.Unlock()

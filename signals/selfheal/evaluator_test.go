@@ -74,18 +74,18 @@ func (h *harness) attached(session string) Party {
 	return p
 }
 
-func (h *harness) count(outcome string) float64 {
+func (h *harness) count(outcome Outcome) float64 {
 	return testutil.ToFloat64(h.ev.counters[outcome])
 }
 
 // counts reads every outcome from the registry, as /metrics would show them.
-func (h *harness) counts(t *testing.T) map[string]float64 {
+func (h *harness) counts(t *testing.T) map[Outcome]float64 {
 	t.Helper()
 	mfs, err := h.reg.Gather()
 	if err != nil {
 		t.Fatalf("Gather: %v", err)
 	}
-	out := map[string]float64{}
+	out := map[Outcome]float64{}
 	for _, mf := range mfs {
 		if mf.GetName() != MetricName {
 			continue
@@ -93,7 +93,7 @@ func (h *harness) counts(t *testing.T) map[string]float64 {
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == "outcome" {
-					out[l.GetValue()] = m.GetCounter().GetValue()
+					out[Outcome(l.GetValue())] = m.GetCounter().GetValue()
 				}
 			}
 		}
@@ -101,7 +101,7 @@ func (h *harness) counts(t *testing.T) map[string]float64 {
 	return out
 }
 
-func (h *harness) wantCounts(t *testing.T, want map[string]float64) {
+func (h *harness) wantCounts(t *testing.T, want map[Outcome]float64) {
 	t.Helper()
 	got := h.counts(t)
 	for _, o := range AllOutcomes() {
@@ -118,7 +118,7 @@ func TestAC1_RecipientRouteStaleAttempted(t *testing.T) {
 	if r != want {
 		t.Fatalf("Evaluate = %+v, want %+v", r, want)
 	}
-	h.wantCounts(t, map[string]float64{OutcomeAttempted: 1})
+	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 1})
 	if got := h.ev.Tokens(SideRecipient, "t1", "p1", "lafonda"); got != 2 {
 		t.Errorf("recipient tokens after one attempt = %v, want 2", got)
 	}
@@ -155,7 +155,7 @@ func TestAC5_FourSendsIn60s_ThreeAttemptedFourthRateLimited(t *testing.T) {
 	if got[3] != want4 {
 		t.Errorf("send 4 = %+v, want %+v", got[3], want4)
 	}
-	h.wantCounts(t, map[string]float64{OutcomeAttempted: 3, OutcomeRateLimited: 1})
+	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 3, OutcomeRateLimited: 1})
 }
 
 // Test scenario 3 of the SPEC: five sends in quick succession give three
@@ -181,7 +181,7 @@ func TestScenario3_FiveSendsThreeAttemptedTwoRateLimited(t *testing.T) {
 	if attempted != 3 || limited != 2 {
 		t.Errorf("attempted %d, rate_limited %d; want 3 and 2", attempted, limited)
 	}
-	h.wantCounts(t, map[string]float64{OutcomeAttempted: 3, OutcomeRateLimited: 2})
+	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 3, OutcomeRateLimited: 2})
 }
 
 func TestLinearRefill(t *testing.T) {
@@ -259,7 +259,7 @@ func TestAC6_StaleRecency(t *testing.T) {
 	if r := h.ev.Evaluate(edge, h.attached("donna")); r.Recipient != OutcomeAttempted {
 		t.Errorf("proof of life exactly 300s old: %+v, want attempted (stale only when older)", r)
 	}
-	h.wantCounts(t, map[string]float64{OutcomeStaleRecency: 2, OutcomeAttempted: 1})
+	h.wantCounts(t, map[Outcome]float64{OutcomeStaleRecency: 2, OutcomeAttempted: 1})
 	if h.ev.Len() != 1 {
 		t.Errorf("Len = %d, want 1 (only the attempted bucket)", h.ev.Len())
 	}
@@ -275,7 +275,7 @@ func TestAC7_UnsupportedSurfaceCodex(t *testing.T) {
 	if r != want {
 		t.Fatalf("Evaluate = %+v, want %+v", r, want)
 	}
-	h.wantCounts(t, map[string]float64{OutcomeUnsupportedSurface: 1})
+	h.wantCounts(t, map[Outcome]float64{OutcomeUnsupportedSurface: 1})
 	if h.ev.Len() != 0 {
 		t.Errorf("unsupported_surface touched a bucket: Len = %d", h.ev.Len())
 	}
@@ -315,7 +315,7 @@ func TestAC3_SenderRouteStale(t *testing.T) {
 	if want := (Result{Sender: OutcomeStaleRecency, Outcome: OutcomeStaleRecency}); r != want {
 		t.Errorf("sender 601s old: %+v, want %+v", r, want)
 	}
-	h.wantCounts(t, map[string]float64{OutcomeAttempted: 2, OutcomeStaleRecency: 1})
+	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 2, OutcomeStaleRecency: 1})
 }
 
 func TestBothSidesEvaluated(t *testing.T) {
@@ -326,7 +326,7 @@ func TestBothSidesEvaluated(t *testing.T) {
 	if r != want {
 		t.Fatalf("Evaluate = %+v, want %+v", r, want)
 	}
-	h.wantCounts(t, map[string]float64{OutcomeAttempted: 2}) // one per side
+	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 2}) // one per side
 }
 
 func TestCombinedOutcome(t *testing.T) {
@@ -334,7 +334,7 @@ func TestCombinedOutcome(t *testing.T) {
 	now := h.clock.Now()
 	codex := func(s string) Party { p := h.party("t1", "p1", s); p.Surface = "codex"; return p }
 	stale := func(s string) Party { p := h.party("t1", "p1", s); p.ProofOfLife = now.Add(-time.Hour); return p }
-	exhausted := func(side, s string) Party {
+	exhausted := func(side Side, s string) Party {
 		for range 3 {
 			if side == SideRecipient {
 				h.ev.Evaluate(h.party("t1", "p1", s), h.attached("z"))
@@ -382,7 +382,7 @@ func TestRateLimitedNeverSetsRouteStale(t *testing.T) {
 			t.Errorf("send %d: %+v, want %+v", i+2, r, want)
 		}
 	}
-	h.wantCounts(t, map[string]float64{OutcomeAttempted: 2, OutcomeRateLimited: 10})
+	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 2, OutcomeRateLimited: 10})
 }
 
 func TestAC5_BucketsIsolatedAcrossTenantsAndProjects(t *testing.T) {
@@ -605,7 +605,7 @@ func TestConcurrentEvaluate(t *testing.T) {
 	wg.Wait()
 	// Each of the 2*sessions buckets grants exactly MaxAttempts, never more.
 	total := float64(goroutines * perG * 2)
-	want := map[string]float64{
+	want := map[Outcome]float64{
 		OutcomeAttempted:   float64(2 * sessions * 3),
 		OutcomeRateLimited: total - float64(2*sessions*3),
 	}

@@ -3,38 +3,42 @@ package selfheal
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 )
 
-// Outcomes of one side's evaluation, exactly the SPEC-168 AC-8 enum (null is
-// the empty string). They are also the only label values of
+// Outcome is the result of one side's evaluation, exactly the SPEC-168 AC-8
+// enum (null is the empty string).
+type Outcome string
+
+// Outcomes of one side's evaluation. They are also the only label values of
 // marconi_route_self_healed_total.
 const (
 	// OutcomeAttempted: the side has no queue but recent proof of life; the
 	// hint (*_route_stale: true) is set and a token was spent.
-	OutcomeAttempted = "attempted"
+	OutcomeAttempted Outcome = "attempted"
 	// OutcomeSucceeded is reserved for a future server-observed reconnect.
-	OutcomeSucceeded = "succeeded"
+	OutcomeSucceeded Outcome = "succeeded"
 	// OutcomeNoListener is reserved for a future confirmation that no live
 	// WebSocket handler exists.
-	OutcomeNoListener = "no_listener"
+	OutcomeNoListener Outcome = "no_listener"
 	// OutcomeRateLimited: the side's token bucket is empty; no hint is set.
-	OutcomeRateLimited = "rate_limited"
+	OutcomeRateLimited Outcome = "rate_limited"
 	// OutcomeStaleRecency: the side's freshest proof of life is too old; it is
 	// treated as genuinely offline and no hint is set.
-	OutcomeStaleRecency = "stale_recency"
+	OutcomeStaleRecency Outcome = "stale_recency"
 	// OutcomeUnsupportedSurface: the recipient's surface has no persistent
 	// WebSocket (codex, piggyback only); no hint is set.
-	OutcomeUnsupportedSurface = "unsupported_surface"
+	OutcomeUnsupportedSurface Outcome = "unsupported_surface"
 	// OutcomeFailed is reserved for a future transient error in detection.
-	OutcomeFailed = "failed"
+	OutcomeFailed Outcome = "failed"
 )
 
 // AllOutcomes returns the outcome enum in its documented order. It returns a
 // fresh slice each call, so callers may keep or change it.
-func AllOutcomes() []string {
-	return []string{
+func AllOutcomes() []Outcome {
+	return []Outcome{
 		OutcomeAttempted,
 		OutcomeSucceeded,
 		OutcomeNoListener,
@@ -45,22 +49,56 @@ func AllOutcomes() []string {
 	}
 }
 
-// Sides of a send that are evaluated; each has its own token buckets.
+// Side is a side of a send that is evaluated; each has its own token buckets.
+type Side string
+
+// Sides of a send.
 const (
-	SideRecipient = "recipient"
-	SideSender    = "sender"
+	SideRecipient Side = "recipient"
+	SideSender    Side = "sender"
 )
 
-// LiveSurface reports whether a surface keeps a persistent WebSocket and so can
-// be healed by a reconnect: claude_code, headless_cc, headless_cx and
-// console_<name> with a non-empty name. codex (piggyback only) and anything
-// else are not live.
-func LiveSurface(surface string) bool {
-	switch surface {
-	case "claude_code", "headless_cc", "headless_cx":
+// Surface is what kind of agent a session is (the surface field of a
+// registration). Whether it keeps a persistent WebSocket decides the
+// self-heal surface gate.
+type Surface string
+
+// Surfaces of the contract. A console is SurfaceConsolePrefix followed by a
+// name of 1 to 64 characters [A-Za-z0-9._-].
+const (
+	SurfaceClaudeCode    Surface = "claude_code"
+	SurfaceHeadlessCC    Surface = "headless_cc"
+	SurfaceHeadlessCX    Surface = "headless_cx"
+	SurfaceCodex         Surface = "codex"
+	SurfaceConsolePrefix         = "console_"
+)
+
+var consoleName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// SurfaceNames lists the contract's surfaces for messages, in the order of
+// docs/api.md.
+const SurfaceNames = string(SurfaceClaudeCode) + ", " + SurfaceConsolePrefix + "<name>, " +
+	string(SurfaceHeadlessCC) + ", " + string(SurfaceHeadlessCX) + ", " + string(SurfaceCodex)
+
+// Valid reports whether s is one of the contract's surfaces.
+func (s Surface) Valid() bool {
+	switch s {
+	case SurfaceClaudeCode, SurfaceHeadlessCC, SurfaceHeadlessCX, SurfaceCodex:
 		return true
 	}
-	name, ok := strings.CutPrefix(surface, "console_")
+	name, ok := strings.CutPrefix(string(s), SurfaceConsolePrefix)
+	return ok && consoleName.MatchString(name)
+}
+
+// Live reports whether s keeps a persistent WebSocket and so can be healed by
+// a reconnect: claude_code, headless_cc, headless_cx and console_<name> with
+// a non-empty name. codex (piggyback only) and anything else are not live.
+func (s Surface) Live() bool {
+	switch s {
+	case SurfaceClaudeCode, SurfaceHeadlessCC, SurfaceHeadlessCX:
+		return true
+	}
+	name, ok := strings.CutPrefix(string(s), SurfaceConsolePrefix)
 	return ok && name != ""
 }
 
@@ -91,16 +129,24 @@ type Config struct {
 	RefillPeriod time.Duration
 }
 
+// Defaults of the Config knobs, each set here only.
+const (
+	DefaultFreshness            = 300 * time.Second
+	DefaultSenderStaleThreshold = 600 * time.Second
+	DefaultMaxAttempts          = 3
+	DefaultRefillPeriod         = 60 * time.Second
+)
+
 // DefaultConfig returns the documented defaults for MARCONI_MODE=development
 // (the default mode), so Enabled is true. For another mode set Enabled from
 // DefaultEnabled.
 func DefaultConfig() Config {
 	return Config{
 		Enabled:              DefaultEnabled("development"),
-		Freshness:            300 * time.Second,
-		SenderStaleThreshold: 600 * time.Second,
-		MaxAttempts:          3,
-		RefillPeriod:         60 * time.Second,
+		Freshness:            DefaultFreshness,
+		SenderStaleThreshold: DefaultSenderStaleThreshold,
+		MaxAttempts:          DefaultMaxAttempts,
+		RefillPeriod:         DefaultRefillPeriod,
 	}
 }
 

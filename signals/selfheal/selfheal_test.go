@@ -28,9 +28,39 @@ func TestLiveSurface(t *testing.T) {
 		{"xconsole_ops", false},
 	}
 	for _, tt := range tests {
-		if got := LiveSurface(tt.surface); got != tt.want {
-			t.Errorf("LiveSurface(%q) = %v, want %v", tt.surface, got, tt.want)
+		if got := Surface(tt.surface).Live(); got != tt.want {
+			t.Errorf("Surface(%q).Live() = %v, want %v", tt.surface, got, tt.want)
 		}
+	}
+}
+
+func TestSurfaceValid(t *testing.T) {
+	tests := []struct {
+		surface string
+		want    bool
+	}{
+		{"claude_code", true},
+		{"headless_cc", true},
+		{"headless_cx", true},
+		{"codex", true},
+		{"console_ops", true},
+		{"console_a.b-c_1", true},
+		{"console_" + strings.Repeat("x", 64), true},
+		{"console_" + strings.Repeat("x", 65), false},
+		{"console_", false},
+		{"console_a b", false},
+		{"console", false},
+		{"", false},
+		{"Claude_Code", false},
+		{"headless", false},
+	}
+	for _, tt := range tests {
+		if got := Surface(tt.surface).Valid(); got != tt.want {
+			t.Errorf("Surface(%q).Valid() = %v, want %v", tt.surface, got, tt.want)
+		}
+	}
+	if SurfaceNames != "claude_code, console_<name>, headless_cc, headless_cx, codex" {
+		t.Errorf("SurfaceNames = %q", SurfaceNames)
 	}
 }
 
@@ -95,12 +125,12 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestAC8_OutcomeEnum(t *testing.T) {
-	want := []string{"attempted", "succeeded", "no_listener", "rate_limited", "stale_recency", "unsupported_surface", "failed"}
+	want := []Outcome{"attempted", "succeeded", "no_listener", "rate_limited", "stale_recency", "unsupported_surface", "failed"}
 	got := AllOutcomes()
 	if !slices.Equal(got, want) {
 		t.Fatalf("AllOutcomes() = %v, want %v", got, want)
 	}
-	consts := []string{OutcomeAttempted, OutcomeSucceeded, OutcomeNoListener, OutcomeRateLimited,
+	consts := []Outcome{OutcomeAttempted, OutcomeSucceeded, OutcomeNoListener, OutcomeRateLimited,
 		OutcomeStaleRecency, OutcomeUnsupportedSurface, OutcomeFailed}
 	if !slices.Equal(consts, want) {
 		t.Errorf("outcome constants = %v, want %v", consts, want)
