@@ -205,6 +205,34 @@ test('a hub restart on the memory store: the session is registered again and the
   assert.equal(b.sessionID, 'restart-b');
 });
 
+test('a session that expired on the hub is registered again under its id, and the app is told', async (t) => {
+  // Its own hub, with sessions that expire two seconds after their last proof of life.
+  const short = await startHub(build.bins.marconi, {
+    env: { MARCONI_SESSION_TTL_SECONDS: '2', MARCONI_HEARTBEAT_INTERVAL_SECONDS: '60', MARCONI_WS_PING_SECONDS: '60', MARCONI_TOUCH_INTERVAL_SECONDS: '1' },
+  });
+  t.after(() => short.stop());
+  /** @type {import('@marconihub/client').AffinityReset[]} */
+  const resets = [];
+  const inB = new Inbox();
+  const a = await dial({ hubURL: short.url, apiKey, surface: 'claude_code', sessionID: 'ttl-a' });
+  const b = await dial({ hubURL: short.url, apiKey, surface: 'claude_code', sessionID: 'ttl-b', onSignal: inB.on, onAffinityReset: (r) => { resets.push(r); } });
+  t.after(async () => { await a.close(); await b.close(); });
+  assert.equal((await a.send('ttl-b', 'chat', { n: 1 })).seq, 1);
+  await waitFor('b to get 1', () => inB.signals.length === 1);
+
+  // Idle past the TTL, both sessions expire; the hub closes their WebSockets
+  // with 4410, and each client registers its id again.
+  for (const c of [a, b]) await waitFor(`${c.sessionID} to be registered again`, () => c.stats().reregistrations === 1, { timeoutMs: 20000 });
+  await waitFor('b told its state is gone', () => resets.length === 1);
+  assert.deepEqual(resets, [{ reason: 'reregistered', dropped: 0 }]);
+  await waitFor('b attached again', async () => (await routeState(short, 'ttl-b')).route_state === 'attached');
+  const res = await a.send('ttl-b', 'chat', { n: 2 });
+  assert.equal(res.seq, 1, 'the new registration numbers afresh');
+  await waitFor('b to get 2', () => inB.signals.length === 2);
+  assert.deepEqual(inB.ns(), [1, 2]);
+  assert.equal(b.sessionID, 'ttl-b');
+});
+
 test('deregister ends the session on the hub and closes the client; close is idempotent', async () => {
   const a = await agent('dereg-a');
   const b = await agent('dereg-b');
