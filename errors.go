@@ -28,6 +28,7 @@ const (
 	CodeQuotaExceeded          = "quota_exceeded"
 	CodeRegistryUnavailable    = "registry_unavailable"
 	CodeDraining               = "draining"
+	CodeUpgradeRequired        = "upgrade_required"
 	CodeInternal               = "internal"
 )
 

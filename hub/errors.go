@@ -34,6 +34,7 @@ var statusByCode = map[string]int{
 	marconi.CodeQuotaExceeded:          http.StatusTooManyRequests,
 	marconi.CodeRegistryUnavailable:    http.StatusServiceUnavailable,
 	marconi.CodeDraining:               http.StatusServiceUnavailable,
+	marconi.CodeUpgradeRequired:        http.StatusUpgradeRequired,
 	marconi.CodeInternal:               http.StatusInternalServerError,
 }
 

@@ -54,6 +54,18 @@ type Config struct {
 	WSQueueSize int
 	// WSWriteTimeout bounds one frame write.
 	WSWriteTimeout time.Duration
+	// WSAckInterval is MARCONI_WS_ACK_INTERVAL_MS (5): a connection's acks
+	// are coalesced and written at most once per interval (and on close).
+	WSAckInterval time.Duration
+	// WSFramesPerSecond is MARCONI_WS_FRAMES_PER_SECOND (100): frames a client
+	// may send per connection and second, burst twice it; past it 1008.
+	WSFramesPerSecond float64
+	// MaxConnections is MARCONI_MAX_CONNECTIONS (100000): WebSockets open on
+	// this instance; past it an attach is refused with 429 quota_exceeded.
+	MaxConnections int
+	// MaxConnectionsPerAddress is MARCONI_MAX_CONNECTIONS_PER_ADDRESS
+	// (25000): WebSockets open from one client address.
+	MaxConnectionsPerAddress int
 	// DefaultRuntimeMode applies when a registration names none.
 	DefaultRuntimeMode fabric.Mode
 	// DevAPIKeys maps API key to tenant/project, from MARCONI_API_KEYS.
@@ -108,6 +120,11 @@ const (
 	DefaultRetainExpired     = time.Hour
 	DefaultPruneEvery        = time.Minute
 	DefaultPendingSweep      = 5 * time.Second
+
+	DefaultWSAckInterval            = 5 * time.Millisecond
+	DefaultWSFramesPerSecond        = 100
+	DefaultMaxConnections           = 100000
+	DefaultMaxConnectionsPerAddress = 25000
 )
 
 func (c *Config) setDefaults() {
@@ -146,6 +163,18 @@ func (c *Config) setDefaults() {
 	}
 	if c.WSWriteTimeout == 0 {
 		c.WSWriteTimeout = DefaultWSWriteTimeout
+	}
+	if c.WSAckInterval == 0 {
+		c.WSAckInterval = DefaultWSAckInterval
+	}
+	if c.WSFramesPerSecond == 0 {
+		c.WSFramesPerSecond = DefaultWSFramesPerSecond
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxConnectionsPerAddress == 0 {
+		c.MaxConnectionsPerAddress = DefaultMaxConnectionsPerAddress
 	}
 	if c.DefaultRuntimeMode == "" {
 		c.DefaultRuntimeMode = fabric.DefaultRuntimeMode
@@ -269,6 +298,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 		ReadLimit:     cfg.WSReadLimit,
 		QueueSize:     cfg.WSQueueSize,
 		WriteTimeout:  cfg.WSWriteTimeout,
+		AckInterval:   cfg.WSAckInterval,
+
+		FramesPerSecond:          cfg.WSFramesPerSecond,
+		MaxConnections:           cfg.MaxConnections,
+		MaxConnectionsPerAddress: cfg.MaxConnectionsPerAddress,
 	}, conns.Deps{
 		Store: d.Store,
 		Ack: func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error) {

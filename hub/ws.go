@@ -8,11 +8,18 @@ import (
 	"github.com/marconihub/marconi"
 )
 
-// attach is GET /v1/ws: it authenticates the session, places it here and
+// attach is GET /v1/ws: it checks the handshake, authenticates the session, places it here and
 // hands the connection to the connection hub, which upgrades it, makes it
 // the session's queue, replays every unacknowledged signal in seq order and
 // then writes live ones.
 func (s *Server) attach(c echo.Context) error {
+	// The handshake and the connection caps are checked before any other
+	// work: a request that cannot become a WebSocket changes nothing.
+	release, err := s.conns.Admit(c.Request(), c.Response().Header())
+	if err != nil {
+		return err
+	}
+	defer release()
 	if s.Draining() {
 		return marconi.Errorf(marconi.CodeDraining, "this instance is draining; attach elsewhere")
 	}

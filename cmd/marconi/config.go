@@ -205,6 +205,24 @@ func settings(c *Config) []setting {
 			return nil
 		}},
 		{"MARCONI_WS_QUEUE_SIZE", strconv.Itoa(hub.DefaultWSQueueSize), "per-connection outgoing queue; overflow closes with 4429", positiveInt(&h.WSQueueSize)},
+		{"MARCONI_WS_ACK_INTERVAL_MS", strconv.Itoa(int(hub.DefaultWSAckInterval / time.Millisecond)), "a connection's acks are coalesced (newest wins) and written at most once per interval, and on close", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 || n > 10000 {
+				return fmt.Errorf("want whole milliseconds from 1 to 10000, got %q", v)
+			}
+			c.Hub.WSAckInterval = time.Duration(n) * time.Millisecond
+			return nil
+		}},
+		{"MARCONI_WS_FRAMES_PER_SECOND", strconv.Itoa(hub.DefaultWSFramesPerSecond), "frames a client may send per connection and second (burst twice it); past it the hub closes with 1008", func(c *Config, v string) error {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("want a positive number, got %q", v)
+			}
+			c.Hub.WSFramesPerSecond = n
+			return nil
+		}},
+		{"MARCONI_MAX_CONNECTIONS", strconv.Itoa(hub.DefaultMaxConnections), "WebSockets open on this instance; past it an attach gets 429 quota_exceeded", positiveInt(&h.MaxConnections)},
+		{"MARCONI_MAX_CONNECTIONS_PER_ADDRESS", strconv.Itoa(hub.DefaultMaxConnectionsPerAddress), "WebSockets open from one client address (a load balancer in front counts as one); past it 429 quota_exceeded", positiveInt(&h.MaxConnectionsPerAddress)},
 		{"MARCONI_SEND_RATE_PER_SECOND", strconv.Itoa(hub.DefaultSendRatePerSecond), "per-session send limit (burst twice it)", func(c *Config, v string) error {
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil || n <= 0 {

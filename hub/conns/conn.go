@@ -2,21 +2,14 @@ package conns
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
 	"github.com/coder/websocket"
-	"golang.org/x/sync/errgroup"
 
-	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
 )
-
-// catchUpPage is how many stored signals a writer reads at a time.
-const catchUpPage = 100
 
 var (
 	errConnEnded   = errors.New("connection ended")
@@ -30,7 +23,10 @@ type queueItem struct {
 }
 
 // Conn is one attached WebSocket: its session's queue on this instance. It
-// owns its loops; its methods are safe for concurrent use.
+// owns its loops. An idle Conn costs one goroutine, its handler's, which
+// reads; a writer runs only while there is something to write (writer.go),
+// a ping only while one is in flight (keepalive.go), and coalesced acks are
+// written by a timer (ack.go). Its methods are safe for concurrent use.
 type Conn struct {
 	h   *Hub
 	ws  *websocket.Conn
@@ -41,24 +37,47 @@ type Conn struct {
 	// acks are none of this connection's business.
 	incarnation time.Time
 	attachedAt  time.Time
+	welcome     Welcome
 	out         chan queueItem // bounded: QueueSize
 	ctrl        chan []byte    // frames the reader asks the writer to send (errors)
+	acks        *acks
+	frames      bucket // the reader's frame rate
+
+	// ctx ends when the connection does: the reader, a writer or a ping
+	// that fails cancels it, and the others stop.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu        sync.Mutex
+	ended     bool // the handler is done: start nothing more
+	writing   bool // a writer goroutine runs
+	welcomed  bool // the welcome and the first catch-up are written
+	last      int64
+	pingTimer *time.Timer
+	err       error          // the first error that ended the connection
+	wg        sync.WaitGroup // the writer and the ping, while they run
 
 	kickMu sync.Mutex
 	kicked chan struct{} // closed by the first kick, after kickBy is set
 	kickBy Disconnect
 }
 
-// kick asks the connection's writer to close it with d. The first kick wins.
+// kick asks the connection's writer to close it with d. The first kick wins
+// and is counted in marconi_ws_disconnects_total at once, when the hub
+// decides it, not when the close handshake ends.
 func (c *Conn) kick(d Disconnect) {
 	c.kickMu.Lock()
-	defer c.kickMu.Unlock()
 	select {
 	case <-c.kicked:
+		c.kickMu.Unlock()
+		return
 	default:
-		c.kickBy = d
-		close(c.kicked)
 	}
+	c.kickBy = d
+	close(c.kicked)
+	c.kickMu.Unlock()
+	c.h.metrics.disconnects.WithLabelValues(d.Label).Inc()
+	c.wake()
 }
 
 // kickedBy returns the Disconnect of the first kick, if any.
@@ -90,15 +109,29 @@ func (c *Conn) belongsTo(sess sessionstore.Session) bool {
 	return c.incarnation.Equal(sess.RegisteredAt)
 }
 
-// serve runs one attached connection until it ends.
+// fail ends the connection with err, unless it has ended already.
+func (c *Conn) fail(err error) {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = err
+	}
+	c.mu.Unlock()
+	c.cancel()
+}
+
+// serve runs one attached connection until it ends. The calling goroutine
+// (the HTTP handler's) is the connection's reader.
 func (h *Hub) serve(sess sessionstore.Session, ws *websocket.Conn, welcome Welcome) {
 	now := h.now()
 	c := &Conn{
-		h: h, ws: ws, key: sess.Key, incarnation: sess.RegisteredAt, attachedAt: now,
+		h: h, ws: ws, key: sess.Key, incarnation: sess.RegisteredAt, attachedAt: now, welcome: welcome,
 		out:    make(chan queueItem, h.cfg.QueueSize),
 		ctrl:   make(chan []byte, 8),
 		kicked: make(chan struct{}),
+		frames: bucket{tokens: 2 * h.cfg.FramesPerSecond, at: now},
 	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.acks = newAcks(c)
 	if old := h.registry.attach(c); old != nil {
 		// The old connection's own handler counts its disconnect, with the
 		// first kick it got.
@@ -109,26 +142,34 @@ func (h *Hub) serve(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 		}
 	}
 	h.metrics.connections.Inc()
+	h.log.Info("websocket attached", KeyAttrs(sess.Key), "resumed", welcome.Resumed, "affinity_reset", welcome.AffinityReset, "replayed", welcome.Replayed)
 	h.recordAttach(c, now)
 	if h.isClosing() {
 		// Shutdown began between accept and registration: close with 1012 too.
 		c.kick(DisconnectShutdown)
 	}
 
-	g, gctx := errgroup.WithContext(context.Background())
-	g.Go(func() error { return c.writeLoop(gctx, welcome) })
-	g.Go(func() error { return c.readLoop(gctx) })
-	g.Go(func() error { return c.pingLoop(gctx) })
-	err := g.Wait()
+	c.wake() // the welcome and the replay
+	c.armPing()
+	c.fail(c.readLoop(c.ctx))
+	c.mu.Lock()
+	c.ended = true
+	if c.pingTimer != nil && c.pingTimer.Stop() {
+		c.wg.Done() // its ping will not run
+	}
+	err := c.err
+	c.mu.Unlock()
+	c.wg.Wait()
 	ws.CloseNow()
+	c.acks.flush()
 
 	h.metrics.connections.Dec()
-	label := disconnectLabel(err)
-	if d, ok := c.kickedBy(); ok {
-		label = d.Label
-	}
-	h.metrics.disconnects.WithLabelValues(label).Inc()
-	h.log.Debug("websocket detached", KeyAttrs(sess.Key), "reason", label, "err", err)
+	// Ended without a kick: the peer or the network decided. Recorded as a
+	// kick so that it is counted once, and a late kick counts nothing.
+	c.kick(Disconnect{Code: websocket.CloseStatus(err), Label: disconnectLabel(err)})
+	d, _ := c.kickedBy()
+	h.log.Info("websocket detached", KeyAttrs(sess.Key), "reason", d.Label, "code", int(d.Code), "attached_for", h.now().Sub(now).Round(time.Millisecond).String())
+	h.log.Debug("websocket detached: cause", KeyAttrs(sess.Key), "err", err)
 	h.recordDetach(c)
 }
 
@@ -184,264 +225,4 @@ func disconnectLabel(err error) string {
 		return labelPingTimeout
 	}
 	return labelConnectionLost
-}
-
-// writeLoop owns every write: the welcome, the replay, live signals, error
-// frames, and the close frame of a kick.
-func (c *Conn) writeLoop(ctx context.Context, welcome Welcome) error {
-	if err := c.writeJSON(ctx, welcome); err != nil {
-		return err
-	}
-	var last int64
-	if err := c.catchUp(ctx, &last); err != nil {
-		return err
-	}
-	for {
-		select {
-		case <-c.kicked:
-			return c.closeKicked()
-		default:
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-c.kicked:
-			return c.closeKicked()
-		case f := <-c.ctrl:
-			if err := c.write(ctx, f); err != nil {
-				return err
-			}
-		case it := <-c.out:
-			switch {
-			case it.sig != nil && it.sig.Seq <= last:
-				// Already written by a catch-up.
-			case it.sig != nil && it.sig.Seq == last+1:
-				if err := c.writeSignal(ctx, *it.sig); err != nil {
-					return err
-				}
-				last = it.sig.Seq
-			default:
-				// A gap (a concurrent send overtook this one) or a wake-up:
-				// the store has every signal in order.
-				if err := c.catchUp(ctx, &last); err != nil {
-					return err
-				}
-			}
-		}
-	}
-}
-
-// catchUp writes every stored unacknowledged signal after *last, in seq
-// order, once it has checked that they are the signals of c's session
-// incarnation (stillCurrent). The store holds them all, so queue items are
-// redundant while it runs: it drops them as it goes (a live send racing a
-// long replay must not fill the queue and close a healthy consumer with
-// 4429), and reads once more when it dropped any, so none is left for the
-// next wake-up.
-func (c *Conn) catchUp(ctx context.Context, last *int64) error {
-	dropQueued := func() (dropped bool) {
-		for {
-			select {
-			case <-c.out:
-				dropped = true
-			default:
-				return dropped
-			}
-		}
-	}
-	for {
-		// Items queued before the read are covered by it; only those dropped
-		// while writing call for another read.
-		dropQueued()
-		dropped := false
-		rctx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
-		sigs, err := c.h.store.PendingSignals(rctx, c.key, *last, catchUpPage)
-		cancel()
-		if err == nil && len(sigs) > 0 {
-			// The store keys signals by session key only: those just read
-			// may be a later incarnation's, when the session was
-			// deregistered and registered again. Checked after the read, so
-			// a match means they were this incarnation's when read.
-			var current bool
-			if current, err = c.stillCurrent(ctx); err == nil && !current {
-				return c.closeKicked()
-			}
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			// The store is unreachable: end the connection so the client
-			// reattaches later; nothing is lost.
-			return err
-		}
-		for _, sig := range sigs {
-			select {
-			case <-c.kicked:
-				return c.closeKicked()
-			default:
-			}
-			if err := c.writeSignal(ctx, sig); err != nil {
-				return err
-			}
-			*last = sig.Seq
-			dropped = dropQueued() || dropped
-		}
-		if len(sigs) < catchUpPage && !dropped {
-			return nil
-		}
-	}
-}
-
-func (c *Conn) closeKicked() error {
-	d, _ := c.kickedBy()
-	if err := c.ws.Close(d.Code, d.Reason); err != nil {
-		c.h.log.Debug("close after kick", KeyAttrs(c.key), "err", err)
-	}
-	return errConnEnded
-}
-
-func (c *Conn) writeSignal(ctx context.Context, sig sessionstore.Signal) error {
-	return c.writeJSON(ctx, signalFrame{Type: "signal", Signal: WireSignal(sig)})
-}
-
-func (c *Conn) writeJSON(ctx context.Context, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return c.write(ctx, b)
-}
-
-func (c *Conn) write(ctx context.Context, b []byte) error {
-	wctx, cancel := context.WithTimeout(ctx, c.h.cfg.WriteTimeout)
-	defer cancel()
-	return c.ws.Write(wctx, websocket.MessageText, b)
-}
-
-// readLoop is the connection's one reader: acks and proof of life.
-func (c *Conn) readLoop(ctx context.Context) error {
-	lastTouch := c.attachedAt
-	for {
-		_, data, err := c.ws.Read(ctx)
-		if err != nil {
-			return err
-		}
-		now := c.h.now()
-		if now.Sub(lastTouch) >= c.h.cfg.TouchInterval {
-			lastTouch = now
-			c.touchSeen(ctx, now)
-		}
-		var f clientFrame
-		if err := json.Unmarshal(data, &f); err != nil {
-			c.sendError(marconi.CodeInvalidJSON, "frames must be JSON objects")
-			continue
-		}
-		switch f.Type {
-		case "ack":
-			if f.UpToSeq == nil || *f.UpToSeq < 0 {
-				c.sendError(marconi.CodeInvalidField, "ack needs a non-negative up_to_seq")
-				continue
-			}
-			c.ackUpTo(ctx, *f.UpToSeq)
-		case "ping":
-			// Application-level keepalive: proof of life only.
-		default:
-			c.sendError(marconi.CodeInvalidField, "unknown frame type; want ack")
-		}
-	}
-}
-
-// ackUpTo acknowledges the session's signals up to seq, once it has checked
-// that the session is still c's incarnation: acks are keyed by session key,
-// and one from a connection of an earlier incarnation would ack the new
-// session's signals.
-func (c *Conn) ackUpTo(ctx context.Context, seq int64) {
-	current, err := c.stillCurrent(ctx)
-	if err != nil {
-		c.h.log.Warn("ack from websocket: check the session", KeyAttrs(c.key), "err", err)
-		return
-	}
-	if !current {
-		return // kicked: the writer closes it with 4410
-	}
-	actx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
-	defer cancel()
-	if _, err := c.h.ack(actx, c.key, seq); err != nil {
-		c.h.log.Warn("ack from websocket", KeyAttrs(c.key), "err", err)
-	}
-}
-
-// sendError hands an error frame to the writer without blocking.
-func (c *Conn) sendError(code, message string) {
-	b, err := json.Marshal(errorFrame{Type: "error", Code: code, Message: message})
-	if err != nil {
-		return
-	}
-	select {
-	case c.ctrl <- b:
-	default: // a client flooding bad frames loses the replies, not the hub's memory
-	}
-}
-
-// pingLoop pings every PingInterval and ends the connection when a pong
-// has not come within one more interval.
-func (c *Conn) pingLoop(ctx context.Context) error {
-	t := time.NewTicker(c.h.cfg.PingInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-		pctx, cancel := context.WithTimeout(ctx, c.h.cfg.PingInterval)
-		err := c.ws.Ping(pctx)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return errPongTimeout
-		}
-		c.touchSeen(ctx, c.h.now())
-	}
-}
-
-// touchSeen records the connection's activity as proof of life. A session
-// that is gone (deregistered on another instance, or expired) has no live
-// row to touch: its connection is closed with 4410.
-func (c *Conn) touchSeen(ctx context.Context, now time.Time) {
-	tctx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
-	defer cancel()
-	err := c.h.store.TouchSession(tctx, c.key, sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(c.h.cfg.SessionTTL)}, now)
-	if errors.Is(err, sessionstore.ErrNotFound) {
-		c.kick(DisconnectSessionGone)
-		return
-	}
-	if err != nil {
-		c.h.log.Debug("touch from websocket", KeyAttrs(c.key), "err", err)
-	}
-}
-
-// stillCurrent reads the store row of c's session and reports whether c
-// belongs to it. When it does not (the session is gone, or was registered
-// again since: another incarnation) it kicks c with 4410. A store failure is
-// returned and c is left alone.
-func (c *Conn) stillCurrent(ctx context.Context) (bool, error) {
-	rctx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
-	defer cancel()
-	sess, err := c.h.store.GetSession(rctx, c.key, c.h.now())
-	if errors.Is(err, sessionstore.ErrNotFound) {
-		c.kick(DisconnectSessionGone)
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("read the session of a connection: %w", err)
-	}
-	if !c.belongsTo(sess) {
-		c.kick(DisconnectSessionGone)
-		return false, nil
-	}
-	return true, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 )
@@ -39,6 +40,22 @@ type Config struct {
 	QueueSize int
 	// WriteTimeout bounds one frame write.
 	WriteTimeout time.Duration
+	// AckInterval: a connection's acks are coalesced (the newest up_to_seq
+	// wins) and written to the store at most once per interval, and once
+	// more when the connection ends.
+	AckInterval time.Duration
+	// FramesPerSecond is the rate of frames a client may send on one
+	// connection, with a burst of twice it; past it the connection is closed
+	// with 1008 (quota frames_per_second).
+	FramesPerSecond float64
+	// MaxConnections caps the connections open on this instance.
+	MaxConnections int
+	// MaxConnectionsPerAddress caps the connections open from one client address.
+	MaxConnectionsPerAddress int
+	// OnQuotaRefused, when set, is called for each refusal the connection
+	// hub decides by itself (a frame-rate close); refusals returned by Admit
+	// are the caller's to count.
+	OnQuotaRefused func(marconi.Quota)
 }
 
 // Peers is what the connection hub needs of the fabric to reach queues on
@@ -71,15 +88,16 @@ type Deps struct {
 // Hub is the registry of the connections attached to this instance and
 // their loops. It implements signals.Router. It is safe for concurrent use.
 type Hub struct {
-	cfg      Config
-	store    sessionstore.Store
-	ack      func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
-	peers    Peers
-	draining func() bool
-	log      *slog.Logger
-	now      func() time.Time
-	metrics  *metrics
-	registry *registry
+	cfg       Config
+	store     sessionstore.Store
+	ack       func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
+	peers     Peers
+	draining  func() bool
+	log       *slog.Logger
+	now       func() time.Time
+	metrics   *metrics
+	registry  *registry
+	admission *admission
 
 	mu      sync.Mutex
 	closing bool
@@ -90,6 +108,12 @@ var _ signals.Router = (*Hub)(nil)
 
 // New builds a connection hub and registers its metrics on d.Registry.
 func New(cfg Config, d Deps) (*Hub, error) {
+	if cfg.QueueSize <= 0 || cfg.MaxConnections <= 0 || cfg.MaxConnectionsPerAddress <= 0 || cfg.FramesPerSecond <= 0 || cfg.AckInterval <= 0 {
+		return nil, errors.New("conns: queue size, connection caps, frame rate and ack interval must be positive")
+	}
+	if cfg.OnQuotaRefused == nil {
+		cfg.OnQuotaRefused = func(marconi.Quota) {}
+	}
 	if d.Store == nil || d.Ack == nil || d.Peers == nil || d.Draining == nil || d.Registry == nil || d.Now == nil {
 		return nil, errors.New("conns: missing dependency")
 	}
@@ -103,6 +127,7 @@ func New(cfg Config, d Deps) (*Hub, error) {
 	return &Hub{
 		cfg: cfg, store: d.Store, ack: d.Ack, peers: d.Peers, draining: d.Draining,
 		log: d.Logger, now: d.Now, metrics: m, registry: newRegistry(),
+		admission: newAdmission(cfg.MaxConnections, cfg.MaxConnectionsPerAddress),
 	}, nil
 }
 
@@ -223,6 +248,7 @@ func (h *Hub) offer(c *Conn, it queueItem) bool {
 	}
 	select {
 	case c.out <- it:
+		c.wake()
 	default:
 		h.metrics.queueDrops.WithLabelValues("slow_consumer").Inc()
 		c.kick(DisconnectSlowConsumer)

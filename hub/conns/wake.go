@@ -104,6 +104,7 @@ func (h *Hub) wakeAll() {
 	for _, c := range h.registry.all() {
 		select {
 		case c.out <- queueItem{}:
+			c.wake()
 		default:
 		}
 	}
