@@ -3,24 +3,12 @@
 // restart, deregister and close.
 
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import { ClientClosedError, MarconiError, TransportError, dial } from '@marconihub/client';
-import { Inbox, LogRecorder, apiKey, buildGo, freePort, routeState, startHub, waitFor } from './support/hub.js';
+import { Inbox, LogRecorder, apiKey, freePort, routeState, startHub, useHub, waitFor } from './support/hub.js';
 import { Proxy } from './support/proxy.js';
 
-/** @type {{bins: Record<string, string>, cleanup: () => Promise<void>}} */
-let build;
-/** @type {import('./support/hub.js').Hub} */
-let hub;
-
-before(async () => {
-  build = await buildGo({ marconi: './cmd/marconi' });
-  hub = await startHub(build.bins.marconi);
-});
-after(async () => {
-  await hub?.stop();
-  await build?.cleanup();
-});
+const env = useHub();
 
 /**
  * @param {string} sessionID
@@ -28,7 +16,7 @@ after(async () => {
  */
 async function agent(sessionID, extra = {}) {
   const inbox = new Inbox();
-  const client = await dial({ hubURL: hub.url, apiKey, surface: 'claude_code', sessionID, onSignal: inbox.on, ...extra });
+  const client = await dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID, onSignal: inbox.on, ...extra });
   return { client, inbox };
 }
 
@@ -52,7 +40,7 @@ test('two agents exchange signals once each, in order, and acknowledge them', as
   assert.equal(s.toSession, 'ex-b');
   assert.equal(s.kind, 'chat');
   assert.ok(s.createdAt instanceof Date && !Number.isNaN(s.createdAt.getTime()));
-  await waitFor('the hub to see 1..5 acknowledged', async () => (await routeState(hub, 'ex-b')).pending_signals === 0);
+  await waitFor('the hub to see 1..5 acknowledged', async () => (await routeState(env.hub, 'ex-b')).pending_signals === 0);
 });
 
 test('errors of the hub are MarconiError with the hub\'s code; bad config is a TypeError', async (t) => {
@@ -64,21 +52,21 @@ test('errors of the hub are MarconiError with the hub\'s code; bad config is a T
     assert.equal(err.code, 'recipient_not_registered');
     return true;
   });
-  await assert.rejects(dial({ hubURL: hub.url, apiKey: 'not-a-key', surface: 'claude_code' }), (err) => {
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey: 'not-a-key', surface: 'claude_code' }), (err) => {
     assert.ok(err instanceof MarconiError);
     assert.equal(err.status, 401);
     assert.equal(err.code, 'unauthorized');
     return true;
   });
-  await assert.rejects(dial({ hubURL: hub.url, apiKey, surface: 'not_a_surface' }), { code: 'invalid_surface', status: 400 });
-  await assert.rejects(dial({ hubURL: hub.url, apiKey, surface: 'claude_code', runtimeMode: 'pinned' }), { code: 'reserved_runtime_mode' });
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'not_a_surface' }), { code: 'invalid_surface', status: 400 });
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', runtimeMode: 'pinned' }), { code: 'reserved_runtime_mode' });
   await assert.rejects(dial({ hubURL: 'ftp://x', apiKey, surface: 'claude_code' }), TypeError);
-  await assert.rejects(dial({ hubURL: hub.url, apiKey: '', surface: 'claude_code' }), TypeError);
-  await assert.rejects(dial({ hubURL: hub.url, apiKey, surface: 'claude_code', reconnectBaseDelayMs: 500, reconnectMaxDelayMs: 100 }), TypeError);
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey: '', surface: 'claude_code' }), TypeError);
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', reconnectBaseDelayMs: 500, reconnectMaxDelayMs: 100 }), TypeError);
 });
 
 test('replay after reconnects delivers each signal once, in order', async (t) => {
-  const proxy = new Proxy(hub.port);
+  const proxy = new Proxy(env.hub.port);
   const url = await proxy.listen();
   t.after(() => proxy.close());
   const a = await agent('replay-a');
@@ -107,13 +95,13 @@ test('replay after reconnects delivers each signal once, in order', async (t) =>
   }
   release();
   await waitFor('b to get 1..4', () => inbox.signals.length >= 4);
-  await waitFor('the hub to see everything acknowledged', async () => (await routeState(hub, 'replay-b')).pending_signals === 0);
+  await waitFor('the hub to see everything acknowledged', async () => (await routeState(env.hub, 'replay-b')).pending_signals === 0);
   assert.deepEqual(inbox.ns(), [1, 2, 3, 4]);
   assert.equal(new Set(inbox.signals.map((s) => s.id)).size, 4);
 });
 
 test('an idempotency key makes a repeat a no-op; a send whose answer was lost is retried with its key', async (t) => {
-  const proxy = new Proxy(hub.port);
+  const proxy = new Proxy(env.hub.port);
   const url = await proxy.listen();
   t.after(() => proxy.close());
   const log = new LogRecorder();
@@ -143,7 +131,7 @@ test('an idempotency key makes a repeat a no-op; a send whose answer was lost is
 });
 
 test('sendAttempts 1: a lost answer is the caller\'s TransportError, and its own retry with the key stores nothing new', async (t) => {
-  const proxy = new Proxy(hub.port);
+  const proxy = new Proxy(env.hub.port);
   const url = await proxy.listen();
   t.after(() => proxy.close());
   const a = await agent('once-a', { hubURL: url, sendAttempts: 1 });
@@ -162,17 +150,17 @@ test('sendAttempts 1: a lost answer is the caller\'s TransportError, and its own
 test('dial fails over from a hub URL that does not answer to the next', async (t) => {
   const dead = `http://127.0.0.1:${await freePort()}`;
   const log = new LogRecorder();
-  const a = await agent('dial-failover', { hubURL: dead, hubURLs: [hub.url, `${hub.url}/`], logger: log });
+  const a = await agent('dial-failover', { hubURL: dead, hubURLs: [env.hub.url, `${env.hub.url}/`], logger: log });
   t.after(() => a.client.close());
   assert.equal(a.client.stats().failovers, 1);
-  assert.equal(log.find('marconi: hub URL unreachable; failing over')[0].fields.to, hub.url);
-  assert.equal((await routeState(hub, 'dial-failover')).route_state, 'attached');
+  assert.equal(log.find('marconi: hub URL unreachable; failing over')[0].fields.to, env.hub.url);
+  assert.equal((await routeState(env.hub, 'dial-failover')).route_state, 'attached');
   await assert.rejects(dial({ hubURL: dead, apiKey, surface: 'claude_code' }), TransportError);
 });
 
 test('a hub restart on the memory store: the session is registered again and the application told', async (t) => {
   // Its own hub: this one is restarted.
-  const own = await startHub(build.bins.marconi);
+  const own = await startHub(env.bins.marconi);
   /** @type {import('./support/hub.js').Hub} */
   let current = own;
   t.after(() => current.stop());
@@ -190,7 +178,7 @@ test('a hub restart on the memory store: the session is registered again and the
   await waitFor('b to get 1', () => inB.signals.length === 1);
 
   await own.stop(); // graceful: WebSockets close with 1012, every session is forgotten
-  current = await startHub(build.bins.marconi, { port: own.port });
+  current = await startHub(env.bins.marconi, { port: own.port });
   for (const c of [a, b]) {
     await waitFor(`${c.sessionID} to register again and reattach`, () => c.stats().reregistrations === 1 && c.stats().reconnects >= 1, { timeoutMs: 15000 });
   }
@@ -206,8 +194,8 @@ test('a hub restart on the memory store: the session is registered again and the
 });
 
 test('a session that expired on the hub is registered again under its id, and the app is told', async (t) => {
-  // Its own hub, with sessions that expire two seconds after their last proof of life.
-  const short = await startHub(build.bins.marconi, {
+  // Its own env.hub, with sessions that expire two seconds after their last proof of life.
+  const short = await startHub(env.bins.marconi, {
     env: { MARCONI_SESSION_TTL_SECONDS: '2', MARCONI_HEARTBEAT_INTERVAL_SECONDS: '60', MARCONI_WS_PING_SECONDS: '60', MARCONI_TOUCH_INTERVAL_SECONDS: '1' },
   });
   t.after(() => short.stop());
@@ -237,7 +225,7 @@ test('deregister ends the session on the hub and closes the client; close is ide
   const a = await agent('dereg-a');
   const b = await agent('dereg-b');
   await b.client.deregister();
-  assert.equal((await routeState(hub, 'dereg-b')).route_state, 'not_registered');
+  assert.equal((await routeState(env.hub, 'dereg-b')).route_state, 'not_registered');
   await assert.rejects(a.client.send('dereg-b', 'chat', {}), { code: 'recipient_not_registered' });
   await assert.rejects(b.client.send('dereg-a', 'chat', {}), ClientClosedError);
   await assert.rejects(b.client.deregister(), ClientClosedError);
@@ -245,5 +233,5 @@ test('deregister ends the session on the hub and closes the client; close is ide
   await a.client.close();
   await a.client.close();
   await assert.rejects(a.client.send('dereg-b', 'chat', {}), ClientClosedError);
-  await waitFor('the hub to see a detached', async () => (await routeState(hub, 'dereg-a')).route_state === 'route_without_queue');
+  await waitFor('the hub to see a detached', async () => (await routeState(env.hub, 'dereg-a')).route_state === 'route_without_queue');
 });

@@ -8,25 +8,13 @@ import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { apiKey, buildGo, repoRoot, startHub, waitFor } from './support/hub.js';
+import { apiKey, repoRoot, useHub, waitFor } from './support/hub.js';
 
 const packageDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 
-/** @type {{bins: Record<string, string>, cleanup: () => Promise<void>}} */
-let build;
-/** @type {import('./support/hub.js').Hub} */
-let hub;
-
-before(async () => {
-  build = await buildGo({ marconi: './cmd/marconi', goagent: './clients/node/test/goagent' });
-  hub = await startHub(build.bins.marconi);
-});
-after(async () => {
-  await hub?.stop();
-  await build?.cleanup();
-});
+const env = useHub({ goagent: './clients/node/test/goagent' });
 
 /** The first js code block of the README's "Agents in Node" section. */
 async function readmeAgent() {
@@ -64,11 +52,11 @@ function child(cmd, args, o = {}) {
 }
 
 test('a Node agent written from the README exchanges signals with a Go agent through one hub', async (t) => {
-  const goAgent = child(build.bins.goagent, ['-hub', hub.url, '-session', 'go-agent']);
+  const goAgent = child(env.bins.goagent, ['-hub', env.hub.url, '-session', 'go-agent']);
   t.after(() => goAgent.stop());
   await waitFor('the Go agent to attach', () => goAgent.lines().includes('ready'), { fail: goAgent.failed });
 
-  const code = (await readmeAgent()).replace('http://127.0.0.1:8080', hub.url);
+  const code = (await readmeAgent()).replace('http://127.0.0.1:8080', env.hub.url);
   // Inside the package, so that '@marconihub/client' resolves to it.
   const file = path.join(packageDir, `.readme-agent-${randomBytes(4).toString('hex')}.mjs`);
   await writeFile(file, code);

@@ -8,6 +8,7 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { after, before } from 'node:test';
 import { promisify } from 'node:util';
 
 const run = promisify(execFile);
@@ -32,6 +33,34 @@ export async function buildGo(pkgs) {
     await run('go', ['build', '-o', bins[name], pkg], { cwd: repoRoot, maxBuffer: 16 << 20 });
   }
   return { bins, cleanup: () => rm(dir, { recursive: true, force: true }) };
+}
+
+/**
+ * Builds the hub (and extra Go programs) before the file's tests and starts
+ * one hub on the memory store; stops and removes them after. The returned
+ * object is filled in by the before hook.
+ * @param {Record<string, string>} [extra] more Go programs to build, name → package
+ */
+export function useHub(extra = {}) {
+  const ctx = {
+    /** @type {Record<string, string>} */
+    bins: {},
+    /** @type {Hub} */
+    hub: /** @type {any} */ (null),
+    /** @type {() => Promise<void>} */
+    cleanup: async () => {},
+  };
+  before(async () => {
+    const built = await buildGo({ marconi: './cmd/marconi', ...extra });
+    ctx.bins = built.bins;
+    ctx.cleanup = built.cleanup;
+    ctx.hub = await startHub(built.bins.marconi);
+  });
+  after(async () => {
+    await ctx.hub?.stop();
+    await ctx.cleanup();
+  });
+  return ctx;
 }
 
 /** A free loopback port (for an instance whose public URL must be known before it starts). */
