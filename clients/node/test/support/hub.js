@@ -81,16 +81,19 @@ export async function freePort() {
  */
 
 /**
- * Starts a hub on 127.0.0.1:port (0: any) and resolves once /readyz says ready.
+ * Starts a hub on 127.0.0.1:port (default: a free one) and resolves once
+ * /readyz says ready.
  * @param {string} bin
  * @param {{port?: number, env?: Record<string, string>}} [o]
  * @returns {Promise<Hub>}
  */
 export async function startHub(bin, o = {}) {
+  const port = o.port ?? (await freePort());
+  const url = `http://127.0.0.1:${port}`;
   const env = {
     PATH: process.env.PATH ?? '',
     HOME: process.env.HOME ?? '',
-    MARCONI_ADDR: `127.0.0.1:${o.port ?? 0}`,
+    MARCONI_ADDR: `127.0.0.1:${port}`,
     MARCONI_MODE: 'development',
     MARCONI_API_KEYS: `${apiKey}=t1/p1`,
     MARCONI_ADMIN_TOKEN: adminToken,
@@ -102,14 +105,13 @@ export async function startHub(bin, o = {}) {
   child.stdout.setEncoding('utf8').on('data', (d) => (out += d));
   child.stderr.setEncoding('utf8').on('data', (d) => (out += d));
   const exited = new Promise((resolve) => child.once('exit', (code, sig) => resolve({ code, sig })));
-  const url = await waitFor('the hub to listen', () => /listening on (http:\/\/\S+)/.exec(out)?.[1], {
+  await waitFor(`the hub on ${url} to be ready`, async () => (await fetch(`${url}/readyz`).catch(() => null))?.ok, {
     timeoutMs: 20000,
-    fail: () => (child.exitCode !== null ? `hub exited: ${out}` : null),
+    fail: () => (child.exitCode !== null ? `hub exited ${child.exitCode}: ${out}` : null),
   });
-  await waitFor('the hub to be ready', async () => (await fetch(`${url}/readyz`).catch(() => null))?.ok, { timeoutMs: 20000 });
   return {
     url,
-    port: Number(new URL(url).port),
+    port,
     output: () => out,
     stop: async (signal = 'SIGTERM') => {
       if (child.exitCode === null && child.signalCode === null) child.kill(signal);
