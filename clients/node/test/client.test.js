@@ -100,6 +100,29 @@ test('replay after reconnects delivers each signal once, in order', async (t) =>
   assert.equal(new Set(inbox.signals.map((s) => s.id)).size, 4);
 });
 
+test('while the WebSocket cannot attach, signals are drained over HTTP; once it can, nothing comes twice', async (t) => {
+  const proxy = new Proxy(env.hub.port);
+  const url = await proxy.listen();
+  t.after(() => proxy.close());
+  const a = await agent('drain-a');
+  const b = await agent('drain-b', { hubURL: url, reconnectBaseDelayMs: 20, reconnectMaxDelayMs: 100 });
+  t.after(async () => { await a.client.close(); await b.client.close(); });
+
+  proxy.refuseWebSockets(true);
+  proxy.severWebSockets();
+  await waitFor('the hub to detach b', async () => (await routeState(env.hub, 'drain-b')).route_state === 'route_without_queue');
+  for (const n of [1, 2, 3]) assert.equal((await a.client.send('drain-b', 'chat', { n })).delivery, 'queued_offline');
+  await waitFor('b to drain 1..3', () => b.inbox.signals.length === 3);
+  await waitFor('the drained signals acknowledged over HTTP', async () => (await routeState(env.hub, 'drain-b')).pending_signals === 0);
+  assert.equal(b.client.stats().reconnects, 0, 'still detached');
+
+  proxy.refuseWebSockets(false);
+  await waitFor('b to reattach', () => b.client.stats().reconnects === 1);
+  await a.client.send('drain-b', 'chat', { n: 4 });
+  await waitFor('b to get 4 live', () => b.inbox.signals.length === 4);
+  assert.deepEqual(b.inbox.ns(), [1, 2, 3, 4]);
+});
+
 test('an idempotency key makes a repeat a no-op; a send whose answer was lost is retried with its key', async (t) => {
   const proxy = new Proxy(env.hub.port);
   const url = await proxy.listen();
