@@ -6,14 +6,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"sync"
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 )
@@ -30,31 +28,32 @@ func main() {
 
 func run(hubURL, session, apiKey string, stdin io.Reader, stdout io.Writer) error {
 	ctx := context.Background()
-	var mu sync.Mutex // stdout is written by the handler and by run
-	say := func(format string, args ...any) {
-		mu.Lock()
-		defer mu.Unlock()
-		fmt.Fprintf(stdout, format+"\n", args...)
-	}
-	var c *bootstrap.Client
-	ready := make(chan struct{})
+	received := make(chan bootstrap.Signal, 64)
 	c, err := bootstrap.Dial(ctx, bootstrap.Config{
 		HubURL: hubURL, APIKey: apiKey, SessionID: session, Surface: "claude_code",
-		OnSignal: func(s bootstrap.Signal) {
-			<-ready
-			line, _ := json.Marshal(map[string]any{"from": s.FromSession, "kind": s.Kind, "seq": s.Seq, "payload": s.Payload})
-			say("%s", line)
-			if _, err := c.Send(ctx, s.FromSession, "echo", s.Payload); err != nil {
-				say(`{"error": %q}`, err.Error())
-			}
-		},
+		OnSignal: func(s bootstrap.Signal) { received <- s },
 	})
 	if err != nil {
 		return err
 	}
-	close(ready)
 	defer c.Close()
-	say("ready")
-	_, err = io.Copy(io.Discard, bufio.NewReader(stdin))
-	return err
+	fmt.Fprintln(stdout, "ready")
+
+	stdinDone := make(chan error, 1)
+	go func() { // ends when stdin closes, which is also when run returns
+		_, err := io.Copy(io.Discard, stdin)
+		stdinDone <- err
+	}()
+	for {
+		select {
+		case err := <-stdinDone:
+			return err
+		case s := <-received:
+			line, _ := json.Marshal(map[string]any{"from": s.FromSession, "kind": s.Kind, "seq": s.Seq, "payload": s.Payload})
+			fmt.Fprintf(stdout, "%s\n", line)
+			if _, err := c.Send(ctx, s.FromSession, "echo", s.Payload); err != nil {
+				fmt.Fprintf(stdout, "{\"error\": %q}\n", err.Error())
+			}
+		}
+	}
 }
