@@ -217,9 +217,9 @@ test('a hub restart on the memory store: the session is registered again and the
 });
 
 test('a session that expired on the hub is registered again under its id, and the app is told', async (t) => {
-  // Its own hub, with sessions that expire two seconds after their last proof of life.
+  // Its own hub, with sessions that expire three seconds after their last proof of life.
   const short = await startHub(env.bins.marconi, {
-    env: { MARCONI_SESSION_TTL_SECONDS: '2', MARCONI_HEARTBEAT_INTERVAL_SECONDS: '60', MARCONI_WS_PING_SECONDS: '60', MARCONI_TOUCH_INTERVAL_SECONDS: '1' },
+    env: { MARCONI_SESSION_TTL_SECONDS: '3', MARCONI_HEARTBEAT_INTERVAL_SECONDS: '60', MARCONI_WS_PING_SECONDS: '60', MARCONI_TOUCH_INTERVAL_SECONDS: '1' },
   });
   t.after(() => short.stop());
   /** @type {import('@marconihub/client').AffinityReset[]} */
