@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"maps"
 	"testing"
 	"time"
 
@@ -113,6 +114,50 @@ func TestAssignLeastLoaded(t *testing.T) {
 	for range 2 {
 		if inst, _ := b.Assign(ctx); inst == "c" {
 			t.Fatal("assigned to an unhealthy instance")
+		}
+	}
+}
+
+// The canary view lists adaptive placements by client, most first, says
+// which clients are on the allowlist now, and leaves out other sources.
+func TestSummaryCanaryView(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	f, err := New(Config{InstanceID: "a", Placement: PlacementConfig{Adaptive: true, AdaptiveClients: []string{"canary-2"}}}, st, clk.now, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := func(id, client string, mode Mode, source ModeSource) {
+		_, err := st.CreateSession(ctx, sessionstore.Session{
+			Key: sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: id}, Surface: "claude_code",
+			RuntimeMode: string(mode), RuntimeModeSource: string(source), ClientID: client, TokenHash: []byte(id),
+			RegisteredAt: clk.t, ExpiresAt: clk.t.Add(time.Hour),
+		}, clk.t)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	add("1", "canary-1", ModeSticky, SourceAdaptive) // placed under an earlier allowlist
+	add("2", "canary-2", ModeSticky, SourceAdaptive)
+	add("3", "canary-2", ModeStateless, SourceAdaptive)
+	add("4", "canary-2", ModeSticky, SourceExplicit) // not the classifier's
+	add("5", "other", ModeStateless, SourceDefault)
+	s, err := f.Summary(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []ClientPlacements{
+		{ClientID: "canary-2", Sessions: 2, ByMode: map[string]int{"sticky": 1, "stateless": 1}, OnAllowlist: true},
+		{ClientID: "canary-1", Sessions: 1, ByMode: map[string]int{"sticky": 1}, OnAllowlist: false},
+	}
+	if len(s.ByClient) != len(want) {
+		t.Fatalf("ByClient = %+v, want %+v", s.ByClient, want)
+	}
+	for i := range want {
+		g, w := s.ByClient[i], want[i]
+		if g.ClientID != w.ClientID || g.Sessions != w.Sessions || g.OnAllowlist != w.OnAllowlist || !maps.Equal(g.ByMode, w.ByMode) {
+			t.Errorf("ByClient[%d] = %+v, want %+v", i, g, w)
 		}
 	}
 }

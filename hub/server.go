@@ -322,6 +322,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s.bus = s.conns.CountBus(d.Bus)
 	s.fabric.SetBus(s.bus)
+	if p, ok := d.Bus.(fabric.Prober); ok { // pgstore.Bus: death seen through the listener's connection
+		s.fabric.SetProber(p)
+	}
 	s.signals, err = signals.New(signals.Config{
 		MaxPayloadBytes: cfg.MaxPayloadBytes,
 		Freshness:       cfg.SelfHeal.Freshness,

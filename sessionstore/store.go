@@ -265,6 +265,10 @@ type Store interface {
 	HeartbeatInstance(ctx context.Context, in Instance) error
 	// SessionStats aggregates the sessions live at now.
 	SessionStats(ctx context.Context, now time.Time) (SessionStats, error)
+	// CountByClient counts the sessions live at now whose
+	// runtime_mode_source is source, by client_id and then by runtime_mode
+	// (the canary view of adaptive placements). The map is non-nil.
+	CountByClient(ctx context.Context, now time.Time, source string) (map[string]map[string]int, error)
 	// ListInstances returns every known instance, ordered by id.
 	ListInstances(ctx context.Context) ([]Instance, error)
 	// RecordFallback stores a fallback event and counts it in e.Counter

@@ -5,8 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -150,6 +152,14 @@ func settings(c *Config) []setting {
 		}},
 		{"MARCONI_INSTANCE_DEAD_AFTER_SECONDS", secs(fabric.DefaultDeadAfter), "an instance whose heartbeat is older is unhealthy", seconds(&h.Fabric.DeadAfter)},
 		{"MARCONI_INSTANCE_HEARTBEAT_SECONDS", secs(fabric.DefaultHeartbeatEvery), "how often this instance heartbeats into the store", seconds(&c.InstanceHeartbeat)},
+		{"MARCONI_INSTANCE_PROBE_MILLISECONDS", fmt.Sprint(fabric.DefaultProbeEvery.Milliseconds()), "how often this instance asks Postgres which instances' connections are alive (a killed one is dead within about this long)", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 50 || n > 60000 {
+				return fmt.Errorf("want a whole number of milliseconds from 50 to 60000, got %q", v)
+			}
+			c.Hub.Fabric.ProbeEvery = time.Duration(n) * time.Millisecond
+			return nil
+		}},
 		{"MARCONI_ADAPTIVE_PLACEMENT", "off", "adaptive classifier gate: off or on", func(c *Config, v string) error {
 			switch v {
 			case "on":
@@ -225,7 +235,7 @@ func settings(c *Config) []setting {
 		{"MARCONI_MAX_CONNECTIONS_PER_ADDRESS", strconv.Itoa(hub.DefaultMaxConnectionsPerAddress), "WebSockets open from one client address (a load balancer in front counts as one); past it 429 quota_exceeded", positiveInt(&h.MaxConnectionsPerAddress)},
 		{"MARCONI_SEND_RATE_PER_SECOND", strconv.Itoa(hub.DefaultSendRatePerSecond), "per-session send limit (burst twice it)", func(c *Config, v string) error {
 			n, err := strconv.ParseFloat(v, 64)
-			if err != nil || n <= 0 {
+			if err != nil || !(n > 0) || math.IsInf(n, 1) {
 				return fmt.Errorf("want a positive number, got %q", v)
 			}
 			c.Hub.SendRatePerSecond = n
@@ -239,6 +249,11 @@ func settings(c *Config) []setting {
 	}
 }
 
+// apiKeyRe is what a configured key must be to be presented as a bearer
+// credential exactly as written: a header trims spaces and carries no
+// control characters.
+var apiKeyRe = regexp.MustCompile(`^[\x21-\x7e]{16,}$`)
+
 func parseAPIKeys(v string) (map[string]hub.TenantProject, error) {
 	keys := map[string]hub.TenantProject{}
 	for _, item := range strings.Split(v, ",") {
@@ -248,8 +263,12 @@ func parseAPIKeys(v string) (map[string]hub.TenantProject, error) {
 		}
 		key, owner, ok := strings.Cut(item, "=")
 		tenant, project, ok2 := strings.Cut(owner, "/")
-		if !ok || !ok2 || len(key) < 16 || !signals.ValidSessionID(tenant) || !signals.ValidSessionID(project) {
-			return nil, errors.New("want key=tenant/project pairs: keys of at least 16 characters, tenant and project ids matching [A-Za-z0-9._-]{1,128}")
+		if !ok || !ok2 || !apiKeyRe.MatchString(key) || !signals.ValidSessionID(tenant) || !signals.ValidSessionID(project) {
+			return nil, errors.New("want key=tenant/project pairs: keys of at least 16 printable ASCII characters without spaces, tenant and project ids matching [A-Za-z0-9._-]{1,128}")
+		}
+		if _, dup := keys[key]; dup {
+			// Two owners for one key: whichever won, one tenant would act as the other.
+			return nil, fmt.Errorf("a key is listed twice (the one for %s/%s)", tenant, project)
 		}
 		keys[key] = hub.TenantProject{TenantID: tenant, ProjectID: project}
 	}

@@ -333,6 +333,25 @@ func (m *Store) SessionStats(ctx context.Context, now time.Time) (sessionstore.S
 	return out, nil
 }
 
+// CountByClient implements sessionstore.Store.
+func (m *Store) CountByClient(ctx context.Context, now time.Time, source string) (map[string]map[string]int, error) {
+	if err := m.lock(); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	out := map[string]map[string]int{}
+	for _, s := range m.sessions {
+		if !live(s, now) || s.s.RuntimeModeSource != source {
+			continue
+		}
+		if out[s.s.ClientID] == nil {
+			out[s.s.ClientID] = map[string]int{}
+		}
+		out[s.s.ClientID][s.s.RuntimeMode]++
+	}
+	return out, nil
+}
+
 // TouchSession implements sessionstore.Store.
 func (m *Store) TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error {
 	if err := m.lock(); err != nil {

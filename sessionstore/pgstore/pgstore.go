@@ -294,6 +294,37 @@ func (s *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, 
 	return out, nil
 }
 
+// CountByClient implements sessionstore.Store: one grouped scan of the live
+// sessions of one source.
+func (s *Store) CountByClient(ctx context.Context, now time.Time, source string) (map[string]map[string]int, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return nil, wrap("count by client", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT client_id, runtime_mode, count(*)
+		FROM sessions WHERE expires_at >= $1 AND runtime_mode_source = $2 GROUP BY 1, 2`, now, source)
+	if err != nil {
+		return nil, wrap("count by client", err)
+	}
+	out := map[string]map[string]int{}
+	var (
+		client, mode string
+		n            int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&client, &mode, &n}, func() error {
+		if out[client] == nil {
+			out[client] = map[string]int{}
+		}
+		out[client][mode] += n
+		return nil
+	})
+	if err != nil {
+		return nil, wrap("count by client", err)
+	}
+	return out, nil
+}
+
 // SessionStats implements sessionstore.Store: one grouped scan of the live
 // sessions, folded into the maps here (the groups are few: modes × sources ×
 // instances²).

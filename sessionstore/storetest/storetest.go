@@ -1702,4 +1702,19 @@ func testSessionStats(t *testing.T, s sessionstore.Store) {
 			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
 		}
 	}
+
+	// The canary view: live sessions of one source by client_id and mode.
+	mk("e", "stateless", "adaptive-classifier", "", at(time.Hour))
+	mk("f", "sticky", "adaptive-classifier", "hub-1", at(time.Minute)) // expired at the read below
+	byClient, err := s.CountByClient(ctx, at(2*time.Minute), "adaptive-classifier")
+	noErr(t, "CountByClient", err)
+	want := map[string]map[string]int{"client-b": {"sticky": 1}, "client-e": {"stateless": 1}}
+	if !maps.EqualFunc(byClient, want, maps.Equal) {
+		t.Errorf("CountByClient(adaptive-classifier) = %v, want %v", byClient, want)
+	}
+	none, err := s.CountByClient(ctx, at(2*time.Minute), "no-such-source")
+	noErr(t, "CountByClient(no-such-source)", err)
+	if none == nil || len(none) != 0 {
+		t.Errorf("CountByClient of an unused source = %v, want an empty, non-nil map", none)
+	}
 }
