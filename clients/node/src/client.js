@@ -146,6 +146,10 @@ export class Client {
     for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'requestTimeoutMs', 'sendAttempts'])) {
       if (!Number.isFinite(cfg[k]) || cfg[k] <= 0) throw new TypeError(`marconi: ${k} must be a positive number`);
     }
+    if (!Number.isInteger(cfg.sendAttempts)) throw new TypeError('marconi: sendAttempts must be a whole number');
+    for (const k of /** @type {const} */ (['hubURL', 'apiKey', 'surface', 'sessionID', 'runtimeMode', 'clientID'])) {
+      if (config[k] !== undefined && typeof config[k] !== 'string') throw new TypeError(`marconi: ${k} must be a string`);
+    }
     if (config.reconnectMaxDelayMs === undefined) cfg.reconnectMaxDelayMs = Math.max(cfg.reconnectMaxDelayMs, cfg.reconnectBaseDelayMs);
     if (cfg.reconnectMaxDelayMs < cfg.reconnectBaseDelayMs) {
       throw new TypeError('marconi: reconnectMaxDelayMs is below reconnectBaseDelayMs');

@@ -63,6 +63,9 @@ test('errors of the hub are MarconiError with the hub\'s code; bad config is a T
   await assert.rejects(dial({ hubURL: 'ftp://x', apiKey, surface: 'claude_code' }), TypeError);
   await assert.rejects(dial({ hubURL: env.hub.url, apiKey: '', surface: 'claude_code' }), TypeError);
   await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', reconnectBaseDelayMs: 500, reconnectMaxDelayMs: 100 }), TypeError);
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sendAttempts: 1.5 }), TypeError);
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', requestTimeoutMs: -1 }), TypeError);
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: /** @type {any} */ (42) }), TypeError);
 });
 
 test('replay after reconnects delivers each signal once, in order', async (t) => {
