@@ -6,6 +6,7 @@ import { Backoff } from './backoff.js';
 import { ClientClosedError, MarconiError, codes, permanent } from './errors.js';
 import { TransportError, call } from './http.js';
 import { Sequencer } from './sequencer.js';
+import { linked } from './signals.js';
 import { closeCodes, openSocket } from './socket.js';
 
 /** Defaults of the optional Config fields, in one place. */
@@ -350,11 +351,12 @@ export class Client {
       const a = this.#auth();
       /** @type {{conn: Conn | null}} */
       const got = { conn: null };
+      const stop = linked([signal, this.#closing.signal]);
       try {
         await openSocket(`${base.replace(/^http/, 'ws')}/v1/ws`, {
           token: a.token,
           timeoutMs: welcomeTimeoutMs,
-          signal: signal ? AbortSignal.any([signal, this.#closing.signal]) : this.#closing.signal,
+          signal: stop.signal,
           onWelcome: (w, ws, ended) => (got.conn = this.#welcomed(w, ws, ended, a)) !== null,
           onFrame: (f) => this.#frame(f, a.epoch),
           warn: this.#log.warn,
@@ -376,6 +378,8 @@ export class Client {
           this.#log.warn('marconi: assigned instance unreachable; retrying through the hub URL', { instance_url: base, err: err.message });
         }
         throw err;
+      } finally {
+        stop.done();
       }
     }
   }
@@ -530,18 +534,18 @@ export class Client {
    * @param {AbortSignal} [signal]
    */
   #sleep(ms, signal) {
-    const stop = signal ? AbortSignal.any([signal, this.#closing.signal]) : this.#closing.signal;
+    const stop = linked([signal, this.#closing.signal]);
     return new Promise((resolve) => {
-      if (stop.aborted) return resolve(false);
-      const onAbort = () => {
-        clearTimeout(t);
-        resolve(false);
-      };
+      if (stop.signal.aborted) return resolve(false);
       const t = setTimeout(() => {
-        stop.removeEventListener('abort', onAbort);
+        stop.done();
         resolve(true);
       }, ms);
-      stop.addEventListener('abort', onAbort, { once: true });
+      stop.signal.addEventListener('abort', () => {
+        clearTimeout(t);
+        stop.done();
+        resolve(false);
+      }, { once: true });
     });
   }
 
@@ -675,16 +679,14 @@ export class Client {
    * @param {string} path
    * @param {string} bearer
    * @param {import('./http.js').CallOptions} opts
-   * @param {boolean} [boundByClose] whether close() cancels the call
    */
-  async #call(method, path, bearer, opts, boundByClose = true) {
+  async #call(method, path, bearer, opts) {
     const base = this.#base();
-    const bounds = [AbortSignal.timeout(this.#cfg.requestTimeoutMs)];
-    if (boundByClose) bounds.push(this.#closing.signal);
+    const bounds = { close: this.#closing.signal, timeoutMs: this.#cfg.requestTimeoutMs };
     try {
       return await call(base + path, method, bearer, opts, bounds);
     } catch (err) {
-      if (boundByClose && this.#closing.signal.aborted) throw new ClientClosedError();
+      if (this.#closing.signal.aborted) throw new ClientClosedError();
       if (unavailable(err)) this.#failover(base, err);
       throw err;
     }

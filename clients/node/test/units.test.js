@@ -1,10 +1,12 @@
-// The client's pure parts: backoff, the sequencer, the error decoder.
+// The client's pure parts: backoff, the sequencer, the error decoder, linked signals.
 
 import assert from 'node:assert/strict';
+import { getEventListeners } from 'node:events';
 import { test } from 'node:test';
 import { Backoff } from '../src/backoff.js';
 import { decodeError, permanent } from '../src/errors.js';
 import { Sequencer } from '../src/sequencer.js';
+import { linked } from '../src/signals.js';
 
 test('backoff ceilings double from the base and stop at the cap', () => {
   const b = new Backoff(250, 15000);
@@ -61,4 +63,27 @@ test('decodeError keeps the hub\'s code and survives bodies that are not the hub
   assert.equal(permanent(decodeError(403, '{"error":{"code":"forbidden","message":""}}')), true);
   assert.equal(permanent(decodeError(503, '{"error":{"code":"draining","message":""}}')), false);
   assert.equal(permanent(new Error('x')), false);
+});
+
+test('linked signals follow their sources and leave nothing on them once done', async () => {
+  const close = new AbortController();
+  const caller = new AbortController();
+  const a = linked([close.signal, caller.signal, undefined]);
+  assert.equal(getEventListeners(close.signal, 'abort').length, 1);
+  caller.abort(new Error('caller gave up'));
+  assert.equal(a.signal.aborted, true);
+  assert.equal(a.signal.reason.message, 'caller gave up');
+  a.done();
+  assert.equal(getEventListeners(close.signal, 'abort').length, 0, 'the long-lived signal keeps nothing of the call');
+
+  const b = linked([close.signal], 5);
+  await new Promise((resolve) => b.signal.addEventListener('abort', resolve, { once: true }));
+  assert.equal(b.signal.reason.name, 'TimeoutError');
+  b.done();
+
+  const c = linked([close.signal]);
+  c.done();
+  close.abort();
+  assert.equal(c.signal.aborted, false, 'unlinked: a later close no longer reaches it');
+  assert.equal(linked([close.signal]).signal.aborted, true, 'an aborted source aborts at once');
 });
