@@ -75,5 +75,5 @@ await Promise.all(clients.map((c) => c.close()));
 const pct = (xs, q) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(q * xs.length))] ?? NaN;
 const ms = (/** @type {number} */ x) => `${x.toFixed(2)} ms`;
 console.log(`agents ${agents}, offered ${agents * rate}/s for ${seconds}s: achieved ${(answers.length / elapsed).toFixed(0)}/s, ${failed} failed, ${deliveries.length} delivered`);
-console.log(`send answer p50 ${ms(pct(answers, 0.5))} p99 ${ms(pct(answers, 0.99))}`);
-console.log(`send → onSignal p50 ${ms(pct(deliveries, 0.5))} p99 ${ms(pct(deliveries, 0.99))}`);
+console.log(`send answer p50 ${ms(pct(answers, 0.5))} p90 ${ms(pct(answers, 0.9))} p99 ${ms(pct(answers, 0.99))} max ${ms(pct(answers, 1))}`);
+console.log(`send → onSignal p50 ${ms(pct(deliveries, 0.5))} p90 ${ms(pct(deliveries, 0.9))} p99 ${ms(pct(deliveries, 0.99))} max ${ms(pct(deliveries, 1))}`);

@@ -1,6 +1,7 @@
 // The Marconi client: one registered, attached session.
 
 import { randomUUID } from 'node:crypto';
+import { setMaxListeners } from 'node:events';
 import WebSocket from 'ws';
 import { Backoff } from './backoff.js';
 import { ClientClosedError, MarconiError, codes, permanent } from './errors.js';
@@ -159,6 +160,8 @@ export class Client {
     this.#log = { ...silent, ...bindLogger(config.logger) };
     this.#backoff = new Backoff(cfg.reconnectBaseDelayMs, cfg.reconnectMaxDelayMs);
     this.#sessionID = config.sessionID ?? '';
+    // Every call in flight listens to the close signal (and unlinks when done).
+    setMaxListeners(0, this.#closing.signal);
   }
 
   /** The session's id, as the hub registered it. */
