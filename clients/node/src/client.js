@@ -113,6 +113,7 @@ export class Client {
   /** @type {(() => void) | null} */
   #wakeDispatcher = null;
   #highest = 0; // highest seq handed to onSignal, for drain
+  #highestEpoch = 0; // the registration #highest belongs to
 
   #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0 };
 
@@ -745,7 +746,9 @@ export class Client {
   /** Fetches, while the WebSocket is down, what the hub holds beyond the highest signal delivered. */
   async #drain() {
     try {
-      const { auth, data } = await this.#sessionCall('GET', `/v1/signals?after_seq=${this.#highest}&limit=${drainLimit}`);
+      // A new registration numbers afresh: its signals all come after 0.
+      const after = this.#highestEpoch === this.#epoch ? this.#highest : 0;
+      const { auth, data } = await this.#sessionCall('GET', `/v1/signals?after_seq=${after}&limit=${drainLimit}`);
       if (Array.isArray(data?.signals) && data.signals.length > 0) {
         this.#offer({ signals: data.signals.map(toSignal), epoch: auth.epoch });
       }
@@ -802,6 +805,7 @@ export class Client {
       for (const s of d.signals) {
         if (!seq.accept(d.epoch, s)) continue;
         this.#highest = s.seq;
+        this.#highestEpoch = d.epoch;
         await this.#callback('onSignal', s);
       }
       if (d.signals.length > 0 && d.epoch === seq.epoch) unacked++;

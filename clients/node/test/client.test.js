@@ -184,39 +184,49 @@ test('dial fails over from a hub URL that does not answer to the next', async (t
   await assert.rejects(dial({ hubURL: dead, apiKey, surface: 'claude_code' }), TransportError);
 });
 
-test('a hub restart on the memory store: the session is registered again and the application told', async (t) => {
-  // Its own hub: this one is restarted.
+test('a hub restart on the memory store: the session is registered again, drained afresh while detached, and the app told', async (t) => {
+  // Its own hub: this one is restarted on the same port.
   const own = await startHub(env.bins.marconi);
   /** @type {import('./support/hub.js').Hub} */
   let current = own;
   t.after(() => current.stop());
+  const proxy = new Proxy(own.port); // b's way to the hub, to keep its WebSocket out for a while
+  const viaProxy = await proxy.listen();
+  t.after(() => proxy.close());
   /** @type {import('@marconihub/client').AffinityReset[]} */
   const resets = [];
   const inB = new Inbox();
   const fast = { reconnectBaseDelayMs: 20, reconnectMaxDelayMs: 200 };
   const a = await dial({ hubURL: own.url, apiKey, surface: 'claude_code', sessionID: 'restart-a', ...fast });
   const b = await dial({
-    hubURL: own.url, apiKey, surface: 'claude_code', sessionID: 'restart-b', ...fast,
+    hubURL: viaProxy, apiKey, surface: 'claude_code', sessionID: 'restart-b', ...fast,
     onSignal: inB.on, onAffinityReset: (r) => { resets.push(r); },
   });
   t.after(async () => { await a.close(); await b.close(); });
   await a.send('restart-b', 'chat', { n: 1 });
   await waitFor('b to get 1', () => inB.signals.length === 1);
 
+  proxy.refuseWebSockets(true);
   await own.stop(); // graceful: WebSockets close with 1012, every session is forgotten
   current = await startHub(env.bins.marconi, { port: own.port });
-  for (const c of [a, b]) {
-    await waitFor(`${c.sessionID} to register again and reattach`, () => c.stats().reregistrations === 1 && c.stats().reconnects >= 1, { timeoutMs: 15000 });
-  }
-  await waitFor('b attached on the new hub', async () => (await routeState(current, 'restart-b')).route_state === 'attached');
+  await waitFor('a to register again and reattach', () => a.stats().reregistrations === 1 && a.stats().reconnects === 1, { timeoutMs: 15000 });
+  await waitFor('b to register again', () => b.stats().reregistrations === 1, { timeoutMs: 15000 });
   await waitFor('b told its state is gone', () => resets.length === 1);
   assert.deepEqual(resets, [{ reason: 'reregistered', dropped: 0 }]);
+
+  // b is registered but cannot attach: the new registration's signal 1 comes by drain.
   const res = await a.send('restart-b', 'chat', { n: 2 });
   assert.equal(res.seq, 1, 'a new session on the new hub numbers afresh');
-  assert.equal(res.delivery, 'pushed_to_ws');
-  await waitFor('b to get 2', () => inB.signals.length === 2);
-  assert.deepEqual(inB.ns(), [1, 2]);
+  await waitFor('b to drain 2', () => inB.signals.length === 2);
+  assert.equal(b.stats().reconnects, 0);
+
+  proxy.refuseWebSockets(false);
+  await waitFor('b attached on the new hub', async () => (await routeState(current, 'restart-b')).route_state === 'attached');
+  assert.equal((await a.send('restart-b', 'chat', { n: 3 })).delivery, 'pushed_to_ws');
+  await waitFor('b to get 3', () => inB.signals.length === 3);
+  assert.deepEqual(inB.ns(), [1, 2, 3]);
   assert.equal(b.sessionID, 'restart-b');
+  assert.equal(resets.length, 1);
 });
 
 test('a session that expired on the hub is registered again under its id, and the app is told', async (t) => {
