@@ -44,7 +44,7 @@ type soakPlan struct {
 
 func planFromEnv() soakPlan {
 	if os.Getenv("MARCONI_SOAK") == "long" {
-		return soakPlan{agents: 300, every: time.Second, phase: 20 * time.Second, cycles: 3, reattach: 5 * time.Second}
+		return soakPlan{agents: 300, every: 3 * time.Second, phase: 20 * time.Second, cycles: 3, reattach: 5 * time.Second}
 	}
 	return soakPlan{agents: 120, every: time.Second, phase: 3 * time.Second, cycles: 1, reattach: 5 * time.Second}
 }
@@ -306,7 +306,8 @@ func (c *cluster) attached(gone string) (int, error) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("fabric summary: %s", resp.Status)
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
+		return 0, fmt.Errorf("fabric summary: %s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
 	var body struct {
 		Instances []struct {

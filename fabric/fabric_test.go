@@ -161,3 +161,70 @@ func TestSummaryCanaryView(t *testing.T) {
 		}
 	}
 }
+
+// fakeProber answers ConnectedInstances from a set the test sets.
+type fakeProber struct{ live map[string]bool }
+
+func (p *fakeProber) ConnectedInstances(context.Context) (map[string]bool, error) {
+	return maps.Clone(p.live), nil
+}
+
+// Probe judges only a process it saw connected: one never seen (an older
+// binary, a listener not yet up) keeps its heartbeat's verdict, one seen and
+// gone is dead at once, and a restart (a new StartedAt) starts unseen.
+func TestProbeJudgesOnlyProcessesSeenConnected(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	a := newTestFabric(t, st, clk, "a")
+	p := &fakeProber{live: map[string]bool{}}
+	a.SetProber(p)
+	beat := func(id string, started time.Time) {
+		t.Helper()
+		if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: id, URL: "http://" + id, StartedAt: started, LastHeartbeatAt: clk.t}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	process := func(id string) string {
+		t.Helper()
+		s, err := a.Summary(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, in := range s.Instances {
+			if in.ID == id {
+				return in.Process
+			}
+		}
+		return "absent"
+	}
+	beat("b", clk.t)
+	if err := a.Tick(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !a.Healthy(ctx, "b") || process("b") != ProcessUnknown {
+		t.Fatalf("b never seen connected: healthy %v, process %q; want healthy, unknown", a.Healthy(ctx, "b"), process("b"))
+	}
+	p.live["b"] = true
+	if err := a.Probe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !a.Healthy(ctx, "b") || process("b") != ProcessConnected {
+		t.Fatalf("b connected: healthy %v, process %q", a.Healthy(ctx, "b"), process("b"))
+	}
+	delete(p.live, "b") // its connection ended; its heartbeat is still fresh
+	if err := a.Probe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a.Healthy(ctx, "b") || a.HoldsQueue(ctx, "b", clk.t) || process("b") != ProcessGone {
+		t.Fatalf("b gone: healthy %v, process %q; want unhealthy, gone", a.Healthy(ctx, "b"), process("b"))
+	}
+	clk.t = clk.t.Add(time.Second)
+	beat("b", clk.t) // restarted: a new process, not yet connected
+	if err := a.Tick(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !a.Healthy(ctx, "b") || process("b") != ProcessUnknown {
+		t.Fatalf("b restarted, listener not up yet: healthy %v, process %q; want healthy by its heartbeat, unknown", a.Healthy(ctx, "b"), process("b"))
+	}
+}

@@ -42,6 +42,12 @@ func (f *Fabric) Probe(ctx context.Context) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	for id := range f.seenConnected { // forget instances pruned from the table
+		if _, ok := f.instances[id]; !ok {
+			delete(f.seenConnected, id)
+			delete(f.gone, id)
+		}
+	}
 	for id, in := range f.instances {
 		if id == f.cfg.InstanceID {
 			continue

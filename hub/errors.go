@@ -30,6 +30,7 @@ var statusByCode = map[string]int{
 	marconi.CodeNotAdaptivePlacement:   http.StatusConflict,
 	marconi.CodeSessionExpired:         http.StatusGone,
 	marconi.CodePayloadTooLarge:        http.StatusRequestEntityTooLarge,
+	marconi.CodeRequestTimeout:         http.StatusRequestTimeout,
 	marconi.CodeTooManyRequests:        http.StatusTooManyRequests,
 	marconi.CodeQuotaExceeded:          http.StatusTooManyRequests,
 	marconi.CodeRegistryUnavailable:    http.StatusServiceUnavailable,
@@ -60,6 +61,9 @@ func publicError(err error) *marconi.Error {
 	if qe, ok := errors.AsType[*sessionstore.QuotaError](err); ok {
 		return marconi.QuotaExceeded(qe.Quota, 0, "%d of %d in use; acknowledge or deregister to free some", qe.Current, qe.Limit)
 	}
+	if errors.Is(err, sessionstore.ErrInvalidInput) {
+		return marconi.Errorf(marconi.CodeInvalidField, "a field holds a value that cannot be stored (such as a NUL character)")
+	}
 	if errors.Is(err, sessionstore.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 		return marconi.Errorf(marconi.CodeRegistryUnavailable, "the session registry cannot be reached; try again shortly")
 	}
@@ -89,6 +93,9 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	status := statusByCode[pe.Code]
 	if status == 0 {
 		status = http.StatusInternalServerError
+	}
+	if pe.Code == marconi.CodeQuotaExceeded {
+		s.QuotaRefused(pe.Quota)
 	}
 	switch {
 	case pe.Code == marconi.CodeInternal:

@@ -3,11 +3,11 @@ package hub
 import (
 	"net/http"
 	"time"
-	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/signals"
 )
 
 // mismatchReasonLimit bounds the reason of a placement-mismatch report.
@@ -26,8 +26,8 @@ func (s *Server) placementMismatch(c echo.Context) error {
 	if err := decodeBody(c, 4<<10, &req); err != nil {
 		return err
 	}
-	if len(req.Reason) > mismatchReasonLimit || !utf8.ValidString(req.Reason) {
-		return marconi.Errorf(marconi.CodeInvalidField, "reason must be UTF-8 text of at most %d bytes", mismatchReasonLimit)
+	if !signals.ValidText(req.Reason, mismatchReasonLimit) {
+		return marconi.Errorf(marconi.CodeInvalidField, "reason must be UTF-8 text of at most %d bytes without control characters", mismatchReasonLimit)
 	}
 	if err := s.fabric.ReportMismatch(c.Request().Context(), sess, req.Reason); err != nil {
 		return err

@@ -3,6 +3,7 @@ package hub_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/sessionstore/memstore"
 )
 
 // statusOfCode is the contract's table (API.md) from error code to status,
@@ -44,6 +47,7 @@ var fuzzRoutes = []struct {
 	{"GET", "/v1/ops/route_state", "admin"},
 	{"GET", "/v1/ops/route_state/", "admin"}, // the fuzzed text is the rest of the path
 	{"POST", "/v1/ops/api_keys", "admin"},
+	{"GET", "/v1/ws", "session"}, // no handshake: refused before anything happens
 }
 
 // httpFuzzer is one in-process hub with two sessions of tenant t1, project
@@ -92,24 +96,29 @@ func validHeaderValue(v string) bool {
 // ops listing honours its filters). Seeds: testdata/fuzz/FuzzHTTP, one file
 // per probe (the route is an index into fuzzRoutes: append, never reorder).
 func FuzzHTTP(f *testing.F) {
-	h := hubtest.Start(f, hubtest.Options{Config: hub.Config{MaxPayloadBytes: 2048, SendRatePerSecond: 1e9}})
-	z := &httpFuzzer{h: h}
-	for _, a := range []*agent{&z.alice, &z.bob} {
-		name := map[*agent]string{&z.alice: "alice", &z.bob: "bob"}[a]
-		rec := z.do("POST", "/v1/sessions", bearerHeader(h.APIKey), []byte(`{"session_id":"`+name+`","surface":"codex"}`))
-		var r struct{ SessionID, Token string }
-		if rec.Code != 201 || json.Unmarshal(rec.Body.Bytes(), &struct {
-			SessionID *string `json:"session_id"`
-			Token     *string `json:"token"`
-		}{&r.SessionID, &r.Token}) != nil {
-			f.Fatalf("register %s: %d %s", name, rec.Code, rec.Body)
-		}
-		*a = agent{ID: r.SessionID, Token: r.Token}
-	}
+	fuzzers := []*httpFuzzer{newHTTPFuzzer(f, memstore.New())}
 	f.Add(uint8(1), "", "", []byte(`{"to_session":"bob","payload":{"a":1}}`))
 	f.Fuzz(func(t *testing.T, route uint8, target, auth string, body []byte) {
-		z.check(t, int(route)%len(fuzzRoutes), target, auth, body)
+		for _, z := range fuzzers {
+			z.check(t, int(route)%len(fuzzRoutes), target, auth, body)
+		}
 	})
+}
+
+// newHTTPFuzzer starts a hub on store with alice and bob registered.
+func newHTTPFuzzer(f *testing.F, store sessionstore.Store) *httpFuzzer {
+	z := &httpFuzzer{h: hubtest.Start(f, hubtest.Options{Store: store, Config: hub.Config{MaxPayloadBytes: 2048, SendRatePerSecond: 1e9}})}
+	for name, a := range map[string]*agent{"alice": &z.alice, "bob": &z.bob} {
+		rec := z.do("POST", "/v1/sessions", bearerHeader(z.h.APIKey), []byte(`{"session_id":"`+name+`","surface":"codex"}`))
+		var r struct {
+			Token string `json:"token"`
+		}
+		if rec.Code != http.StatusCreated || json.Unmarshal(rec.Body.Bytes(), &r) != nil {
+			f.Fatalf("register %s: %d %s", name, rec.Code, rec.Body)
+		}
+		*a = agent{ID: name, Token: r.Token}
+	}
+	return z
 }
 
 func (z *httpFuzzer) check(t *testing.T, route int, target, auth string, body []byte) {
@@ -161,6 +170,8 @@ func (z *httpFuzzer) check(t *testing.T, route int, target, auth string, body []
 		err = checkRouteState(rec, target)
 	case 8:
 		err = checkKeyCreated(rec, body)
+	case 9:
+		err = errors.New("a request without a WebSocket handshake was not refused")
 	}
 	if err != nil {
 		t.Fatalf("%s %s %q: %d %s: %v", r.method, path, body, rec.Code, rec.Body, err)

@@ -212,6 +212,11 @@ const maxRouteStateList = 1000
 // routeStateList is GET /v1/ops/route_state?tenant_id=&project_id=&state=&limit=.
 func (s *Server) routeStateList(c echo.Context) error {
 	f := sessionstore.SessionFilter{TenantID: c.QueryParam("tenant_id"), ProjectID: c.QueryParam("project_id")}
+	for name, v := range map[string]string{"tenant_id": f.TenantID, "project_id": f.ProjectID} {
+		if v != "" && !signals.ValidSessionID(v) {
+			return marconi.Errorf(marconi.CodeInvalidField, "%s must match [A-Za-z0-9._-]{1,128}", name)
+		}
+	}
 	state := signals.RouteState(c.QueryParam("state"))
 	switch state {
 	case "", signals.StateAttached, signals.StateRouteWithoutQueue, signals.StateStale:

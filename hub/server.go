@@ -40,10 +40,26 @@ type Config struct {
 	TouchInterval time.Duration
 	// StoreTimeout bounds every store call made for a request (fail closed fast).
 	StoreTimeout time.Duration
+	// BodyReadTimeout bounds reading a request body, apart from the store
+	// deadline: a body slower than this is refused with 408 request_timeout.
+	BodyReadTimeout time.Duration
+	// QuotaSessionsPerProject caps the live sessions of one project.
+	QuotaSessionsPerProject int
+	// QuotaRegistrationsPerSecond is the registration rate per API key, in
+	// this instance's memory; the burst is twice it.
+	QuotaRegistrationsPerSecond float64
 	// MaxPayloadBytes limits a signal's encoded payload.
 	MaxPayloadBytes int
 	// SendRatePerSecond is the per-session send limit; the burst is twice it.
 	SendRatePerSecond float64
+	// StoreQuotas are the quotas the store enforces inside each append
+	// (pending signals per recipient, pending bytes per project); zero
+	// fields take the signals package's defaults.
+	StoreQuotas sessionstore.Limits
+	// TokenCacheSize is how many session tokens the send path remembers
+	// (for TouchInterval each); 0 takes the default 10000, negative turns
+	// the cache off.
+	TokenCacheSize int
 	// WSPingInterval: the hub pings every interval and drops a peer whose
 	// pong has not come within one more interval.
 	WSPingInterval time.Duration
@@ -111,15 +127,22 @@ const (
 	DefaultHeartbeatInterval = 20 * time.Second
 	DefaultTouchInterval     = 5 * time.Second
 	DefaultStoreTimeout      = 3 * time.Second
-	DefaultSendRatePerSecond = 200
-	DefaultWSPingInterval    = 20 * time.Second
-	DefaultWSReadLimit       = 32768
-	DefaultWSQueueSize       = 256
-	DefaultWSWriteTimeout    = 10 * time.Second
-	DefaultRetainAcked       = 24 * time.Hour
-	DefaultRetainExpired     = time.Hour
-	DefaultPruneEvery        = time.Minute
-	DefaultPendingSweep      = 5 * time.Second
+	// DefaultBodyReadTimeout bounds reading a request body.
+	DefaultBodyReadTimeout = 10 * time.Second
+	// DefaultQuotaSessionsPerProject caps a project's live sessions.
+	DefaultQuotaSessionsPerProject = 20000
+	// DefaultQuotaRegistrationsPerSecond is the registration rate per API key.
+	DefaultQuotaRegistrationsPerSecond = 50
+	DefaultSendRatePerSecond           = 200
+	DefaultWSPingInterval              = 20 * time.Second
+	DefaultWSReadLimit                 = 32768
+	DefaultWSQueueSize                 = 256
+	DefaultWSWriteTimeout              = 10 * time.Second
+	DefaultRetainAcked                 = 24 * time.Hour
+	DefaultRetainExpired               = time.Hour
+	DefaultPruneEvery                  = time.Minute
+	DefaultPendingSweep                = 5 * time.Second
+	DefaultTokenCacheSize              = 10000
 
 	DefaultWSAckInterval            = 5 * time.Millisecond
 	DefaultWSFramesPerSecond        = 100
@@ -146,11 +169,23 @@ func (c *Config) setDefaults() {
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = DefaultStoreTimeout
 	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+	if c.QuotaSessionsPerProject == 0 {
+		c.QuotaSessionsPerProject = DefaultQuotaSessionsPerProject
+	}
+	if c.QuotaRegistrationsPerSecond == 0 {
+		c.QuotaRegistrationsPerSecond = DefaultQuotaRegistrationsPerSecond
+	}
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = signals.DefaultMaxPayloadBytes
 	}
 	if c.SendRatePerSecond == 0 {
 		c.SendRatePerSecond = DefaultSendRatePerSecond
+	}
+	if c.TokenCacheSize == 0 {
+		c.TokenCacheSize = DefaultTokenCacheSize
 	}
 	if c.WSPingInterval == 0 {
 		c.WSPingInterval = DefaultWSPingInterval
@@ -240,12 +275,20 @@ type Server struct {
 	metrics  *metrics
 	creds    *credentials
 	limits   *sendLimiter
+	tokens   *tokenCache // nil when off
 	conns    *conns.Hub
 	signals  *signals.Service
 	selfheal *selfheal.Evaluator
 	fabric   *fabric.Fabric
 	placer   *fabric.Fabric
 	bus      fabric.Bus // counted by the connection hub
+
+	// registrations is the per-API-key registration quota; newSessions
+	// serialises the count-then-create of one project's new sessions.
+	registrations *rateLimiter[[32]byte]
+	newSessions   *keyedMutex[TenantProject]
+	fullProjects  *projectMemo
+	quotas        *quotaMetrics
 
 	draining      atomic.Bool
 	storeNotReady atomic.Bool // set while the store's schema is not migrated
@@ -271,6 +314,10 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	qm, err := newQuotaMetrics(d.Registry)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
 		cfg:     cfg,
 		store:   d.Store,
@@ -279,6 +326,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 		metrics: m,
 		creds:   newCredentials(cfg.APIKeys, cfg.AdminToken),
 		limits:  newSendLimiter(cfg.SendRatePerSecond, d.Now),
+
+		registrations: newRateLimiter[[32]byte](cfg.QuotaRegistrationsPerSecond, d.Now),
+		newSessions:   newKeyedMutex[TenantProject](),
+		fullProjects:  newProjectMemo(),
+		quotas:        qm,
+		tokens:        newTokenCache(cfg.TokenCacheSize, cfg.TouchInterval),
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
 	if err != nil {
@@ -303,6 +356,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		FramesPerSecond:          cfg.WSFramesPerSecond,
 		MaxConnections:           cfg.MaxConnections,
 		MaxConnectionsPerAddress: cfg.MaxConnectionsPerAddress,
+		OnQuotaRefused:           s.QuotaRefused,
 	}, conns.Deps{
 		Store: d.Store,
 		Ack: func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error) {
@@ -328,6 +382,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s.signals, err = signals.New(signals.Config{
 		MaxPayloadBytes: cfg.MaxPayloadBytes,
 		Freshness:       cfg.SelfHeal.Freshness,
+		Quotas:          cfg.StoreQuotas,
 	}, d.Store, s.conns, s.selfheal, d.Now, d.Registry, d.Logger)
 	if err != nil {
 		return nil, err
@@ -353,7 +408,7 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	v1.POST("/sessions", s.register)
 	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth)
 	v1.DELETE("/session", s.deregister, s.sessionAuth)
-	v1.POST("/signals", s.send, s.sessionAuth)
+	v1.POST("/signals", s.send, s.sendAuth)
 	v1.GET("/signals", s.drain, s.sessionAuth)
 	v1.POST("/signals/ack", s.ack, s.sessionAuth)
 	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth)
@@ -429,6 +484,8 @@ func (s *Server) Run(ctx context.Context) error {
 		s.every(ctx, 30*time.Second, func(context.Context) {
 			s.selfheal.Sweep()
 			s.limits.sweep()
+			s.registrations.sweep()
+			s.fullProjects.sweep(s.now())
 		})
 		return nil
 	})
@@ -483,7 +540,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // storeDeadline bounds the store calls of ordinary requests so that an
-// unreachable store answers 503 quickly instead of hanging.
+// unreachable store answers 503 quickly instead of hanging. The body is read
+// first, on its own bound (readBody), so the deadline covers store calls only.
 func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.storeNotReady.Load() {
@@ -491,6 +549,9 @@ func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		if c.Path() == "/v1/ws" {
 			return next(c)
+		}
+		if err := s.readBody(c); err != nil {
+			return err
 		}
 		ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 		defer cancel()

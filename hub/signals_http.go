@@ -68,11 +68,12 @@ func (s *Server) send(c echo.Context) error {
 	}
 	var req sendRequest
 	// The payload limit applies to the payload; the body may carry the rest.
-	if err := decodeBody(c, int64(s.cfg.MaxPayloadBytes)+16<<10, &req); err != nil {
+	if err := decodeBody(c, s.maxBodyBytes(), &req); err != nil {
 		return err
 	}
 	res, err := s.signals.Send(c.Request().Context(), signals.SendRequest{
-		Sender: sender, To: req.ToSession, Kind: req.Kind, Payload: req.Payload, IdempotencyKey: req.IdempotencyKey,
+		Sender: sender, SenderTokenHash: tokenHash(c),
+		To: req.ToSession, Kind: req.Kind, Payload: req.Payload, IdempotencyKey: req.IdempotencyKey,
 	})
 	if err != nil {
 		return err

@@ -6,12 +6,14 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/hub/conns"
+	"github.com/marconihub/marconi/sessionstore"
 )
 
-// attach is GET /v1/ws: it checks the handshake, authenticates the session, places it here and
-// hands the connection to the connection hub, which upgrades it, makes it
-// the session's queue, replays every unacknowledged signal in seq order and
-// then writes live ones.
+// attach is GET /v1/ws: it checks the handshake, authenticates the session,
+// places it here and hands the connection to the connection hub, which
+// upgrades it, makes it the session's queue, replays every unacknowledged
+// signal in seq order and then writes live ones.
 func (s *Server) attach(c echo.Context) error {
 	// The handshake and the connection caps are checked before any other
 	// work: a request that cannot become a WebSocket changes nothing.
@@ -19,27 +21,31 @@ func (s *Server) attach(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	defer release()
+	sess, welcome, err := s.prepareAttach(c)
+	if err != nil {
+		release()
+		return err
+	}
+	s.conns.Attach(c.Response(), c.Request(), sess, welcome, release)
+	return nil
+}
+
+// prepareAttach authenticates the session of an attach, places it here and
+// builds its welcome.
+func (s *Server) prepareAttach(c echo.Context) (sessionstore.Session, conns.Welcome, error) {
 	if s.Draining() {
-		return marconi.Errorf(marconi.CodeDraining, "this instance is draining; attach elsewhere")
+		return sessionstore.Session{}, conns.Welcome{}, marconi.Errorf(marconi.CodeDraining, "this instance is draining; attach elsewhere")
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
+	defer cancel()
 	sess, err := s.authenticateSessionCtx(ctx, bearer(c))
 	if err != nil {
-		cancel()
-		return err
+		return sess, conns.Welcome{}, err
 	}
 	welcome, err := s.place(ctx, sess)
 	if err != nil {
-		cancel()
-		return err
+		return sess, welcome, err
 	}
-	pending, err := s.store.CountPending(ctx, sess.Key)
-	cancel()
-	if err != nil {
-		return err
-	}
-	welcome.Replayed = pending
-	s.conns.Attach(c.Response(), c.Request(), sess, welcome)
-	return nil
+	welcome.Replayed, err = s.store.CountPending(ctx, sess.Key)
+	return sess, welcome, err
 }

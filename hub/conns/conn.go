@@ -38,8 +38,7 @@ type Conn struct {
 	incarnation time.Time
 	attachedAt  time.Time
 	welcome     Welcome
-	out         chan queueItem // bounded: QueueSize
-	ctrl        chan []byte    // frames the reader asks the writer to send (errors)
+	ctrl        chan []byte // frames the reader asks the writer to send (errors)
 	acks        *acks
 	frames      bucket // the reader's frame rate
 
@@ -49,9 +48,10 @@ type Conn struct {
 	cancel context.CancelFunc
 
 	mu        sync.Mutex
-	ended     bool // the handler is done: start nothing more
-	writing   bool // a writer goroutine runs
-	welcomed  bool // the welcome and the first catch-up are written
+	queue     []queueItem // outgoing, at most QueueSize; nil when empty, so an idle connection holds none
+	ended     bool        // the handler is done: start nothing more
+	writing   bool        // a writer goroutine runs
+	welcomed  bool        // the welcome and the first catch-up are written
 	last      int64
 	pingTimer *time.Timer
 	err       error          // the first error that ended the connection
@@ -74,9 +74,9 @@ func (c *Conn) kick(d Disconnect) {
 	default:
 	}
 	c.kickBy = d
+	c.h.metrics.disconnects.WithLabelValues(d.Label).Inc() // before anything closes
 	close(c.kicked)
 	c.kickMu.Unlock()
-	c.h.metrics.disconnects.WithLabelValues(d.Label).Inc()
 	c.wake()
 }
 
@@ -120,12 +120,11 @@ func (c *Conn) fail(err error) {
 }
 
 // serve runs one attached connection until it ends. The calling goroutine
-// (the HTTP handler's) is the connection's reader.
+// is the connection's reader.
 func (h *Hub) serve(sess sessionstore.Session, ws *websocket.Conn, welcome Welcome) {
 	now := h.now()
 	c := &Conn{
 		h: h, ws: ws, key: sess.Key, incarnation: sess.RegisteredAt, attachedAt: now, welcome: welcome,
-		out:    make(chan queueItem, h.cfg.QueueSize),
 		ctrl:   make(chan []byte, 8),
 		kicked: make(chan struct{}),
 		frames: bucket{tokens: 2 * h.cfg.FramesPerSecond, at: now},
@@ -195,7 +194,7 @@ func (h *Hub) recordDetach(c *Conn) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.StoreTimeout)
 	defer cancel()
-	if _, err := h.store.ClearQueue(ctx, c.key, h.cfg.InstanceID, h.now()); err != nil {
+	if _, err := h.store.ClearQueue(ctx, c.key, h.cfg.InstanceID, c.attachedAt, h.now()); err != nil {
 		h.log.Warn("record queue detach", KeyAttrs(c.key), "err", err)
 	}
 	if cur := h.registry.get(c.key); cur != nil {

@@ -133,10 +133,17 @@ func New(cfg Config, d Deps) (*Hub, error) {
 
 // Attach upgrades the request to a WebSocket and serves it as sess's queue
 // until it ends: the welcome, every unacknowledged signal in seq order, then
-// live ones. The caller has authenticated sess and placed it here.
-func (h *Hub) Attach(w http.ResponseWriter, r *http.Request, sess sessionstore.Session, welcome Welcome) {
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+// live ones. The caller has authenticated sess and placed it here, and
+// release (from Admit) is called when the connection ends.
+//
+// Attach returns once the upgrade is done: the connection is served by a
+// goroutine of its own, which starts with a small stack, while the
+// handler's goroutine and what the HTTP exchange allocated are released.
+// Close waits for it.
+func (h *Hub) Attach(w http.ResponseWriter, r *http.Request, sess sessionstore.Session, welcome Welcome, release func()) {
+	ws, err := websocket.Accept(leanHijack{w}, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {
+		release()
 		h.log.Debug("websocket accept failed", KeyAttrs(sess.Key), "err", err)
 		return // Accept has written the HTTP error
 	}
@@ -145,14 +152,17 @@ func (h *Hub) Attach(w http.ResponseWriter, r *http.Request, sess sessionstore.S
 	h.mu.Lock()
 	if h.closing {
 		h.mu.Unlock()
+		release()
 		ws.Close(DisconnectShutdown.Code, DisconnectShutdown.Reason)
 		return
 	}
 	h.wg.Add(1)
 	h.mu.Unlock()
-	defer h.wg.Done()
-
-	h.serve(sess, ws, welcome)
+	go func() {
+		defer h.wg.Done()
+		defer release()
+		h.serve(sess, ws, welcome)
+	}()
 }
 
 // Current reports whether a connection here is sess's queue for placement:
@@ -246,13 +256,12 @@ func (h *Hub) offer(c *Conn, it queueItem) bool {
 		// store for the next attach, like any offline one (no drop).
 		return false
 	}
-	select {
-	case c.out <- it:
+	if c.enqueue(it) {
 		c.wake()
-	default:
-		h.metrics.queueDrops.WithLabelValues("slow_consumer").Inc()
-		c.kick(DisconnectSlowConsumer)
+		return true
 	}
+	h.metrics.queueDrops.WithLabelValues("slow_consumer").Inc()
+	c.kick(DisconnectSlowConsumer)
 	return true
 }
 

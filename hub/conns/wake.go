@@ -102,10 +102,8 @@ func (h *Hub) reconcileAll(ctx context.Context) {
 // queued work, and the next sweep comes back to it.
 func (h *Hub) wakeAll() {
 	for _, c := range h.registry.all() {
-		select {
-		case c.out <- queueItem{}:
+		if c.enqueue(queueItem{}) {
 			c.wake()
-		default:
 		}
 	}
 }

@@ -26,6 +26,33 @@ func (c *Conn) wake() {
 	go c.writeRun()
 }
 
+// enqueue adds it to the outgoing queue unless the queue is full.
+func (c *Conn) enqueue(it queueItem) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.queue) >= c.h.cfg.QueueSize {
+		return false
+	}
+	c.queue = append(c.queue, it)
+	return true
+}
+
+// dequeue takes the oldest queued item, if any.
+func (c *Conn) dequeue() (queueItem, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.queue) == 0 {
+		return queueItem{}, false
+	}
+	it := c.queue[0]
+	c.queue[0] = queueItem{}
+	c.queue = c.queue[1:]
+	if len(c.queue) == 0 {
+		c.queue = nil
+	}
+	return it, true
+}
+
 // writeRun is the writer: it owns every write (the welcome, the replay,
 // live signals, error frames, and the close frame of a kick) and returns
 // when there is nothing left to write, or when a write ends the connection.
@@ -37,7 +64,7 @@ func (c *Conn) writeRun() {
 			return
 		}
 		c.mu.Lock()
-		if len(c.out) == 0 && len(c.ctrl) == 0 && !c.closing() {
+		if len(c.queue) == 0 && len(c.ctrl) == 0 && !c.closing() {
 			c.writing = false
 			c.mu.Unlock()
 			return
@@ -71,12 +98,14 @@ func (c *Conn) writeSome(ctx context.Context) error {
 			if err := c.write(ctx, f); err != nil {
 				return err
 			}
-		case it := <-c.out:
+		default:
+			it, ok := c.dequeue()
+			if !ok {
+				return nil
+			}
 			if err := c.writeItem(ctx, it); err != nil {
 				return err
 			}
-		default:
-			return nil
 		}
 	}
 }
@@ -109,15 +138,12 @@ func (c *Conn) writeItem(ctx context.Context, it queueItem) error {
 // 4429), and reads once more when it dropped any, so none is left for the
 // next wake-up.
 func (c *Conn) catchUp(ctx context.Context, last *int64) error {
-	dropQueued := func() (dropped bool) {
-		for {
-			select {
-			case <-c.out:
-				dropped = true
-			default:
-				return dropped
-			}
-		}
+	dropQueued := func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		dropped := len(c.queue) > 0
+		c.queue = nil
+		return dropped
 	}
 	for {
 		// Items queued before the read are covered by it; only those dropped

@@ -133,12 +133,18 @@ func NewBus(s *Store, log *slog.Logger) *Bus {
 	return &Bus{store: s, log: log}
 }
 
-// Publish sends a wake-up to instance's channel. Returns an error wrapping
-// sessionstore.ErrUnavailable when Postgres cannot be reached.
+// Publish sends a wake-up to instance's channel. With group commit on, it
+// rides the store's next batch (one NOTIFY per instance and session in that
+// batch's transaction) instead of a transaction of its own. Returns an
+// error wrapping sessionstore.ErrUnavailable when Postgres cannot be
+// reached.
 func (b *Bus) Publish(ctx context.Context, instance string, k sessionstore.Key, seq int64) error {
 	payload, err := EncodeWake(k, seq)
 	if err != nil {
 		return err
+	}
+	if b.store.group != nil {
+		return wrap("publish wake-up", b.store.commit(ctx, &appendReq{wake: &wakeReq{instance: instance, k: k, seq: seq}}))
 	}
 	ctx, cancel, err := b.store.call(ctx)
 	defer cancel()
