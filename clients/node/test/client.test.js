@@ -68,6 +68,24 @@ test('errors of the hub are MarconiError with the hub\'s code; bad config is a T
   await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: /** @type {any} */ (42) }), TypeError);
 });
 
+test('a 429 is returned at once, not retried, with the hub\'s Retry-After', async (t) => {
+  const slow = await startHub(env.bins.marconi, { env: { MARCONI_SEND_RATE_PER_SECOND: '1' } }); // burst 2
+  t.after(() => slow.stop());
+  const a = await dial({ hubURL: slow.url, apiKey, surface: 'claude_code', sessionID: 'rate-a' });
+  const b = await dial({ hubURL: slow.url, apiKey, surface: 'claude_code', sessionID: 'rate-b' });
+  t.after(async () => { await a.close(); await b.close(); });
+  const results = await Promise.allSettled([1, 2, 3, 4].map((n) => a.send('rate-b', 'chat', { n })));
+  const refused = results.flatMap((r) => (r.status === 'rejected' ? [r.reason] : []));
+  assert.ok(refused.length >= 1, 'the burst of two is exceeded');
+  for (const err of refused) {
+    assert.ok(err instanceof MarconiError);
+    assert.equal(err.status, 429);
+    assert.equal(err.code, 'too_many_requests');
+    assert.equal(err.retryAfterSeconds, 1);
+  }
+  assert.equal(a.stats().sendRetries, 0);
+});
+
 test('replay after reconnects delivers each signal once, in order', async (t) => {
   const proxy = new Proxy(env.hub.port);
   const url = await proxy.listen();
