@@ -275,6 +275,27 @@ test('a session that expired on the hub is registered again under its id, and th
   assert.equal(b.sessionID, 'ttl-b');
 });
 
+test('heartbeats at the interval the hub gives keep an idle session alive past its TTL', async (t) => {
+  const hb = await startHub(env.bins.marconi, {
+    env: { MARCONI_SESSION_TTL_SECONDS: '3', MARCONI_HEARTBEAT_INTERVAL_SECONDS: '1', MARCONI_WS_PING_SECONDS: '60', MARCONI_TOUCH_INTERVAL_SECONDS: '1' },
+  });
+  t.after(() => hb.stop());
+  const a = await dial({ hubURL: hb.url, apiKey, surface: 'claude_code', sessionID: 'hb-a' });
+  t.after(() => a.close());
+  // Nothing else proves a alive (no sends, no pings): each new last_seen_at is a heartbeat.
+  const seen = new Set();
+  const firstExpiry = Date.parse((await routeState(hb, 'hb-a')).store.expires_at);
+  await waitFor('four heartbeats', async () => {
+    seen.add((await routeState(hb, 'hb-a')).store.last_seen_at);
+    return seen.size >= 5;
+  }, { timeoutMs: 20000, everyMs: 200 });
+  const rs = await routeState(hb, 'hb-a');
+  assert.equal(rs.route_state, 'attached');
+  assert.ok(Date.now() > firstExpiry, 'the first expiry has passed');
+  assert.ok(Date.parse(rs.store.expires_at) > Date.now(), 'the heartbeats moved the expiry on');
+  assert.equal(a.stats().reregistrations, 0);
+});
+
 test('deregister ends the session on the hub and closes the client; close is idempotent', async () => {
   const a = await agent('dereg-a');
   const b = await agent('dereg-b');
