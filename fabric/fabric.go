@@ -102,6 +102,8 @@ type Fabric struct {
 	// connected and no longer is.
 	seenConnected map[string]time.Time
 	gone          map[string]bool
+	lastProbe     time.Time  // when Probe last read the prober
+	probeMu       sync.Mutex // serializes confirmHealthy's probes
 }
 
 // New builds the fabric for one instance. Its metrics are registered on reg.

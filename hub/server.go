@@ -326,12 +326,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 		metrics: m,
 		creds:   newCredentials(cfg.APIKeys, cfg.AdminToken),
 		limits:  newSendLimiter(cfg.SendRatePerSecond, d.Now),
+		tokens:  newTokenCache(cfg.TokenCacheSize, cfg.TouchInterval),
 
 		registrations: newRateLimiter[[32]byte](cfg.QuotaRegistrationsPerSecond, d.Now),
 		newSessions:   newKeyedMutex[TenantProject](),
 		fullProjects:  newProjectMemo(),
 		quotas:        qm,
-		tokens:        newTokenCache(cfg.TokenCacheSize, cfg.TouchInterval),
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
 	if err != nil {
@@ -574,7 +574,7 @@ func (s *Server) readyz(c echo.Context) error {
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: "the session registry is not ready (schema migrations pending)"}})
 	}
 	if err := s.store.Ping(ctx); err != nil {
-		s.log.Warn("readyz: store unreachable", "err", err)
+		s.storeLog(err)("readyz: store unreachable", "err", err)
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: "the session registry cannot be reached"}})
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ready", "instance_id": s.cfg.InstanceID})

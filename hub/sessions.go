@@ -209,9 +209,9 @@ func (s *Server) deregister(c echo.Context) error {
 	if err != nil && !errors.Is(err, sessionstore.ErrNotFound) {
 		return err
 	}
+	s.tokens.drop(tokenHash(c))
 	// A place is free again in this project: no need to wait for a recount.
 	s.fullProjects.forget(TenantProject{TenantID: sess.TenantID, ProjectID: sess.ProjectID})
-	s.tokens.drop(tokenHash(c))
 	s.conns.Kick(sess.Key, conns.DisconnectDeregistered)
 	return c.NoContent(http.StatusNoContent)
 }

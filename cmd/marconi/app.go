@@ -67,7 +67,8 @@ func (m *Main) Run(ctx context.Context) error {
 		m.store = memstore.New()
 	} else {
 		st, err := pgstore.Open(ctx, cfg.DatabaseURL, pgstore.WithQueryTimeout(cfg.Hub.StoreTimeout),
-			pgstore.WithGroupCommit(cfg.GroupCommit), pgstore.WithMaxBatch(cfg.GroupCommitMaxBatch))
+			pgstore.WithGroupCommit(cfg.GroupCommit), pgstore.WithMaxBatch(cfg.GroupCommitMaxBatch),
+			pgstore.WithMaxConns(int32(cfg.DatabaseMaxConns)))
 		if err != nil {
 			return fmt.Errorf("MARCONI_DATABASE_URL: %w", err)
 		}

@@ -32,16 +32,18 @@ type Config struct {
 	InstanceHeartbeat time.Duration
 	// ShutdownTimeout bounds graceful shutdown.
 	ShutdownTimeout time.Duration
-	// StoreBreaker puts the Postgres store behind a circuit breaker that
-	// fails calls at once after a timeout, until a probe succeeds.
-	StoreBreaker bool
-	// StoreProbeEvery is how often an open breaker probes the store.
-	StoreProbeEvery time.Duration
 	// GroupCommit gathers concurrent durable sends into one transaction
 	// (Postgres store); off is kept to measure what it gains.
 	GroupCommit bool
 	// GroupCommitMaxBatch is how many sends one group commit carries at most.
 	GroupCommitMaxBatch int
+	// DatabaseMaxConns is the size of the Postgres connection pool.
+	DatabaseMaxConns int
+	// StoreBreaker puts the Postgres store behind a circuit breaker that
+	// fails calls at once after a timeout, until a probe succeeds.
+	StoreBreaker bool
+	// StoreProbeEvery is how often an open breaker probes the store.
+	StoreProbeEvery time.Duration
 	// generatedAPIKey and generatedAdminToken are set when development mode
 	// made them; they are printed once at start.
 	generatedAPIKey     string
@@ -85,22 +87,26 @@ func positiveInt(dst *int) func(*Config, string) error {
 	}
 }
 
-func positiveFloat(dst *float64) func(*Config, string) error {
-	return func(_ *Config, v string) error {
-		n, err := strconv.ParseFloat(v, 64)
-		if err != nil || !(n > 0) || math.IsInf(n, 1) {
-			return fmt.Errorf("want a positive number, got %q", v)
-		}
-		*dst = n
-		return nil
-	}
-}
+// defaultDatabaseMaxConns sizes the pool for a send's reads beside the one
+// connection a group commit holds.
+const defaultDatabaseMaxConns = 8
 
 func positiveInt64(dst *int64) func(*Config, string) error {
 	return func(_ *Config, v string) error {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n <= 0 {
 			return fmt.Errorf("want a positive whole number, got %q", v)
+		}
+		*dst = n
+		return nil
+	}
+}
+
+func positiveFloat(dst *float64) func(*Config, string) error {
+	return func(_ *Config, v string) error {
+		n, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(n > 0) || math.IsInf(n, 1) {
+			return fmt.Errorf("want a positive number, got %q", v)
 		}
 		*dst = n
 		return nil
@@ -300,6 +306,14 @@ func settings(c *Config) []setting {
 			if n == 0 {
 				c.Hub.TokenCacheSize = -1
 			}
+			return nil
+		}},
+		{"MARCONI_DATABASE_MAX_CONNS", strconv.Itoa(defaultDatabaseMaxConns), "Postgres connections of this instance's pool (the wake-up listener holds one more)", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 1000 {
+				return fmt.Errorf("want a whole number from 1 to 1000, got %q", v)
+			}
+			c.DatabaseMaxConns = n
 			return nil
 		}},
 		{"MARCONI_GROUP_COMMIT", "on", "gather concurrent durable sends into one Postgres transaction (off: one per send, for comparison)", func(c *Config, v string) error {
