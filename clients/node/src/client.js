@@ -93,7 +93,6 @@ export class Client {
 
   #sessionID;
   #token = '';
-  #fresh = false; // the token comes from a registration no attach has used yet
   #epoch = 0; // registration count: a new registration starts seq afresh
   #heartbeatMs = defaultHeartbeatMs;
   /** @type {Conn | null} */
@@ -324,12 +323,17 @@ export class Client {
   }
 
   /**
-   * The bootstrap connect sequence: register (or resume), attach, welcome.
+   * The bootstrap connect sequence: attach with the session's token and wait
+   * for the welcome; when the hub no longer knows the session (410), register
+   * it again and attach. A reconnect does not resume (rotate the token)
+   * first: a resume whose answer is lost leaves the client holding a token
+   * the hub has replaced, refused (403) from then on. The token stays valid
+   * until the client itself rotates it, so attaching with it is enough.
    * @param {AbortSignal} [signal]
    * @returns {Promise<Conn>}
    */
   async #connect(signal) {
-    if (!this.#fresh) await this.#register(signal); // a token just registered needs no resume
+    if (!this.#token) await this.#register(signal); // dial: not registered yet
     const a = this.#auth();
     try {
       return await this.#attach(signal);
@@ -403,7 +407,6 @@ export class Client {
     this.#gen++;
     const conn = { ws, welcome: w, ended, gen: this.#gen, token: a.token };
     this.#conn = conn;
-    this.#fresh = false;
     this.#immediate = false;
     this.#log.info('marconi: attached', {
       session_id: w.session_id, instance_id: w.instance_id, resumed: w.resumed,
@@ -649,7 +652,6 @@ export class Client {
   #adopt(data, created) {
     this.#sessionID = data.session_id;
     this.#token = data.token;
-    this.#fresh = true;
     if (created) this.#epoch++;
     if (data.heartbeat_interval_seconds > 0) this.#heartbeatMs = data.heartbeat_interval_seconds * 1000;
   }
