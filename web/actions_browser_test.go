@@ -87,7 +87,7 @@ func TestDashboardActsInBrowser(t *testing.T) {
 	q := func(sel string) string { return fmt.Sprintf("document.querySelector(%q)", sel) }
 
 	step("open the page and sign in", chromedp.Navigate(h.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#token`)),
-		chromedp.SendKeys(chromedp.CSS(`#token`), h.AdminToken), chromedp.Click(chromedp.CSS(`#signin-submit`)))
+		chromedp.SendKeys(chromedp.CSS(`#token`), h.AdminToken), clickOn(`#signin-submit`))
 	waitFor("the piggyback-only session is counted apart, without 'needs attention'",
 		q(`[data-testid="count-route_without_queue"]`)+`?.textContent === '1' && `+
 			q(`[data-testid="count-piggyback"]`)+`?.textContent === '1' && `+
@@ -103,10 +103,10 @@ func TestDashboardActsInBrowser(t *testing.T) {
 	waitFor("a recently dead instance is listed, one gone for minutes is hidden",
 		q(fmt.Sprintf(row, "test-1"))+` !== null && `+q(fmt.Sprintf(row, "hub-recent"))+` !== null && `+
 			q(fmt.Sprintf(row, "hub-old"))+` === null && `+q(`[data-testid="gone-note"]`)+`?.textContent.startsWith('1 instance gone')`)
-	step("show the gone instances", chromedp.Click(chromedp.CSS(`[data-testid="gone-toggle"]`)))
+	step("show the gone instances", clickOn(`[data-testid="gone-toggle"]`))
 	waitFor("the gone instance is listed on demand", q(fmt.Sprintf(row, "hub-old"))+` !== null`)
 
-	step("go to sessions", chromedp.Click(chromedp.CSS(`#nav-sessions`)))
+	step("go to sessions", clickOn(`#nav-sessions`))
 	waitFor("batch's badge is neutral",
 		`(() => { const r = document.querySelector('tr[data-session-id="batch"]');
 		  return r && r.classList.contains('state-piggyback') && !r.classList.contains('state-route_without_queue') &&
@@ -116,7 +116,7 @@ func TestDashboardActsInBrowser(t *testing.T) {
 	waitFor("only bob is listed",
 		`(() => { const r = [...document.querySelectorAll('tr[data-testid="session-row"]')];
 		  return r.length === 1 && r[0].dataset.sessionId === 'bob' && location.hash.includes('session=BO'); })()`)
-	step("open bob's detail", chromedp.Click(chromedp.CSS(`tr[data-session-id="bob"] [data-testid="session-link"]`)))
+	step("open bob's detail", clickOn(`tr[data-session-id="bob"] [data-testid="session-link"]`))
 	waitFor("bob's two pending signals are listed, oldest first, from alice",
 		`(() => { const r = [...document.querySelectorAll('[data-testid="detail-pending-row"]')];
 		  return r.length === 2 && r[0].textContent.startsWith('1alice') && r[1].textContent.startsWith('2alice'); })()`)
@@ -125,24 +125,24 @@ func TestDashboardActsInBrowser(t *testing.T) {
 	step("open alice's detail", evalVoid(`location.hash = '#session/t1/p1/alice'`))
 	waitFor("alice is attached and can be disconnected",
 		q(`[data-testid="detail-explanation"]`)+`?.dataset.routeState === 'attached' && `+q(`[data-testid="action-disconnect"]`)+`?.disabled === false`)
-	step("ask to disconnect, then cancel", chromedp.Click(chromedp.CSS(`[data-testid="action-disconnect"]`)))
+	step("ask to disconnect, then cancel", clickOn(`[data-testid="action-disconnect"]`))
 	waitFor("a confirmation is asked", q(`[data-testid="confirm"]`)+`?.textContent.includes('Disconnect its WebSocket?')`)
-	step("cancel", chromedp.Click(chromedp.CSS(`[data-testid="confirm-no"]`)))
+	step("cancel", clickOn(`[data-testid="confirm-no"]`))
 	waitFor("the confirmation is gone", q(`[data-testid="confirm"]`)+` === null && `+q(`[data-testid="action-disconnect"]`)+` !== null`)
 	if n := disconnects(t, h, "operator"); n != 0 {
 		t.Fatalf("a cancelled disconnect closed the WebSocket (%v)", n)
 	}
-	step("disconnect for real", chromedp.Click(chromedp.CSS(`[data-testid="action-disconnect"]`)))
-	step("confirm", chromedp.WaitVisible(chromedp.CSS(`[data-testid="confirm-yes"]`)), chromedp.Click(chromedp.CSS(`[data-testid="confirm-yes"]`)))
+	step("disconnect for real", clickOn(`[data-testid="action-disconnect"]`))
+	step("confirm", chromedp.WaitVisible(chromedp.CSS(`[data-testid="confirm-yes"]`)), clickOn(`[data-testid="confirm-yes"]`))
 	waitFor("the page says it disconnected", q(`[data-testid="action-note"]`)+`?.textContent === 'Disconnected: its client reconnects.'`)
 	eventually(t, "the hub to close alice's WebSocket as an operator disconnect", func() bool { return disconnects(t, h, "operator") == 1 })
 
 	// Deregister bob.
 	step("open bob's detail again", evalVoid(`location.hash = '#session/t1/p1/bob'`))
 	step("ask to deregister", chromedp.WaitVisible(chromedp.CSS(`[data-testid="action-deregister"]`)),
-		chromedp.Click(chromedp.CSS(`[data-testid="action-deregister"]`)))
+		clickOn(`[data-testid="action-deregister"]`))
 	waitFor("the confirmation names bob", q(`[data-testid="confirm"]`)+`?.textContent.includes('Deregister session bob?')`)
-	step("confirm", chromedp.Click(chromedp.CSS(`[data-testid="confirm-yes"]`)))
+	step("confirm", clickOn(`[data-testid="confirm-yes"]`))
 	waitFor("bob reads not registered",
 		q(`[data-testid="action-note"]`)+`?.textContent === 'Deregistered.' && `+
 			q(`[data-testid="detail-explanation"]`)+`?.dataset.routeState === 'not_registered'`)
@@ -187,7 +187,7 @@ func TestDashboardFoldsSelfHealWhenOff(t *testing.T) {
 	ctx := browser(t)
 	step, waitFor := driver(t, ctx)
 	step("open the page and sign in", chromedp.Navigate(h.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#token`)),
-		chromedp.SendKeys(chromedp.CSS(`#token`), h.AdminToken), chromedp.Click(chromedp.CSS(`#signin-submit`)))
+		chromedp.SendKeys(chromedp.CSS(`#token`), h.AdminToken), clickOn(`#signin-submit`))
 	waitFor("the self-heal card folds to one line",
 		`document.querySelector('#ov-heal-card').hidden &&
 		 document.querySelector('[data-testid="selfheal-folded"]')?.textContent.includes('MARCONI_SELFHEAL') &&
