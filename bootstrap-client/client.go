@@ -62,6 +62,14 @@ type Config struct {
 	// once. Default 4; 1 never retries. The waits between attempts follow
 	// the reconnect backoff; ctx bounds them all.
 	SendAttempts int
+
+	// HTTPClient, when set, carries every HTTP call and WebSocket dial of the
+	// client instead of a transport of its own. Many clients in one process
+	// can then share one bounded pool of keep-alive connections (each
+	// client's own transport holds an idle connection beside its
+	// WebSocket). The caller owns it: Close leaves its idle connections
+	// alone. Default nil: the client owns a clone of http.DefaultTransport.
+	HTTPClient *http.Client
 }
 
 // Client is one registered, attached session. It is safe for concurrent use:
@@ -72,7 +80,7 @@ type Client struct {
 	urls      []string     // HubURL then HubURLs, without trailing slashes
 	cur       atomic.Int64 // index in urls of the URL in use
 	log       *slog.Logger
-	transport *http.Transport
+	transport *http.Transport // nil when cfg.HTTPClient is the caller's
 	http      *http.Client
 	backoff   backoff
 
@@ -145,7 +153,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	if err != nil {
 		c.cancel()
 		c.wg.Wait()
-		c.transport.CloseIdleConnections()
+		c.closeIdle()
 		return nil, err
 	}
 	c.wg.Add(2)
@@ -187,15 +195,20 @@ func newClient(cfg Config) (*Client, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	// The client owns its transport so that Close can release its idle
-	// connections: nothing of the client outlives Close.
-	tr := http.DefaultTransport.(*http.Transport).Clone()
+	// Unless given a client, it owns its transport so that Close can release
+	// its idle connections: nothing of the client outlives Close.
+	var tr *http.Transport
+	hc := cfg.HTTPClient
+	if hc == nil {
+		tr = http.DefaultTransport.(*http.Transport).Clone()
+		hc = &http.Client{Transport: tr}
+	}
 	c := &Client{
 		cfg:        cfg,
 		urls:       urls,
 		log:        log,
 		transport:  tr,
-		http:       &http.Client{Transport: tr},
+		http:       hc,
 		backoff:    backoff{base: cfg.ReconnectBaseDelay, max: cfg.ReconnectMaxDelay, int63n: rand.Int64N},
 		deliveries: make(chan delivery, deliveryQueue),
 		heal:       make(chan struct{}, 1),
@@ -273,9 +286,17 @@ func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		c.cancel()
 		c.wg.Wait()
-		c.transport.CloseIdleConnections()
+		c.closeIdle()
 	})
 	return nil
+}
+
+// closeIdle releases the idle connections of the client's own transport; a
+// Config.HTTPClient is the caller's to close.
+func (c *Client) closeIdle() {
+	if c.transport != nil {
+		c.transport.CloseIdleConnections()
+	}
 }
 
 // auth is what one session call used: the token, and the registration epoch

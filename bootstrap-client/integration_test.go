@@ -3,8 +3,11 @@ package bootstrap_test
 import (
 	"context"
 	"encoding/json"
+	"net"
+	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -355,5 +358,46 @@ func TestReplyFromInsideHandler(t *testing.T) {
 		if err := <-replies; err != nil {
 			t.Errorf("reply from the handler: %v", err)
 		}
+	}
+}
+
+// Clients given one HTTPClient make their calls through it, and closing one
+// of them leaves the shared pool's idle connections to the others.
+func TestSharedHTTPClient(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{})
+	var dials atomic.Int64
+	d := &net.Dialer{}
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return d.DialContext(ctx, network, addr)
+	}}
+	t.Cleanup(tr.CloseIdleConnections) // runs after the clients' Close
+	hc := &http.Client{Transport: tr}
+	dialShared := func(id string, in *inbox) *bootstrap.Client {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := bootstrap.Dial(ctx, bootstrap.Config{
+			HubURL: h.URL, APIKey: h.APIKey, SessionID: id, Surface: "claude_code", OnSignal: in.on, HTTPClient: hc,
+		})
+		if err != nil {
+			t.Fatalf("Dial %s: %v", id, err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	var inA, inB inbox
+	a := dialShared("shared-a", &inA)
+	b := dialShared("shared-b", &inB)
+	if dials.Load() == 0 {
+		t.Fatal("no connection dialled through the shared HTTPClient")
+	}
+	send(t, a, b.SessionID(), "one")
+	waitFor(t, "b to receive the signal", func() bool { return inB.len() == 1 })
+
+	_ = a.Close()
+	before := dials.Load()
+	send(t, b, "shared-a", "two") // a's session is still registered: queued
+	if got := dials.Load(); got != before {
+		t.Errorf("b's send dialled %d new connections after a closed, want 0: a's Close closed the shared pool's idle connections", got-before)
 	}
 }
