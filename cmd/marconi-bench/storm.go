@@ -8,8 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,16 +22,23 @@ import (
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 )
 
-// maxStormSessions bounds a storm run. Each session is a WebSocket and an
-// HTTP keep-alive connection, on both sides: 10 000 sessions take 20 000
-// descriptors in the hub and in this process.
-const maxStormSessions = 10000
+const (
+	// maxStormSessions bounds a storm run. Each session is one WebSocket,
+	// a descriptor on each side; the clients' HTTP calls share one pool of
+	// at most stormHTTPConns connections, so 10 000 sessions fit under this
+	// machine's 20 000 descriptors per process.
+	maxStormSessions = 10000
+	// stormHTTPConns bounds the HTTP connections (registrations,
+	// heartbeats, sends, drains) that all the storm's clients share.
+	stormHTTPConns = 64
+)
 
 type stormOptions struct {
 	marconi  string
 	database string
 	sessions int
 	signals  int
+	dbConns  int
 }
 
 func parseStorm(args []string, stderr io.Writer) (stormOptions, error) {
@@ -40,6 +49,7 @@ func parseStorm(args []string, stderr io.Writer) (stormOptions, error) {
 	fs.StringVar(&o.database, "database", "", "Postgres URL of a database for the hub (loopback); required")
 	fs.IntVar(&o.sessions, "sessions", 1000, fmt.Sprintf("sessions attached with the Go client (1..%d)", maxStormSessions))
 	fs.IntVar(&o.signals, "signals", 1000, "signals sent just before the restart, and as many after it (1..100000)")
+	fs.IntVar(&o.dbConns, "database-conns", 16, "the hub's MARCONI_DATABASE_MAX_CONNS (1..64)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -53,6 +63,8 @@ func parseStorm(args []string, stderr io.Writer) (stormOptions, error) {
 		return o, fmt.Errorf("-sessions %d: want 1..%d", o.sessions, maxStormSessions)
 	case o.signals < 1 || o.signals > 100000:
 		return o, fmt.Errorf("-signals %d: want 1..100000", o.signals)
+	case o.dbConns < 1 || o.dbConns > 64:
+		return o, fmt.Errorf("-database-conns %d: want 1..64", o.dbConns)
 	}
 	return o, nil
 }
@@ -85,6 +97,9 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		"MARCONI_API_KEYS=" + benchKey + "=t1/p1", "MARCONI_LOG_LEVEL=error", "MARCONI_ADMIN_TOKEN=bench-admin-token-local-only",
 		"MARCONI_SEND_RATE_PER_SECOND=1000000", "MARCONI_MAX_CONNECTIONS_PER_ADDRESS=1000000",
 		"MARCONI_QUOTA_SESSIONS_PER_PROJECT=1000000", "MARCONI_QUOTA_REGISTRATIONS_PER_SECOND=1000000",
+		// Registrations run compareDials at a time; a pool as large as
+		// that keeps them from timing out waiting for a connection.
+		"MARCONI_DATABASE_MAX_CONNS=" + strconv.Itoa(o.dbConns),
 	}
 	ready := func(ctx context.Context) error { return httpJSON(ctx, "GET", hubURL+"/readyz", nil, nil, nil) }
 	hub, err := startProcess(ctx, dir, "marconi", o.marconi, []string{"serve"}, env, ready)
@@ -110,6 +125,10 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	run := time.Now().UnixNano()
 	// A client that gives up (the hub refused it for good) says why.
 	clientLog := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	// One bounded pool for every client's HTTP calls: a client of its own
+	// transport keeps an idle connection beside its WebSocket.
+	tr := &http.Transport{MaxIdleConnsPerHost: stormHTTPConns, MaxConnsPerHost: stormHTTPConns}
+	hc := &http.Client{Transport: tr}
 	clients := make([]*bootstrap.Client, o.sessions+1)
 	defer func() {
 		for _, c := range clients {
@@ -117,6 +136,7 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				c.Close()
 			}
 		}
+		tr.CloseIdleConnections()
 	}()
 	start := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
@@ -129,6 +149,7 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				c, err := bootstrap.Dial(dctx, bootstrap.Config{
 					HubURL: hubURL, APIKey: benchKey, Surface: "claude_code",
 					SessionID: fmt.Sprintf("storm-%d-%d", run, i), OnSignal: onSignal, Logger: clientLog,
+					HTTPClient: hc,
 				})
 				if err == nil || dctx.Err() != nil {
 					clients[i] = c
