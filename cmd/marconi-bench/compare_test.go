@@ -81,6 +81,11 @@ func TestParseStormBounds(t *testing.T) {
 		{[]string{"-database", "postgres://db.example.com/x"}, "loopback"},
 		{[]string{"-database", db, "-sessions", "10001"}, "-sessions"},
 		{[]string{"-database", db, "-signals", "0"}, "-signals"},
+		{[]string{"-database", db, "-database-conns", "32", "-heartbeat-seconds", "60", "-sweep-seconds", "30"}, ""},
+		{[]string{"-database", db, "-database-conns", "0"}, "-database-conns"},
+		{[]string{"-database", db, "-database-conns", "65"}, "-database-conns"},
+		{[]string{"-database", db, "-heartbeat-seconds", "-1"}, "-heartbeat-seconds"},
+		{[]string{"-database", db, "-sweep-seconds", "3601"}, "-sweep-seconds"},
 	} {
 		_, err := parseStorm(tc.args, io.Discard)
 		if (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {

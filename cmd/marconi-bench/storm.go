@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -39,6 +40,8 @@ type stormOptions struct {
 	sessions int
 	signals  int
 	dbConns  int
+	sweep    int
+	hbeat    int
 }
 
 func parseStorm(args []string, stderr io.Writer) (stormOptions, error) {
@@ -50,6 +53,8 @@ func parseStorm(args []string, stderr io.Writer) (stormOptions, error) {
 	fs.IntVar(&o.sessions, "sessions", 1000, fmt.Sprintf("sessions attached with the Go client (1..%d)", maxStormSessions))
 	fs.IntVar(&o.signals, "signals", 1000, "signals sent just before the restart, and as many after it (1..100000)")
 	fs.IntVar(&o.dbConns, "database-conns", 16, "the hub's MARCONI_DATABASE_MAX_CONNS (1..64)")
+	fs.IntVar(&o.hbeat, "heartbeat-seconds", 0, "the hub's MARCONI_HEARTBEAT_INTERVAL_SECONDS (0: the hub's default); each heartbeat is a store write")
+	fs.IntVar(&o.sweep, "sweep-seconds", 0, "the hub's MARCONI_PENDING_SWEEP_SECONDS (0: the hub's default); each sweep reads the store twice per attached session")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -65,6 +70,10 @@ func parseStorm(args []string, stderr io.Writer) (stormOptions, error) {
 		return o, fmt.Errorf("-signals %d: want 1..100000", o.signals)
 	case o.dbConns < 1 || o.dbConns > 64:
 		return o, fmt.Errorf("-database-conns %d: want 1..64", o.dbConns)
+	case o.sweep < 0 || o.sweep > 3600:
+		return o, fmt.Errorf("-sweep-seconds %d: want 0..3600", o.sweep)
+	case o.hbeat < 0 || o.hbeat > 3600:
+		return o, fmt.Errorf("-heartbeat-seconds %d: want 0..3600", o.hbeat)
 	}
 	return o, nil
 }
@@ -100,6 +109,12 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// Registrations run compareDials at a time; a pool as large as
 		// that keeps them from timing out waiting for a connection.
 		"MARCONI_DATABASE_MAX_CONNS=" + strconv.Itoa(o.dbConns),
+	}
+	if o.sweep > 0 {
+		env = append(env, "MARCONI_PENDING_SWEEP_SECONDS="+strconv.Itoa(o.sweep))
+	}
+	if o.hbeat > 0 {
+		env = append(env, "MARCONI_HEARTBEAT_INTERVAL_SECONDS="+strconv.Itoa(o.hbeat))
 	}
 	ready := func(ctx context.Context) error { return httpJSON(ctx, "GET", hubURL+"/readyz", nil, nil, nil) }
 	hub, err := startProcess(ctx, dir, "marconi", o.marconi, []string{"serve"}, env, ready)
@@ -141,6 +156,7 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	start := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(compareDials)
+	var attached atomic.Int64
 	for i := range clients {
 		g.Go(func() error {
 			dctx, cancel := context.WithTimeout(gctx, time.Minute)
@@ -153,6 +169,9 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				})
 				if err == nil || dctx.Err() != nil {
 					clients[i] = c
+					if n := attached.Add(1); err == nil && n%1000 == 0 {
+						fmt.Fprintf(stderr, "%d sessions attached after %s\n", n, time.Since(start).Round(time.Millisecond))
+					}
 					return err
 				}
 				sleepCtx(dctx, 100*time.Millisecond) // a store timeout under load: register again
