@@ -156,23 +156,30 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	start := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(compareDials)
-	var attached atomic.Int64
+	var attached, retried atomic.Int64
 	for i := range clients {
 		g.Go(func() error {
-			dctx, cancel := context.WithTimeout(gctx, time.Minute)
+			// Each attempt is bounded on its own, so that one request lost
+			// under load costs an attempt, not the session.
+			dctx, cancel := context.WithTimeout(gctx, 3*time.Minute)
 			defer cancel()
 			for {
-				c, err := bootstrap.Dial(dctx, bootstrap.Config{
+				actx, acancel := context.WithTimeout(dctx, 30*time.Second)
+				c, err := bootstrap.Dial(actx, bootstrap.Config{
 					HubURL: hubURL, APIKey: benchKey, Surface: "claude_code",
 					SessionID: fmt.Sprintf("storm-%d-%d", run, i), OnSignal: onSignal, Logger: clientLog,
 					HTTPClient: hc,
 				})
+				acancel()
 				if err == nil || dctx.Err() != nil {
 					clients[i] = c
 					if n := attached.Add(1); err == nil && n%1000 == 0 {
 						fmt.Fprintf(stderr, "%d sessions attached after %s\n", n, time.Since(start).Round(time.Millisecond))
 					}
 					return err
+				}
+				if n := retried.Add(1); n <= 5 {
+					fmt.Fprintf(stderr, "attach of session %d failed, made again: %v\n", i, err)
 				}
 				sleepCtx(dctx, 100*time.Millisecond) // a store timeout under load: register again
 			}
@@ -185,7 +192,7 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := waitConnections(ctx, hubURL, n, time.Minute); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%d sessions attached with the Go client in %s\n", len(clients), time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(stdout, "%d sessions attached with the Go client in %s (%d failed attempts made again)\n", len(clients), time.Since(start).Round(time.Millisecond), retried.Load())
 
 	sender, recipients := clients[0], clients[1:]
 	sent := make([]string, 0, 2*o.signals)
