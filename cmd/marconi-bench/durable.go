@@ -289,6 +289,8 @@ func startHub(ctx context.Context, o durableOptions, id, gc string, logs io.Writ
 		"MARCONI_SELFHEAL=off",
 		"MARCONI_LOG_LEVEL=warn",
 		"MARCONI_SEND_RATE_PER_SECOND=1000000",
+		// A step registers two sessions per sender at once.
+		"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND=1000000",
 		"MARCONI_GROUP_COMMIT="+gc,
 	)
 	cmd.Stdout, cmd.Stderr = logs, logs
