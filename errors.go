@@ -24,10 +24,12 @@ const (
 	CodeNotAdaptivePlacement   = "not_adaptive_placement"
 	CodeSessionExpired         = "session_expired"
 	CodePayloadTooLarge        = "payload_too_large"
+	CodeRequestTimeout         = "request_timeout"
 	CodeTooManyRequests        = "too_many_requests"
 	CodeQuotaExceeded          = "quota_exceeded"
 	CodeRegistryUnavailable    = "registry_unavailable"
 	CodeDraining               = "draining"
+	CodeUpgradeRequired        = "upgrade_required"
 	CodeInternal               = "internal"
 )
 

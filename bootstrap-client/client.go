@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,7 +22,12 @@ import (
 // back. HubURL, APIKey and Surface are required; every other field has a
 // default.
 type Config struct {
-	HubURL      string // any hub instance, e.g. http://127.0.0.1:8080
+	HubURL string // any hub instance or a load balancer, e.g. http://127.0.0.1:8080
+	// HubURLs are more hub instances (or balancers) to fail over to. The
+	// client starts with HubURL (or, when HubURL is empty, the first of
+	// HubURLs) and moves to the next URL, round the list, when the one it
+	// uses is unreachable or answers 502, 503 draining or 504.
+	HubURLs     []string
 	APIKey      string
 	SessionID   string // optional: empty lets the hub choose
 	Surface     string // e.g. "claude_code"
@@ -35,8 +41,10 @@ type Config struct {
 	// Send; it must not call Close. Nil drops (and acknowledges) signals.
 	OnSignal func(Signal)
 	// OnAffinityReset is called (from the same goroutine as OnSignal, before
-	// any signal replayed on the new attachment) when the hub says the
-	// session's runtime-local state is gone: rehydrate it.
+	// any signal replayed on the new attachment) when the session's
+	// runtime-local state is gone: the hub said affinity_reset in a welcome,
+	// or the client had to register the session again (the hub no longer
+	// knew it: TTL, deregistration, a store that lost it). Rehydrate it.
 	OnAffinityReset func()
 	// Logger receives the client's diagnostics; nil discards them.
 	Logger *slog.Logger
@@ -47,6 +55,13 @@ type Config struct {
 	// ReconnectMaxDelay caps the backoff ceiling. Default 15s. The actual
 	// wait is uniform between zero and the ceiling (full jitter).
 	ReconnectMaxDelay time.Duration
+
+	// SendAttempts bounds how often Send makes one send when its answer is
+	// lost (connection failed) or the hub answers 502, 503 or 504; every
+	// attempt carries the same idempotency key, so the hub stores the signal
+	// once. Default 4; 1 never retries. The waits between attempts follow
+	// the reconnect backoff; ctx bounds them all.
+	SendAttempts int
 }
 
 // Client is one registered, attached session. It is safe for concurrent use:
@@ -54,7 +69,8 @@ type Config struct {
 // stops it.
 type Client struct {
 	cfg       Config
-	hubURL    string
+	urls      []string     // HubURL then HubURLs, without trailing slashes
+	cur       atomic.Int64 // index in urls of the URL in use
 	log       *slog.Logger
 	transport *http.Transport
 	http      *http.Client
@@ -80,6 +96,7 @@ type Client struct {
 	healFor   uint64 // generation for which a self-heal reconnect was requested
 	immediate bool   // the next redial skips the backoff wait
 	stopped   bool   // the supervisor gave up: replaced (4409) or refused by the hub
+	ending    bool   // Deregister is under way: the session is being ended on purpose
 
 	highest atomic.Int64 // highest seq handed to OnSignal, for drain
 
@@ -102,6 +119,7 @@ const (
 	maxWrongInstanceHops = 3
 	welcomeTimeout       = 15 * time.Second
 	deliveryQueue        = 64
+	defaultSendAttempts  = 4
 )
 
 // errClosed is returned by calls on a closed client.
@@ -109,6 +127,8 @@ var errClosed = fmt.Errorf("bootstrap: client closed: %w", net.ErrClosed)
 
 // Dial registers the session (a new one, or the one named by cfg.SessionID),
 // attaches its WebSocket and starts the heartbeat, read and delivery loops.
+// With several hub URLs it tries each once, in order, while they are
+// unreachable or unavailable.
 // It returns once the hub has welcomed the connection, or with the error that
 // stopped it (an *Error when the hub answered one). ctx bounds only the dial;
 // the client lives until Close.
@@ -120,6 +140,9 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	c.wg.Add(1)
 	go c.dispatch()
 	conn, gen, err := c.connect(ctx)
+	for i := 1; i < len(c.urls) && unavailable(err) && ctx.Err() == nil; i++ {
+		conn, gen, err = c.connect(ctx) // the failed URL was left: try the next
+	}
 	if err != nil {
 		c.cancel()
 		c.wg.Wait()
@@ -133,9 +156,9 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 }
 
 func newClient(cfg Config) (*Client, error) {
-	u, err := url.Parse(cfg.HubURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("bootstrap: HubURL %q is not an http(s) URL", cfg.HubURL)
+	urls, err := hubURLs(cfg)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.APIKey == "" {
 		return nil, errors.New("bootstrap: APIKey is required")
@@ -152,6 +175,12 @@ func newClient(cfg Config) (*Client, error) {
 	if cfg.ReconnectMaxDelay == 0 {
 		cfg.ReconnectMaxDelay = max(defaultReconnectMaxDelay, cfg.ReconnectBaseDelay)
 	}
+	if cfg.SendAttempts < 0 {
+		return nil, errors.New("bootstrap: SendAttempts must not be negative")
+	}
+	if cfg.SendAttempts == 0 {
+		cfg.SendAttempts = defaultSendAttempts
+	}
 	if cfg.ReconnectMaxDelay < cfg.ReconnectBaseDelay {
 		return nil, errors.New("bootstrap: ReconnectMaxDelay is below ReconnectBaseDelay")
 	}
@@ -164,7 +193,7 @@ func newClient(cfg Config) (*Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	c := &Client{
 		cfg:        cfg,
-		hubURL:     strings.TrimRight(cfg.HubURL, "/"),
+		urls:       urls,
 		log:        log,
 		transport:  tr,
 		http:       &http.Client{Transport: tr},
@@ -176,6 +205,47 @@ func newClient(cfg Config) (*Client, error) {
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c, nil
+}
+
+// hubURLs checks and lists the URLs of cfg: HubURL first, then HubURLs,
+// each once.
+func hubURLs(cfg Config) ([]string, error) {
+	var out []string
+	for _, raw := range append([]string{cfg.HubURL}, cfg.HubURLs...) {
+		if raw == "" {
+			continue
+		}
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("bootstrap: hub URL %q is not an http(s) URL", raw)
+		}
+		if s := strings.TrimRight(raw, "/"); !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("bootstrap: HubURL (or HubURLs) is required")
+	}
+	return out, nil
+}
+
+// hub returns the URL in use and its index, for failover.
+func (c *Client) hub() (string, int64) {
+	i := c.cur.Load()
+	return c.urls[i], i
+}
+
+// failover moves off the URL of index i to the next one, unless another call
+// has moved already. With one URL it does nothing.
+func (c *Client) failover(i int64, cause error) {
+	if len(c.urls) == 1 {
+		return
+	}
+	next := (i + 1) % int64(len(c.urls))
+	if c.cur.CompareAndSwap(i, next) {
+		c.log.Warn("marconi: hub unreachable or unavailable; failing over",
+			"from", c.urls[i], "to", c.urls[next], "err", cause)
+	}
 }
 
 // SessionID is the session's id, as the hub registered it.

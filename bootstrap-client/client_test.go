@@ -13,8 +13,8 @@ func TestNewClientConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.cancel()
-	if c.hubURL != "http://127.0.0.1:8080" {
-		t.Errorf("hubURL = %q, want the trailing slash trimmed", c.hubURL)
+	if u, _ := c.hub(); u != "http://127.0.0.1:8080" {
+		t.Errorf("hub URL = %q, want the trailing slash trimmed", u)
 	}
 	if c.backoff.base != 250*time.Millisecond || c.backoff.max != 15*time.Second {
 		t.Errorf("default backoff %v..%v, want 250ms..15s", c.backoff.base, c.backoff.max)

@@ -48,11 +48,13 @@ func (c *Client) connect(ctx context.Context) (*websocket.Conn, uint64, error) {
 // attach opens GET /v1/ws with the session token, following 409
 // wrong_instance to the instance that holds the session, and waits for the
 // welcome. The connection becomes the client's current one. Every attach
-// starts at HubURL: a followed instance_url is not pinned, so when that
-// instance dies the next attempt asks HubURL again, whose instance takes the
-// session over once it sees the dead one's heartbeat age out.
+// starts at the hub URL in use: a followed instance_url is not pinned, so
+// when that instance dies the next attempt asks the hub URL again, whose
+// instance takes the session over once it sees the dead one gone. When the
+// hub URL itself is unreachable or answers 502, 503 or 504, the next attempt
+// uses the next URL (failover).
 func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
-	base := c.hubURL
+	base, idx := c.hub()
 	for hop := 0; ; hop++ {
 		a := c.currentAuth()
 		conn, resp, err := websocket.Dial(ctx, base+"/v1/ws", &websocket.DialOptions{
@@ -61,6 +63,9 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 		})
 		if err != nil {
 			if resp == nil || resp.StatusCode == http.StatusSwitchingProtocols {
+				if hop == 0 && ctx.Err() == nil {
+					c.failover(idx, err)
+				}
 				if hop > 0 && c.ctx.Err() == nil {
 					// The instance HubURL named is unreachable: most likely it
 					// died and HubURL's instance has not yet seen its heartbeat
@@ -76,6 +81,9 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 				body, _ = io.ReadAll(resp.Body)
 			}
 			he := decodeError(resp.StatusCode, body)
+			if hop == 0 && unavailable(he) {
+				c.failover(idx, he)
+			}
 			if he.Code == codeWrongInstance && he.instanceURL != "" && hop < maxWrongInstanceHops {
 				c.log.Debug("marconi: following wrong_instance", "instance_url", he.instanceURL)
 				base = trimSlash(he.instanceURL)
@@ -103,8 +111,10 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 			c.log.Warn("marconi: the hub dropped pending signals at the affinity reset (disconnect policy drop)",
 				"session_id", w.SessionID, "instance_id", w.InstanceID, "dropped", w.Dropped)
 		}
-		if w.AffinityReset {
-			c.enqueue(ctx, delivery{affinityReset: true, epoch: a.epoch})
+		if w.AffinityReset || a.epoch > 1 {
+			// epoch > 1: the session was registered again; the dispatcher
+			// tells the application once per registration.
+			c.enqueue(ctx, delivery{affinityReset: w.AffinityReset, epoch: a.epoch})
 		}
 		return conn, gen, nil
 	}
@@ -188,6 +198,9 @@ func (c *Client) supervise(conn *websocket.Conn, gen uint64) {
 		immediate := c.immediate
 		c.mu.Unlock()
 		status := websocket.CloseStatus(err)
+		if c.isEnding() {
+			return // Deregister ended the session; Close follows
+		}
 		if !immediate {
 			switch status {
 			case statusReplaced:
@@ -207,6 +220,12 @@ func (c *Client) supervise(conn *websocket.Conn, gen uint64) {
 			return
 		}
 	}
+}
+
+func (c *Client) isEnding() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ending
 }
 
 // stop records that the supervisor gave the session up (replaced, or refused
@@ -349,6 +368,7 @@ func (c *Client) dispatch() {
 	defer c.wg.Done()
 	seq := newSequencer(defaultSeenIDs)
 	unacked := 0
+	told := uint64(1) // the newest registration the application was told of; 1 is Dial's
 	for {
 		var d delivery
 		select {
@@ -356,7 +376,11 @@ func (c *Client) dispatch() {
 			return
 		case d = <-c.deliveries:
 		}
-		if d.affinityReset && d.epoch >= seq.epoch && c.cfg.OnAffinityReset != nil {
+		reset := d.affinityReset && d.epoch >= seq.epoch
+		if d.epoch > told { // a registration after Dial's: whatever the session held is gone
+			told, reset = d.epoch, true
+		}
+		if reset && c.cfg.OnAffinityReset != nil {
 			c.cfg.OnAffinityReset()
 		}
 		for _, s := range d.signals {

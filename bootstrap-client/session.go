@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,9 +20,45 @@ const maxAnswer = 16 << 20
 // drainLimit is the page size of GET /v1/signals.
 const drainLimit = 50
 
-// do performs one JSON call on the hub with the given bearer credential. A
-// non-2xx answer comes back as *Error; out is filled from a 2xx body.
+// do performs one JSON call on the hub in use with the given bearer
+// credential. A non-2xx answer comes back as *Error; out is filled from a 2xx
+// body. When the hub cannot be reached or answers 502, 503 or 504, the next
+// call goes to the next URL (failover).
 func (c *Client) do(ctx context.Context, method, path, bearer string, header http.Header, in, out any) (int, error) {
+	base, i := c.hub()
+	status, err := c.doAt(ctx, base, method, path, bearer, header, in, out)
+	if unavailable(err) && ctx.Err() == nil {
+		c.failover(i, err)
+	}
+	return status, err
+}
+
+// errNoAnswer marks a call whose answer never arrived: the connection
+// failed before or after the hub acted on it.
+var errNoAnswer = errors.New("no answer from the hub")
+
+// unavailable reports whether err says the hub in use could not answer: the
+// connection failed (the answer, if any, is lost) or it answered 502, 503 or
+// 504. Another instance, or the same one a little later, may answer.
+func unavailable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if errors.Is(err, errNoAnswer) {
+		return true
+	}
+	var he *Error
+	if !errors.As(err, &he) {
+		return false
+	}
+	switch he.Status {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+func (c *Client) doAt(ctx context.Context, base, method, path, bearer string, header http.Header, in, out any) (int, error) {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -30,7 +67,7 @@ func (c *Client) do(ctx context.Context, method, path, bearer string, header htt
 		}
 		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.hubURL+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, base+path, body)
 	if err != nil {
 		return 0, fmt.Errorf("bootstrap: %s %s: %w", method, path, err)
 	}
@@ -43,12 +80,12 @@ func (c *Client) do(ctx context.Context, method, path, bearer string, header htt
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("bootstrap: %s %s: %w", method, path, err)
+		return 0, fmt.Errorf("bootstrap: %s %s: %w: %w", method, base+path, errNoAnswer, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if err != nil {
-		return resp.StatusCode, fmt.Errorf("bootstrap: read answer to %s %s: %w", method, path, err)
+		return resp.StatusCode, fmt.Errorf("bootstrap: read answer to %s %s: %w: %w", method, base+path, errNoAnswer, err)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return resp.StatusCode, decodeError(resp.StatusCode, data)
@@ -188,21 +225,70 @@ func (c *Client) adopt(res registerResponse, created bool) {
 	}
 }
 
+// SendOption sets an option of one Send.
+type SendOption func(*sendOptions)
+
+type sendOptions struct{ idempotencyKey string }
+
+// WithIdempotencyKey sets the send's idempotency key (at most 256 bytes). The
+// hub answers a later send of this session with the same key, within 24 h,
+// from the first one (Duplicate true) and stores nothing new. Without it,
+// Send generates a key per call.
+func WithIdempotencyKey(key string) SendOption {
+	return func(o *sendOptions) { o.idempotencyKey = key }
+}
+
+// newIdempotencyKey is the key of a Send that names none: 128 random bits.
+func newIdempotencyKey() string { return "bc-" + rand.Text() }
+
 // Send sends a signal to the session to. kind may be empty (the hub's
-// default, "signal"); payload is encoded as JSON. The answer is returned as a
-// SendResult; signals waiting for this session that came with it (piggyback)
-// go to OnSignal. When the hub says sender_route_stale, Send has already
-// started the reconnect when it returns. Errors of the hub are *Error.
-func (c *Client) Send(ctx context.Context, to, kind string, payload any) (SendResult, error) {
+// default, "signal"); payload is encoded as JSON. Every send carries an
+// idempotency key (WithIdempotencyKey, else generated), and when its answer
+// is lost or the hub answers 502, 503 or 504 the client sends it again with
+// the same key, through the next hub URL, up to Config.SendAttempts times:
+// the hub stores it once. The answer is returned as a SendResult; a retry
+// that finds its earlier attempt stored says Duplicate. Signals waiting for
+// this session that came with it (piggyback) go to OnSignal. When the hub
+// says sender_route_stale, Send has already started the reconnect when it
+// returns. Errors of the hub are *Error.
+func (c *Client) Send(ctx context.Context, to, kind string, payload any, opts ...SendOption) (SendResult, error) {
 	if c.ctx.Err() != nil {
 		return SendResult{}, errClosed
+	}
+	var o sendOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.idempotencyKey == "" {
+		o.idempotencyKey = newIdempotencyKey()
 	}
 	raw, err := json.Marshal(payload)
 	if err != nil {
 		return SendResult{}, fmt.Errorf("bootstrap: encode payload: %w", err)
 	}
-	var resp sendResponse
-	a, err := c.sessionCall(ctx, http.MethodPost, "/v1/signals", sendRequest{ToSession: to, Kind: kind, Payload: raw}, &resp)
+	req := sendRequest{ToSession: to, Kind: kind, Payload: raw, IdempotencyKey: o.idempotencyKey}
+	var (
+		resp sendResponse
+		a    auth
+	)
+	for attempt := 0; ; attempt++ {
+		a, err = c.sessionCall(ctx, http.MethodPost, "/v1/signals", req, &resp)
+		if err == nil || attempt+1 >= c.cfg.SendAttempts || !unavailable(err) {
+			break
+		}
+		c.log.Info("marconi: send got no answer; sending again with the same idempotency key",
+			"to_session", to, "attempt", attempt+1, "err", err)
+		t := time.NewTimer(c.backoff.delay(attempt))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return SendResult{}, errors.Join(err, ctx.Err())
+		case <-c.ctx.Done():
+			t.Stop()
+			return SendResult{}, errClosed
+		case <-t.C:
+		}
+	}
 	if err != nil {
 		return SendResult{}, err
 	}
@@ -218,6 +304,44 @@ func (c *Client) Send(ctx context.Context, to, kind string, payload any) (SendRe
 		c.requestSelfHeal(a.gen)
 	}
 	return res, nil
+}
+
+// Deregister ends the session on the hub (DELETE /v1/session), so it stops
+// counting as a live session at once rather than when its TTL runs out, and
+// then closes the client as Close does. Signals not yet acknowledged are
+// gone with the session. A session the hub no longer knows counts as ended.
+// On any other error the client keeps running; Deregister may be called
+// again, or Close.
+func (c *Client) Deregister(ctx context.Context) error {
+	if c.ctx.Err() != nil {
+		return errClosed
+	}
+	c.mu.Lock()
+	c.ending = true // the 4410 close that follows is no reason to register again
+	c.mu.Unlock()
+	var err error
+	for attempt := 1; ; attempt++ {
+		a := c.currentAuth()
+		_, err = c.do(ctx, http.MethodDelete, "/v1/session", a.token, nil, nil, nil)
+		var he *Error
+		if !errors.As(err, &he) {
+			break
+		}
+		if he.Code == codeSessionExpired {
+			err = nil // gone already
+			break
+		}
+		if attempt == maxCallAttempts || he.Status != http.StatusUnauthorized || !c.tokenRotated(a.token) {
+			break
+		}
+	}
+	if err != nil {
+		c.mu.Lock()
+		c.ending = false
+		c.mu.Unlock()
+		return fmt.Errorf("bootstrap: deregister: %w", err)
+	}
+	return c.Close()
 }
 
 // heartbeatLoop proves the session alive every heartbeat interval and hands

@@ -93,9 +93,10 @@ type Stats struct{ Reconnects, SelfHealReconnects, Reregistrations, DroppedAtRes
 
 // sendRequest is the body of POST /v1/signals.
 type sendRequest struct {
-	ToSession string          `json:"to_session"`
-	Kind      string          `json:"kind,omitempty"`
-	Payload   json.RawMessage `json:"payload"`
+	ToSession      string          `json:"to_session"`
+	Kind           string          `json:"kind,omitempty"`
+	Payload        json.RawMessage `json:"payload"`
+	IdempotencyKey string          `json:"idempotency_key,omitempty"`
 }
 
 // sendResponse is the hub's 200 answer to POST /v1/signals.

@@ -34,6 +34,10 @@ type Config struct {
 	// well under half of DeadAfter: a peer's health is judged from a view up
 	// to one interval old.
 	HeartbeatEvery time.Duration
+	// ProbeEvery is MARCONI_INSTANCE_PROBE_MILLISECONDS (500): how often Run
+	// asks the prober (SetProber) which instances' processes are still
+	// connected, so a killed instance is seen dead within about this long.
+	ProbeEvery time.Duration
 	// Grace is MARCONI_RECONNECT_GRACE_SECONDS (60).
 	Grace time.Duration
 	// DisconnectPolicy is retain (default) or drop.
@@ -46,6 +50,7 @@ type Config struct {
 const (
 	DefaultDeadAfter        = 10 * time.Second
 	DefaultHeartbeatEvery   = 3 * time.Second
+	DefaultProbeEvery       = 500 * time.Millisecond
 	DefaultGrace            = 60 * time.Second
 	DefaultDisconnectPolicy = PolicyRetain
 	DefaultRuntimeMode      = ModeStateless
@@ -57,6 +62,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.HeartbeatEvery == 0 {
 		c.HeartbeatEvery = DefaultHeartbeatEvery
+	}
+	if c.ProbeEvery == 0 {
+		c.ProbeEvery = DefaultProbeEvery
 	}
 	if c.Grace == 0 {
 		c.Grace = DefaultGrace
@@ -79,7 +87,8 @@ type Fabric struct {
 	now       func() time.Time
 	log       *slog.Logger
 	m         *metrics
-	bus       Bus // set by SetBus (wake.go)
+	bus       Bus    // set by SetBus (wake.go)
+	prober    Prober // set by SetProber (liveness.go); nil: heartbeat only
 	startedAt time.Time
 
 	draining   atomic.Bool
@@ -88,6 +97,11 @@ type Fabric struct {
 	mu        sync.RWMutex
 	instances map[string]sessionstore.Instance // the last ListInstances, by id
 	loaded    bool                             // instances has been read at least once
+	// seenConnected holds, per instance, the StartedAt of the process last
+	// seen connected by Probe; gone marks those whose process was seen
+	// connected and no longer is.
+	seenConnected map[string]time.Time
+	gone          map[string]bool
 }
 
 // New builds the fabric for one instance. Its metrics are registered on reg.
@@ -122,6 +136,7 @@ func New(cfg Config, store sessionstore.Store, now func() time.Time, reg prometh
 	return &Fabric{
 		cfg: cfg, store: store, now: now, log: log, m: m, bus: NoBus{},
 		startedAt: now(), instances: map[string]sessionstore.Instance{},
+		seenConnected: map[string]time.Time{}, gone: map[string]bool{},
 	}, nil
 }
 
@@ -129,9 +144,18 @@ func New(cfg Config, store sessionstore.Store, now func() time.Time, reg prometh
 func (f *Fabric) InstanceID() string { return f.cfg.InstanceID }
 
 // Run heartbeats this instance into the store and refreshes the view of the
-// others at once and then every HeartbeatEvery, until ctx ends. A failed
-// tick (store unreachable) is logged and retried on the next one.
+// others at once and then every HeartbeatEvery, and probes the others'
+// processes every ProbeEvery, until ctx ends. A failed tick (store
+// unreachable) is logged and retried on the next one.
 func (f *Fabric) Run(ctx context.Context) error {
+	if f.prober != nil {
+		done := make(chan struct{})
+		defer func() { <-done }()
+		go func() {
+			defer close(done)
+			f.runProbe(ctx)
+		}()
+	}
 	t := time.NewTicker(f.cfg.HeartbeatEvery)
 	defer t.Stop()
 	for {
@@ -146,11 +170,15 @@ func (f *Fabric) Run(ctx context.Context) error {
 	}
 }
 
-// Tick is one heartbeat of this instance followed by a refresh of the view.
-// Run calls it on its timer; tests call it to decide health without waiting.
+// Tick is one heartbeat of this instance followed by a refresh of the view
+// and a probe. Run calls it on its timer; tests call it to decide health
+// without waiting.
 func (f *Fabric) Tick(ctx context.Context) error {
 	hb := f.heartbeat(ctx)
-	return errors.Join(hb, f.Refresh(ctx))
+	if err := f.Refresh(ctx); err != nil {
+		return errors.Join(hb, err)
+	}
+	return errors.Join(hb, f.Probe(ctx))
 }
 
 func (f *Fabric) heartbeat(ctx context.Context) error {
@@ -182,6 +210,7 @@ func (f *Fabric) Refresh(ctx context.Context) error {
 
 	now := f.now()
 	f.m.instanceHealthy.Reset()
+	f.mu.RLock()
 	for _, in := range list {
 		v := 0.0
 		if f.healthyAt(in, now) {
@@ -189,6 +218,7 @@ func (f *Fabric) Refresh(ctx context.Context) error {
 		}
 		f.m.instanceHealthy.WithLabelValues(in.ID).Set(v)
 	}
+	f.mu.RUnlock()
 	c, err := f.store.Counts(ctx)
 	if err != nil {
 		return fmt.Errorf("counts: %w", err)
@@ -227,8 +257,8 @@ func (f *Fabric) Healthy(ctx context.Context, instance string) bool {
 		return !f.draining.Load()
 	}
 	f.mu.RLock()
+	defer f.mu.RUnlock()
 	in, ok := f.instances[instance]
-	f.mu.RUnlock()
 	return ok && f.healthyAt(in, f.now())
 }
 
@@ -244,8 +274,8 @@ func (f *Fabric) HoldsQueue(ctx context.Context, instance string, attachedAt tim
 		return !f.draining.Load() && !attachedAt.Before(f.startedAt)
 	}
 	f.mu.RLock()
+	defer f.mu.RUnlock()
 	in, ok := f.instances[instance]
-	f.mu.RUnlock()
 	return ok && f.healthyAt(in, f.now()) && !attachedAt.Before(in.StartedAt)
 }
 
@@ -262,11 +292,14 @@ func (f *Fabric) restartedSince(instance string, at time.Time) (time.Time, bool)
 	return in.StartedAt, true
 }
 
+// healthyAt reports whether in is healthy at now: not draining, a heartbeat
+// younger than DeadAfter, and its process not seen gone (Probe). The caller
+// holds f.mu (read or write) or owns in's view otherwise.
 func (f *Fabric) healthyAt(in sessionstore.Instance, now time.Time) bool {
 	if in.ID == f.cfg.InstanceID {
 		return !f.draining.Load()
 	}
-	return !in.Draining && now.Sub(in.LastHeartbeatAt) < f.cfg.DeadAfter
+	return !in.Draining && now.Sub(in.LastHeartbeatAt) < f.cfg.DeadAfter && !f.gone[in.ID]
 }
 
 // URL is the public URL of instance, from the instance table; empty when

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"maps"
 	"testing"
 	"time"
 
@@ -114,5 +115,116 @@ func TestAssignLeastLoaded(t *testing.T) {
 		if inst, _ := b.Assign(ctx); inst == "c" {
 			t.Fatal("assigned to an unhealthy instance")
 		}
+	}
+}
+
+// The canary view lists adaptive placements by client, most first, says
+// which clients are on the allowlist now, and leaves out other sources.
+func TestSummaryCanaryView(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	f, err := New(Config{InstanceID: "a", Placement: PlacementConfig{Adaptive: true, AdaptiveClients: []string{"canary-2"}}}, st, clk.now, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := func(id, client string, mode Mode, source ModeSource) {
+		_, err := st.CreateSession(ctx, sessionstore.Session{
+			Key: sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: id}, Surface: "claude_code",
+			RuntimeMode: string(mode), RuntimeModeSource: string(source), ClientID: client, TokenHash: []byte(id),
+			RegisteredAt: clk.t, ExpiresAt: clk.t.Add(time.Hour),
+		}, clk.t)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	add("1", "canary-1", ModeSticky, SourceAdaptive) // placed under an earlier allowlist
+	add("2", "canary-2", ModeSticky, SourceAdaptive)
+	add("3", "canary-2", ModeStateless, SourceAdaptive)
+	add("4", "canary-2", ModeSticky, SourceExplicit) // not the classifier's
+	add("5", "other", ModeStateless, SourceDefault)
+	s, err := f.Summary(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []ClientPlacements{
+		{ClientID: "canary-2", Sessions: 2, ByMode: map[string]int{"sticky": 1, "stateless": 1}, OnAllowlist: true},
+		{ClientID: "canary-1", Sessions: 1, ByMode: map[string]int{"sticky": 1}, OnAllowlist: false},
+	}
+	if len(s.ByClient) != len(want) {
+		t.Fatalf("ByClient = %+v, want %+v", s.ByClient, want)
+	}
+	for i := range want {
+		g, w := s.ByClient[i], want[i]
+		if g.ClientID != w.ClientID || g.Sessions != w.Sessions || g.OnAllowlist != w.OnAllowlist || !maps.Equal(g.ByMode, w.ByMode) {
+			t.Errorf("ByClient[%d] = %+v, want %+v", i, g, w)
+		}
+	}
+}
+
+// fakeProber answers ConnectedInstances from a set the test sets.
+type fakeProber struct{ live map[string]bool }
+
+func (p *fakeProber) ConnectedInstances(context.Context) (map[string]bool, error) {
+	return maps.Clone(p.live), nil
+}
+
+// Probe judges only a process it saw connected: one never seen (an older
+// binary, a listener not yet up) keeps its heartbeat's verdict, one seen and
+// gone is dead at once, and a restart (a new StartedAt) starts unseen.
+func TestProbeJudgesOnlyProcessesSeenConnected(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	a := newTestFabric(t, st, clk, "a")
+	p := &fakeProber{live: map[string]bool{}}
+	a.SetProber(p)
+	beat := func(id string, started time.Time) {
+		t.Helper()
+		if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: id, URL: "http://" + id, StartedAt: started, LastHeartbeatAt: clk.t}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	process := func(id string) string {
+		t.Helper()
+		s, err := a.Summary(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, in := range s.Instances {
+			if in.ID == id {
+				return in.Process
+			}
+		}
+		return "absent"
+	}
+	beat("b", clk.t)
+	if err := a.Tick(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !a.Healthy(ctx, "b") || process("b") != ProcessUnknown {
+		t.Fatalf("b never seen connected: healthy %v, process %q; want healthy, unknown", a.Healthy(ctx, "b"), process("b"))
+	}
+	p.live["b"] = true
+	if err := a.Probe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !a.Healthy(ctx, "b") || process("b") != ProcessConnected {
+		t.Fatalf("b connected: healthy %v, process %q", a.Healthy(ctx, "b"), process("b"))
+	}
+	delete(p.live, "b") // its connection ended; its heartbeat is still fresh
+	if err := a.Probe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a.Healthy(ctx, "b") || a.HoldsQueue(ctx, "b", clk.t) || process("b") != ProcessGone {
+		t.Fatalf("b gone: healthy %v, process %q; want unhealthy, gone", a.Healthy(ctx, "b"), process("b"))
+	}
+	clk.t = clk.t.Add(time.Second)
+	beat("b", clk.t) // restarted: a new process, not yet connected
+	if err := a.Tick(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !a.Healthy(ctx, "b") || process("b") != ProcessUnknown {
+		t.Fatalf("b restarted, listener not up yet: healthy %v, process %q; want healthy by its heartbeat, unknown", a.Healthy(ctx, "b"), process("b"))
 	}
 }

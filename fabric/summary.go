@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/marconihub/marconi/sessionstore"
@@ -13,6 +14,21 @@ import (
 // SummaryFallbackLimit is how many fallback events the summary shows, newest first.
 const SummaryFallbackLimit = 50
 
+// SummaryClientLimit is how many client ids the canary view shows, most
+// placements first.
+const SummaryClientLimit = 50
+
+// ClientPlacements is one client_id in the canary view: the live sessions
+// the adaptive classifier placed for it, by runtime mode, and whether the
+// client is on MARCONI_ADAPTIVE_CLIENTS now (one that is not was placed under
+// an earlier allowlist, or the allowlist is not what the operator meant).
+type ClientPlacements struct {
+	ClientID    string
+	Sessions    int
+	ByMode      map[string]int
+	OnAllowlist bool
+}
+
 // InstanceStatus is one instance in the summary.
 type InstanceStatus struct {
 	ID      string
@@ -20,6 +36,9 @@ type InstanceStatus struct {
 	Healthy bool
 	// Draining is the instance's own mark (SetDraining).
 	Draining bool
+	// Process is what the probe sees of the instance's process:
+	// ProcessConnected, ProcessGone (dead at once) or ProcessUnknown.
+	Process string
 	// Sessions is how many live sticky sessions are assigned to it (the load
 	// placement balances).
 	Sessions int
@@ -33,6 +52,9 @@ type InstanceStatus struct {
 type Summary struct {
 	Gate      string
 	Allowlist []string
+	// ByClient is the canary view: adaptive placements of the live sessions
+	// by client_id, most first, at most SummaryClientLimit.
+	ByClient  []ClientPlacements
 	Sessions  sessionstore.SessionStats
 	Instances []InstanceStatus
 	Counts    sessionstore.Counts
@@ -60,19 +82,48 @@ func (f *Fabric) Summary(ctx context.Context) (Summary, error) {
 	if err != nil {
 		return Summary{}, fmt.Errorf("summary: %w", err)
 	}
+	byClient, err := f.store.CountByClient(ctx, now, string(SourceAdaptive))
+	if err != nil {
+		return Summary{}, fmt.Errorf("summary: %w", err)
+	}
 	f.checkRollback(counts)
 	out := Summary{
-		Gate: f.Gate(), Allowlist: f.Allowlist(), Sessions: stats, Counts: counts, Fallbacks: events,
+		Gate: f.Gate(), Allowlist: f.Allowlist(), ByClient: f.canaryView(byClient),
+		Sessions: stats, Counts: counts, Fallbacks: events,
 		Instances: make([]InstanceStatus, 0, len(list)),
 	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
 	for _, in := range list {
 		out.Instances = append(out.Instances, InstanceStatus{
 			ID: in.ID, URL: in.URL, Healthy: f.healthyAt(in, now), Draining: in.Draining,
+			Process:  f.processState(in.ID, in.StartedAt),
 			Sessions: stats.ByAssignedInstance[in.ID], AttachedQueues: stats.ByQueueInstance[in.ID],
 			LastHeartbeatAt: in.LastHeartbeatAt,
 		})
 	}
 	return out, nil
+}
+
+// canaryView orders the adaptive placements by client, most first (ties by
+// id), and keeps the first SummaryClientLimit.
+func (f *Fabric) canaryView(byClient map[string]map[string]int) []ClientPlacements {
+	out := make([]ClientPlacements, 0, len(byClient))
+	for id, modes := range byClient {
+		n := 0
+		for _, c := range modes {
+			n += c
+		}
+		out = append(out, ClientPlacements{ClientID: id, Sessions: n, ByMode: modes,
+			OnAllowlist: allowlisted(f.cfg.Placement.AdaptiveClients, id)})
+	}
+	slices.SortFunc(out, func(a, b ClientPlacements) int {
+		if a.Sessions != b.Sessions {
+			return b.Sessions - a.Sessions
+		}
+		return strings.Compare(a.ClientID, b.ClientID)
+	})
+	return out[:min(len(out), SummaryClientLimit)]
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -103,8 +103,12 @@ func (c *credentials) isConfiguredKey(key string) bool {
 	return ok
 }
 
-// ctxSession is where sessionAuth leaves the caller's session.
-const ctxSession = "marconi.session"
+// ctxSession is where sessionAuth leaves the caller's session; ctxTokenHash
+// the SHA-256 of its token.
+const (
+	ctxSession   = "marconi.session"
+	ctxTokenHash = "marconi.token_hash"
+)
 
 // sessionAuth authenticates a session token and loads the caller's session
 // as it was before this call (the self-heal gates need that). After the
@@ -112,13 +116,42 @@ const ctxSession = "marconi.session"
 // (last_verb_at), at most once per TouchInterval; heartbeats write their own,
 // and a deregistered session has nothing left to touch.
 func (s *Server) sessionAuth(next echo.HandlerFunc) echo.HandlerFunc {
+	return s.authSession(next, false)
+}
+
+// sendAuth is sessionAuth for sends: the session may come from the token
+// cache, because the send itself is authorised again by the store (see
+// tokenCache). A send the store refused for its token drops the entry.
+func (s *Server) sendAuth(next echo.HandlerFunc) echo.HandlerFunc {
+	return s.authSession(next, true)
+}
+
+func (s *Server) authSession(next echo.HandlerFunc, cached bool) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		sess, err := s.authenticateSessionCtx(c.Request().Context(), bearer(c))
-		if err != nil {
-			return err
+		token := bearer(c)
+		if !strings.HasPrefix(token, prefixSessionToken) {
+			return errUnauthorized
+		}
+		h := sha256.Sum256([]byte(token))
+		sess, hit := sessionstore.Session{}, false
+		if cached {
+			sess, hit = s.tokens.get(h, s.now())
+		}
+		if !hit {
+			var err error
+			if sess, err = s.authenticateSessionCtx(c.Request().Context(), token); err != nil {
+				return err
+			}
+			if cached {
+				s.tokens.put(h, sess, s.now())
+			}
 		}
 		c.Set(ctxSession, sess)
-		err = next(c)
+		c.Set(ctxTokenHash, h[:])
+		err := next(c)
+		if e, ok := errors.AsType[*marconi.Error](err); ok && e.Code == marconi.CodeSessionExpired {
+			s.tokens.drop(h[:])
+		}
 		if p := c.Path(); p != "/v1/heartbeat" && p != "/v1/session" {
 			s.touchVerb(c, sess)
 		}
@@ -147,6 +180,11 @@ func (s *Server) authenticateSessionCtx(ctx context.Context, token string) (sess
 // session returns the caller's session loaded by sessionAuth.
 func session(c echo.Context) sessionstore.Session {
 	return c.Get(ctxSession).(sessionstore.Session)
+}
+
+// tokenHash returns the SHA-256 of the caller's token, set by sessionAuth.
+func tokenHash(c echo.Context) []byte {
+	return c.Get(ctxTokenHash).([]byte)
 }
 
 // adminAuth guards /v1/ops/*.

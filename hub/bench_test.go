@@ -429,7 +429,7 @@ func memSnapshot() memState {
 	for _, g := range strings.Split(string(buf), "\n\n") {
 		// A hub goroutine is one whose stack runs hub code, or net/http's
 		// server conn loop (the attach handler's goroutine, while it waits).
-		if strings.Contains(g, "marconi/hub.(*Server)") || strings.Contains(g, "net/http.(*conn).serve") {
+		if strings.Contains(g, "marconi/hub.(*Server)") || strings.Contains(g, "marconi/hub/conns.") || strings.Contains(g, "net/http.(*conn).serve") {
 			s.hubGoroutines++
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -29,10 +30,12 @@ var statusByCode = map[string]int{
 	marconi.CodeNotAdaptivePlacement:   http.StatusConflict,
 	marconi.CodeSessionExpired:         http.StatusGone,
 	marconi.CodePayloadTooLarge:        http.StatusRequestEntityTooLarge,
+	marconi.CodeRequestTimeout:         http.StatusRequestTimeout,
 	marconi.CodeTooManyRequests:        http.StatusTooManyRequests,
 	marconi.CodeQuotaExceeded:          http.StatusTooManyRequests,
 	marconi.CodeRegistryUnavailable:    http.StatusServiceUnavailable,
 	marconi.CodeDraining:               http.StatusServiceUnavailable,
+	marconi.CodeUpgradeRequired:        http.StatusUpgradeRequired,
 	marconi.CodeInternal:               http.StatusInternalServerError,
 }
 
@@ -57,6 +60,9 @@ func publicError(err error) *marconi.Error {
 	}
 	if qe, ok := errors.AsType[*sessionstore.QuotaError](err); ok {
 		return marconi.QuotaExceeded(qe.Quota, 0, "%d of %d in use; acknowledge or deregister to free some", qe.Current, qe.Limit)
+	}
+	if errors.Is(err, sessionstore.ErrInvalidInput) {
+		return marconi.Errorf(marconi.CodeInvalidField, "a field holds a value that cannot be stored (such as a NUL character)")
 	}
 	if errors.Is(err, sessionstore.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
 		return marconi.Errorf(marconi.CodeRegistryUnavailable, "the session registry cannot be reached; try again shortly")
@@ -88,6 +94,9 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	if status == 0 {
 		status = http.StatusInternalServerError
 	}
+	if pe.Code == marconi.CodeQuotaExceeded {
+		s.QuotaRefused(pe.Quota)
+	}
 	switch {
 	case pe.Code == marconi.CodeInternal:
 		s.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
@@ -115,6 +124,4 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 }
 
 // logAttrs is a small helper for structured logs of a session key.
-func keyAttrs(k sessionstore.Key) slog.Attr {
-	return slog.Group("session", "tenant_id", k.TenantID, "project_id", k.ProjectID, "session_id", k.SessionID)
-}
+func keyAttrs(k sessionstore.Key) slog.Attr { return conns.KeyAttrs(k) }

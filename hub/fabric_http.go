@@ -3,11 +3,11 @@ package hub
 import (
 	"net/http"
 	"time"
-	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/signals"
 )
 
 // mismatchReasonLimit bounds the reason of a placement-mismatch report.
@@ -26,8 +26,8 @@ func (s *Server) placementMismatch(c echo.Context) error {
 	if err := decodeBody(c, 4<<10, &req); err != nil {
 		return err
 	}
-	if len(req.Reason) > mismatchReasonLimit || !utf8.ValidString(req.Reason) {
-		return marconi.Errorf(marconi.CodeInvalidField, "reason must be UTF-8 text of at most %d bytes", mismatchReasonLimit)
+	if !signals.ValidText(req.Reason, mismatchReasonLimit) {
+		return marconi.Errorf(marconi.CodeInvalidField, "reason must be UTF-8 text of at most %d bytes without control characters", mismatchReasonLimit)
 	}
 	if err := s.fabric.ReportMismatch(c.Request().Context(), sess, req.Reason); err != nil {
 		return err
@@ -37,8 +37,9 @@ func (s *Server) placementMismatch(c echo.Context) error {
 
 type fabricSummaryJSON struct {
 	AdaptivePlacement struct {
-		Gate      string   `json:"gate"`
-		Allowlist []string `json:"allowlist"`
+		Gate      string                `json:"gate"`
+		Allowlist []string              `json:"allowlist"`
+		ByClient  []clientPlacementJSON `json:"by_client"`
 	} `json:"adaptive_placement"`
 	Sessions struct {
 		Total    int            `json:"total"`
@@ -55,11 +56,19 @@ type fabricSummaryJSON struct {
 	FallbackEvents []fallbackEventJSON `json:"fallback_events"`
 }
 
+type clientPlacementJSON struct {
+	ClientID    string         `json:"client_id"`
+	Sessions    int            `json:"sessions"`
+	ByMode      map[string]int `json:"by_mode"`
+	OnAllowlist bool           `json:"on_allowlist"`
+}
+
 type fabricInstanceJSON struct {
 	InstanceID      string    `json:"instance_id"`
 	URL             string    `json:"url"`
 	Healthy         bool      `json:"healthy"`
 	Draining        bool      `json:"draining"`
+	Process         string    `json:"process"`
 	Sessions        int       `json:"sessions"`
 	AttachedQueues  int       `json:"attached_queues"`
 	LastHeartbeatAt time.Time `json:"last_heartbeat_at"`
@@ -84,13 +93,19 @@ func (s *Server) fabricSummary(c echo.Context) error {
 	var out fabricSummaryJSON
 	out.AdaptivePlacement.Gate = sum.Gate
 	out.AdaptivePlacement.Allowlist = sum.Allowlist
+	out.AdaptivePlacement.ByClient = make([]clientPlacementJSON, 0, len(sum.ByClient))
+	for _, p := range sum.ByClient {
+		out.AdaptivePlacement.ByClient = append(out.AdaptivePlacement.ByClient, clientPlacementJSON{
+			ClientID: p.ClientID, Sessions: p.Sessions, ByMode: p.ByMode, OnAllowlist: p.OnAllowlist,
+		})
+	}
 	out.Sessions.Total = sum.Sessions.Total
 	out.Sessions.ByMode = sum.Sessions.ByMode
 	out.Sessions.BySource = sum.Sessions.BySource
 	out.Instances = make([]fabricInstanceJSON, 0, len(sum.Instances))
 	for _, in := range sum.Instances {
 		out.Instances = append(out.Instances, fabricInstanceJSON{
-			InstanceID: in.ID, URL: in.URL, Healthy: in.Healthy, Draining: in.Draining,
+			InstanceID: in.ID, URL: in.URL, Healthy: in.Healthy, Draining: in.Draining, Process: in.Process,
 			Sessions: in.Sessions, AttachedQueues: in.AttachedQueues, LastHeartbeatAt: in.LastHeartbeatAt.UTC(),
 		})
 	}

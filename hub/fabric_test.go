@@ -863,6 +863,16 @@ func TestFabricSummaryShape(t *testing.T) {
 	if ap["gate"] != "on" || len(ap["allowlist"].([]any)) != 1 || ap["allowlist"].([]any)[0] != "canary" {
 		t.Fatalf("adaptive_placement %v", ap)
 	}
+	wantKeys(t, "adaptive_placement", ap, "gate", "allowlist", "by_client")
+	if bc := ap["by_client"].([]any); len(bc) != 1 {
+		t.Fatalf("by_client %v, want the canary's one placement", bc)
+	} else {
+		p := bc[0].(map[string]any)
+		wantKeys(t, "by_client[0]", p, "client_id", "sessions", "by_mode", "on_allowlist")
+		if p["client_id"] != "canary" || p["sessions"] != 1.0 || p["by_mode"].(map[string]any)["sticky"] != 1.0 || p["on_allowlist"] != true {
+			t.Fatalf("by_client[0] %v", p)
+		}
+	}
 	ss := s["sessions"].(map[string]any)
 	wantKeys(t, "sessions", ss, "total", "by_mode", "by_source")
 	if ss["total"] != 3.0 || ss["by_mode"].(map[string]any)["sticky"] != 2.0 ||
@@ -874,8 +884,8 @@ func TestFabricSummaryShape(t *testing.T) {
 		t.Fatalf("instances %v", ins)
 	}
 	in := ins[0].(map[string]any)
-	wantKeys(t, "instance", in, "instance_id", "url", "healthy", "draining", "sessions", "attached_queues", "last_heartbeat_at")
-	if in["instance_id"] != "hub-a" || in["url"] != h.URL || in["healthy"] != true || in["sessions"] != 2.0 || in["attached_queues"] != 0.0 {
+	wantKeys(t, "instance", in, "instance_id", "url", "healthy", "draining", "process", "sessions", "attached_queues", "last_heartbeat_at")
+	if in["instance_id"] != "hub-a" || in["url"] != h.URL || in["healthy"] != true || in["process"] != "connected" || in["sessions"] != 2.0 || in["attached_queues"] != 0.0 {
 		t.Fatalf("instance %v", in)
 	}
 	wantKeys(t, "summary.summary", totals(s), "total_fallbacks", "total_reassignments", "total_adaptive_placements", "total_adaptive_placement_mismatches")

@@ -6,9 +6,6 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	registryErrors prometheus.Counter
 	registrations  *prometheus.CounterVec
-	connections    prometheus.Gauge
-	disconnects    *prometheus.CounterVec
-	queueDrops     *prometheus.CounterVec
 	pruned         *prometheus.CounterVec
 	pending        prometheus.Gauge
 }
@@ -23,18 +20,6 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "marconi_registrations_total",
 			Help: "Session registrations by result (created, resumed).",
 		}, []string{"result"}),
-		connections: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "marconi_ws_connections",
-			Help: "WebSocket connections attached to this instance.",
-		}),
-		disconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "marconi_ws_disconnects_total",
-			Help: "WebSocket connections ended, by reason.",
-		}, []string{"reason"}),
-		queueDrops: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "marconi_queue_drops_total",
-			Help: "Signals not pushed to a WebSocket queue, by reason; each stays durable in the store.",
-		}, []string{"reason"}),
 		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "marconi_pruned_total",
 			Help: "Rows removed by the retention loop, by kind (signals, sessions).",
@@ -44,13 +29,9 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Help: "Unacknowledged signals of live sessions, cluster-wide, sampled by the retention loop.",
 		}),
 	}
-	for _, r := range []string{"client_closed", "connection_lost", "ping_timeout", "replaced", "slow_consumer", "deregistered", "shutdown", "message_too_big", "affinity_reset"} {
-		m.disconnects.WithLabelValues(r)
-	}
-	m.queueDrops.WithLabelValues("slow_consumer")
 	m.pruned.WithLabelValues("signals")
 	m.pruned.WithLabelValues("sessions")
-	for _, c := range []prometheus.Collector{m.registryErrors, m.registrations, m.connections, m.disconnects, m.queueDrops, m.pruned, m.pending} {
+	for _, c := range []prometheus.Collector{m.registryErrors, m.registrations, m.pruned, m.pending} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}

@@ -110,7 +110,7 @@ func (s *Server) routeState(ctx context.Context, k sessionstore.Key, sess *sessi
 		}
 		sess = &got
 	}
-	r := s.Route(ctx, *sess)
+	r := s.conns.Route(ctx, *sess)
 	out.RouteState = signals.Classify(*sess, r, now, fresh)
 	out.Queue = routeQueueJSON{Attached: r.Attached, InstanceHealthy: r.InstanceHealthy, AttachedAt: timePtr(r.AttachedAt)}
 	if r.InstanceID != "" {
@@ -212,6 +212,11 @@ const maxRouteStateList = 1000
 // routeStateList is GET /v1/ops/route_state?tenant_id=&project_id=&state=&limit=.
 func (s *Server) routeStateList(c echo.Context) error {
 	f := sessionstore.SessionFilter{TenantID: c.QueryParam("tenant_id"), ProjectID: c.QueryParam("project_id")}
+	for name, v := range map[string]string{"tenant_id": f.TenantID, "project_id": f.ProjectID} {
+		if v != "" && !signals.ValidSessionID(v) {
+			return marconi.Errorf(marconi.CodeInvalidField, "%s must match [A-Za-z0-9._-]{1,128}", name)
+		}
+	}
 	state := signals.RouteState(c.QueryParam("state"))
 	switch state {
 	case "", signals.StateAttached, signals.StateRouteWithoutQueue, signals.StateStale:
@@ -242,7 +247,7 @@ func (s *Server) routeStateList(c echo.Context) error {
 		}
 		// Filter on the route state first: it costs no store call, the full
 		// view (pending count) does.
-		if state != "" && signals.Classify(sessions[i], s.Route(ctx, sessions[i]), now, fresh) != state {
+		if state != "" && signals.Classify(sessions[i], s.conns.Route(ctx, sessions[i]), now, fresh) != state {
 			continue
 		}
 		rs, err := s.routeState(ctx, sessions[i].Key, &sessions[i])

@@ -5,6 +5,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -13,13 +14,12 @@ func newSessionID() string { return uuid.NewString() }
 // place asks the fabric whether sess may attach here and builds the welcome.
 // A connection here that is being closed still counts as the session's queue
 // (this attach replaces it); one that sess shows superseded does not.
-func (s *Server) place(ctx context.Context, sess sessionstore.Session) (welcomeFrame, error) {
-	c := s.registry.get(sess.Key)
-	p, err := s.fabric.Place(ctx, sess, c != nil && !s.superseded(c, sess))
+func (s *Server) place(ctx context.Context, sess sessionstore.Session) (conns.Welcome, error) {
+	p, err := s.fabric.Place(ctx, sess, s.conns.Current(sess))
 	if err != nil {
-		return welcomeFrame{}, err
+		return conns.Welcome{}, err
 	}
-	return welcomeFrame{
+	return conns.Welcome{
 		Type: "welcome", SessionID: sess.SessionID, InstanceID: s.cfg.InstanceID,
 		Resumed: p.Resumed, AffinityReset: p.AffinityReset, Dropped: p.Dropped,
 	}, nil

@@ -148,11 +148,9 @@ func attachWS(t *testing.T, h *hubtest.Hub, a agent) (*websocket.Conn, map[strin
 
 // attachWSIn attaches a's WebSocket with dial and, at cleanup, closes it and
 // waits until the hub has detached it, before the hub shuts down. Without
-// that wait dial's client close races the hub's shutdown kick: serveConn
-// (ws.go) reads wsConn.kickMetric after its errgroup ends without having
-// observed c.kicked, which -race reports (left to the owner of ws.go).
-// Letting the hub close first instead costs the 5 s close handshake timeout
-// per connection, since nobody reads the client side.
+// that wait dial's client close races the hub's shutdown kick. Letting the
+// hub close first instead costs the 5 s close handshake timeout per
+// connection, since nobody reads the client side.
 func attachWSIn(t *testing.T, h *hubtest.Hub, tenant, project string, a agent) (*websocket.Conn, map[string]any) {
 	t.Helper()
 	c, w := dial(t, h, a)

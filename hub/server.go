@@ -3,11 +3,9 @@ package hub
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 	"github.com/marconihub/marconi/signals/selfheal"
@@ -41,10 +40,26 @@ type Config struct {
 	TouchInterval time.Duration
 	// StoreTimeout bounds every store call made for a request (fail closed fast).
 	StoreTimeout time.Duration
+	// BodyReadTimeout bounds reading a request body, apart from the store
+	// deadline: a body slower than this is refused with 408 request_timeout.
+	BodyReadTimeout time.Duration
+	// QuotaSessionsPerProject caps the live sessions of one project.
+	QuotaSessionsPerProject int
+	// QuotaRegistrationsPerSecond is the registration rate per API key, in
+	// this instance's memory; the burst is twice it.
+	QuotaRegistrationsPerSecond float64
 	// MaxPayloadBytes limits a signal's encoded payload.
 	MaxPayloadBytes int
 	// SendRatePerSecond is the per-session send limit; the burst is twice it.
 	SendRatePerSecond float64
+	// StoreQuotas are the quotas the store enforces inside each append
+	// (pending signals per recipient, pending bytes per project); zero
+	// fields take the signals package's defaults.
+	StoreQuotas sessionstore.Limits
+	// TokenCacheSize is how many session tokens the send path remembers
+	// (for TouchInterval each); 0 takes the default 10000, negative turns
+	// the cache off.
+	TokenCacheSize int
 	// WSPingInterval: the hub pings every interval and drops a peer whose
 	// pong has not come within one more interval.
 	WSPingInterval time.Duration
@@ -55,6 +70,18 @@ type Config struct {
 	WSQueueSize int
 	// WSWriteTimeout bounds one frame write.
 	WSWriteTimeout time.Duration
+	// WSAckInterval is MARCONI_WS_ACK_INTERVAL_MS (5): a connection's acks
+	// are coalesced and written at most once per interval (and on close).
+	WSAckInterval time.Duration
+	// WSFramesPerSecond is MARCONI_WS_FRAMES_PER_SECOND (100): frames a client
+	// may send per connection and second, burst twice it; past it 1008.
+	WSFramesPerSecond float64
+	// MaxConnections is MARCONI_MAX_CONNECTIONS (100000): WebSockets open on
+	// this instance; past it an attach is refused with 429 quota_exceeded.
+	MaxConnections int
+	// MaxConnectionsPerAddress is MARCONI_MAX_CONNECTIONS_PER_ADDRESS
+	// (25000): WebSockets open from one client address.
+	MaxConnectionsPerAddress int
 	// DefaultRuntimeMode applies when a registration names none.
 	DefaultRuntimeMode fabric.Mode
 	// DevAPIKeys maps API key to tenant/project, from MARCONI_API_KEYS.
@@ -100,15 +127,27 @@ const (
 	DefaultHeartbeatInterval = 20 * time.Second
 	DefaultTouchInterval     = 5 * time.Second
 	DefaultStoreTimeout      = 3 * time.Second
-	DefaultSendRatePerSecond = 200
-	DefaultWSPingInterval    = 20 * time.Second
-	DefaultWSReadLimit       = 32768
-	DefaultWSQueueSize       = 256
-	DefaultWSWriteTimeout    = 10 * time.Second
-	DefaultRetainAcked       = 24 * time.Hour
-	DefaultRetainExpired     = time.Hour
-	DefaultPruneEvery        = time.Minute
-	DefaultPendingSweep      = 5 * time.Second
+	// DefaultBodyReadTimeout bounds reading a request body.
+	DefaultBodyReadTimeout = 10 * time.Second
+	// DefaultQuotaSessionsPerProject caps a project's live sessions.
+	DefaultQuotaSessionsPerProject = 20000
+	// DefaultQuotaRegistrationsPerSecond is the registration rate per API key.
+	DefaultQuotaRegistrationsPerSecond = 50
+	DefaultSendRatePerSecond           = 200
+	DefaultWSPingInterval              = 20 * time.Second
+	DefaultWSReadLimit                 = 32768
+	DefaultWSQueueSize                 = 256
+	DefaultWSWriteTimeout              = 10 * time.Second
+	DefaultRetainAcked                 = 24 * time.Hour
+	DefaultRetainExpired               = time.Hour
+	DefaultPruneEvery                  = time.Minute
+	DefaultPendingSweep                = 5 * time.Second
+	DefaultTokenCacheSize              = 10000
+
+	DefaultWSAckInterval            = 5 * time.Millisecond
+	DefaultWSFramesPerSecond        = 100
+	DefaultMaxConnections           = 100000
+	DefaultMaxConnectionsPerAddress = 25000
 )
 
 func (c *Config) setDefaults() {
@@ -130,11 +169,23 @@ func (c *Config) setDefaults() {
 	if c.StoreTimeout == 0 {
 		c.StoreTimeout = DefaultStoreTimeout
 	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+	if c.QuotaSessionsPerProject == 0 {
+		c.QuotaSessionsPerProject = DefaultQuotaSessionsPerProject
+	}
+	if c.QuotaRegistrationsPerSecond == 0 {
+		c.QuotaRegistrationsPerSecond = DefaultQuotaRegistrationsPerSecond
+	}
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = signals.DefaultMaxPayloadBytes
 	}
 	if c.SendRatePerSecond == 0 {
 		c.SendRatePerSecond = DefaultSendRatePerSecond
+	}
+	if c.TokenCacheSize == 0 {
+		c.TokenCacheSize = DefaultTokenCacheSize
 	}
 	if c.WSPingInterval == 0 {
 		c.WSPingInterval = DefaultWSPingInterval
@@ -147,6 +198,18 @@ func (c *Config) setDefaults() {
 	}
 	if c.WSWriteTimeout == 0 {
 		c.WSWriteTimeout = DefaultWSWriteTimeout
+	}
+	if c.WSAckInterval == 0 {
+		c.WSAckInterval = DefaultWSAckInterval
+	}
+	if c.WSFramesPerSecond == 0 {
+		c.WSFramesPerSecond = DefaultWSFramesPerSecond
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxConnectionsPerAddress == 0 {
+		c.MaxConnectionsPerAddress = DefaultMaxConnectionsPerAddress
 	}
 	if c.DefaultRuntimeMode == "" {
 		c.DefaultRuntimeMode = fabric.DefaultRuntimeMode
@@ -212,22 +275,23 @@ type Server struct {
 	metrics  *metrics
 	creds    *credentials
 	limits   *sendLimiter
-	registry *registry
+	tokens   *tokenCache // nil when off
+	conns    *conns.Hub
 	signals  *signals.Service
 	selfheal *selfheal.Evaluator
 	fabric   *fabric.Fabric
-	peers    Peers
 	placer   *fabric.Fabric
-	bus      fabric.Bus // counted; see wake.go
+	bus      fabric.Bus // counted by the connection hub
 
-	wakeMetrics *wakeMetrics
+	// registrations is the per-API-key registration quota; newSessions
+	// serialises the count-then-create of one project's new sessions.
+	registrations *rateLimiter[[32]byte]
+	newSessions   *keyedMutex[TenantProject]
+	fullProjects  *projectMemo
+	quotas        *quotaMetrics
 
 	draining      atomic.Bool
 	storeNotReady atomic.Bool // set while the store's schema is not migrated
-
-	mu      sync.Mutex
-	closing bool
-	wsWG    sync.WaitGroup // attached WebSocket handlers (hijacked: echo.Shutdown does not wait for them)
 }
 
 // New builds a hub. It does not listen; serve Handler() or use Start.
@@ -250,15 +314,24 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	qm, err := newQuotaMetrics(d.Registry)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
-		cfg:      cfg,
-		store:    d.Store,
-		log:      d.Logger,
-		now:      d.Now,
-		metrics:  m,
-		creds:    newCredentials(cfg.APIKeys, cfg.AdminToken),
-		limits:   newSendLimiter(cfg.SendRatePerSecond, d.Now),
-		registry: newRegistry(),
+		cfg:     cfg,
+		store:   d.Store,
+		log:     d.Logger,
+		now:     d.Now,
+		metrics: m,
+		creds:   newCredentials(cfg.APIKeys, cfg.AdminToken),
+		limits:  newSendLimiter(cfg.SendRatePerSecond, d.Now),
+
+		registrations: newRateLimiter[[32]byte](cfg.QuotaRegistrationsPerSecond, d.Now),
+		newSessions:   newKeyedMutex[TenantProject](),
+		fullProjects:  newProjectMemo(),
+		quotas:        qm,
+		tokens:        newTokenCache(cfg.TokenCacheSize, cfg.TouchInterval),
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
 	if err != nil {
@@ -268,19 +341,49 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.placer, s.peers = s.fabric, s.fabric
+	s.placer = s.fabric
+	s.conns, err = conns.New(conns.Config{
+		InstanceID:    cfg.InstanceID,
+		SessionTTL:    cfg.SessionTTL,
+		TouchInterval: cfg.TouchInterval,
+		StoreTimeout:  cfg.StoreTimeout,
+		PingInterval:  cfg.WSPingInterval,
+		ReadLimit:     cfg.WSReadLimit,
+		QueueSize:     cfg.WSQueueSize,
+		WriteTimeout:  cfg.WSWriteTimeout,
+		AckInterval:   cfg.WSAckInterval,
+
+		FramesPerSecond:          cfg.WSFramesPerSecond,
+		MaxConnections:           cfg.MaxConnections,
+		MaxConnectionsPerAddress: cfg.MaxConnectionsPerAddress,
+		OnQuotaRefused:           s.QuotaRefused,
+	}, conns.Deps{
+		Store: d.Store,
+		Ack: func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error) {
+			return s.signals.Ack(ctx, k, upToSeq)
+		},
+		Peers:    s.fabric,
+		Draining: s.Draining,
+		Registry: d.Registry,
+		Logger:   d.Logger,
+		Now:      d.Now,
+	})
+	if err != nil {
+		return nil, err
+	}
 	if d.Bus == nil {
 		d.Bus = fabric.NoBus{}
 	}
-	if s.wakeMetrics, err = newWakeMetrics(d.Registry); err != nil {
-		return nil, err
-	}
-	s.bus = countingBus{Bus: d.Bus, m: s.wakeMetrics}
+	s.bus = s.conns.CountBus(d.Bus)
 	s.fabric.SetBus(s.bus)
+	if p, ok := d.Bus.(fabric.Prober); ok { // pgstore.Bus: death seen through the listener's connection
+		s.fabric.SetProber(p)
+	}
 	s.signals, err = signals.New(signals.Config{
 		MaxPayloadBytes: cfg.MaxPayloadBytes,
 		Freshness:       cfg.SelfHeal.Freshness,
-	}, d.Store, s, s.selfheal, d.Now, d.Registry, d.Logger)
+		Quotas:          cfg.StoreQuotas,
+	}, d.Store, s.conns, s.selfheal, d.Now, d.Registry, d.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -305,7 +408,7 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	v1.POST("/sessions", s.register)
 	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth)
 	v1.DELETE("/session", s.deregister, s.sessionAuth)
-	v1.POST("/signals", s.send, s.sessionAuth)
+	v1.POST("/signals", s.send, s.sendAuth)
 	v1.GET("/signals", s.drain, s.sessionAuth)
 	v1.POST("/signals/ack", s.ack, s.sessionAuth)
 	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth)
@@ -362,43 +465,27 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 // CloseConnections is the WebSocket step of shutdown: it refuses new
 // attaches, closes every attached connection with 1012 (hub restarting) and
 // waits, until ctx ends, for their handlers to finish.
-func (s *Server) CloseConnections(ctx context.Context) error {
-	s.mu.Lock()
-	s.closing = true
-	s.mu.Unlock()
-	s.closeAll(statusRestarting, "hub restarting", "shutdown")
-	done := make(chan struct{})
-	go func() {
-		s.wsWG.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("websocket handlers still running: %w", ctx.Err())
-	}
-}
+func (s *Server) CloseConnections(ctx context.Context) error { return s.conns.Close(ctx) }
 
-func (s *Server) isClosing() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closing
-}
+// WakeLocal is how the fabric hands a cross-instance wake-up to this
+// instance: the session's queue catches up from the store.
+func (s *Server) WakeLocal(k sessionstore.Key) { s.conns.WakeLocal(k) }
 
 // Run runs the hub's background loops (pruning, bucket sweeps, the
 // wake-up listener and the pending sweep) until ctx ends, and returns when
 // they have all stopped.
 func (s *Server) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return s.listenWakes(ctx) })
-	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.sweepPending); return nil })
+	g.Go(func() error { return s.conns.Listen(ctx, s.bus) })
+	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.conns.Sweep); return nil })
 	g.Go(func() error { s.every(ctx, s.cfg.Retention.Every, s.prune); return nil })
 	g.Go(func() error { return s.fabric.Run(ctx) })
 	g.Go(func() error {
 		s.every(ctx, 30*time.Second, func(context.Context) {
 			s.selfheal.Sweep()
 			s.limits.sweep()
+			s.registrations.sweep()
+			s.fullProjects.sweep(s.now())
 		})
 		return nil
 	})
@@ -453,7 +540,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // storeDeadline bounds the store calls of ordinary requests so that an
-// unreachable store answers 503 quickly instead of hanging.
+// unreachable store answers 503 quickly instead of hanging. The body is read
+// first, on its own bound (readBody), so the deadline covers store calls only.
 func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.storeNotReady.Load() {
@@ -461,6 +549,9 @@ func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		if c.Path() == "/v1/ws" {
 			return next(c)
+		}
+		if err := s.readBody(c); err != nil {
+			return err
 		}
 		ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 		defer cancel()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 	"github.com/marconihub/marconi/signals/selfheal"
@@ -55,6 +56,9 @@ func (s *Server) register(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.registrationAllowed(bearer(c)); err != nil {
+		return err
+	}
 	var req registerRequest
 	if err := decodeBody(c, registerBodyLimit, &req); err != nil {
 		return err
@@ -86,6 +90,7 @@ func (s *Server) register(c echo.Context) error {
 			sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)
 		switch {
 		case err == nil:
+			s.tokens.drop(hashSecret(old))
 			s.metrics.registrations.WithLabelValues("resumed").Inc()
 			return c.JSON(http.StatusOK, s.sessionResponse(sess, token))
 		case errors.Is(err, sessionstore.ErrTokenMismatch):
@@ -110,6 +115,16 @@ func (s *Server) register(c echo.Context) error {
 		TokenHash:         hashSecret(token),
 		RegisteredAt:      now,
 		ExpiresAt:         now.Add(s.cfg.SessionTTL),
+	}
+	// Count and create under the project's lock, so that this instance's
+	// concurrent registrations cannot pass the quota together.
+	unlock, err := s.newSessions.lock(ctx, owner)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := s.checkSessionQuota(ctx, owner); err != nil {
+		return err
 	}
 	if mode == fabric.ModeSticky {
 		inst, err := s.placer.Assign(ctx)
@@ -170,7 +185,7 @@ func (s *Server) heartbeat(c echo.Context) error {
 		return err
 	}
 	sess.LastSeenAt, sess.LastVerbAt, sess.ExpiresAt = now, now, exp
-	route := s.Route(ctx, sess)
+	route := s.conns.Route(ctx, sess)
 	resp := heartbeatResponse{
 		SessionID:  sess.SessionID,
 		RouteState: string(signals.Classify(sess, route, now, s.signals.Config().Freshness)),
@@ -194,7 +209,10 @@ func (s *Server) deregister(c echo.Context) error {
 	if err != nil && !errors.Is(err, sessionstore.ErrNotFound) {
 		return err
 	}
-	s.kickSession(sess.Key, statusSessionExpired, "session deregistered", "deregistered")
+	// A place is free again in this project: no need to wait for a recount.
+	s.fullProjects.forget(TenantProject{TenantID: sess.TenantID, ProjectID: sess.ProjectID})
+	s.tokens.drop(tokenHash(c))
+	s.conns.Kick(sess.Key, conns.DisconnectDeregistered)
 	return c.NoContent(http.StatusNoContent)
 }
 
@@ -205,8 +223,11 @@ func (s *Server) touchVerb(c echo.Context, sess sessionstore.Session) {
 	if now.Sub(sess.LastVerbAt) < s.cfg.TouchInterval {
 		return
 	}
-	err := s.store.TouchSession(c.Request().Context(), sess.Key, sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)
+	t := sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}
+	err := s.store.TouchSession(c.Request().Context(), sess.Key, t, now)
 	if err != nil {
 		s.log.Debug("touch verb", keyAttrs(sess.Key), "err", err)
+		return
 	}
+	s.tokens.touched([32]byte(tokenHash(c)), t)
 }

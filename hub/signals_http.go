@@ -4,35 +4,22 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 )
 
-// signalJSON is the wire form of a signal.
-type signalJSON struct {
-	ID          string          `json:"id"`
-	Seq         int64           `json:"seq"`
-	FromSession string          `json:"from_session"`
-	ToSession   string          `json:"to_session"`
-	Kind        string          `json:"kind"`
-	Payload     json.RawMessage `json:"payload"`
-	CreatedAt   time.Time       `json:"created_at"`
-}
-
-func toSignalJSON(s sessionstore.Signal) signalJSON {
-	return signalJSON{ID: s.ID, Seq: s.Seq, FromSession: s.FromSession, ToSession: s.To.SessionID,
-		Kind: s.Kind, Payload: s.Payload, CreatedAt: s.CreatedAt.UTC()}
-}
+// signalJSON is the wire form of a signal, the one WebSocket frames carry.
+type signalJSON = conns.Signal
 
 func toSignalsJSON(sigs []sessionstore.Signal) []signalJSON {
 	out := make([]signalJSON, len(sigs))
 	for i, s := range sigs {
-		out[i] = toSignalJSON(s)
+		out[i] = conns.WireSignal(s)
 	}
 	return out
 }
@@ -81,11 +68,12 @@ func (s *Server) send(c echo.Context) error {
 	}
 	var req sendRequest
 	// The payload limit applies to the payload; the body may carry the rest.
-	if err := decodeBody(c, int64(s.cfg.MaxPayloadBytes)+16<<10, &req); err != nil {
+	if err := decodeBody(c, s.maxBodyBytes(), &req); err != nil {
 		return err
 	}
 	res, err := s.signals.Send(c.Request().Context(), signals.SendRequest{
-		Sender: sender, To: req.ToSession, Kind: req.Kind, Payload: req.Payload, IdempotencyKey: req.IdempotencyKey,
+		Sender: sender, SenderTokenHash: tokenHash(c),
+		To: req.ToSession, Kind: req.Kind, Payload: req.Payload, IdempotencyKey: req.IdempotencyKey,
 	})
 	if err != nil {
 		return err

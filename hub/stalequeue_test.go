@@ -23,7 +23,7 @@ import (
 // records its queues' detach does: the store keeps saying it holds them.
 type noClearStore struct{ sessionstore.Store }
 
-func (noClearStore) ClearQueue(context.Context, sessionstore.Key, string, time.Time) (bool, error) {
+func (noClearStore) ClearQueue(context.Context, sessionstore.Key, string, time.Time, time.Time) (bool, error) {
 	return false, nil
 }
 

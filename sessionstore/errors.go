@@ -24,6 +24,12 @@ var ErrTokenMismatch = errors.New("sessionstore: token mismatch")
 // never fall back to process memory.
 var ErrUnavailable = errors.New("sessionstore: unavailable")
 
+// ErrInvalidInput is returned when the backing store refuses a value as data
+// it cannot hold (in Postgres, SQLSTATE class 22: a NUL byte in text, an
+// invalid byte sequence, a value too long). It is the caller's input that is
+// wrong: the hub answers 400 invalid_field. Nothing was stored.
+var ErrInvalidInput = errors.New("sessionstore: invalid input")
+
 // ErrQuotaExceeded is matched (errors.Is) by every *QuotaError: a write that a
 // quota enforced inside the store refused. Nothing was stored.
 var ErrQuotaExceeded = errors.New("sessionstore: quota exceeded")

@@ -106,6 +106,29 @@ type NewSignal struct {
 	IdempotencySince time.Time
 	Delivery         string
 	RouteState       string
+	// Limits are the store-side quotas this append must respect; zero
+	// fields are unlimited.
+	Limits Limits
+	// SenderTokenHash, when set, makes the store authorise the append in
+	// the same step: a live session FromSession in To's tenant and project
+	// must hold this token hash. A caller that authenticated the sender
+	// from a cache relies on it, so a token rotated, deleted or expired
+	// anywhere can never send.
+	SenderTokenHash []byte
+}
+
+// Limits are the quotas a store enforces atomically inside AppendSignal: a
+// refused append stores nothing and returns a *QuotaError. Zero means no
+// limit. Acknowledgements are cumulative, so a recipient's pending signals
+// are those above its highest acknowledged seq.
+type Limits struct {
+	// PendingPerRecipient bounds the unacknowledged signals of one
+	// recipient (MARCONI_QUOTA_PENDING_PER_RECIPIENT).
+	PendingPerRecipient int64
+	// PendingBytesPerProject bounds the payload bytes of the unacknowledged
+	// signals of one project (MARCONI_QUOTA_PENDING_BYTES_PER_PROJECT).
+	// Signals of a session that expired count until Prune removes it.
+	PendingBytesPerProject int64
 }
 
 // Instance is one hub instance as seen in the shared registry.
@@ -195,6 +218,10 @@ type Store interface {
 	// ListSessions returns live sessions matching f, ordered by tenant,
 	// project and session id.
 	ListSessions(ctx context.Context, f SessionFilter, now time.Time) ([]Session, error)
+	// CountSessions counts the live sessions matching f, counting no
+	// further than f.Limit when it is positive (a quota check needs only
+	// to know whether the limit is reached).
+	CountSessions(ctx context.Context, f SessionFilter, now time.Time) (int, error)
 	// TouchSession records proof of life. Returns ErrNotFound when no live
 	// session has the key.
 	TouchSession(ctx context.Context, k Key, t Touch, now time.Time) error
@@ -202,13 +229,18 @@ type Store interface {
 	// when no session has the key.
 	DeleteSession(ctx context.Context, k Key) error
 
-	// SetQueue records that instance holds the session's queue since at.
-	// Returns ErrNotFound when no session has the key.
+	// SetQueue records that instance holds the session's queue since at: a
+	// compare-and-set on the attachment. It changes nothing when the stored
+	// attachment is newer than at (a later attach, here or elsewhere, won) or
+	// when the queue was detached after at (this attach already ended), so a
+	// late write from an older attach never leaves the store naming the
+	// wrong instance. Returns ErrNotFound when no session has the key.
 	SetQueue(ctx context.Context, k Key, instance string, at time.Time) error
-	// ClearQueue records that the queue detached at at, but only while
-	// instance still holds it (a newer attach elsewhere wins). It reports
-	// whether it cleared anything.
-	ClearQueue(ctx context.Context, k Key, instance string, at time.Time) (bool, error)
+	// ClearQueue records that the queue detached at at, but only while the
+	// attachment is still the one instance recorded at attachedAt (the at of
+	// its SetQueue): a newer attach, elsewhere or on the same instance, wins.
+	// It reports whether it cleared anything.
+	ClearQueue(ctx context.Context, k Key, instance string, attachedAt, at time.Time) (bool, error)
 	// AssignInstance sets the sticky assignment of a session, whatever it
 	// was: a takeover, which must not overwrite a racing one, uses
 	// ReassignInstance. Returns ErrNotFound when no session has the key.
@@ -229,8 +261,13 @@ type Store interface {
 	// AppendSignal stores a signal for a live recipient with the next seq of
 	// that recipient, atomically. When the sender already sent a signal with
 	// the same non-empty idempotency key since IdempotencySince, nothing is
-	// stored and that signal is returned with duplicate true. Returns
-	// ErrNotFound when the recipient is not a live session.
+	// stored and that signal is returned with duplicate true (a duplicate is
+	// never refused by a quota). Returns ErrNotFound when the recipient is
+	// not a live session, ErrTokenMismatch when s.SenderTokenHash is set and
+	// no live session FromSession holds it (checked before anything else), a
+	// *QuotaError (ErrQuotaExceeded) when s.Limits refuse it, and
+	// ErrInvalidInput when a value cannot be stored. Nothing is stored on
+	// any error.
 	AppendSignal(ctx context.Context, s NewSignal, now time.Time) (sig Signal, duplicate bool, err error)
 	// PendingSignals returns the unacknowledged signals of k with seq >
 	// afterSeq, in seq order, at most limit of them.
@@ -265,6 +302,10 @@ type Store interface {
 	HeartbeatInstance(ctx context.Context, in Instance) error
 	// SessionStats aggregates the sessions live at now.
 	SessionStats(ctx context.Context, now time.Time) (SessionStats, error)
+	// CountByClient counts the sessions live at now whose
+	// runtime_mode_source is source, by client_id and then by runtime_mode
+	// (the canary view of adaptive placements). The map is non-nil.
+	CountByClient(ctx context.Context, now time.Time, source string) (map[string]map[string]int, error)
 	// ListInstances returns every known instance, ordered by id.
 	ListInstances(ctx context.Context) ([]Instance, error)
 	// RecordFallback stores a fallback event and counts it in e.Counter

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"regexp"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -32,10 +33,19 @@ type Config struct {
 	PiggybackLimit int
 	// DrainLimit caps one drain page (500).
 	DrainLimit int
+	// Quotas are the store-side quotas every append carries to the store:
+	// MARCONI_QUOTA_PENDING_PER_RECIPIENT (10000) and
+	// MARCONI_QUOTA_PENDING_BYTES_PER_PROJECT (268435456). A refused send
+	// stores nothing and answers 429 quota_exceeded.
+	Quotas sessionstore.Limits
 }
 
-// DefaultMaxPayloadBytes is the default of Config.MaxPayloadBytes.
-const DefaultMaxPayloadBytes = 65536
+// Defaults of Config.
+const (
+	DefaultMaxPayloadBytes             = 65536
+	DefaultQuotaPendingPerRecipient    = 10000
+	DefaultQuotaPendingBytesPerProject = 256 << 20
+)
 
 func (c *Config) setDefaults() {
 	if c.MaxPayloadBytes == 0 {
@@ -52,6 +62,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.DrainLimit == 0 {
 		c.DrainLimit = 500
+	}
+	if c.Quotas.PendingPerRecipient == 0 {
+		c.Quotas.PendingPerRecipient = DefaultQuotaPendingPerRecipient
+	}
+	if c.Quotas.PendingBytesPerProject == 0 {
+		c.Quotas.PendingBytesPerProject = DefaultQuotaPendingBytesPerProject
 	}
 }
 
@@ -86,11 +102,16 @@ func (s *Service) Config() Config { return s.cfg }
 // SendRequest is one POST /v1/signals, already authenticated.
 type SendRequest struct {
 	// Sender is the caller's session as loaded before this call.
-	Sender         sessionstore.Session
-	To             string
-	Kind           string
-	Payload        json.RawMessage
-	IdempotencyKey string
+	Sender sessionstore.Session
+	// SenderTokenHash, when set, is the hash of the token the sender
+	// presented: the store stores the signal only while a live session of
+	// the sender still holds it (a token cache relies on that); otherwise
+	// Send answers session_expired.
+	SenderTokenHash []byte
+	To              string
+	Kind            string
+	Payload         json.RawMessage
+	IdempotencyKey  string
 }
 
 // SendResult is the answer to a send.
@@ -112,6 +133,24 @@ var (
 
 // ValidSessionID reports whether id has the form of a session id.
 func ValidSessionID(id string) bool { return idPattern.MatchString(id) }
+
+// ValidText reports whether s is text a store and a log can take as it is:
+// valid UTF-8 of at most max bytes, with no NUL or other control character
+// (Postgres refuses NUL in text; control characters forge log lines).
+func ValidText(s string, max int) bool {
+	if len(s) > max || !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// MaxIdempotencyKeyBytes bounds an idempotency key.
+const MaxIdempotencyKeyBytes = 256
 
 // Send persists a signal, classifies its recipient's route, evaluates the
 // self-heal gates and hands it to the recipient's queue. The signal is
@@ -143,7 +182,12 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 		IdempotencySince: start.Add(-s.cfg.IdempotencyWindow),
 		Delivery:         string(DeliveryFor(state)),
 		RouteState:       string(state),
+		Limits:           s.cfg.Quotas,
+		SenderTokenHash:  req.SenderTokenHash,
 	}, start)
+	if errors.Is(err, sessionstore.ErrTokenMismatch) {
+		return SendResult{}, marconi.Errorf(marconi.CodeSessionExpired, "this session token matches no live session; register again")
+	}
 	if errors.Is(err, sessionstore.ErrNotFound) {
 		return SendResult{}, marconi.Errorf(marconi.CodeRecipientNotRegistered, "no live session %q in this project", req.To)
 	}
@@ -214,8 +258,8 @@ func (s *Service) validate(req *SendRequest) error {
 	if len(req.Payload) > s.cfg.MaxPayloadBytes {
 		return marconi.Errorf(marconi.CodePayloadTooLarge, "payload is %d bytes encoded; the limit is %d", len(req.Payload), s.cfg.MaxPayloadBytes)
 	}
-	if len(req.IdempotencyKey) > 256 {
-		return marconi.Errorf(marconi.CodeInvalidField, "idempotency_key is longer than 256 bytes")
+	if !ValidText(req.IdempotencyKey, MaxIdempotencyKeyBytes) {
+		return marconi.Errorf(marconi.CodeInvalidField, "idempotency_key must be UTF-8 text of at most %d bytes without control characters", MaxIdempotencyKeyBytes)
 	}
 	return nil
 }

@@ -232,6 +232,11 @@ func TestDashboardInBrowser(t *testing.T) {
 		 document.querySelector('[data-testid="fabric-allowlist"]')?.textContent === 'canary' &&
 		 document.querySelector('[data-testid="fabric-mismatches"]')?.textContent === '1' &&
 		 document.querySelector('#fabric-body tr[data-testid="instance-row"][data-instance-id="test-1"] [data-testid="instance-health"]')?.textContent === 'healthy'`)
+	waitFor("the canary view lists canary's one adaptive placement, on the allowlist",
+		`(() => { const r = [...document.querySelectorAll('[data-testid="canary-row"]')];
+		  return r.length === 1 && r[0].dataset.clientId === 'canary' && !r[0].classList.contains('attention') &&
+		    r[0].querySelector('[data-testid="canary-sessions"]').textContent === '1' &&
+		    r[0].querySelector('[data-testid="canary-allowlist"]').textContent === 'on the allowlist'; })()`)
 	waitFor("the grace_expired fallback of canary stands out as placed by the classifier",
 		`(() => { const r = [...document.querySelectorAll('[data-testid="fallback-row"]')];
 		  return r.length === 1 && r[0].textContent.includes('canary') && r[0].classList.contains('attention') &&

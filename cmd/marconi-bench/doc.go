@@ -10,4 +10,23 @@
 //
 //	MARCONI_API_KEYS=mak_bench_local_only=t1/p1 MARCONI_ADDR=127.0.0.1:18080 GOGC=10 marconi serve &
 //	MARCONI_BENCH_API_KEY=mak_bench_local_only marconi-bench -hub http://127.0.0.1:18080 -agents 1000 -rate 0
+//
+// `marconi-bench compare` starts the hub (the marconi binary beside it, on
+// the memory store), the floor (`marconi-bench floor`, a bare
+// coder/websocket server that does no work) and, given -centrifugo, a
+// Centrifugo v6, each as a process of its own on loopback; attaches -idle
+// idle sessions to each and reads each one's RSS before and after; then runs
+// -rounds interleaved rounds of -sends sequential sends (HTTP send or
+// publish → WebSocket frame read) and prints the figures side by side with
+// their ratios:
+//
+//	go build -o /tmp/mb/ ./cmd/marconi ./cmd/marconi-bench
+//	/tmp/mb/marconi-bench compare -centrifugo /path/to/centrifugo -idle 3000 -sends 3000 -rounds 3
+//
+// `marconi-bench storm` is the reconnect storm: a hub on Postgres, -sessions
+// Go clients attached, -signals sends, a restart of the hub that drops every
+// WebSocket at once, then the time until all are attached again and a check
+// that every signal sent (before and after the restart) arrived:
+//
+//	/tmp/mb/marconi-bench storm -database 'postgres://postgres@127.0.0.1:5432/storm?sslmode=disable' -sessions 9000
 package main

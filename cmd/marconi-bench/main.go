@@ -97,6 +97,14 @@ func loopback(host string) bool {
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		if args[0] == "durable" {
+			return runDurable(ctx, args[1:], stdout, stderr)
+		}
+		if sub, ok := subcommands[args[0]]; ok {
+			return runSub(ctx, args[0], sub, args[1:], stdout, stderr)
+		}
+	}
 	o, err := parseOptions(args, getenv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -280,6 +288,7 @@ var scrapedMetrics = []string{
 	"go_memstats_heap_inuse_bytes",
 	"go_memstats_stack_inuse_bytes",
 	"process_resident_memory_bytes",
+	"marconi_ws_connections",
 }
 
 // scrape reads scrapedMetrics from the hub's /metrics.

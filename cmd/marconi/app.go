@@ -19,6 +19,7 @@ import (
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/migrations"
 	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/sessionstore/breaker"
 	"github.com/marconihub/marconi/sessionstore/memstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
@@ -57,22 +58,36 @@ func (m *Main) Run(ctx context.Context) error {
 	bg, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
 
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
 	storeName := "memory (nothing is durable; one instance only)"
 	var bus fabric.Bus // nil: one instance, nobody to wake
 	if cfg.DatabaseURL == "" {
 		m.store = memstore.New()
 	} else {
-		st, err := pgstore.Open(ctx, cfg.DatabaseURL, pgstore.WithQueryTimeout(cfg.Hub.StoreTimeout))
+		st, err := pgstore.Open(ctx, cfg.DatabaseURL, pgstore.WithQueryTimeout(cfg.Hub.StoreTimeout),
+			pgstore.WithGroupCommit(cfg.GroupCommit), pgstore.WithMaxBatch(cfg.GroupCommitMaxBatch))
 		if err != nil {
 			return fmt.Errorf("MARCONI_DATABASE_URL: %w", err)
 		}
 		m.store = st
 		bus = pgstore.NewBus(st, m.Logger)
 		storeName = "postgres"
+		if cfg.StoreBreaker {
+			br, err := breaker.New(st, breaker.Config{ProbeEvery: cfg.StoreProbeEvery, ProbeTimeout: cfg.Hub.StoreTimeout}, reg, m.Logger)
+			if err != nil {
+				st.Close()
+				return err
+			}
+			m.store = br
+			m.wg.Add(1)
+			go func() {
+				defer m.wg.Done()
+				_ = br.Run(bg)
+			}()
+		}
 	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	h, err := hub.New(cfg.Hub, hub.Deps{Store: m.store, Registry: reg, Gatherer: reg, Logger: m.Logger, Bus: bus})
 	if err != nil {
 		return err
@@ -93,7 +108,7 @@ func (m *Main) Run(ctx context.Context) error {
 	m.http = &http.Server{
 		Handler:           h.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
+		ReadTimeout:       max(30*time.Second, 10*time.Second+cfg.Hub.BodyReadTimeout),
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}

@@ -5,14 +5,18 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub"
+	"github.com/marconihub/marconi/sessionstore/breaker"
+	"github.com/marconihub/marconi/sessionstore/pgstore"
 	"github.com/marconihub/marconi/signals"
 	"github.com/marconihub/marconi/signals/selfheal"
 )
@@ -28,6 +32,16 @@ type Config struct {
 	InstanceHeartbeat time.Duration
 	// ShutdownTimeout bounds graceful shutdown.
 	ShutdownTimeout time.Duration
+	// StoreBreaker puts the Postgres store behind a circuit breaker that
+	// fails calls at once after a timeout, until a probe succeeds.
+	StoreBreaker bool
+	// StoreProbeEvery is how often an open breaker probes the store.
+	StoreProbeEvery time.Duration
+	// GroupCommit gathers concurrent durable sends into one transaction
+	// (Postgres store); off is kept to measure what it gains.
+	GroupCommit bool
+	// GroupCommitMaxBatch is how many sends one group commit carries at most.
+	GroupCommitMaxBatch int
 	// generatedAPIKey and generatedAdminToken are set when development mode
 	// made them; they are printed once at start.
 	generatedAPIKey     string
@@ -63,6 +77,28 @@ func secs(d time.Duration) string { return strconv.Itoa(int(d / time.Second)) }
 func positiveInt(dst *int) func(*Config, string) error {
 	return func(_ *Config, v string) error {
 		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("want a positive whole number, got %q", v)
+		}
+		*dst = n
+		return nil
+	}
+}
+
+func positiveFloat(dst *float64) func(*Config, string) error {
+	return func(_ *Config, v string) error {
+		n, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(n > 0) || math.IsInf(n, 1) {
+			return fmt.Errorf("want a positive number, got %q", v)
+		}
+		*dst = n
+		return nil
+	}
+}
+
+func positiveInt64(dst *int64) func(*Config, string) error {
+	return func(_ *Config, v string) error {
+		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n <= 0 {
 			return fmt.Errorf("want a positive whole number, got %q", v)
 		}
@@ -122,6 +158,20 @@ func settings(c *Config) []setting {
 		{"MARCONI_HEARTBEAT_INTERVAL_SECONDS", secs(hub.DefaultHeartbeatInterval), "heartbeat interval told to clients at registration", seconds(&h.HeartbeatInterval)},
 		{"MARCONI_TOUCH_INTERVAL_SECONDS", secs(hub.DefaultTouchInterval), "proof-of-life writes per session are coalesced to one per interval", seconds(&h.TouchInterval)},
 		{"MARCONI_STORE_TIMEOUT_SECONDS", secs(hub.DefaultStoreTimeout), "bound on each store call of a request; past it the hub answers 503", seconds(&h.StoreTimeout)},
+		{"MARCONI_BODY_READ_TIMEOUT_SECONDS", secs(hub.DefaultBodyReadTimeout), "bound on reading a request body, apart from the store timeout (408 request_timeout past it)", seconds(&h.BodyReadTimeout)},
+		{"MARCONI_STORE_BREAKER", "on", "after a store call times out, fail calls at once (503) until a probe reaches the store: on or off", func(c *Config, v string) error {
+			b, err := parseBool(v)
+			c.StoreBreaker = b
+			return err
+		}},
+		{"MARCONI_STORE_PROBE_INTERVAL_MS", strconv.Itoa(int(breaker.DefaultProbeEvery / time.Millisecond)), "how often an open store breaker probes the store", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 10 {
+				return fmt.Errorf("want a whole number of milliseconds, at least 10, got %q", v)
+			}
+			c.StoreProbeEvery = time.Duration(n) * time.Millisecond
+			return nil
+		}},
 		{"MARCONI_RECONNECT_GRACE_SECONDS", secs(fabric.DefaultGrace), "reconnect grace window of sticky affinity", seconds(&h.Fabric.Grace)},
 		{"MARCONI_INSTANCE_ID", "", "this instance's id (default: the host name)", func(c *Config, v string) error {
 			if v == "" {
@@ -150,6 +200,14 @@ func settings(c *Config) []setting {
 		}},
 		{"MARCONI_INSTANCE_DEAD_AFTER_SECONDS", secs(fabric.DefaultDeadAfter), "an instance whose heartbeat is older is unhealthy", seconds(&h.Fabric.DeadAfter)},
 		{"MARCONI_INSTANCE_HEARTBEAT_SECONDS", secs(fabric.DefaultHeartbeatEvery), "how often this instance heartbeats into the store", seconds(&c.InstanceHeartbeat)},
+		{"MARCONI_INSTANCE_PROBE_MILLISECONDS", fmt.Sprint(fabric.DefaultProbeEvery.Milliseconds()), "how often this instance asks Postgres which instances' connections are alive (a killed one is dead within about this long)", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 50 || n > 60000 {
+				return fmt.Errorf("want a whole number of milliseconds from 50 to 60000, got %q", v)
+			}
+			c.Hub.Fabric.ProbeEvery = time.Duration(n) * time.Millisecond
+			return nil
+		}},
 		{"MARCONI_ADAPTIVE_PLACEMENT", "off", "adaptive classifier gate: off or on", func(c *Config, v string) error {
 			switch v {
 			case "on":
@@ -205,21 +263,58 @@ func settings(c *Config) []setting {
 			return nil
 		}},
 		{"MARCONI_WS_QUEUE_SIZE", strconv.Itoa(hub.DefaultWSQueueSize), "per-connection outgoing queue; overflow closes with 4429", positiveInt(&h.WSQueueSize)},
-		{"MARCONI_SEND_RATE_PER_SECOND", strconv.Itoa(hub.DefaultSendRatePerSecond), "per-session send limit (burst twice it)", func(c *Config, v string) error {
+		{"MARCONI_WS_ACK_INTERVAL_MS", strconv.Itoa(int(hub.DefaultWSAckInterval / time.Millisecond)), "a connection's acks are coalesced (newest wins) and written at most once per interval, and on close", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 || n > 10000 {
+				return fmt.Errorf("want whole milliseconds from 1 to 10000, got %q", v)
+			}
+			c.Hub.WSAckInterval = time.Duration(n) * time.Millisecond
+			return nil
+		}},
+		{"MARCONI_WS_FRAMES_PER_SECOND", strconv.Itoa(hub.DefaultWSFramesPerSecond), "frames a client may send per connection and second (burst twice it); past it the hub closes with 1008", func(c *Config, v string) error {
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil || n <= 0 {
 				return fmt.Errorf("want a positive number, got %q", v)
 			}
-			c.Hub.SendRatePerSecond = n
+			c.Hub.WSFramesPerSecond = n
 			return nil
 		}},
+		{"MARCONI_MAX_CONNECTIONS", strconv.Itoa(hub.DefaultMaxConnections), "WebSockets open on this instance; past it an attach gets 429 quota_exceeded", positiveInt(&h.MaxConnections)},
+		{"MARCONI_MAX_CONNECTIONS_PER_ADDRESS", strconv.Itoa(hub.DefaultMaxConnectionsPerAddress), "WebSockets open from one client address (a load balancer in front counts as one); past it 429 quota_exceeded", positiveInt(&h.MaxConnectionsPerAddress)},
+		{"MARCONI_SEND_RATE_PER_SECOND", strconv.Itoa(hub.DefaultSendRatePerSecond), "per-session send limit (burst twice it)", positiveFloat(&h.SendRatePerSecond)},
+		{"MARCONI_QUOTA_SESSIONS_PER_PROJECT", strconv.Itoa(hub.DefaultQuotaSessionsPerProject), "live sessions per project (429 quota_exceeded past it)", positiveInt(&h.QuotaSessionsPerProject)},
+		{"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND", strconv.Itoa(hub.DefaultQuotaRegistrationsPerSecond), "registrations per second per API key, per instance (burst twice it)", positiveFloat(&h.QuotaRegistrationsPerSecond)},
 		{"MARCONI_RETAIN_ACKED_SECONDS", secs(hub.DefaultRetainAcked), "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked)},
 		{"MARCONI_RETAIN_EXPIRED_SECONDS", secs(hub.DefaultRetainExpired), "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired)},
 		{"MARCONI_PRUNE_INTERVAL_SECONDS", secs(hub.DefaultPruneEvery), "how often the retention loop runs", seconds(&h.Retention.Every)},
 		{"MARCONI_PENDING_SWEEP_SECONDS", secs(hub.DefaultPendingSweep), "how often every attached queue re-reads the store (bounds the delay of a lost cross-instance wake-up)", seconds(&h.PendingSweep)},
 		{"MARCONI_SHUTDOWN_TIMEOUT_SECONDS", secs(defaultShutdownTimeout), "bound on graceful shutdown", seconds(&c.ShutdownTimeout)},
+		{"MARCONI_QUOTA_PENDING_PER_RECIPIENT", strconv.Itoa(signals.DefaultQuotaPendingPerRecipient), "unacknowledged signals one recipient may hold (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingPerRecipient)},
+		{"MARCONI_QUOTA_PENDING_BYTES_PER_PROJECT", strconv.Itoa(signals.DefaultQuotaPendingBytesPerProject), "payload bytes of the unacknowledged signals of one project (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingBytesPerProject)},
+		{"MARCONI_TOKEN_CACHE_SIZE", strconv.Itoa(hub.DefaultTokenCacheSize), "session tokens the send path remembers, each for MARCONI_TOUCH_INTERVAL_SECONDS (0: off; the store still authorises every send)", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return fmt.Errorf("want a whole number, 0 or more, got %q", v)
+			}
+			c.Hub.TokenCacheSize = n
+			if n == 0 {
+				c.Hub.TokenCacheSize = -1
+			}
+			return nil
+		}},
+		{"MARCONI_GROUP_COMMIT", "on", "gather concurrent durable sends into one Postgres transaction (off: one per send, for comparison)", func(c *Config, v string) error {
+			b, err := parseBool(v)
+			c.GroupCommit = b
+			return err
+		}},
+		{"MARCONI_GROUP_COMMIT_MAX_BATCH", strconv.Itoa(pgstore.DefaultMaxBatch), "most sends one group commit carries (eight times as many may wait)", positiveInt(&c.GroupCommitMaxBatch)},
 	}
 }
+
+// apiKeyRe is what a configured key must be to be presented as a bearer
+// credential exactly as written: a header trims spaces and carries no
+// control characters.
+var apiKeyRe = regexp.MustCompile(`^[\x21-\x7e]{16,}$`)
 
 func parseAPIKeys(v string) (map[string]hub.TenantProject, error) {
 	keys := map[string]hub.TenantProject{}
@@ -230,8 +325,12 @@ func parseAPIKeys(v string) (map[string]hub.TenantProject, error) {
 		}
 		key, owner, ok := strings.Cut(item, "=")
 		tenant, project, ok2 := strings.Cut(owner, "/")
-		if !ok || !ok2 || len(key) < 16 || !signals.ValidSessionID(tenant) || !signals.ValidSessionID(project) {
-			return nil, errors.New("want key=tenant/project pairs: keys of at least 16 characters, tenant and project ids matching [A-Za-z0-9._-]{1,128}")
+		if !ok || !ok2 || !apiKeyRe.MatchString(key) || !signals.ValidSessionID(tenant) || !signals.ValidSessionID(project) {
+			return nil, errors.New("want key=tenant/project pairs: keys of at least 16 printable ASCII characters without spaces, tenant and project ids matching [A-Za-z0-9._-]{1,128}")
+		}
+		if _, dup := keys[key]; dup {
+			// Two owners for one key: whichever won, one tenant would act as the other.
+			return nil, fmt.Errorf("a key is listed twice (the one for %s/%s)", tenant, project)
 		}
 		keys[key] = hub.TenantProject{TenantID: tenant, ProjectID: project}
 	}

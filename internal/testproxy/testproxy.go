@@ -27,6 +27,9 @@ type Proxy struct {
 	cut    bool
 	closed bool
 	links  map[*link]struct{}
+	// partitioned: new connections are held, never forwarded (Partition).
+	partitioned bool
+	held        []net.Conn
 }
 
 // link is one proxied connection: the client side and the target side.
@@ -97,6 +100,32 @@ func (p *Proxy) Freeze() {
 	}
 }
 
+// Partition drops every packet from now on, as a network partition does:
+// live connections forward nothing (as with Freeze), and new connections
+// are accepted but never reach the target, so a client's connect and its
+// queries go unanswered. Nothing is refused or closed until Heal or Close.
+func (p *Proxy) Partition() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.partitioned = true
+	for l := range p.links {
+		l.freeze()
+	}
+}
+
+// Heal ends a Partition: the connections it froze or held are closed, as
+// their peers would have given up on them, and new connections pass again.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	p.partitioned = false
+	links, held := p.takeLinks(), p.takeHeld()
+	p.mu.Unlock()
+	for _, l := range links {
+		l.shut()
+	}
+	closeAll(held)
+}
+
 // Close stops the proxy, closes every connection and waits for every
 // goroutine it started. It may be called more than once.
 func (p *Proxy) Close() {
@@ -106,8 +135,9 @@ func (p *Proxy) Close() {
 		return
 	}
 	p.closed = true
-	links := p.takeLinks()
+	links, held := p.takeLinks(), p.takeHeld()
 	p.mu.Unlock()
+	closeAll(held)
 
 	p.cancel()
 	_ = p.ln.Close()
@@ -127,6 +157,20 @@ func (p *Proxy) takeLinks() []*link {
 	return out
 }
 
+// takeHeld empties the connections held by a partition and returns them.
+// p.mu is held.
+func (p *Proxy) takeHeld() []net.Conn {
+	held := p.held
+	p.held = nil
+	return held
+}
+
+func closeAll(conns []net.Conn) {
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
 func (p *Proxy) acceptLoop() {
 	defer p.wg.Done()
 	for {
@@ -139,7 +183,14 @@ func (p *Proxy) acceptLoop() {
 		}
 		p.mu.Lock()
 		refuse := p.cut || p.closed
+		hold := !refuse && p.partitioned
+		if hold {
+			p.held = append(p.held, c)
+		}
 		p.mu.Unlock()
+		if hold {
+			continue
+		}
 		if refuse {
 			_ = c.Close()
 			continue

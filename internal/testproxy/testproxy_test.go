@@ -150,6 +150,31 @@ func TestFreezeIsHalfOpen(t *testing.T) {
 	}
 }
 
+func TestPartitionDropsUntilHeal(t *testing.T) {
+	p := testproxy.Start(t, echoServer(t))
+	live := dial(t, p.Addr())
+	live.mustEcho("before")
+
+	p.Partition()
+	// Neither the live connection nor a new one is answered or closed.
+	if got, err := live.roundTrip("into the void", 300*time.Millisecond); !isTimeout(err) {
+		t.Fatalf("a live connection in a partition answered %q, %v; want a read timeout", got, err)
+	}
+	fresh := dial(t, p.Addr())
+	if got, err := fresh.roundTrip("new in a partition", 300*time.Millisecond); !isTimeout(err) {
+		t.Fatalf("a new connection in a partition answered %q, %v; want a read timeout", got, err)
+	}
+
+	p.Heal()
+	for _, c := range []*client{live, fresh} {
+		_ = c.conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.r.ReadString('\n'); err == nil || isTimeout(err) {
+			t.Fatalf("a connection of the partition after Heal: err = %v, want it closed", err)
+		}
+	}
+	dial(t, p.Addr()).mustEcho("after heal")
+}
+
 func TestCloseEndsEverything(t *testing.T) {
 	p := testproxy.Start(t, echoServer(t))
 	c := dial(t, p.Addr())

@@ -6,9 +6,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -35,11 +38,15 @@ type Store struct {
 	// idem holds every stored signal that has an idempotency key, by sender
 	// and key, in append order: usually one. A signal is in it exactly as
 	// long as it is in its session's signals.
-	idem      map[idemKey][]*signal
-	apiKeys   map[string]sessionstore.APIKey
-	instances map[string]sessionstore.Instance
-	fallbacks []sessionstore.FallbackEvent // in recording order, at most MaxFallbackEvents
-	counts    sessionstore.Counts
+	idem map[idemKey][]*signal
+	// projectBytes is the payload bytes of the pending signals of every
+	// stored session (expired ones too, until pruned), by project: the
+	// pending-bytes quota reads it instead of summing.
+	projectBytes map[projectKey]int64
+	apiKeys      map[string]sessionstore.APIKey
+	instances    map[string]sessionstore.Instance
+	fallbacks    []sessionstore.FallbackEvent // in recording order, at most MaxFallbackEvents
+	counts       sessionstore.Counts
 }
 
 // session is a stored session with the signals addressed to it.
@@ -53,6 +60,10 @@ type session struct {
 	lastSeq int64     // last seq given out; survives pruning
 	signals []*signal // ascending seq
 	acked   int       // how many of signals, from the front, are acknowledged
+	// latestAttach is the newest attach SetQueue recorded, kept after the
+	// queue detaches (the compare of SetQueue).
+	latestAttach time.Time
+	pendingBytes int64 // payload bytes of pending()
 }
 
 // pending returns the unacknowledged signals of s, in seq order.
@@ -68,6 +79,23 @@ func idemKeyOf(sig sessionstore.Signal) idemKey {
 	return idemKey{sig.To.TenantID, sig.To.ProjectID, sig.FromSession, sig.IdempotencyKey}
 }
 
+// projectKey names a (tenant, project).
+type projectKey struct{ tenantID, projectID string }
+
+// addProjectBytes moves the pending bytes of k's project by n, forgetting a
+// project that has none. The caller holds the mutex.
+func (m *Store) addProjectBytes(k sessionstore.Key, n int64) {
+	if n == 0 {
+		return
+	}
+	pk := projectKey{k.TenantID, k.ProjectID}
+	if v := m.projectBytes[pk] + n; v != 0 {
+		m.projectBytes[pk] = v
+	} else {
+		delete(m.projectBytes, pk)
+	}
+}
+
 type signal struct {
 	sig     sessionstore.Signal
 	ackedAt time.Time // zero while pending
@@ -81,6 +109,8 @@ func New() *Store {
 		apiKeys:   make(map[string]sessionstore.APIKey),
 		instances: make(map[string]sessionstore.Instance),
 		idem:      make(map[idemKey][]*signal),
+
+		projectBytes: make(map[projectKey]int64),
 	}
 }
 
@@ -92,6 +122,17 @@ func (m *Store) lock() error {
 	if m.closed {
 		m.mu.Unlock()
 		return errClosed
+	}
+	return nil
+}
+
+// storable refuses what Postgres text cannot hold (a NUL byte, invalid
+// UTF-8), so that both stores answer alike.
+func storable(values ...string) error {
+	for _, v := range values {
+		if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
+			return fmt.Errorf("memstore: %q cannot be stored as text: %w", v, sessionstore.ErrInvalidInput)
+		}
 	}
 	return nil
 }
@@ -145,6 +186,10 @@ func (m *Store) CreateSession(ctx context.Context, s sessionstore.Session, now t
 		return sessionstore.Session{}, err
 	}
 	defer m.mu.Unlock()
+	if err := storable(s.TenantID, s.ProjectID, s.SessionID, s.Surface, s.RuntimeMode, s.RuntimeModeSource,
+		s.ClientID, s.AssignedInstance, s.QueueInstance); err != nil {
+		return sessionstore.Session{}, err
+	}
 	old, exists := m.sessions[s.Key]
 	if exists && live(old, now) {
 		return sessionstore.Session{}, fmt.Errorf("memstore: session %v is live: %w", s.Key, sessionstore.ErrConflict)
@@ -162,7 +207,7 @@ func (m *Store) CreateSession(ctx context.Context, s sessionstore.Session, now t
 	s.ExpiresAt = ts(s.ExpiresAt)
 	s.QueueAttachedAt = ts(s.QueueAttachedAt)
 	s.QueueDetachedAt = ts(s.QueueDetachedAt)
-	m.sessions[s.Key] = &session{s: s}
+	m.sessions[s.Key] = &session{s: s, latestAttach: s.QueueAttachedAt}
 	m.byToken[string(s.TokenHash)] = s.Key
 	return cloneSession(s), nil
 }
@@ -173,6 +218,7 @@ func (m *Store) remove(k sessionstore.Key) {
 		for _, sg := range s.signals {
 			m.unindex(sg)
 		}
+		m.addProjectBytes(k, -s.pendingBytes)
 		delete(m.byToken, string(s.s.TokenHash))
 		delete(m.sessions, k)
 	}
@@ -306,6 +352,26 @@ func (m *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, 
 	return out, nil
 }
 
+// CountSessions implements sessionstore.Store. It scans every session: the
+// in-memory store serves one instance and keeps no per-project index.
+func (m *Store) CountSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) (int, error) {
+	if err := m.lock(); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	n := 0
+	for k, s := range m.sessions {
+		if (f.TenantID != "" && k.TenantID != f.TenantID) ||
+			(f.ProjectID != "" && k.ProjectID != f.ProjectID) || !live(s, now) {
+			continue
+		}
+		if n++; f.Limit > 0 && n == f.Limit {
+			break
+		}
+	}
+	return n, nil
+}
+
 // SessionStats implements sessionstore.Store.
 func (m *Store) SessionStats(ctx context.Context, now time.Time) (sessionstore.SessionStats, error) {
 	if err := m.lock(); err != nil {
@@ -329,6 +395,25 @@ func (m *Store) SessionStats(ctx context.Context, now time.Time) (sessionstore.S
 		if s.s.QueueInstance != "" {
 			out.ByQueueInstance[s.s.QueueInstance]++
 		}
+	}
+	return out, nil
+}
+
+// CountByClient implements sessionstore.Store.
+func (m *Store) CountByClient(ctx context.Context, now time.Time, source string) (map[string]map[string]int, error) {
+	if err := m.lock(); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	out := map[string]map[string]int{}
+	for _, s := range m.sessions {
+		if !live(s, now) || s.s.RuntimeModeSource != source {
+			continue
+		}
+		if out[s.s.ClientID] == nil {
+			out[s.s.ClientID] = map[string]int{}
+		}
+		out[s.s.ClientID][s.s.RuntimeMode]++
 	}
 	return out, nil
 }
@@ -360,7 +445,8 @@ func (m *Store) DeleteSession(ctx context.Context, k sessionstore.Key) error {
 	return nil
 }
 
-// SetQueue implements sessionstore.Store.
+// SetQueue implements sessionstore.Store: a compare-and-set on the
+// attachment (see the interface).
 func (m *Store) SetQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) error {
 	if err := m.lock(); err != nil {
 		return err
@@ -370,19 +456,24 @@ func (m *Store) SetQueue(ctx context.Context, k sessionstore.Key, instance strin
 	if err != nil {
 		return err
 	}
+	at = ts(at)
+	if s.latestAttach.After(at) || (s.latestAttach.Equal(at) && s.s.QueueInstance == "") {
+		return nil // a newer attach won, or this one was already cleared
+	}
 	s.s.QueueInstance = instance
-	s.s.QueueAttachedAt = ts(at)
+	s.s.QueueAttachedAt = at
+	s.latestAttach = at
 	return nil
 }
 
 // ClearQueue implements sessionstore.Store. An unknown key clears nothing.
-func (m *Store) ClearQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) (bool, error) {
+func (m *Store) ClearQueue(ctx context.Context, k sessionstore.Key, instance string, attachedAt, at time.Time) (bool, error) {
 	if err := m.lock(); err != nil {
 		return false, err
 	}
 	defer m.mu.Unlock()
 	s, ok := m.sessions[k]
-	if !ok || s.s.QueueInstance == "" || s.s.QueueInstance != instance {
+	if !ok || s.s.QueueInstance == "" || s.s.QueueInstance != instance || !s.s.QueueAttachedAt.Equal(ts(attachedAt)) {
 		return false, nil
 	}
 	s.s.QueueInstance = ""
@@ -457,6 +548,15 @@ func (m *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now
 		return sessionstore.Signal{}, false, err
 	}
 	defer m.mu.Unlock()
+	if err := storable(ns.ID, ns.FromSession, ns.Kind, ns.IdempotencyKey, ns.Delivery, ns.RouteState); err != nil {
+		return sessionstore.Signal{}, false, err
+	}
+	if ns.SenderTokenHash != nil {
+		from, ok := m.sessions[sessionstore.Key{TenantID: ns.To.TenantID, ProjectID: ns.To.ProjectID, SessionID: ns.FromSession}]
+		if !ok || !live(from, now) || !bytes.Equal(from.s.TokenHash, ns.SenderTokenHash) {
+			return sessionstore.Signal{}, false, fmt.Errorf("memstore: sender token: %w", sessionstore.ErrTokenMismatch)
+		}
+	}
 	to, err := m.liveSession(ns.To, now)
 	if err != nil {
 		return sessionstore.Signal{}, false, err
@@ -466,7 +566,12 @@ func (m *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now
 			return cloneSignal(dup.sig), true, nil
 		}
 	}
+	if err := m.checkLimits(to, ns); err != nil {
+		return sessionstore.Signal{}, false, err
+	}
 	to.lastSeq++
+	to.pendingBytes += int64(len(ns.Payload))
+	m.addProjectBytes(ns.To, int64(len(ns.Payload)))
 	sig := sessionstore.Signal{
 		ID:             ns.ID,
 		Seq:            to.lastSeq,
@@ -483,6 +588,20 @@ func (m *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now
 	to.signals = append(to.signals, sg)
 	m.index(sg)
 	return cloneSignal(sig), false, nil
+}
+
+// checkLimits returns the *QuotaError of an append of ns to to that its
+// limits refuse, or nil. The caller holds the mutex.
+func (m *Store) checkLimits(to *session, ns sessionstore.NewSignal) error {
+	l := ns.Limits
+	if n := int64(len(to.pending())); l.PendingPerRecipient > 0 && n >= l.PendingPerRecipient {
+		return &sessionstore.QuotaError{Quota: marconi.QuotaPendingPerRecipient, Limit: l.PendingPerRecipient, Current: n}
+	}
+	b := m.projectBytes[projectKey{ns.To.TenantID, ns.To.ProjectID}]
+	if l.PendingBytesPerProject > 0 && b+int64(len(ns.Payload)) > l.PendingBytesPerProject {
+		return &sessionstore.QuotaError{Quota: marconi.QuotaPendingBytesPerProject, Limit: l.PendingBytesPerProject, Current: b}
+	}
+	return nil
 }
 
 // findIdempotent returns the newest stored signal from ns's sender with ns's
@@ -549,6 +668,8 @@ func (m *Store) ack(k sessionstore.Key, upToSeq int64, at time.Time) int {
 			break
 		}
 		sg.ackedAt = ts(at)
+		s.pendingBytes -= int64(len(sg.sig.Payload))
+		m.addProjectBytes(k, -int64(len(sg.sig.Payload)))
 		n++
 	}
 	s.acked += n

@@ -18,6 +18,7 @@ import (
 // Postgres error codes and classes this package maps.
 const (
 	codeUniqueViolation  = "23505"
+	classDataException   = "22" // data_exception: NUL in text, bad encoding, value too long
 	classConnection      = "08" // connection_exception
 	codeAdminShutdown    = "57P01"
 	codeCrashShutdown    = "57P02"
@@ -37,12 +38,16 @@ func wrap(op string, err error) error {
 	case errors.Is(err, sessionstore.ErrNotFound),
 		errors.Is(err, sessionstore.ErrConflict),
 		errors.Is(err, sessionstore.ErrTokenMismatch),
-		errors.Is(err, sessionstore.ErrUnavailable):
+		errors.Is(err, sessionstore.ErrUnavailable),
+		errors.Is(err, sessionstore.ErrInvalidInput),
+		errors.Is(err, sessionstore.ErrQuotaExceeded):
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("pgstore: %s: %w", op, sessionstore.ErrNotFound)
 	case isConflict(err):
 		return fmt.Errorf("pgstore: %s: %w: %w", op, sessionstore.ErrConflict, err)
+	case isDataException(err):
+		return fmt.Errorf("pgstore: %s: %w: %w", op, sessionstore.ErrInvalidInput, err)
 	case isUnavailable(err):
 		return fmt.Errorf("pgstore: %s: %w: %w", op, sessionstore.ErrUnavailable, err)
 	}
@@ -52,6 +57,13 @@ func wrap(op string, err error) error {
 func isConflict(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == codeUniqueViolation
+}
+
+// isDataException reports whether Postgres refused a value as data it cannot
+// hold (SQLSTATE class 22): the caller's input, not the store, is at fault.
+func isDataException(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && pgErr.Code[:2] == classDataException
 }
 
 // isUnavailable reports whether err means Postgres could not be reached or

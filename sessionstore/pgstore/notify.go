@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,6 +26,14 @@ import (
 // never hear each other. The md5 keeps any instance id within Postgres's
 // 63-byte identifier limit.
 const channelSQL = `'marconi_wake_' || md5(coalesce(current_schema(), '') || '/' || $1::text)`
+
+// livenessKeySQL computes the key of an instance's liveness lock: a
+// session-level advisory lock that the instance's listener connection holds
+// while it lives. Postgres releases it the moment that connection ends (the
+// process was killed, its host lost the database), so the other instances
+// see the death within one probe rather than after the heartbeat window. Like
+// the channel, the key covers the schema.
+const livenessKeySQL = `('x' || substr(md5('marconi-liveness/' || coalesce(current_schema(), '') || '/' || $1::text), 1, 16))::bit(64)::bigint`
 
 // ListenerApplicationName is the application_name of the listener's
 // connection, as pg_stat_activity shows it.
@@ -45,6 +54,9 @@ const (
 	listenIdleCheck = 30 * time.Second
 	// listenCallTimeout bounds connecting, LISTEN and the idle check.
 	listenCallTimeout = 10 * time.Second
+	// livenessRetry is how soon a listener that could not take its
+	// liveness lock tries again.
+	livenessRetry = 500 * time.Millisecond
 )
 
 // wakePayload is the JSON of a wake-up.
@@ -121,12 +133,18 @@ func NewBus(s *Store, log *slog.Logger) *Bus {
 	return &Bus{store: s, log: log}
 }
 
-// Publish sends a wake-up to instance's channel. Returns an error wrapping
-// sessionstore.ErrUnavailable when Postgres cannot be reached.
+// Publish sends a wake-up to instance's channel. With group commit on, it
+// rides the store's next batch (one NOTIFY per instance and session in that
+// batch's transaction) instead of a transaction of its own. Returns an
+// error wrapping sessionstore.ErrUnavailable when Postgres cannot be
+// reached.
 func (b *Bus) Publish(ctx context.Context, instance string, k sessionstore.Key, seq int64) error {
 	payload, err := EncodeWake(k, seq)
 	if err != nil {
 		return err
+	}
+	if b.store.group != nil {
+		return wrap("publish wake-up", b.store.commit(ctx, &appendReq{wake: &wakeReq{instance: instance, k: k, seq: seq}}))
 	}
 	ctx, cancel, err := b.store.call(ctx)
 	defer cancel()
@@ -150,8 +168,59 @@ func (b *Bus) Channel(ctx context.Context, instance string) (string, error) {
 	return ch, wrap("wake-up channel", err)
 }
 
+// lockLiveness takes instance's liveness lock on conn, without waiting:
+// false when another connection holds it (the backend of a process of the
+// same id that was just killed has not ended yet, or, misconfigured, a live
+// process with the same MARCONI_INSTANCE_ID). The caller tries again.
+func (b *Bus) lockLiveness(ctx context.Context, conn *pgx.Conn, instance string) (bool, error) {
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+livenessKeySQL+`)`, instance).Scan(&ok); err != nil {
+		return false, fmt.Errorf("liveness lock: %w", err)
+	}
+	if !ok {
+		b.log.Warn("another connection holds this instance's liveness lock; retrying (a killed process of the same instance id not yet gone, or two processes share MARCONI_INSTANCE_ID)",
+			"instance", instance)
+	}
+	return ok, nil
+}
+
+// ConnectedInstances returns the ids of the instances in the instance table
+// whose listener connection is alive now: each holds its liveness lock
+// (Listen takes it). An instance killed in any way loses it as soon as
+// Postgres sees its connection end; the heartbeat remains the judge of
+// hangs and partitions. Returns an error wrapping sessionstore.ErrUnavailable
+// when Postgres cannot be reached.
+func (b *Bus) ConnectedInstances(ctx context.Context) (map[string]bool, error) {
+	ctx, cancel, err := b.store.call(ctx)
+	defer cancel()
+	if err != nil {
+		return nil, wrap("connected instances", err)
+	}
+	rows, err := b.store.pool.Query(ctx, `
+		WITH k AS (SELECT id, `+strings.ReplaceAll(livenessKeySQL, "$1::text", "id")+` AS key FROM instances)
+		SELECT k.id FROM k WHERE EXISTS (
+			SELECT 1 FROM pg_locks l
+			WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+			  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND l.classid::bigint = (k.key >> 32) & 4294967295
+			  AND l.objid::bigint = k.key & 4294967295)`)
+	if err != nil {
+		return nil, wrap("connected instances", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, wrap("connected instances", err)
+	}
+	out := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out, nil
+}
+
 // Listen listens on instance's channel on a dedicated connection and hands
-// every well-formed wake-up to onWake, until ctx ends; then it closes the
+// every well-formed wake-up to onWake, until ctx ends; the same connection
+// holds instance's liveness lock (ConnectedInstances); then it closes the
 // connection and returns nil. A dropped connection is replaced with
 // exponential backoff (and full jitter); onConnect runs each time LISTEN is
 // in place, because wake-ups sent meanwhile are lost. onWake and onConnect
@@ -201,13 +270,21 @@ func (b *Bus) listenOnce(ctx context.Context, instance string, onWake func(sessi
 	if err := conn.QueryRow(cctx, `SELECT `+channelSQL, instance).Scan(&channel); err != nil {
 		return false, fmt.Errorf("channel name: %w", err)
 	}
+	locked, err := b.lockLiveness(cctx, conn, instance)
+	if err != nil {
+		return false, err
+	}
 	if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		return false, fmt.Errorf("listen: %w", err)
 	}
 	b.log.Debug("wake-up listener listening", "instance", instance, "channel", channel)
 	onConnect()
 	for {
-		wctx, cancel := context.WithTimeout(ctx, listenIdleCheck)
+		wait := listenIdleCheck
+		if !locked {
+			wait = livenessRetry
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
@@ -220,6 +297,13 @@ func (b *Bus) listenOnce(ctx context.Context, instance string, onWake func(sessi
 			onWake(k, seq)
 		case ctx.Err() != nil:
 			return true, ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded) && !locked:
+			pctx, cancel := context.WithTimeout(ctx, listenCallTimeout)
+			locked, err = b.lockLiveness(pctx, conn, instance)
+			cancel()
+			if err != nil {
+				return true, err
+			}
 		case errors.Is(err, context.DeadlineExceeded):
 			// Quiet for a while: make sure the connection still works.
 			pctx, cancel := context.WithTimeout(ctx, listenCallTimeout)

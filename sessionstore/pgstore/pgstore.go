@@ -27,6 +27,8 @@ const (
 	// DefaultPruneBatch is how many rows one statement of Prune deletes at
 	// most: small enough that a batch ends well inside the query timeout.
 	DefaultPruneBatch = 5000
+	// DefaultMaxBatch is how many appends one group commit carries at most.
+	DefaultMaxBatch = 256
 )
 
 // Option tunes Open.
@@ -37,6 +39,22 @@ type options struct {
 	queryTimeout   time.Duration
 	maxConns       int32
 	pruneBatch     int
+	groupCommitOff bool
+	maxBatch       int
+}
+
+// WithGroupCommit turns group commit on (the default) or off. Off, every
+// append is a transaction of its own: kept to measure what group commit
+// gains (MARCONI_GROUP_COMMIT=off).
+func WithGroupCommit(on bool) Option {
+	return func(o *options) { o.groupCommitOff = !on }
+}
+
+// WithMaxBatch sets how many appends one group commit carries at most
+// (default DefaultMaxBatch); values below 1 keep the default. At most eight
+// times as many appends wait for a batch; more wait for room.
+func WithMaxBatch(n int) Option {
+	return func(o *options) { o.maxBatch = n }
 }
 
 // WithConnectTimeout sets how long establishing one connection may take
@@ -68,6 +86,7 @@ type Store struct {
 	pool         *pgxpool.Pool
 	queryTimeout time.Duration
 	pruneBatch   int
+	group        *committer // nil when group commit is off
 	closed       atomic.Bool
 }
 
@@ -82,6 +101,9 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	}
 	if o.pruneBatch < 1 {
 		o.pruneBatch = DefaultPruneBatch
+	}
+	if o.maxBatch < 1 {
+		o.maxBatch = DefaultMaxBatch
 	}
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
@@ -98,7 +120,11 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: open pool: %w", err)
 	}
-	return &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch}, nil
+	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch}
+	if !o.groupCommitOff {
+		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, s.runBatch)
+	}
+	return s, nil
 }
 
 // call prepares a call: ErrUnavailable once closed, and the query timeout.
@@ -181,17 +207,15 @@ func (s *Store) CreateSession(ctx context.Context, in sessionstore.Session, now 
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
 		// An expired row with the key goes first, its signals with it
 		// (ON DELETE CASCADE), and with them their idempotency keys.
-		if _, err := tx.Exec(ctx, `DELETE FROM sessions
-			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at < $4`,
-			in.TenantID, in.ProjectID, in.SessionID, now); err != nil {
+		if _, err := deleteSession(ctx, tx, in.Key, now); err != nil {
 			return err
 		}
 		var err error
 		out, err = scanSession(tx.QueryRow(ctx, `INSERT INTO sessions (
 				tenant_id, project_id, session_id, surface, runtime_mode, runtime_mode_source,
 				client_id, token_hash, registered_at, last_seen_at, last_verb_at, expires_at,
-				assigned_instance, queue_instance, queue_attached_at, queue_detached_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+				assigned_instance, queue_instance, queue_attached_at, queue_detached_at, queue_latest_attach)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $15)
 			RETURNING `+sessionCols,
 			in.TenantID, in.ProjectID, in.SessionID, in.Surface, in.RuntimeMode, in.RuntimeModeSource,
 			in.ClientID, in.TokenHash, in.RegisteredAt, toNull(in.LastSeenAt), toNull(in.LastVerbAt), in.ExpiresAt,
@@ -294,6 +318,57 @@ func (s *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, 
 	return out, nil
 }
 
+// CountSessions implements sessionstore.Store: a scan of the primary key's
+// (tenant_id, project_id) prefix, stopped at the limit.
+func (s *Store) CountSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) (int, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return 0, wrap("count sessions", err)
+	}
+	var n int
+	err = s.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM sessions
+		WHERE expires_at >= $1
+		  AND ($2 = '' OR tenant_id = $2)
+		  AND ($3 = '' OR project_id = $3)
+		LIMIT $4) AS live`, now, f.TenantID, f.ProjectID, limitOrNil(f.Limit)).Scan(&n)
+	if err != nil {
+		return 0, wrap("count sessions", err)
+	}
+	return n, nil
+}
+
+// CountByClient implements sessionstore.Store: one grouped scan of the live
+// sessions of one source.
+func (s *Store) CountByClient(ctx context.Context, now time.Time, source string) (map[string]map[string]int, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return nil, wrap("count by client", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT client_id, runtime_mode, count(*)
+		FROM sessions WHERE expires_at >= $1 AND runtime_mode_source = $2 GROUP BY 1, 2`, now, source)
+	if err != nil {
+		return nil, wrap("count by client", err)
+	}
+	out := map[string]map[string]int{}
+	var (
+		client, mode string
+		n            int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&client, &mode, &n}, func() error {
+		if out[client] == nil {
+			out[client] = map[string]int{}
+		}
+		out[client][mode] += n
+		return nil
+	})
+	if err != nil {
+		return nil, wrap("count by client", err)
+	}
+	return out, nil
+}
+
 // SessionStats implements sessionstore.Store: one grouped scan of the live
 // sessions, folded into the maps here (the groups are few: modes × sources ×
 // instances²).
@@ -350,6 +425,30 @@ func (s *Store) TouchSession(ctx context.Context, k sessionstore.Key, t sessions
 	return wrap("touch session", affected(tag.RowsAffected(), err))
 }
 
+// deleteSessionSQL deletes a session (its signals go by ON DELETE CASCADE)
+// and takes its pending bytes off its project's by a delta; it returns how
+// many sessions it deleted. $4 false deletes the session whatever its
+// expiry; true only when it expired before $5.
+const deleteSessionSQL = `WITH d AS (
+	DELETE FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
+	  AND (NOT $4::bool OR expires_at < $5::timestamptz)
+	RETURNING pending_bytes
+), u AS (
+	INSERT INTO project_usage_deltas (tenant_id, project_id, delta)
+	SELECT $1, $2, -pending_bytes FROM d WHERE pending_bytes <> 0
+)
+SELECT count(*) FROM d`
+
+// deleteSession runs deleteSessionSQL on db (the pool or a transaction).
+func deleteSession(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, k sessionstore.Key, onlyExpiredBefore time.Time) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, deleteSessionSQL, k.TenantID, k.ProjectID, k.SessionID,
+		!onlyExpiredBefore.IsZero(), toNull(onlyExpiredBefore)).Scan(&n)
+	return n, err
+}
+
 // DeleteSession implements sessionstore.Store.
 func (s *Store) DeleteSession(ctx context.Context, k sessionstore.Key) error {
 	ctx, cancel, err := s.call(ctx)
@@ -357,38 +456,49 @@ func (s *Store) DeleteSession(ctx context.Context, k sessionstore.Key) error {
 	if err != nil {
 		return wrap("delete session", err)
 	}
-	// Its signals go by ON DELETE CASCADE.
-	tag, err := s.pool.Exec(ctx, `DELETE FROM sessions
-		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3`,
-		k.TenantID, k.ProjectID, k.SessionID)
-	return wrap("delete session", affected(tag.RowsAffected(), err))
+	n, err := deleteSession(ctx, s.pool, k, time.Time{})
+	return wrap("delete session", affected(int64(n), err))
 }
 
-// SetQueue implements sessionstore.Store.
+// SetQueue implements sessionstore.Store. The WHERE is the compare against
+// queue_latest_attach, the newest attach ever recorded (kept after a
+// detach): an older attach is refused, and so is this attach again once it
+// was cleared. Under READ COMMITTED a racing write is judged on the row the
+// other wrote. The EXISTS tells ErrNotFound from a refused compare.
 func (s *Store) SetQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) error {
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
 	if err != nil {
 		return wrap("set queue", err)
 	}
-	tag, err := s.pool.Exec(ctx, `UPDATE sessions SET queue_instance = $4, queue_attached_at = $5
-		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3`,
-		k.TenantID, k.ProjectID, k.SessionID, instance, at)
-	return wrap("set queue", affected(tag.RowsAffected(), err))
+	var exists bool
+	err = s.pool.QueryRow(ctx, `WITH set AS (
+			UPDATE sessions SET queue_instance = $4, queue_attached_at = $5, queue_latest_attach = $5
+			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
+			  AND (queue_latest_attach IS NULL OR queue_latest_attach < $5
+			       OR (queue_latest_attach = $5 AND queue_instance <> ''))
+			RETURNING 1)
+		SELECT EXISTS (SELECT 1 FROM set) OR EXISTS (SELECT 1 FROM sessions
+			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3)`,
+		k.TenantID, k.ProjectID, k.SessionID, instance, at.Truncate(time.Microsecond)).Scan(&exists)
+	if err == nil && !exists {
+		err = sessionstore.ErrNotFound
+	}
+	return wrap("set queue", err)
 }
 
 // ClearQueue implements sessionstore.Store.
-func (s *Store) ClearQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) (bool, error) {
+func (s *Store) ClearQueue(ctx context.Context, k sessionstore.Key, instance string, attachedAt, at time.Time) (bool, error) {
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
 	if err != nil {
 		return false, wrap("clear queue", err)
 	}
 	tag, err := s.pool.Exec(ctx, `UPDATE sessions
-		SET queue_instance = '', queue_attached_at = NULL, queue_detached_at = $5
+		SET queue_instance = '', queue_attached_at = NULL, queue_detached_at = $6
 		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
-		  AND queue_instance = $4 AND queue_instance <> ''`,
-		k.TenantID, k.ProjectID, k.SessionID, instance, at)
+		  AND queue_instance = $4 AND queue_instance <> '' AND queue_attached_at = $5`,
+		k.TenantID, k.ProjectID, k.SessionID, instance, attachedAt.Truncate(time.Microsecond), at)
 	if err != nil {
 		return false, wrap("clear queue", err)
 	}

@@ -3,7 +3,8 @@ package pgstore
 import (
 	"context"
 	"encoding/json"
-	"errors"
+	"math"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,97 +36,6 @@ func scanSignal(row pgx.Row) (sessionstore.Signal, error) {
 	return sig, nil
 }
 
-// AppendSignal implements sessionstore.Store in one transaction. Bumping the
-// recipient's last_seq takes its row lock, which serializes the senders of
-// one recipient; a rollback gives the number back, so seq stays gap-free.
-// A transaction-scoped advisory lock on (tenant, project, sender, key) makes
-// the idempotency check and the insert atomic even for two duplicates sent
-// to different recipients at once.
-func (s *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now time.Time) (sessionstore.Signal, bool, error) {
-	ctx, cancel, err := s.call(ctx)
-	defer cancel()
-	if err != nil {
-		return sessionstore.Signal{}, false, wrap("append signal", err)
-	}
-	var (
-		out sessionstore.Signal
-		dup bool
-	)
-	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		if ns.IdempotencyKey != "" {
-			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,
-				idempotencyLockKey(ns)); err != nil {
-				return err
-			}
-		}
-		var seq int64
-		if err := tx.QueryRow(ctx, `UPDATE sessions SET last_seq = last_seq + 1
-			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $4
-			RETURNING last_seq`, ns.To.TenantID, ns.To.ProjectID, ns.To.SessionID, now).Scan(&seq); err != nil {
-			return err // pgx.ErrNoRows: no live recipient
-		}
-		if ns.IdempotencyKey != "" {
-			first, err := scanSignal(tx.QueryRow(ctx, `SELECT `+signalCols+` FROM signals
-				WHERE tenant_id = $1 AND project_id = $2 AND from_session = $3 AND idempotency_key = $4
-				  AND ($5::timestamptz IS NULL OR created_at >= $5)
-				ORDER BY created_at DESC, seq DESC LIMIT 1`,
-				ns.To.TenantID, ns.To.ProjectID, ns.FromSession, ns.IdempotencyKey, toNull(ns.IdempotencySince)))
-			switch {
-			case err == nil:
-				out, dup = first, true
-				return errDuplicate // roll the seq back
-			case !errors.Is(err, pgx.ErrNoRows):
-				return err
-			}
-		}
-		var idem *string
-		if ns.IdempotencyKey != "" {
-			idem = &ns.IdempotencyKey
-		}
-		// The payload column is json, not jsonb: it keeps the sender's
-		// text byte for byte, so a replay carries exactly the bytes of the
-		// live push (migration 0004 says why).
-		var payload *string // NULL when there is none
-		if len(ns.Payload) > 0 {
-			p := string(ns.Payload)
-			payload = &p
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO signals (tenant_id, project_id, to_session, seq, id,
-				from_session, kind, payload, created_at, idempotency_key, delivery, route_state)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8::json, $9, $10, $11, $12)`,
-			ns.To.TenantID, ns.To.ProjectID, ns.To.SessionID, seq, ns.ID,
-			ns.FromSession, ns.Kind, payload, ns.CreatedAt, idem, ns.Delivery, ns.RouteState); err != nil {
-			return err
-		}
-		out = sessionstore.Signal{
-			ID: ns.ID, Seq: seq, To: ns.To, FromSession: ns.FromSession, Kind: ns.Kind,
-			Payload: append(json.RawMessage(nil), ns.Payload...), CreatedAt: ns.CreatedAt.Truncate(time.Microsecond).UTC(),
-			IdempotencyKey: ns.IdempotencyKey, Delivery: ns.Delivery, RouteState: ns.RouteState,
-		}
-		return nil
-	})
-	if dup {
-		return out, true, nil
-	}
-	if err != nil {
-		return sessionstore.Signal{}, false, wrap("append signal", err)
-	}
-	return out, false, nil
-}
-
-// errDuplicate rolls back an AppendSignal that found a duplicate.
-var errDuplicate = errorString("duplicate")
-
-type errorString string
-
-func (e errorString) Error() string { return string(e) }
-
-// idempotencyLockKey names the advisory lock of one sender's idempotency key.
-func idempotencyLockKey(ns sessionstore.NewSignal) string {
-	const sep = "\x1f"
-	return "marconi.idem" + sep + ns.To.TenantID + sep + ns.To.ProjectID + sep + ns.FromSession + sep + ns.IdempotencyKey
-}
-
 // PendingSignals implements sessionstore.Store. A limit of 0 or less means
 // no limit.
 func (s *Store) PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq int64, limit int) ([]sessionstore.Signal, error) {
@@ -147,21 +57,36 @@ func (s *Store) PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq
 	return out, nil
 }
 
-// AckSignals implements sessionstore.Store.
+// AckSignals implements sessionstore.Store. Acknowledgements are
+// cumulative: the recipient's acked_seq moves up to upToSeq (never past its
+// last seq), and the signals up to it are marked, their bytes taken off the
+// pending counters. With group commit on, an ack rides the next batch.
 func (s *Store) AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int64, at time.Time) (int, error) {
-	ctx, cancel, err := s.call(ctx)
-	defer cancel()
-	if err != nil {
-		return 0, wrap("ack signals", err)
-	}
-	tag, err := s.pool.Exec(ctx, `UPDATE signals SET acked_at = $5
-		WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND seq <= $4 AND acked_at IS NULL`,
-		k.TenantID, k.ProjectID, k.SessionID, upToSeq, at)
-	if err != nil {
-		return 0, wrap("ack signals", err)
-	}
-	return int(tag.RowsAffected()), nil
+	n, err := s.ack(ctx, k, upToSeq, at)
+	return n, wrap("ack signals", err)
 }
+
+// ackSeqSQL moves k's acked_seq up to $4, never past its last seq. It locks
+// the session's row first, as an append to it does.
+const ackSeqSQL = `UPDATE sessions SET acked_seq = GREATEST(acked_seq, LEAST($4::bigint, last_seq))
+	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3`
+
+// ackSQL marks k's pending signals up to its acked_seq and takes their bytes
+// off the session's counter, and off its project's by a delta (see
+// migration 0005); it returns how many it marked.
+const ackSQL = `WITH a AS (
+	UPDATE signals SET acked_at = $4
+	WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL
+	  AND seq <= (SELECT acked_seq FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3)
+	RETURNING coalesce(octet_length(payload::text), 0) AS n
+), t AS (SELECT count(*) AS c, coalesce(sum(n), 0)::bigint AS b FROM a
+), s AS (
+	UPDATE sessions SET pending_bytes = pending_bytes - t.b FROM t
+	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND t.b <> 0
+), p AS (
+	INSERT INTO project_usage_deltas (tenant_id, project_id, delta) SELECT $1, $2, -t.b FROM t WHERE t.b <> 0
+)
+SELECT c FROM t`
 
 // CountPending implements sessionstore.Store.
 func (s *Store) CountPending(ctx context.Context, k sessionstore.Key) (int, error) {
@@ -197,20 +122,11 @@ func (s *Store) PendingTotal(ctx context.Context, now time.Time) (int, error) {
 	return n, nil
 }
 
-// DropPending implements sessionstore.Store.
+// DropPending implements sessionstore.Store: an acknowledgement of
+// everything stored.
 func (s *Store) DropPending(ctx context.Context, k sessionstore.Key, at time.Time) (int, error) {
-	ctx, cancel, err := s.call(ctx)
-	defer cancel()
-	if err != nil {
-		return 0, wrap("drop pending", err)
-	}
-	tag, err := s.pool.Exec(ctx, `UPDATE signals SET acked_at = $4
-		WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL`,
-		k.TenantID, k.ProjectID, k.SessionID, at)
-	if err != nil {
-		return 0, wrap("drop pending", err)
-	}
-	return int(tag.RowsAffected()), nil
+	n, err := s.ack(ctx, k, math.MaxInt64, at)
+	return n, wrap("drop pending", err)
 }
 
 // The prune statements. Each deletes at most $2 rows, those whose ctid its
@@ -233,11 +149,20 @@ const (
 	// Only sessions whose signals are gone, so that the ON DELETE CASCADE of
 	// one statement stays bounded. The scalar subquery is one index probe
 	// per session (an anti join could scan all of signals).
-	pruneExpiredSessionsSQL = `DELETE FROM sessions WHERE expires_at < $1 AND ctid = ANY (ARRAY(
-		SELECT ctid FROM sessions e WHERE e.expires_at < $1
-		  AND (SELECT 1 FROM signals g WHERE g.tenant_id = e.tenant_id
-		         AND g.project_id = e.project_id AND g.to_session = e.session_id LIMIT 1) IS NULL
-		LIMIT $2))`
+	// The pending bytes they still held come off their projects' counters.
+	pruneExpiredSessionsSQL = `WITH d AS (
+		DELETE FROM sessions WHERE expires_at < $1 AND ctid = ANY (ARRAY(
+			SELECT ctid FROM sessions e WHERE e.expires_at < $1
+			  AND (SELECT 1 FROM signals g WHERE g.tenant_id = e.tenant_id
+			         AND g.project_id = e.project_id AND g.to_session = e.session_id LIMIT 1) IS NULL
+			LIMIT $2))
+		RETURNING tenant_id, project_id, pending_bytes
+	), g AS (SELECT tenant_id, project_id, sum(pending_bytes)::bigint AS b FROM d GROUP BY 1, 2
+	), u AS (
+		INSERT INTO project_usage_deltas (tenant_id, project_id, delta)
+		SELECT tenant_id, project_id, -b FROM g WHERE b <> 0
+	)
+	SELECT count(*) FROM d`
 	// Instances are few, but one per pod ever started: no index needed.
 	pruneInstancesSQL = `DELETE FROM instances WHERE last_heartbeat_at < $1 AND id = ANY (ARRAY(
 		SELECT id FROM instances WHERE last_heartbeat_at < $1 LIMIT $2))`
@@ -314,6 +239,11 @@ func (s *Store) deleteBatch(ctx context.Context, query string, arg any) (int, er
 	defer cancel()
 	if err != nil {
 		return 0, err
+	}
+	if strings.HasPrefix(query, "WITH") { // it counts what it deleted itself
+		var n int
+		err := s.pool.QueryRow(ctx, query, arg, s.pruneBatch).Scan(&n)
+		return n, err
 	}
 	tag, err := s.pool.Exec(ctx, query, arg, s.pruneBatch)
 	if err != nil {

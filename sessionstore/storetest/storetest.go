@@ -60,11 +60,12 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"ResumeSession/unknown or expired is ErrNotFound", testResumeNotFound},
 		{"Expired sessions are invisible to reads and touches", testExpiredInvisible},
 		{"TouchSession/never moves a time backwards and extends expiry", testTouch},
-		{"ListSessions/filters, orders and limits", testListSessions},
+		{"ListSessions and CountSessions/filter, order and limit", testListSessions},
 		{"DeleteSession/removes the session and its signals", testDelete},
 		{"DeleteSession/removes an expired row too (ErrNotFound only when no row)", testDeleteExpired},
 		{"Tenant isolation/same session id in two tenants or projects", testTenantIsolation},
 		{"SetQueue and ClearQueue/a newer attach elsewhere wins", testQueue},
+		{"SetQueue and ClearQueue/compare-and-set: a late write of an older attach changes nothing", testQueueCompareAndSet},
 		{"AssignInstance", testAssignInstance},
 		{"ReassignInstance/moves only from the assignment it names", testReassignInstance},
 		{"ReassignInstance/of racing takeovers exactly one wins", testReassignConcurrent},
@@ -76,6 +77,13 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"AppendSignal/payload JSON round-trips by meaning", testAppendPayload},
 		{"AppendSignal/payload bytes round-trip exactly", testAppendPayloadBytes},
 		{"AppendSignal/concurrent appends to one recipient get 1..N exactly once", testAppendConcurrent},
+		{"AppendSignal/batch: each recipient's seq gap-free, each sender's order kept", testBatchOrderPerSender},
+		{"AppendSignal/batch: one idempotency key sent at once is stored once", testBatchIdempotency},
+		{"AppendSignal/batch: a failing member fails alone", testBatchFailingMember},
+		{"AppendSignal/a sender token hash authorises the append in the store", testAppendSenderToken},
+		{"AppendSignal and CreateSession/a value the store cannot keep is ErrInvalidInput", testInvalidInput},
+		{"Quota/pending signals per recipient: refused stores nothing, acking frees room", testQuotaPendingPerRecipient},
+		{"Quota/pending bytes per project: refused stores nothing, acking or deleting frees room", testQuotaPendingBytesPerProject},
 		{"PendingSignals/after seq, limit, order, acked excluded", testPending},
 		{"AckSignals/returns how many this call acknowledged", testAck},
 		{"CountPending and DropPending", testDropPending},
@@ -630,6 +638,13 @@ func testListSessions(t *testing.T, s sessionstore.Store) {
 		if len(got) != len(c.want) || (len(got) > 0 && !reflect.DeepEqual(got, c.want)) {
 			t.Errorf("ListSessions(%+v) = %v, want %v", c.f, got, c.want)
 		}
+		// CountSessions counts what ListSessions lists, expired sessions
+		// left out, the limit included.
+		n, err := s.CountSessions(ctx, c.f, now)
+		noErr(t, "CountSessions", err)
+		if n != len(c.want) {
+			t.Errorf("CountSessions(%+v) = %d, want %d", c.f, n, len(c.want))
+		}
 	}
 }
 
@@ -741,16 +756,23 @@ func testTenantIsolation(t *testing.T, s sessionstore.Store) {
 	}
 }
 
-func testQueue(t *testing.T, s sessionstore.Store) {
-	ctx := t.Context()
+// queueFixture creates alice and returns her key, her row as the test
+// expects it to be stored, and a check of the stored row against it.
+func queueFixture(t *testing.T, s sessionstore.Store) (sessionstore.Key, *sessionstore.Session, func(what string)) {
 	k := key("t", "p", "alice")
 	want := mustCreate(t, s, k)
 	check := func(what string) {
 		t.Helper()
-		got, err := s.GetSession(ctx, k, t0)
+		got, err := s.GetSession(t.Context(), k, t0)
 		noErr(t, what, err)
 		wantSession(t, what, got, want)
 	}
+	return k, &want, check
+}
+
+func testQueue(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k, want, check := queueFixture(t, s)
 
 	noErr(t, "SetQueue(hub-1)", s.SetQueue(ctx, k, "hub-1", at(time.Second)))
 	want.QueueInstance, want.QueueAttachedAt = "hub-1", at(time.Second)
@@ -762,14 +784,14 @@ func testQueue(t *testing.T, s sessionstore.Store) {
 	check("after SetQueue(hub-2)")
 
 	// The stale instance's detach does nothing.
-	ok, err := s.ClearQueue(ctx, k, "hub-1", at(3*time.Second))
+	ok, err := s.ClearQueue(ctx, k, "hub-1", at(time.Second), at(3*time.Second))
 	noErr(t, "ClearQueue(stale)", err)
 	if ok {
 		t.Fatal("ClearQueue(stale instance) = true, want false")
 	}
 	check("after a stale ClearQueue")
 
-	ok, err = s.ClearQueue(ctx, k, "hub-2", at(4*time.Second))
+	ok, err = s.ClearQueue(ctx, k, "hub-2", at(2*time.Second), at(4*time.Second))
 	noErr(t, "ClearQueue(holder)", err)
 	if !ok {
 		t.Fatal("ClearQueue(holder) = false, want true")
@@ -777,7 +799,7 @@ func testQueue(t *testing.T, s sessionstore.Store) {
 	want.QueueInstance, want.QueueAttachedAt, want.QueueDetachedAt = "", time.Time{}, at(4*time.Second)
 	check("after ClearQueue(holder)")
 
-	ok, err = s.ClearQueue(ctx, k, "hub-2", at(5*time.Second))
+	ok, err = s.ClearQueue(ctx, k, "hub-2", at(2*time.Second), at(5*time.Second))
 	noErr(t, "ClearQueue again", err)
 	if ok {
 		t.Fatal("ClearQueue again = true, want false")
@@ -786,10 +808,48 @@ func testQueue(t *testing.T, s sessionstore.Store) {
 
 	wantErr(t, "SetQueue(unknown)", s.SetQueue(ctx, key("t", "p", "nobody"), "hub-1", t0), sessionstore.ErrNotFound)
 	// ClearQueue lists no error for an unknown key: it cleared nothing.
-	ok, err = s.ClearQueue(ctx, key("t", "p", "nobody"), "hub-1", t0)
+	ok, err = s.ClearQueue(ctx, key("t", "p", "nobody"), "hub-1", t0, t0)
 	if ok || err != nil {
 		t.Fatalf("ClearQueue(unknown) = %v, %v; want false, nil", ok, err)
 	}
+}
+
+func testQueueCompareAndSet(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k, want, check := queueFixture(t, s)
+
+	// hub-2's attach at 2s lands first; hub-1's older attach (1s) lands late.
+	noErr(t, "SetQueue(hub-2, 2s)", s.SetQueue(ctx, k, "hub-2", at(2*time.Second)))
+	noErr(t, "late SetQueue(hub-1, 1s)", s.SetQueue(ctx, k, "hub-1", at(time.Second)))
+	want.QueueInstance, want.QueueAttachedAt = "hub-2", at(2*time.Second)
+	check("after a late SetQueue of an older attach")
+
+	// A second connection on the same instance replaced the first; the
+	// first one's detach comes after: it must not clear the second.
+	noErr(t, "SetQueue(hub-2, 3s)", s.SetQueue(ctx, k, "hub-2", at(3*time.Second)))
+	ok, err := s.ClearQueue(ctx, k, "hub-2", at(2*time.Second), at(4*time.Second))
+	noErr(t, "ClearQueue(hub-2's replaced attach)", err)
+	if ok {
+		t.Fatal("ClearQueue of a replaced attach on the same instance = true, want false")
+	}
+	want.QueueAttachedAt = at(3 * time.Second)
+	check("after the replaced attach's ClearQueue")
+
+	// The holder detaches at 5s; a SetQueue of its own attach (3s) arriving
+	// after that names no instance again.
+	ok, err = s.ClearQueue(ctx, k, "hub-2", at(3*time.Second), at(5*time.Second))
+	noErr(t, "ClearQueue(holder)", err)
+	if !ok {
+		t.Fatal("ClearQueue(holder) = false, want true")
+	}
+	noErr(t, "SetQueue after its detach", s.SetQueue(ctx, k, "hub-2", at(3*time.Second)))
+	want.QueueInstance, want.QueueAttachedAt, want.QueueDetachedAt = "", time.Time{}, at(5*time.Second)
+	check("after a SetQueue that arrived after its own detach")
+
+	// A new attach after the detach is recorded.
+	noErr(t, "SetQueue(hub-1, 6s)", s.SetQueue(ctx, k, "hub-1", at(6*time.Second)))
+	want.QueueInstance, want.QueueAttachedAt = "hub-1", at(6*time.Second)
+	check("after a new attach")
 }
 
 func testAssignInstance(t *testing.T, s sessionstore.Store) {
@@ -1701,5 +1761,20 @@ func testSessionStats(t *testing.T, s sessionstore.Store) {
 		if !maps.Equal(c.got, c.want) {
 			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
 		}
+	}
+
+	// The canary view: live sessions of one source by client_id and mode.
+	mk("e", "stateless", "adaptive-classifier", "", at(time.Hour))
+	mk("f", "sticky", "adaptive-classifier", "hub-1", at(time.Minute)) // expired at the read below
+	byClient, err := s.CountByClient(ctx, at(2*time.Minute), "adaptive-classifier")
+	noErr(t, "CountByClient", err)
+	want := map[string]map[string]int{"client-b": {"sticky": 1}, "client-e": {"stateless": 1}}
+	if !maps.EqualFunc(byClient, want, maps.Equal) {
+		t.Errorf("CountByClient(adaptive-classifier) = %v, want %v", byClient, want)
+	}
+	none, err := s.CountByClient(ctx, at(2*time.Minute), "no-such-source")
+	noErr(t, "CountByClient(no-such-source)", err)
+	if none == nil || len(none) != 0 {
+		t.Errorf("CountByClient of an unused source = %v, want an empty, non-nil map", none)
 	}
 }

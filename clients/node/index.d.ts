@@ -1,0 +1,156 @@
+// Type declarations of @marconihub/client (the Node client of the Marconi hub).
+// The implementation is plain JavaScript in src/; docs/client.md describes it.
+
+/** Receives the client's diagnostics; console works. Missing methods discard. */
+export interface Logger {
+  debug?(msg: string, fields: object): void;
+  info?(msg: string, fields: object): void;
+  warn?(msg: string, fields: object): void;
+  error?(msg: string, fields: object): void;
+}
+
+/** Which hub and session the client talks to, and what it calls back. */
+export interface Config {
+  /** One hub URL (any instance, or a load balancer) or several to fail over between, e.g. "http://127.0.0.1:8080". */
+  hubURL: string | string[];
+  /** The project's API key. */
+  apiKey: string;
+  /** "claude_code", "console_<name>", "headless_cc", "headless_cx" or "codex". */
+  surface: string;
+  /** Optional: empty lets the hub choose (read it back from client.sessionID). */
+  sessionID?: string;
+  /** "", "stateless" or "sticky". */
+  runtimeMode?: string;
+  /** Names the client build (the hub's adaptive placement allowlist). */
+  clientID?: string;
+  /**
+   * Receives every signal addressed to the session: once per signal id, in
+   * seq order, one at a time (a returned promise is awaited). The signal is
+   * acknowledged after it settles; a throw is logged and counts as handled.
+   * It may call send; it must not await close or deregister.
+   */
+  onSignal?: (signal: Signal) => void | Promise<void>;
+  /**
+   * Runtime-local state is gone: rehydrate it. Called, on the same loop as
+   * onSignal and before any signal of the new attachment, when the hub's
+   * welcome says affinity_reset, and after every re-registration of the
+   * session (the hub had lost it).
+   */
+  onAffinityReset?: (info: AffinityReset) => void | Promise<void>;
+  logger?: Logger;
+  /** Backoff ceiling of the first redial of a dropped WebSocket. Default 250. */
+  reconnectBaseDelayMs?: number;
+  /** Cap of the backoff ceiling (full jitter: the wait is uniform below it). Default 15000. */
+  reconnectMaxDelayMs?: number;
+  /** Bound on each HTTP call to the hub. Default 30000. */
+  requestTimeoutMs?: number;
+  /** How many times one send is made when it gets no answer or a 502/503/504. Default 3. */
+  maxSendAttempts?: number;
+}
+
+/** Why onAffinityReset was called. */
+export interface AffinityReset {
+  /** "affinity_reset": the hub's welcome said so; "reregistered": the hub had lost the session and it was registered again. */
+  reason: 'affinity_reset' | 'reregistered';
+  /** Pending signals the hub discarded at the reset (disconnect policy drop); 0 otherwise. */
+  dropped: number;
+}
+
+/** One signal addressed to this session, as the hub delivers it. */
+export interface Signal {
+  id: string;
+  seq: number;
+  fromSession: string;
+  toSession: string;
+  kind: string;
+  payload: unknown;
+  createdAt: Date;
+}
+
+/** The hub's answer to a send. The client has already acted on senderRouteStale when send resolves. */
+export interface SendResult {
+  signalID: string;
+  seq: number;
+  /** "pushed_to_ws", "queued_offline" or "not_available_offline". */
+  delivery: string;
+  /** "attached", "route_without_queue" or "stale". */
+  recipientRouteState: string;
+  /** SPEC-168 outcome, null when the hub sent null. */
+  selfhealOutcome: string | null;
+  recipientRouteStale: boolean;
+  senderRouteStale: boolean;
+  /** The hub had stored this idempotency key already: this is the first send's answer. */
+  duplicate: boolean;
+  /** The key the send carried (the caller's, or one generated for this call). */
+  idempotencyKey: string;
+}
+
+export interface SendOptions {
+  /** Reuse to make a repeat of this send a no-op on the hub (24 h); default: a new UUID per call, reused by the client's own retries. */
+  idempotencyKey?: string;
+  /** Cancels the send (and its retries). */
+  signal?: AbortSignal;
+}
+
+/** What the client did to keep its route. */
+export interface Stats {
+  /** Successful reattachments after the first, whatever the cause. */
+  reconnects: number;
+  /** Reconnects started by a send answered with sender_route_stale. */
+  selfHealReconnects: number;
+  /** Times the session had to be registered again because the hub no longer knew it. */
+  reregistrations: number;
+  /** Sum of the welcomes' "dropped" (disconnect policy drop). */
+  droppedAtReset: number;
+  /** Sends made again after no answer or a 502/503/504. */
+  sendRetries: number;
+  /** Moves to the next hub URL after one gave no answer. */
+  failovers: number;
+}
+
+/** Defaults of the optional numeric Config fields. */
+export declare const defaults: Readonly<{
+  reconnectBaseDelayMs: number;
+  reconnectMaxDelayMs: number;
+  requestTimeoutMs: number;
+  maxSendAttempts: number;
+}>;
+
+/**
+ * Registers the session (or the one named by config.sessionID), attaches its
+ * WebSocket and starts the heartbeat, read and delivery loops. Resolves once
+ * the hub has welcomed the connection.
+ */
+export declare function dial(config: Config, options?: { signal?: AbortSignal }): Promise<Client>;
+
+/** One registered, attached session. */
+export declare class Client {
+  private constructor(config: Config);
+  /** The session's id, as the hub registered it. */
+  readonly sessionID: string;
+  /** Sends a signal; payload is encoded as JSON. Rejects with MarconiError when the hub refused. */
+  send(to: string, kind: string, payload: unknown, options?: SendOptions): Promise<SendResult>;
+  stats(): Stats;
+  /** Closes the WebSocket (1000) and stops every loop; the session stays registered until its TTL. Idempotent. */
+  close(): Promise<void>;
+  /** Closes the client and ends the session on the hub (DELETE /v1/session). */
+  deregister(options?: { signal?: AbortSignal }): Promise<void>;
+}
+
+/** An error answered by the hub, with its stable code (docs/api.md). */
+export declare class MarconiError extends Error {
+  readonly status: number;
+  readonly code: string;
+  /** The hub's human readable message. */
+  readonly hubMessage: string;
+  /** On 409 wrong_instance: where the session's queue lives. */
+  readonly instanceURL: string | undefined;
+  /** The Retry-After header in seconds, when the hub sent one (429, 503). */
+  readonly retryAfterSeconds: number | undefined;
+}
+
+/** The hub could not be reached or gave no answer (connection refused, reset, timeout). */
+export declare class TransportError extends Error {}
+
+/** A call on a client that was closed or deregistered. */
+export declare class ClientClosedError extends Error {}

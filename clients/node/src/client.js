@@ -1,0 +1,854 @@
+// The Marconi client: one registered, attached session.
+
+import { randomUUID } from 'node:crypto';
+import WebSocket from 'ws';
+import { Backoff } from './backoff.js';
+import { ClientClosedError, MarconiError, codes, permanent } from './errors.js';
+import { TransportError, call } from './http.js';
+import { Sequencer } from './sequencer.js';
+import { closeCodes, openSocket } from './socket.js';
+
+/** Defaults of the optional Config fields, in one place. */
+export const defaults = Object.freeze({
+  reconnectBaseDelayMs: 250,
+  reconnectMaxDelayMs: 15000,
+  requestTimeoutMs: 30000,
+  maxSendAttempts: 3,
+});
+
+const defaultHeartbeatMs = 20000;
+const welcomeTimeoutMs = 15000;
+// How many 409 wrong_instance redirects one attach follows.
+const maxWrongInstanceHops = 3;
+// The delivery queue's bound: past it the WebSocket stops being read (the
+// hub keeps the signals) and piggyback or drained signals are left on the hub.
+const deliveryQueue = 64;
+// How many deliveries may be handled before an ack is sent even though more are queued.
+const ackEvery = 32;
+const drainLimit = 50;
+// How often one session call is made when the token keeps changing under it.
+const maxCallAttempts = 3;
+// Bound on the close handshake at close(): past it the socket is cut.
+const closeHandshakeMs = 1000;
+
+const noop = () => {};
+const silent = { debug: noop, info: noop, warn: noop, error: noop };
+
+/**
+ * @typedef {import('../index.js').Config} Config
+ * @typedef {import('../index.js').Signal} Signal
+ * @typedef {import('../index.js').SendResult} SendResult
+ * @typedef {import('../index.js').SendOptions} SendOptions
+ * @typedef {import('../index.js').Stats} Stats
+ * @typedef {import('../index.js').AffinityReset} AffinityReset
+ * @typedef {import('./socket.js').Socket} Socket
+ * @typedef {import('./socket.js').Welcome} Welcome
+ * @typedef {{signals: Signal[], epoch: number, reset?: AffinityReset}} Delivery
+ * @typedef {{token: string, epoch: number, gen: number}} Auth
+ * @typedef {Socket & {gen: number, token: string}} Conn
+ */
+
+const start = Symbol('start');
+
+/**
+ * Registers the session (a new one, or the one named by config.sessionID),
+ * attaches its WebSocket and starts the heartbeat, read and delivery loops.
+ * Resolves once the hub has welcomed the connection; rejects with the error
+ * that stopped it (a MarconiError when the hub answered one).
+ * @param {Config} config
+ * @param {{signal?: AbortSignal}} [options] signal bounds only the dial
+ * @returns {Promise<Client>}
+ */
+export async function dial(config, options = {}) {
+  const c = new Client(config);
+  try {
+    await c[start](options.signal);
+  } catch (err) {
+    await c.close();
+    throw err;
+  }
+  return c;
+}
+
+/**
+ * One registered, attached session. Use dial to make one. send, stats and
+ * sessionID may be used at any time; close (or deregister) once stops it.
+ */
+export class Client {
+  /** @type {Required<Pick<Config, 'reconnectBaseDelayMs' | 'reconnectMaxDelayMs' | 'requestTimeoutMs' | 'maxSendAttempts'>> & Config} */
+  #cfg;
+  /** @type {string[]} */
+  #urls;
+  #urlIndex = 0;
+  /** @type {Required<import('../index.js').Logger>} */
+  #log;
+  #backoff;
+  #closing = new AbortController();
+  /** @type {Promise<void> | null} */
+  #closed = null;
+  /** @type {Promise<unknown>[]} */
+  #loops = [];
+
+  #sessionID;
+  #token = '';
+  #fresh = false; // the token comes from a registration no attach has used yet
+  #epoch = 0; // registration count: a new registration starts seq afresh
+  #heartbeatMs = defaultHeartbeatMs;
+  /** @type {Conn | null} */
+  #conn = null;
+  #gen = 0; // connection generation, +1 per successful attach
+  #healFor = 0; // generation for which a self-heal reconnect was requested
+  #immediate = false; // the next redial skips the backoff wait
+  #stopped = false; // the supervisor gave up: replaced (4409) or refused by the hub
+  /** @type {Promise<void>} serializes (re)registrations */
+  #registering = Promise.resolve();
+  /** @type {(() => void) | null} cuts the supervisor's backoff wait short */
+  #wakeSupervisor = null;
+
+  /** @type {Delivery[]} */
+  #deliveries = [];
+  /** @type {(() => void) | null} */
+  #wakeDispatcher = null;
+  #highest = 0; // highest seq handed to onSignal, for drain
+
+  #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0 };
+
+  /** @param {Config} config */
+  constructor(config) {
+    const urls = Array.isArray(config.hubURL) ? config.hubURL : [config.hubURL];
+    if (urls.length === 0) throw new TypeError('marconi: hubURL is required');
+    this.#urls = urls.map((u) => {
+      let parsed;
+      try {
+        parsed = new URL(u);
+      } catch {
+        parsed = null;
+      }
+      if (!parsed || (parsed.protocol !== 'http:' && parsed.protocol !== 'https:')) {
+        throw new TypeError(`marconi: hubURL ${JSON.stringify(u)} is not an http(s) URL`);
+      }
+      return u.replace(/\/+$/, '');
+    });
+    if (!config.apiKey) throw new TypeError('marconi: apiKey is required');
+    if (!config.surface) throw new TypeError('marconi: surface is required');
+    const cfg = {
+      ...config,
+      reconnectBaseDelayMs: config.reconnectBaseDelayMs ?? defaults.reconnectBaseDelayMs,
+      reconnectMaxDelayMs: config.reconnectMaxDelayMs ?? defaults.reconnectMaxDelayMs,
+      requestTimeoutMs: config.requestTimeoutMs ?? defaults.requestTimeoutMs,
+      maxSendAttempts: config.maxSendAttempts ?? defaults.maxSendAttempts,
+    };
+    for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'requestTimeoutMs', 'maxSendAttempts'])) {
+      if (!Number.isFinite(cfg[k]) || cfg[k] <= 0) throw new TypeError(`marconi: ${k} must be a positive number`);
+    }
+    if (config.reconnectMaxDelayMs === undefined) cfg.reconnectMaxDelayMs = Math.max(cfg.reconnectMaxDelayMs, cfg.reconnectBaseDelayMs);
+    if (cfg.reconnectMaxDelayMs < cfg.reconnectBaseDelayMs) {
+      throw new TypeError('marconi: reconnectMaxDelayMs is below reconnectBaseDelayMs');
+    }
+    this.#cfg = cfg;
+    this.#log = { ...silent, ...bindLogger(config.logger) };
+    this.#backoff = new Backoff(cfg.reconnectBaseDelayMs, cfg.reconnectMaxDelayMs);
+    this.#sessionID = config.sessionID ?? '';
+  }
+
+  /** The session's id, as the hub registered it. */
+  get sessionID() {
+    return this.#sessionID;
+  }
+
+  /**
+   * What the client has done so far to keep its route.
+   * @returns {Stats}
+   */
+  stats() {
+    return { ...this.#stats };
+  }
+
+  /**
+   * Closes the WebSocket normally (1000) and stops every loop the client
+   * started, waiting for them (and for a running onSignal). The session stays
+   * registered until its TTL runs out. Idempotent.
+   * @returns {Promise<void>}
+   */
+  close() {
+    this.#closed ??= this.#shutdown();
+    return this.#closed;
+  }
+
+  async #shutdown() {
+    this.#closing.abort(new ClientClosedError());
+    this.#wakeDispatcher?.();
+    this.#wakeSupervisor?.();
+    const conn = this.#conn;
+    if (conn) {
+      conn.ws.close(closeCodes.normal, 'client closed');
+      const cut = setTimeout(() => conn.ws.terminate(), closeHandshakeMs);
+      await conn.ended;
+      clearTimeout(cut);
+    }
+    await Promise.allSettled(this.#loops);
+  }
+
+  /**
+   * Ends the session on the hub (DELETE /v1/session) after closing the client
+   * as close does. Rejects when the hub could not be told; the client is
+   * closed either way and the session then expires with its TTL.
+   * @param {{signal?: AbortSignal}} [options]
+   * @returns {Promise<void>}
+   */
+  async deregister(options = {}) {
+    if (this.#closed) throw new ClientClosedError();
+    await this.close();
+    try {
+      await this.#call('DELETE', '/v1/session', this.#token, { signal: options.signal }, false);
+    } catch (err) {
+      if (err instanceof MarconiError && err.code === codes.sessionExpired) return; // gone already
+      throw err;
+    }
+    this.#log.info('marconi: session deregistered', { session_id: this.#sessionID });
+  }
+
+  /**
+   * Sends a signal to the session `to`. kind may be empty (the hub's default,
+   * "signal"); payload is encoded as JSON. Resolves with the hub's answer;
+   * signals waiting for this session that came with it (piggyback) go to
+   * onSignal. When the hub says sender_route_stale, the reconnect has started
+   * when it resolves. A send that got no answer, or a 502, 503 or 504, is
+   * made again with the same idempotency key, up to maxSendAttempts times.
+   * @param {string} to
+   * @param {string} kind
+   * @param {unknown} payload
+   * @param {SendOptions} [options]
+   * @returns {Promise<SendResult>}
+   */
+  async send(to, kind, payload, options = {}) {
+    if (this.#closed) throw new ClientClosedError();
+    const key = options.idempotencyKey ?? randomUUID();
+    /** @type {Record<string, unknown>} */
+    const req = { to_session: to, payload: payload === undefined ? null : payload, idempotency_key: key };
+    if (kind) req.kind = kind;
+    const body = JSON.stringify(req);
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const { auth, data } = await this.#sessionCall('POST', '/v1/signals', { body, signal: options.signal });
+        return this.#sent(to, key, auth, data);
+      } catch (err) {
+        if (!retryableSend(err) || attempt + 1 >= this.#cfg.maxSendAttempts || this.#closed || options.signal?.aborted) throw err;
+        this.#stats.sendRetries++;
+        this.#log.warn('marconi: send got no usable answer; retrying with the same idempotency key', {
+          to_session: to, idempotency_key: key, attempt, err: String(err),
+        });
+        await this.#sleep(this.#backoff.delay(attempt), options.signal);
+      }
+    }
+  }
+
+  /**
+   * @param {string} to
+   * @param {string} key
+   * @param {Auth} auth
+   * @param {any} data
+   * @returns {SendResult}
+   */
+  #sent(to, key, auth, data) {
+    /** @type {SendResult} */
+    const res = {
+      signalID: data.signal_id,
+      seq: data.seq,
+      delivery: data.delivery,
+      recipientRouteState: data.recipient_route_state,
+      selfhealOutcome: data.selfheal_outcome ?? null,
+      recipientRouteStale: data.recipient_route_stale === true,
+      senderRouteStale: data.sender_route_stale === true,
+      duplicate: data.duplicate === true,
+      idempotencyKey: key,
+    };
+    if (Array.isArray(data.pending) && data.pending.length > 0) {
+      this.#offer({ signals: data.pending.map(toSignal), epoch: auth.epoch });
+    }
+    if (res.recipientRouteStale) {
+      this.#log.info('marconi: recipient route stale; it repairs on its own next send', {
+        to_session: to, signal_id: res.signalID, selfheal_outcome: res.selfhealOutcome,
+      });
+    }
+    if (res.senderRouteStale) this.#requestSelfHeal(auth.gen);
+    return res;
+  }
+
+  // ---- start, connect, attach ----
+
+  /** @param {AbortSignal | undefined} signal */
+  async [start](signal) {
+    this.#loops.push(this.#dispatch());
+    const conn = await this.#connect(signal);
+    this.#loops.push(this.#supervise(conn), this.#heartbeatLoop());
+  }
+
+  /**
+   * The bootstrap connect sequence: register (or resume), attach, welcome.
+   * @param {AbortSignal} [signal]
+   * @returns {Promise<Conn>}
+   */
+  async #connect(signal) {
+    if (!this.#fresh) await this.#register(signal); // a token just registered needs no resume
+    const a = this.#auth();
+    try {
+      return await this.#attach(signal);
+    } catch (err) {
+      if (!(err instanceof MarconiError && err.code === codes.sessionExpired)) throw err;
+      await this.#reregister(a.token, signal);
+      return this.#attach(signal);
+    }
+  }
+
+  /**
+   * Opens GET /v1/ws with the session token, following 409 wrong_instance to
+   * the instance that holds the session. Every attach starts at the current
+   * hub URL: a followed instance_url is not pinned, so when that instance dies
+   * the next attempt asks the hub URL again, whose instance takes the session
+   * over once it sees the dead one's heartbeat age out.
+   * @param {AbortSignal} [signal]
+   * @returns {Promise<Conn>}
+   */
+  async #attach(signal) {
+    let base = this.#base();
+    for (let hop = 0; ; hop++) {
+      const a = this.#auth();
+      /** @type {{conn: Conn | null}} */
+      const got = { conn: null };
+      try {
+        await openSocket(`${base.replace(/^http/, 'ws')}/v1/ws`, {
+          token: a.token,
+          timeoutMs: welcomeTimeoutMs,
+          signal: signal ? AbortSignal.any([signal, this.#closing.signal]) : this.#closing.signal,
+          onWelcome: (w, ws, ended) => (got.conn = this.#welcomed(w, ws, ended, a)) !== null,
+          onFrame: (f) => this.#frame(f, a.epoch),
+          warn: this.#log.warn,
+        });
+        if (!got.conn) throw new ClientClosedError();
+        return got.conn;
+      } catch (err) {
+        if (err instanceof MarconiError && err.code === codes.wrongInstance && err.instanceURL && hop < maxWrongInstanceHops) {
+          this.#log.debug('marconi: following wrong_instance', { instance_url: err.instanceURL });
+          base = err.instanceURL.replace(/\/+$/, '');
+          continue;
+        }
+        if (err instanceof TransportError) {
+          if (hop > 0) {
+            this.#log.warn('marconi: assigned instance unreachable; retrying through the hub URL', { instance_url: base, err: err.message });
+          } else {
+            this.#failover(base, err);
+          }
+        }
+        throw err;
+      }
+    }
+  }
+
+  /**
+   * Adopts a welcomed connection as the current one. Runs synchronously when
+   * the welcome arrives, so the affinity reset is queued before any replayed
+   * signal.
+   * @param {Welcome} w
+   * @param {WebSocket} ws
+   * @param {Socket['ended']} ended
+   * @param {Auth} a
+   * @returns {Conn | null} null when the client is closing
+   */
+  #welcomed(w, ws, ended, a) {
+    if (this.#closing.signal.aborted) return null;
+    this.#gen++;
+    const conn = { ws, welcome: w, ended, gen: this.#gen, token: a.token };
+    this.#conn = conn;
+    this.#fresh = false;
+    this.#immediate = false;
+    this.#log.info('marconi: attached', {
+      session_id: w.session_id, instance_id: w.instance_id, resumed: w.resumed,
+      affinity_reset: w.affinity_reset, replayed: w.replayed, generation: this.#gen,
+    });
+    const dropped = w.dropped ?? 0;
+    if (dropped > 0) {
+      this.#stats.droppedAtReset += dropped;
+      this.#log.warn('marconi: the hub dropped pending signals at the affinity reset (disconnect policy drop)', {
+        session_id: w.session_id, instance_id: w.instance_id, dropped,
+      });
+    }
+    if (w.affinity_reset) this.#enqueue({ signals: [], epoch: a.epoch, reset: { reason: 'affinity_reset', dropped } });
+    return conn;
+  }
+
+  /**
+   * @param {any} f
+   * @param {number} epoch
+   */
+  #frame(f, epoch) {
+    if (f?.type !== 'signal') {
+      this.#log.debug('marconi: ignoring frame', { type: f?.type });
+      return;
+    }
+    this.#enqueue({ signals: [toSignal(f)], epoch });
+    // Backpressure: past the queue's bound the socket stops being read; the
+    // hub keeps the signals (a queue of its that fills closes with 4429).
+    if (this.#deliveries.length >= deliveryQueue) this.#conn?.ws.pause();
+  }
+
+  // ---- supervision: reconnects ----
+
+  /**
+   * Owns the WebSocket: when the connection ends, decides whether and how to
+   * connect again.
+   * @param {Conn} conn
+   */
+  async #supervise(conn) {
+    for (;;) {
+      const { code, reason } = await conn.ended;
+      if (this.#conn?.gen === conn.gen) this.#conn = null;
+      if (this.#closing.signal.aborted) return;
+      if (!this.#immediate) {
+        if (code === closeCodes.replaced) {
+          this.#stopped = true;
+          this.#log.warn('marconi: connection replaced by a newer one of this session; not redialing', {});
+          return;
+        }
+        if (code === closeCodes.sessionExpired) {
+          await this.#reregister(conn.token).catch((err) => this.#log.warn('marconi: re-register after 4410 failed', { err: String(err) }));
+        }
+      }
+      this.#log.info('marconi: WebSocket ended, reconnecting', { status: code, reason, immediate: this.#immediate });
+      const next = await this.#redial();
+      if (!next) {
+        this.#stopped = true;
+        return;
+      }
+      conn = next;
+    }
+  }
+
+  /**
+   * Attaches again, waiting between attempts with backoff and draining while
+   * the WebSocket is down, until attached, closed, or refused for good (null).
+   * @returns {Promise<Conn | null>}
+   */
+  async #redial() {
+    for (let attempt = 0; ; attempt++) {
+      if (!this.#immediate) {
+        await this.#drain();
+        if (!(await this.#waitOrHeal(this.#backoff.delay(attempt)))) return null;
+      }
+      try {
+        const conn = await this.#connect();
+        this.#stats.reconnects++;
+        return conn;
+      } catch (err) {
+        if (this.#closing.signal.aborted) return null;
+        this.#immediate = false;
+        if (permanent(err)) {
+          this.#log.error('marconi: hub refuses the session; giving up reconnecting', { err: String(err) });
+          return null;
+        }
+        this.#log.warn('marconi: reconnect failed', { attempt, err: String(err) });
+      }
+    }
+  }
+
+  /**
+   * Closes the WebSocket of generation gen and has the supervisor run the
+   * connect sequence again, unless that was already done or requested for
+   * gen: many sends answered sender_route_stale at once cause one reconnect.
+   * @param {number} gen
+   */
+  #requestSelfHeal(gen) {
+    if (this.#closing.signal.aborted || this.#stopped || this.#gen > gen || this.#healFor >= gen) return;
+    this.#healFor = gen;
+    this.#immediate = true;
+    this.#stats.selfHealReconnects++;
+    this.#log.info('marconi: sender route stale, reconnecting', { session_id: this.#sessionID, generation: gen });
+    // No close handshake: the hub holds no queue for this connection, so
+    // there is most likely no peer to answer one.
+    if (this.#conn?.gen === gen) this.#conn.ws.terminate();
+    this.#wakeSupervisor?.();
+  }
+
+  /**
+   * Waits ms, cut short by a self-heal request; false when the client closes.
+   * @param {number} ms
+   */
+  #waitOrHeal(ms) {
+    return new Promise((resolve) => {
+      const done = (/** @type {boolean} */ v) => {
+        clearTimeout(t);
+        this.#closing.signal.removeEventListener('abort', onAbort);
+        this.#wakeSupervisor = null;
+        resolve(v);
+      };
+      const onAbort = () => done(false);
+      const t = setTimeout(() => done(true), ms);
+      if (this.#closing.signal.aborted) return done(false);
+      this.#closing.signal.addEventListener('abort', onAbort, { once: true });
+      this.#wakeSupervisor = () => done(!this.#closing.signal.aborted);
+    });
+  }
+
+  /**
+   * Sleeps ms unless the client closes or signal aborts.
+   * @param {number} ms
+   * @param {AbortSignal} [signal]
+   */
+  #sleep(ms, signal) {
+    const stop = signal ? AbortSignal.any([signal, this.#closing.signal]) : this.#closing.signal;
+    return new Promise((resolve) => {
+      if (stop.aborted) return resolve(false);
+      const onAbort = () => {
+        clearTimeout(t);
+        resolve(false);
+      };
+      const t = setTimeout(() => {
+        stop.removeEventListener('abort', onAbort);
+        resolve(true);
+      }, ms);
+      stop.addEventListener('abort', onAbort, { once: true });
+    });
+  }
+
+  // ---- registration ----
+
+  /**
+   * Runs fn alone among registrations.
+   * @template T
+   * @param {() => Promise<T>} fn
+   * @returns {Promise<T>}
+   */
+  async #exclusive(fn) {
+    const prev = this.#registering;
+    /** @type {() => void} */
+    let release = noop;
+    this.#registering = new Promise((r) => (release = r));
+    await prev;
+    try {
+      return await fn();
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Registers the session, or resumes it when the client holds a token. A
+   * resume of a session the hub no longer knows becomes a registration of the
+   * same session_id, and the application is told its state is gone.
+   * @param {AbortSignal} [signal]
+   */
+  #register(signal) {
+    return this.#exclusive(async () => {
+      const id = this.#sessionID;
+      const token = this.#token;
+      let r;
+      try {
+        r = await this.#postRegister(id, token, signal);
+      } catch (err) {
+        if (!(token && err instanceof MarconiError && err.code === codes.sessionExpired)) throw err;
+        r = await this.#postRegister(id, '', signal);
+      }
+      this.#adopt(r.data, r.status === 201);
+      if (token && r.status === 201) this.#reregistered(r.data.session_id);
+    });
+  }
+
+  /**
+   * Registers the session_id again after the hub answered 410 to a call made
+   * with the token stale. Only the first of several concurrent callers
+   * registers; the others find the token changed. The WebSocket of the old
+   * registration is cut so the supervisor attaches anew right away.
+   * @param {string} stale
+   * @param {AbortSignal} [signal]
+   */
+  #reregister(stale, signal) {
+    return this.#exclusive(async () => {
+      if (this.#token !== stale) return;
+      const r = await this.#postRegister(this.#sessionID, '', signal);
+      this.#adopt(r.data, r.status === 201);
+      this.#reregistered(r.data.session_id);
+      this.#immediate = true;
+      this.#conn?.ws.terminate(); // it belongs to the registration that is gone
+    });
+  }
+
+  /** @param {string} id */
+  #reregistered(id) {
+    this.#stats.reregistrations++;
+    this.#log.warn('marconi: session was gone, registered again', { session_id: id });
+    this.#enqueue({ signals: [], epoch: this.#epoch, reset: { reason: 'reregistered', dropped: 0 } });
+  }
+
+  /**
+   * @param {string} id
+   * @param {string} token
+   * @param {AbortSignal} [signal]
+   */
+  async #postRegister(id, token, signal) {
+    /** @type {Record<string, string>} */
+    const headers = token ? { 'x-marconi-session-token': token } : {};
+    /** @type {Record<string, string>} */
+    const req = { surface: this.#cfg.surface };
+    if (id) req.session_id = id;
+    if (this.#cfg.runtimeMode) req.runtime_mode = this.#cfg.runtimeMode;
+    if (this.#cfg.clientID) req.client_id = this.#cfg.clientID;
+    const r = await this.#call('POST', '/v1/sessions', this.#cfg.apiKey, { headers, body: JSON.stringify(req), signal });
+    if (!r.data?.token) throw new TransportError(`marconi: register answered ${r.status} without a token`);
+    return r;
+  }
+
+  /**
+   * Takes a registration answer as the current session. A new registration
+   * starts a new epoch: the hub numbers its signals afresh.
+   * @param {any} data
+   * @param {boolean} created
+   */
+  #adopt(data, created) {
+    this.#sessionID = data.session_id;
+    this.#token = data.token;
+    this.#fresh = true;
+    if (created) this.#epoch++;
+    if (data.heartbeat_interval_seconds > 0) this.#heartbeatMs = data.heartbeat_interval_seconds * 1000;
+  }
+
+  /** @returns {Auth} */
+  #auth() {
+    return { token: this.#token, epoch: this.#epoch, gen: this.#gen };
+  }
+
+  // ---- HTTP ----
+
+  #base() {
+    return this.#urls[this.#urlIndex];
+  }
+
+  /**
+   * Moves to the next hub URL when base (the current one) gave no answer.
+   * @param {string} base
+   * @param {unknown} err
+   */
+  #failover(base, err) {
+    if (this.#urls.length < 2 || this.#base() !== base) return;
+    this.#urlIndex = (this.#urlIndex + 1) % this.#urls.length;
+    this.#stats.failovers++;
+    this.#log.warn('marconi: hub URL unreachable; failing over', { from: base, to: this.#base(), err: String(err) });
+  }
+
+  /**
+   * One call on the current hub URL.
+   * @param {string} method
+   * @param {string} path
+   * @param {string} bearer
+   * @param {import('./http.js').CallOptions} opts
+   * @param {boolean} [boundByClose] whether close() cancels the call
+   */
+  async #call(method, path, bearer, opts, boundByClose = true) {
+    const base = this.#base();
+    const bounds = [AbortSignal.timeout(this.#cfg.requestTimeoutMs)];
+    if (boundByClose) bounds.push(this.#closing.signal);
+    try {
+      return await call(base + path, method, bearer, opts, bounds);
+    } catch (err) {
+      if (boundByClose && this.#closing.signal.aborted) throw new ClientClosedError();
+      if (err instanceof TransportError || (err instanceof MarconiError && (err.code === codes.draining || [502, 504].includes(err.status)))) {
+        this.#failover(base, err);
+      }
+      throw err;
+    }
+  }
+
+  /**
+   * A call with the session token. When the token was rotated meanwhile by a
+   * resume (401), or the session is gone (410, after which the same
+   * session_id is registered again), the call is made once more.
+   * @param {string} method
+   * @param {string} path
+   * @param {import('./http.js').CallOptions} [opts]
+   * @returns {Promise<{auth: Auth, data: any}>}
+   */
+  async #sessionCall(method, path, opts = {}) {
+    let reregistered = false;
+    for (let attempt = 1; ; attempt++) {
+      const a = this.#auth();
+      try {
+        const r = await this.#call(method, path, a.token, opts);
+        return { auth: a, data: r.data };
+      } catch (err) {
+        if (!(err instanceof MarconiError) || attempt === maxCallAttempts) throw err;
+        if (err.status === 401) {
+          await this.#registering; // a resume in flight may have rotated the token
+          if (this.#token !== a.token) continue;
+        }
+        if (err.code === codes.sessionExpired && !reregistered) {
+          reregistered = true;
+          await this.#reregister(a.token);
+          continue;
+        }
+        throw err;
+      }
+    }
+  }
+
+  async #heartbeatLoop() {
+    while (await this.#sleep(this.#heartbeatMs)) {
+      if (this.#stopped) return; // replaced: the newer connection keeps the session alive; refused: pointless
+      try {
+        const { auth, data } = await this.#sessionCall('POST', '/v1/heartbeat');
+        this.#log.debug('marconi: heartbeat', { route_state: data?.route_state });
+        if (Array.isArray(data?.pending) && data.pending.length > 0) {
+          this.#offer({ signals: data.pending.map(toSignal), epoch: auth.epoch });
+        }
+      } catch (err) {
+        if (!this.#closing.signal.aborted) this.#log.warn('marconi: heartbeat failed', { err: String(err) });
+      }
+    }
+  }
+
+  /** Fetches, while the WebSocket is down, what the hub holds beyond the highest signal delivered. */
+  async #drain() {
+    try {
+      const { auth, data } = await this.#sessionCall('GET', `/v1/signals?after_seq=${this.#highest}&limit=${drainLimit}`);
+      if (Array.isArray(data?.signals) && data.signals.length > 0) {
+        this.#offer({ signals: data.signals.map(toSignal), epoch: auth.epoch });
+      }
+    } catch (err) {
+      this.#log.debug('marconi: drain failed', { err: String(err) });
+    }
+  }
+
+  // ---- delivery ----
+
+  /** @param {Delivery} d */
+  #enqueue(d) {
+    this.#deliveries.push(d);
+    this.#wakeDispatcher?.();
+  }
+
+  /**
+   * Queues d when there is room and drops it when there is none: the signals
+   * stay unacknowledged on the hub and come again (piggyback, drain and the
+   * replay on attach all start from the oldest unacknowledged signal).
+   * @param {Delivery} d
+   */
+  #offer(d) {
+    if (this.#deliveries.length >= deliveryQueue) {
+      this.#log.debug('marconi: delivery queue full; signals will come again', { signals: d.signals.length });
+      return;
+    }
+    this.#enqueue(d);
+  }
+
+  /** @returns {Promise<Delivery | null>} null once the client closes */
+  async #next() {
+    while (this.#deliveries.length === 0) {
+      if (this.#closing.signal.aborted) return null;
+      await new Promise((r) => (this.#wakeDispatcher = () => r(undefined)));
+      this.#wakeDispatcher = null;
+    }
+    if (this.#closing.signal.aborted) return null;
+    const d = /** @type {Delivery} */ (this.#deliveries.shift());
+    if (this.#deliveries.length < deliveryQueue / 2) this.#conn?.ws.resume();
+    return d;
+  }
+
+  /**
+   * The one loop that calls onSignal and onAffinityReset. It acknowledges what it
+   * delivered after the handler returned: at once when no other delivery is
+   * queued, else at least every ackEvery deliveries.
+   */
+  async #dispatch() {
+    const seq = new Sequencer();
+    let unacked = 0;
+    for (let d = await this.#next(); d; d = await this.#next()) {
+      if (d.reset && d.epoch >= seq.epoch) await this.#callback('onAffinityReset', d.reset);
+      for (const s of d.signals) {
+        if (!seq.accept(d.epoch, s)) continue;
+        this.#highest = s.seq;
+        await this.#callback('onSignal', s);
+      }
+      if (d.signals.length > 0 && d.epoch === seq.epoch) unacked++;
+      if (unacked > 0 && (this.#deliveries.length === 0 || unacked >= ackEvery)) {
+        await this.#ack(seq.epoch, seq.highest);
+        unacked = 0;
+      }
+    }
+  }
+
+  /**
+   * Calls a handler of the application; a throw is logged and the delivery
+   * counts as handled (a poison signal must not stop the session).
+   * @param {'onSignal' | 'onAffinityReset'} name
+   * @param {any} arg
+   */
+  async #callback(name, arg) {
+    const fn = this.#cfg[name];
+    if (!fn) return;
+    try {
+      await fn(arg);
+    } catch (err) {
+      this.#log.error(`marconi: ${name} threw`, { err: String(err) });
+    }
+  }
+
+  /**
+   * Acknowledges every signal up to upTo: on the WebSocket when attached,
+   * else over HTTP. A failed ack is only logged: the signals come again and
+   * are deduplicated.
+   * @param {number} epoch
+   * @param {number} upTo
+   */
+  async #ack(epoch, upTo) {
+    if (upTo <= 0 || epoch !== this.#epoch) return; // the registration these signals belonged to is gone
+    const ws = this.#conn?.ws;
+    if (ws && ws.readyState === WebSocket.OPEN) {
+      const sent = await new Promise((resolve) => ws.send(JSON.stringify({ type: 'ack', up_to_seq: upTo }), (err) => resolve(!err)));
+      if (sent) return;
+    }
+    try {
+      await this.#sessionCall('POST', '/v1/signals/ack', { body: JSON.stringify({ up_to_seq: upTo }) });
+    } catch (err) {
+      if (!this.#closing.signal.aborted) this.#log.warn('marconi: ack failed', { up_to_seq: upTo, err: String(err) });
+    }
+  }
+}
+
+/**
+ * A send is made again when it got no answer, or an answer that says the
+ * hub (or the balancer in front) could not serve it now.
+ * @param {unknown} err
+ */
+function retryableSend(err) {
+  if (err instanceof TransportError) return true;
+  return err instanceof MarconiError && [502, 503, 504].includes(err.status);
+}
+
+/**
+ * @param {any} s a signal as the hub sends it
+ * @returns {Signal}
+ */
+function toSignal(s) {
+  return {
+    id: s.id,
+    seq: s.seq,
+    fromSession: s.from_session,
+    toSession: s.to_session,
+    kind: s.kind,
+    payload: s.payload,
+    createdAt: new Date(s.created_at),
+  };
+}
+
+/**
+ * Binds the logger's methods so that console works as a logger.
+ * @param {import('../index.js').Logger | undefined} l
+ */
+function bindLogger(l) {
+  if (!l) return {};
+  /** @type {Record<string, (msg: string, fields: object) => void>} */
+  const out = {};
+  for (const k of /** @type {const} */ (['debug', 'info', 'warn', 'error'])) {
+    const fn = l[k];
+    if (typeof fn === 'function') out[k] = fn.bind(l);
+  }
+  return out;
+}

@@ -1,0 +1,129 @@
+// A TCP proxy between a client and a hub, to break the path in the ways a
+// network does: freeze a WebSocket half-open, lose the answer to a request.
+
+import net from 'node:net';
+
+/**
+ * @typedef {object} Piped
+ * @property {net.Socket} client
+ * @property {net.Socket} upstream
+ * @property {boolean} ws the connection carries a WebSocket
+ * @property {boolean} frozen the hub's side is cut; the client's side stays open and silent
+ * @property {boolean} dropAnswer the next bytes from the hub are lost and the connection cut
+ */
+
+/** A proxy on a loopback port in front of 127.0.0.1:targetPort. */
+export class Proxy {
+  /** @type {Set<Piped>} */
+  #conns = new Set();
+  /** @type {string | null} a request line prefix whose answer is to be lost, once */
+  #loseAnswerTo = null;
+  #lost = 0;
+
+  /** @param {number} targetPort */
+  constructor(targetPort) {
+    this.targetPort = targetPort;
+    this.server = net.createServer((c) => this.#serve(c));
+  }
+
+  /** Listens on a free loopback port; resolves with the proxy's base URL. */
+  async listen() {
+    await new Promise((resolve) => this.server.listen(0, '127.0.0.1', () => resolve(undefined)));
+    const addr = /** @type {net.AddressInfo} */ (this.server.address());
+    this.url = `http://127.0.0.1:${addr.port}`;
+    return this.url;
+  }
+
+  /** @param {net.Socket} client */
+  #serve(client) {
+    const upstream = net.connect(this.targetPort, '127.0.0.1');
+    /** @type {Piped} */
+    const p = { client, upstream, ws: false, frozen: false, dropAnswer: false };
+    this.#conns.add(p);
+    let first = true;
+    client.on('data', (chunk) => {
+      if (first) p.ws = chunk.toString('latin1').startsWith('GET /v1/ws');
+      first = false;
+      if (p.frozen) return; // swallowed: the hub's side is gone
+      const head = chunk.toString('latin1', 0, 64);
+      if (this.#loseAnswerTo && head.startsWith(this.#loseAnswerTo)) {
+        this.#loseAnswerTo = null;
+        p.dropAnswer = true;
+      }
+      upstream.write(chunk);
+    });
+    upstream.on('data', (chunk) => {
+      if (p.dropAnswer) {
+        this.#lost++;
+        client.destroy();
+        upstream.destroy();
+        return;
+      }
+      client.write(chunk);
+    });
+    const end = () => {
+      if (!p.frozen) client.destroy();
+      upstream.destroy();
+      if (!p.frozen) this.#conns.delete(p);
+    };
+    upstream.on('close', end);
+    upstream.on('error', end);
+    client.on('close', () => {
+      upstream.destroy();
+      this.#conns.delete(p);
+    });
+    client.on('error', () => upstream.destroy());
+  }
+
+  /**
+   * Cuts the hub's side of every WebSocket through the proxy and keeps the
+   * clients' sides open and silent: the hub detaches the session's queue, the
+   * client still believes it is attached (SPEC-168's asymmetry).
+   */
+  freezeWebSockets() {
+    let n = 0;
+    for (const p of this.#conns) {
+      if (p.ws && !p.frozen) {
+        p.frozen = true;
+        p.upstream.destroy();
+        n++;
+      }
+    }
+    return n;
+  }
+
+  /** Cuts both sides of every WebSocket through the proxy: an abnormal close as both ends see it. */
+  severWebSockets() {
+    let n = 0;
+    for (const p of this.#conns) {
+      if (p.ws) {
+        p.upstream.destroy();
+        p.client.destroy();
+        n++;
+      }
+    }
+    return n;
+  }
+
+  /**
+   * The next request whose request line starts with prefix reaches the hub,
+   * and its answer is lost: the connection is cut when the hub answers.
+   * @param {string} prefix e.g. "POST /v1/signals "
+   */
+  loseNextAnswer(prefix) {
+    this.#loseAnswerTo = prefix;
+  }
+
+  /** How many answers were lost so far. */
+  get lost() {
+    return this.#lost;
+  }
+
+  async close() {
+    for (const p of this.#conns) {
+      p.client.destroy();
+      p.upstream.destroy();
+    }
+    await new Promise((resolve) => this.server.close(() => resolve(undefined)));
+  }
+}

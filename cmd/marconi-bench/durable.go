@@ -1,0 +1,361 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	bootstrap "github.com/marconihub/marconi/bootstrap-client"
+)
+
+// The durable subcommand measures durable sends on Postgres: it starts hub
+// processes of its own (the marconi binary given) on loopback ports against
+// the database given, attaches pairs of agents, and has each sender send to
+// its own attached recipient, closed loop (the next send after the answer),
+// at 1, 8 and 64 concurrent senders; with group commit on and off, so that
+// the gain is a ratio of one run; then with the recipients attached to a
+// second instance, so that the wake-up (NOTIFY) path is paid. docs/benchmarks.md
+// shows its numbers.
+
+// Bounds of a durable run.
+const (
+	maxDurableSenders  = 256
+	maxDurableStep     = time.Minute
+	maxDurablePayload  = 65536
+	durableWarmup      = time.Second
+	hubStartTimeout    = 30 * time.Second
+	durableAPIKey      = "mak_durable_bench_local_only"
+	durableSendTimeout = 10 * time.Second
+)
+
+type durableOptions struct {
+	marconi     string
+	databaseURL string
+	senders     []int
+	step        time.Duration
+	payload     int
+}
+
+func parseDurableOptions(args []string, stderr io.Writer) (durableOptions, error) {
+	var o durableOptions
+	fs := flag.NewFlagSet("marconi-bench durable", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.marconi, "marconi", "marconi", "the marconi binary to start the hubs with")
+	fs.StringVar(&o.databaseURL, "database-url", "", "Postgres URL (loopback only) the hubs use; it is migrated")
+	senders := fs.String("senders", "1,8,64", fmt.Sprintf("comma list of concurrent senders per step (each 1..%d)", maxDurableSenders))
+	fs.DurationVar(&o.step, "duration", 5*time.Second, fmt.Sprintf("how long each step sends, after a %s warm-up (at most %s)", durableWarmup, maxDurableStep))
+	fs.IntVar(&o.payload, "payload", 60, "payload bytes of each signal")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	u, err := url.Parse(o.databaseURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return o, fmt.Errorf("-database-url %q: want a postgres:// URL", o.databaseURL)
+	}
+	if !loopback(u.Hostname()) {
+		return o, fmt.Errorf("-database-url: only a database on this machine (loopback) may be loaded")
+	}
+	for _, f := range strings.Split(*senders, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > maxDurableSenders {
+			return o, fmt.Errorf("-senders %q: want a comma list of 1..%d", *senders, maxDurableSenders)
+		}
+		o.senders = append(o.senders, n)
+	}
+	switch {
+	case o.step <= 0 || o.step > maxDurableStep:
+		return o, fmt.Errorf("-duration %s: want more than 0 and at most %s", o.step, maxDurableStep)
+	case o.payload < 2 || o.payload > maxDurablePayload:
+		return o, fmt.Errorf("-payload %d: want 2..%d", o.payload, maxDurablePayload)
+	}
+	return o, nil
+}
+
+func runDurable(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseDurableOptions(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "marconi-bench durable:", err)
+		return 2
+	}
+	if err := durable(ctx, o, stdout, stderr); err != nil {
+		fmt.Fprintln(stderr, "marconi-bench durable:", err)
+		return 1
+	}
+	return 0
+}
+
+// durableResult is one step's outcome.
+type durableResult struct {
+	sends    int64
+	failed   int64
+	perSec   float64
+	p50, p99 time.Duration
+}
+
+func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
+	fmt.Fprintf(out, "durable sends: payload %d B, %s per step after a %s warm-up, closed loop, each sender to its own attached recipient\n",
+		o.payload, o.step, durableWarmup)
+	fmt.Fprintf(out, "%-12s %-10s %8s %10s %10s %10s %8s\n", "group_commit", "recipients", "senders", "sends/s", "p50", "p99", "failed")
+	results := map[string]durableResult{}
+	row := func(gc, where string, n int, r durableResult) {
+		results[fmt.Sprintf("%s/%s/%d", gc, where, n)] = r
+		fmt.Fprintf(out, "%-12s %-10s %8d %10.0f %10s %10s %8d\n", gc, where, n, r.perSec,
+			r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.failed)
+	}
+	for _, gc := range []string{"on", "off"} {
+		a, err := startHub(ctx, o, "bench-a-"+gc, gc, logs)
+		if err != nil {
+			return err
+		}
+		for _, n := range o.senders {
+			r, err := durableStep(ctx, o, a.url, a.url, n)
+			if err != nil {
+				a.stop()
+				return err
+			}
+			row(gc, "local", n, r)
+		}
+		a.stop()
+	}
+	a, err := startHub(ctx, o, "bench-a-x", "on", logs)
+	if err != nil {
+		return err
+	}
+	defer a.stop()
+	b, err := startHub(ctx, o, "bench-b-x", "on", logs)
+	if err != nil {
+		return err
+	}
+	defer b.stop()
+	for _, n := range o.senders {
+		r, err := durableStep(ctx, o, a.url, b.url, n)
+		if err != nil {
+			return err
+		}
+		row("on", "remote", n, r)
+	}
+	for _, n := range o.senders {
+		on, off := results[fmt.Sprintf("on/local/%d", n)], results[fmt.Sprintf("off/local/%d", n)]
+		if off.perSec > 0 {
+			fmt.Fprintf(out, "group commit gain at %d senders: %.2fx throughput (on/off), p99 %s vs %s\n",
+				n, on.perSec/off.perSec, on.p99.Round(10*time.Microsecond), off.p99.Round(10*time.Microsecond))
+		}
+		if l, r := on, results[fmt.Sprintf("on/remote/%d", n)]; r.perSec > 0 {
+			fmt.Fprintf(out, "recipients on a second instance at %d senders: %.2fx the local throughput, p99 %s vs %s\n",
+				n, r.perSec/l.perSec, r.p99.Round(10*time.Microsecond), l.p99.Round(10*time.Microsecond))
+		}
+	}
+	return nil
+}
+
+// durableStep attaches n senders to senderHub and n recipients to
+// recipientHub and measures closed-loop sends from each sender to its own
+// recipient.
+func durableStep(ctx context.Context, o durableOptions, senderHub, recipientHub string, n int) (durableResult, error) {
+	var clients []*bootstrap.Client
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+	stamp := time.Now().UnixNano()
+	dial := func(hubURL, id string) (*bootstrap.Client, error) {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return bootstrap.Dial(dctx, bootstrap.Config{HubURL: hubURL, APIKey: durableAPIKey, Surface: "headless_cc",
+			SessionID: id, OnSignal: func(bootstrap.Signal) {}})
+	}
+	senders := make([]*bootstrap.Client, n)
+	recipients := make([]string, n)
+	var mu sync.Mutex
+	g, _ := errgroup.WithContext(ctx)
+	g.SetLimit(dialsInFlight)
+	for i := range n {
+		g.Go(func() error {
+			r, err := dial(recipientHub, fmt.Sprintf("r-%d-%d", stamp, i))
+			if err != nil {
+				return fmt.Errorf("attach recipient %d: %w", i, err)
+			}
+			s, err := dial(senderHub, fmt.Sprintf("s-%d-%d", stamp, i))
+			mu.Lock()
+			clients = append(clients, r)
+			if err == nil {
+				clients = append(clients, s)
+			}
+			mu.Unlock()
+			if err != nil {
+				return fmt.Errorf("attach sender %d: %w", i, err)
+			}
+			senders[i], recipients[i] = s, r.SessionID()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return durableResult{}, err
+	}
+
+	body := strings.Repeat("x", o.payload-2) // a JSON string of o.payload bytes
+	var (
+		lat       recorder
+		sent, bad atomic.Int64
+		measuring atomic.Bool
+		wg        sync.WaitGroup
+	)
+	lctx, cancel := context.WithTimeout(ctx, durableWarmup+o.step)
+	defer cancel()
+	for i, s := range senders {
+		wg.Go(func() {
+			for lctx.Err() == nil {
+				sctx, scancel := context.WithTimeout(lctx, durableSendTimeout)
+				counted := measuring.Load()
+				t0 := time.Now()
+				_, err := s.Send(sctx, recipients[i], "bench", body)
+				d := time.Since(t0)
+				scancel()
+				switch {
+				case !counted || lctx.Err() != nil:
+				case err != nil:
+					bad.Add(1)
+				default:
+					lat.add(d)
+					sent.Add(1)
+				}
+			}
+		})
+	}
+	warm := time.NewTimer(durableWarmup)
+	select {
+	case <-warm.C:
+	case <-ctx.Done():
+	}
+	measuring.Store(true)
+	start := time.Now()
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := ctx.Err(); err != nil {
+		return durableResult{}, err
+	}
+	r := durableResult{sends: sent.Load(), failed: bad.Load(), perSec: float64(sent.Load()) / elapsed.Seconds()}
+	r.p50, r.p99 = lat.quantile(0.5), lat.quantile(0.99)
+	return r, nil
+}
+
+// quantile is the q-quantile of the samples (0 when none).
+func (r *recorder) quantile(q float64) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.samples) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), r.samples...)
+	slices.Sort(s)
+	return s[int(q*float64(len(s)-1))]
+}
+
+// benchHub is a hub process started for the benchmark.
+type benchHub struct {
+	url  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startHub starts marconi serve on a free loopback port with group commit
+// gc, and waits until it is ready.
+func startHub(ctx context.Context, o durableOptions, id, gc string, logs io.Writer) (*benchHub, error) {
+	addr, err := freeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(o.marconi, "serve")
+	cmd.Env = append(os.Environ(),
+		"MARCONI_ADDR="+addr,
+		"MARCONI_PUBLIC_URL=http://"+addr,
+		"MARCONI_INSTANCE_ID="+id,
+		"MARCONI_DATABASE_URL="+o.databaseURL,
+		"MARCONI_API_KEYS="+durableAPIKey+"=bench/durable",
+		"MARCONI_ADMIN_TOKEN=madm_durable_bench_local_only",
+		"MARCONI_MODE=development",
+		"MARCONI_SELFHEAL=off",
+		"MARCONI_LOG_LEVEL=warn",
+		"MARCONI_SEND_RATE_PER_SECOND=1000000",
+		"MARCONI_GROUP_COMMIT="+gc,
+	)
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", o.marconi, err)
+	}
+	h := &benchHub{url: "http://" + addr, cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(h.done) }()
+	deadline := time.Now().Add(hubStartTimeout)
+	for {
+		if ready(ctx, h.url) {
+			return h, nil
+		}
+		select {
+		case <-h.done:
+			return nil, fmt.Errorf("hub %s exited before it was ready", id)
+		case <-ctx.Done():
+			h.stop()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			h.stop()
+			return nil, fmt.Errorf("hub %s not ready within %s", id, hubStartTimeout)
+		}
+	}
+}
+
+func ready(ctx context.Context, base string) bool {
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, base+"/readyz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// stop ends the hub gracefully (SIGTERM), then for good after a while.
+func (h *benchHub) stop() {
+	_ = h.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-h.done:
+	case <-time.After(20 * time.Second):
+		_ = h.cmd.Process.Kill()
+		<-h.done
+	}
+}
+
+func freeLoopbackAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}

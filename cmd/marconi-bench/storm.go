@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	bootstrap "github.com/marconihub/marconi/bootstrap-client"
+)
+
+// maxStormSessions bounds a storm run. Each session is a WebSocket and an
+// HTTP keep-alive connection, on both sides: 10 000 sessions take 20 000
+// descriptors in the hub and in this process.
+const maxStormSessions = 10000
+
+type stormOptions struct {
+	marconi  string
+	database string
+	sessions int
+	signals  int
+}
+
+func parseStorm(args []string, stderr io.Writer) (stormOptions, error) {
+	var o stormOptions
+	fs := flag.NewFlagSet("marconi-bench storm", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.marconi, "marconi", siblingBinary("marconi"), "path of the marconi binary to run as the hub")
+	fs.StringVar(&o.database, "database", "", "Postgres URL of a database for the hub (loopback); required")
+	fs.IntVar(&o.sessions, "sessions", 1000, fmt.Sprintf("sessions attached with the Go client (1..%d)", maxStormSessions))
+	fs.IntVar(&o.signals, "signals", 1000, "signals sent just before the restart, and as many after it (1..100000)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	u, err := url.Parse(o.database)
+	switch {
+	case o.database == "" || err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql"):
+		return o, fmt.Errorf("-database %q: want a postgres:// URL", o.database)
+	case !loopback(u.Hostname()):
+		return o, fmt.Errorf("-database %q: only a database on this machine (loopback)", o.database)
+	case o.sessions < 1 || o.sessions > maxStormSessions:
+		return o, fmt.Errorf("-sessions %d: want 1..%d", o.sessions, maxStormSessions)
+	case o.signals < 1 || o.signals > 100000:
+		return o, fmt.Errorf("-signals %d: want 1..100000", o.signals)
+	}
+	return o, nil
+}
+
+// storm is `marconi-bench storm`: the reconnect storm of issue 10. It runs
+// the hub on Postgres, attaches -sessions sessions with the Go client,
+// sends -signals signals (each answered 200, so durable), restarts the hub
+// at once (SIGTERM: every WebSocket closes with 1012), and measures how long
+// the clients take, with their own backoff, to be all attached again; then
+// it sends as many signals again and checks that every one of them reached
+// its recipient.
+func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseStorm(args, stderr)
+	if err != nil {
+		return err
+	}
+	raiseFileLimit()
+	dir, err := os.MkdirTemp("", "marconi-storm-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	addr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	hubURL := "http://" + addr
+	env := []string{
+		"MARCONI_ADDR=" + addr, "MARCONI_DATABASE_URL=" + o.database, "MARCONI_INSTANCE_ID=storm",
+		"MARCONI_API_KEYS=" + benchKey + "=t1/p1", "MARCONI_LOG_LEVEL=error", "MARCONI_ADMIN_TOKEN=bench-admin-token-local-only",
+		"MARCONI_SEND_RATE_PER_SECOND=1000000", "MARCONI_MAX_CONNECTIONS_PER_ADDRESS=1000000",
+		"MARCONI_QUOTA_SESSIONS_PER_PROJECT=1000000", "MARCONI_QUOTA_REGISTRATIONS_PER_SECOND=1000000",
+	}
+	ready := func(ctx context.Context) error { return httpJSON(ctx, "GET", hubURL+"/readyz", nil, nil, nil) }
+	hub, err := startProcess(ctx, dir, "marconi", o.marconi, []string{"serve"}, env, ready)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if hub != nil {
+			_ = hub.Process.Signal(syscall.SIGTERM)
+			_ = hub.Wait()
+		}
+	}()
+
+	var (
+		mu       sync.Mutex
+		received = map[string]bool{}
+	)
+	onSignal := func(s bootstrap.Signal) {
+		mu.Lock()
+		received[string(s.Payload)] = true
+		mu.Unlock()
+	}
+	run := time.Now().UnixNano()
+	clients := make([]*bootstrap.Client, o.sessions+1)
+	defer func() {
+		for _, c := range clients {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}()
+	start := time.Now()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(compareDials)
+	for i := range clients {
+		g.Go(func() error {
+			dctx, cancel := context.WithTimeout(gctx, time.Minute)
+			defer cancel()
+			c, err := bootstrap.Dial(dctx, bootstrap.Config{
+				HubURL: hubURL, APIKey: benchKey, Surface: "claude_code",
+				SessionID: fmt.Sprintf("storm-%d-%d", run, i), OnSignal: onSignal,
+			})
+			clients[i] = c
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return fmt.Errorf("attach: %w", err)
+	}
+	n := float64(len(clients))
+	if err := waitConnections(ctx, hubURL, n, time.Minute); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%d sessions attached with the Go client in %s\n", len(clients), time.Since(start).Round(time.Millisecond))
+
+	sender, recipients := clients[0], clients[1:]
+	sent := make([]string, 0, 2*o.signals)
+	sendAll := func(phase string) error {
+		for i := range o.signals {
+			p := fmt.Sprintf(`"%s-%d"`, phase, i)
+			to := recipients[rand.IntN(len(recipients))].SessionID()
+			if _, err := sender.Send(ctx, to, "storm", json.RawMessage(p)); err != nil {
+				return fmt.Errorf("send %s: %w", p, err)
+			}
+			sent = append(sent, p)
+		}
+		return nil
+	}
+	if err := sendAll("before"); err != nil {
+		return err
+	}
+
+	// The restart: every WebSocket is dropped at once.
+	down := time.Now()
+	_ = hub.Process.Signal(syscall.SIGTERM)
+	_ = hub.Wait()
+	hub = nil
+	restarted := time.Now()
+	if hub, err = startProcess(ctx, dir, "marconi-restarted", o.marconi, []string{"serve"}, env, ready); err != nil {
+		return fmt.Errorf("restart: %w", err)
+	}
+	up := time.Now()
+	if err := waitConnections(ctx, hubURL, n, time.Minute); err != nil {
+		return err
+	}
+	all := time.Now()
+	fmt.Fprintf(stdout, "hub stopped in %s, restarted (ready) in %s; all %d sessions attached again %s after it was ready (%s after the drop)\n",
+		restarted.Sub(down).Round(time.Millisecond), up.Sub(restarted).Round(time.Millisecond), len(clients),
+		all.Sub(up).Round(time.Millisecond), all.Sub(down).Round(time.Millisecond))
+
+	if err := sendAll("after"); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		mu.Lock()
+		var missing []string
+		for _, p := range sent {
+			if !received[p] {
+				missing = append(missing, p)
+			}
+		}
+		mu.Unlock()
+		if len(missing) == 0 {
+			fmt.Fprintf(stdout, "%d signals sent (%d before the restart, %d after), every one received: none lost\n", len(sent), o.signals, o.signals)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d signals never arrived, e.g. %s", len(missing), len(sent), strings.Join(missing[:min(5, len(missing))], ", "))
+		}
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+}
+
+// waitConnections polls the hub's marconi_ws_connections until it is n.
+func waitConnections(ctx context.Context, hubURL string, n float64, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	var last float64
+	for time.Now().Before(deadline) {
+		m, err := scrape(ctx, hubURL)
+		if err == nil {
+			if last = m["marconi_ws_connections"]; last == n {
+				return nil
+			}
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
+	}
+	return fmt.Errorf("%v of %v sessions attached after %s", last, n, within)
+}

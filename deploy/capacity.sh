@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Capacity run behind docs/operations.md's capacity plan: N hub instances (1, or 3 behind
+# deploy/haproxy.cfg) on one local Postgres, loaded by marconi-bench. Loopback only.
+#   deploy/capacity.sh [instances=1|3] [agents=300] [sends/s per agent=3] [duration=20s]
+# Needs psql and curl, Postgres on 127.0.0.1:5432 (user postgres, trust), haproxy for 3.
+set -euo pipefail
+N=${1:-1}; AGENTS=${2:-300}; RATE=${3:-3}; DUR=${4:-20s}
+cd "$(dirname "$0")/.."
+D=$(mktemp -d)
+go build -o "$D/marconi" ./cmd/marconi
+go build -o "$D/marconi-bench" ./cmd/marconi-bench
+DB=marconi_capacity_$$
+psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE $DB" postgres
+URL="postgres://postgres@127.0.0.1:5432/$DB?sslmode=disable"
+KEY=mak_bench_local_only
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)" postgres || true
+  [ -n "${KEEP:-}" ] && echo "logs in $D" || rm -rf "$D"
+}
+trap cleanup EXIT
+LB=127.0.0.1:19080
+for i in $(seq 1 "$N"); do
+  port=$((19080 + i))
+  pub=http://127.0.0.1:$port
+  [ "$N" = 1 ] || pub=http://$LB/i/hub-$i
+  MARCONI_MODE=lan MARCONI_ADDR=127.0.0.1:$port MARCONI_DATABASE_URL=$URL MARCONI_INSTANCE_ID=hub-$i \
+    MARCONI_PUBLIC_URL=$pub MARCONI_API_KEYS=$KEY=t1/p1 MARCONI_ADMIN_TOKEN=capacity-admin-token-0123 \
+    MARCONI_SEND_RATE_PER_SECOND=100000 MARCONI_MAX_CONNECTIONS_PER_ADDRESS=100000 \
+    MARCONI_QUOTA_REGISTRATIONS_PER_SECOND=100000 MARCONI_LOG_LEVEL=error \
+    "$D/marconi" serve >"$D/hub-$i.log" 2>&1 &
+  pids+=($!)
+done
+for i in $(seq 1 "$N"); do until curl -sf "http://127.0.0.1:$((19080 + i))/readyz" >/dev/null; do sleep 0.2; done; done
+HUB=http://127.0.0.1:19081
+if [ "$N" != 1 ]; then
+  (cd deploy && MARCONI_LB_BIND=$LB MARCONI_LB_STATS=127.0.0.1:19404 MARCONI_HUB_1=127.0.0.1:19081 \
+    MARCONI_HUB_2=127.0.0.1:19082 MARCONI_HUB_3=127.0.0.1:19083 exec haproxy -db -f haproxy.cfg >"$D/haproxy.log" 2>&1) &
+  pids+=($!)
+  until curl -sf "http://$LB/readyz" >/dev/null; do sleep 0.2; done
+  HUB=http://$LB
+fi
+MARCONI_BENCH_API_KEY=$KEY "$D/marconi-bench" -hub "$HUB" -agents "$AGENTS" -rate "$RATE" -duration "$DUR"
+for i in $(seq 1 "$N"); do echo "hub-$i CPU time: $(ps -o cputime= -p "${pids[$((i - 1))]}")"; done

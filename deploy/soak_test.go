@@ -1,0 +1,587 @@
+// The soak test: three hub processes behind HAProxy (deploy/haproxy.cfg) on
+// one Postgres, agents using the Go client sending to each other while one
+// instance is killed with -9, another drained, then both brought back. A
+// ledger of every send and delivery must show nothing answered 200 lost,
+// nothing misrouted, order kept per recipient, and every agent attached
+// again within 5 s of each event.
+//
+// The short version runs in `go test ./...`; MARCONI_SOAK=long runs the long
+// one (more agents, longer phases, the events three times), whose figures
+// are in docs/operations.md.
+package deploy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	bootstrap "github.com/marconihub/marconi/bootstrap-client"
+	"github.com/marconihub/marconi/internal/pgtest"
+)
+
+// soakPlan sizes one run.
+type soakPlan struct {
+	agents   int           // half sticky, half stateless
+	every    time.Duration // each agent sends one signal per period
+	phase    time.Duration // sending between two events
+	cycles   int           // kill/drain/restart cycles
+	reattach time.Duration // every agent attached again within this of an event
+}
+
+func planFromEnv() soakPlan {
+	if os.Getenv("MARCONI_SOAK") == "long" {
+		return soakPlan{agents: 300, every: 3 * time.Second, phase: 20 * time.Second, cycles: 3, reattach: 5 * time.Second}
+	}
+	return soakPlan{agents: 120, every: time.Second, phase: 3 * time.Second, cycles: 1, reattach: 5 * time.Second}
+}
+
+func TestSoakThreeInstancesBehindHAProxy(t *testing.T) {
+	haproxy := requireHAProxy(t)
+	dbURL := pgtest.Schema(t)
+	plan := planFromEnv()
+	c := startCluster(t, haproxy, dbURL)
+
+	led := newLedger()
+	agents := c.dialAgents(t, plan.agents, led)
+	c.waitAttached(t, "the first attach", plan.agents, "", time.Now().Add(30*time.Second))
+
+	sendCtx, stopSending := context.WithCancel(context.Background())
+	var senders sync.WaitGroup
+	for i, a := range agents {
+		senders.Add(1)
+		go func() {
+			defer senders.Done()
+			a.sendLoop(sendCtx, agents, i, plan.every, led)
+		}()
+	}
+	defer func() { stopSending(); senders.Wait() }()
+
+	phase := func() {
+		t.Helper()
+		deadline := time.Now().Add(plan.phase)
+		for time.Now().Before(deadline) && !t.Failed() {
+			time.Sleep(50 * time.Millisecond) // sending goes on meanwhile
+		}
+	}
+	// event runs do and waits until every agent is attached on an instance
+	// other than gone (the one the event took down).
+	event := func(name, gone string, do func()) {
+		t.Helper()
+		start := time.Now()
+		do()
+		c.waitAttached(t, name, plan.agents, gone, start.Add(plan.reattach))
+		t.Logf("%-28s every agent attached again %v after the event", name+":", time.Since(start).Round(time.Millisecond))
+		phase()
+	}
+	phase()
+	for cycle := range plan.cycles {
+		event(fmt.Sprintf("cycle %d kill -9 hub-2", cycle+1), "hub-2", func() { c.hubs[1].kill(t) })
+		event(fmt.Sprintf("cycle %d drain hub-3", cycle+1), "hub-3", func() { c.hubs[2].drain(t) })
+		event(fmt.Sprintf("cycle %d restart both", cycle+1), "", func() {
+			c.startHub(t, 1)
+			c.startHub(t, 2)
+		})
+	}
+	stopSending()
+	senders.Wait()
+
+	answered := led.waitDelivered(t, 30*time.Second)
+	for _, a := range agents {
+		if err := a.c.Deregister(context.Background()); err != nil {
+			t.Errorf("deregister %s: %v", a.id, err)
+		}
+	}
+	led.verify(t)
+	var resets int64
+	for _, a := range agents {
+		resets += a.resets.Load()
+	}
+	t.Logf("%d agents, %d sends answered 200, %d deliveries, %d affinity resets (sticky sessions taken over)",
+		plan.agents, answered, led.deliveries(), resets)
+}
+
+// requireHAProxy returns the haproxy binary, or skips (fails in CI, where
+// MARCONI_TEST_REQUIRE_HAPROXY=1).
+func requireHAProxy(t *testing.T) string {
+	t.Helper()
+	path, err := exec.LookPath("haproxy")
+	if err == nil {
+		return path
+	}
+	if os.Getenv("MARCONI_TEST_REQUIRE_HAPROXY") == "1" {
+		t.Fatalf("MARCONI_TEST_REQUIRE_HAPROXY=1 but haproxy is missing: %v", err)
+	}
+	t.Skip("skipping soak test: haproxy not found (apt-get install haproxy; MARCONI_TEST_REQUIRE_HAPROXY=1 fails instead)")
+	return ""
+}
+
+// --- the cluster: processes on loopback ports ---
+
+type cluster struct {
+	dir, bin, dbURL string
+	apiKey, admin   string
+	lbURL           string
+	hubPorts        [3]int
+	hubs            [3]*proc
+	lb              *proc
+}
+
+// proc is one child process; its owner waits for it (kill, drain, cleanup).
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  string
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func startCluster(t *testing.T, haproxy, dbURL string) *cluster {
+	t.Helper()
+	c := &cluster{dir: t.TempDir(), dbURL: dbURL, apiKey: "soak-key-" + fmt.Sprint(rand.Int64()), admin: "soak-admin-token-0123456789"}
+	c.bin = filepath.Join(c.dir, "marconi")
+	build := exec.Command("go", "build", "-o", c.bin, "github.com/marconihub/marconi/cmd/marconi")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the hub: %v\n%s", err, out)
+	}
+	lbPort := freePort(t)
+	c.lbURL = fmt.Sprintf("http://127.0.0.1:%d", lbPort)
+	for i := range c.hubPorts {
+		c.hubPorts[i] = freePort(t)
+		c.startHub(t, i)
+	}
+	env := []string{
+		fmt.Sprintf("MARCONI_LB_BIND=127.0.0.1:%d", lbPort),
+		fmt.Sprintf("MARCONI_LB_STATS=127.0.0.1:%d", freePort(t)),
+	}
+	for i, p := range c.hubPorts {
+		env = append(env, fmt.Sprintf("MARCONI_HUB_%d=127.0.0.1:%d", i+1, p))
+	}
+	c.lb = c.start(t, "haproxy", exec.Command(haproxy, "-db", "-f", "haproxy.cfg"), env)
+	waitHTTP(t, "HAProxy to route to a ready hub", c.lbURL+"/readyz", 20*time.Second)
+	return c
+}
+
+// startHub starts (or restarts) instance i and waits until it is ready.
+func (c *cluster) startHub(t *testing.T, i int) {
+	t.Helper()
+	id := fmt.Sprintf("hub-%d", i+1)
+	env := []string{
+		"MARCONI_MODE=lan",
+		fmt.Sprintf("MARCONI_ADDR=127.0.0.1:%d", c.hubPorts[i]),
+		"MARCONI_DATABASE_URL=" + c.dbURL,
+		"MARCONI_INSTANCE_ID=" + id,
+		"MARCONI_PUBLIC_URL=" + c.lbURL + "/i/" + id,
+		"MARCONI_API_KEYS=" + c.apiKey + "=t1/p1",
+		"MARCONI_ADMIN_TOKEN=" + c.admin,
+		"MARCONI_INSTANCE_HEARTBEAT_SECONDS=1",
+		"MARCONI_LOG_LEVEL=warn",
+		// Behind a balancer every connection comes from its address, and
+		// the agents all register at once with one key.
+		"MARCONI_MAX_CONNECTIONS_PER_ADDRESS=100000",
+		"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND=100000",
+	}
+	c.hubs[i] = c.start(t, id, exec.Command(c.bin, "serve"), env)
+	waitHTTP(t, id+" to be ready", fmt.Sprintf("http://127.0.0.1:%d/readyz", c.hubPorts[i]), 20*time.Second)
+}
+
+func (c *cluster) start(t *testing.T, name string, cmd *exec.Cmd, env []string) *proc {
+	t.Helper()
+	logPath := filepath.Join(c.dir, fmt.Sprintf("%s-%d.log", name, time.Now().UnixNano()))
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Dir = "."
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), log: logPath}
+	go func() { // waited for through p.done by kill, drain and the cleanup
+		_ = cmd.Wait()
+		_ = logFile.Close()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.kill(t)
+		if t.Failed() {
+			tail(t, p)
+		}
+	})
+	return p
+}
+
+// kill sends SIGKILL and waits for the process to end.
+func (p *proc) kill(t *testing.T) {
+	t.Helper()
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// drain sends SIGTERM (the hub drains: /readyz 503, WebSockets closed with
+// 1012, then exits) and waits for the process to end.
+func (p *proc) drain(t *testing.T) {
+	t.Helper()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s did not exit within 30 s of SIGTERM", p.name)
+	}
+}
+
+func tail(t *testing.T, p *proc) {
+	t.Helper()
+	data, err := os.ReadFile(p.log)
+	if err != nil {
+		return
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if len(lines) > 20 {
+		lines = lines[len(lines)-20:]
+	}
+	t.Logf("last lines of %s:\n%s", p.name, strings.Join(lines, "\n"))
+}
+
+func waitHTTP(t *testing.T, what, url string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s (%s): %v", what, url, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// attached counts the sessions whose queue the store records on a healthy
+// instance other than gone, from the fabric summary (one store query,
+// however many agents).
+func (c *cluster) attached(gone string) (int, error) {
+	req, err := http.NewRequest(http.MethodGet, c.lbURL+"/v1/ops/fabric/summary", nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.admin)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
+		return 0, fmt.Errorf("fabric summary: %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	var body struct {
+		Instances []struct {
+			ID             string `json:"instance_id"`
+			Healthy        bool   `json:"healthy"`
+			AttachedQueues int    `json:"attached_queues"`
+		} `json:"instances"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, in := range body.Instances {
+		if in.Healthy && in.ID != gone {
+			n += in.AttachedQueues
+		}
+	}
+	return n, nil
+}
+
+// waitAttached polls until n sessions are attached elsewhere than gone; it
+// fails the test past the deadline.
+func (c *cluster) waitAttached(t *testing.T, what string, n int, gone string, deadline time.Time) {
+	t.Helper()
+	var got int
+	var err error
+	for {
+		if got, err = c.attached(gone); err == nil && got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: only %d of %d agents attached again by the deadline (last error: %v)", what, got, n, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// --- agents and the ledger ---
+
+type agent struct {
+	id     string
+	c      *bootstrap.Client
+	resets atomic.Int64
+}
+
+func (c *cluster) dialAgents(t *testing.T, n int, led *ledger) []*agent {
+	t.Helper()
+	agents := make([]*agent, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	sem := make(chan struct{}, 16)
+	for i := range agents {
+		a := &agent{id: fmt.Sprintf("agent-%03d", i)}
+		agents[i] = a
+		mode := "stateless"
+		if i%2 == 0 {
+			mode = "sticky"
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			var err error
+			a.c, err = bootstrap.Dial(ctx, bootstrap.Config{
+				HubURL: c.lbURL, APIKey: c.apiKey, SessionID: a.id, Surface: "claude_code", RuntimeMode: mode,
+				OnSignal:        func(s bootstrap.Signal) { led.delivered(a.id, s) },
+				OnAffinityReset: func() { a.resets.Add(1) },
+				Logger:          slog.New(slog.DiscardHandler),
+			})
+			if err != nil {
+				errs <- fmt.Errorf("dial %s: %w", a.id, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	t.Cleanup(func() {
+		for _, a := range agents {
+			if a.c != nil {
+				_ = a.c.Close()
+			}
+		}
+	})
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return agents
+}
+
+// sendLoop sends one signal every period to a random other agent until ctx
+// ends, recording each attempt and each 200 answer in the ledger.
+func (a *agent) sendLoop(ctx context.Context, agents []*agent, self int, every time.Duration, led *ledger) {
+	// Spread the agents over the period.
+	if !sleepCtx(ctx, time.Duration(rand.Int64N(int64(every)))) {
+		return
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for n := 1; ; n++ {
+		to := agents[(self+1+rand.IntN(len(agents)-1))%len(agents)].id
+		p := payload{ID: fmt.Sprintf("%s/%d", a.id, n), From: a.id, N: n}
+		led.attempt(p, to)
+		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		res, err := a.c.Send(sctx, to, "soak", p)
+		cancel()
+		if err == nil {
+			led.answered(p, to, res)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+type payload struct {
+	ID   string `json:"id"`
+	From string `json:"from"`
+	N    int    `json:"n"`
+}
+
+type sent struct {
+	p        payload
+	to       string
+	signalID string // set when answered 200
+}
+
+type received struct {
+	sig bootstrap.Signal
+	p   payload
+}
+
+// ledger records every send attempt, every 200 answer and every delivery.
+// It is safe for concurrent use.
+type ledger struct {
+	mu       sync.Mutex
+	sends    map[string]*sent           // by payload id
+	byRecv   map[string][]received      // recipient -> deliveries in order
+	answers  map[string]*sent           // by signal id, answered 200
+	gotByRcv map[string]map[string]bool // recipient -> signal ids delivered
+	bad      []string
+}
+
+func newLedger() *ledger {
+	return &ledger{sends: map[string]*sent{}, byRecv: map[string][]received{}, answers: map[string]*sent{}, gotByRcv: map[string]map[string]bool{}}
+}
+
+func (l *ledger) attempt(p payload, to string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sends[p.ID] = &sent{p: p, to: to}
+}
+
+func (l *ledger) answered(p payload, to string, res bootstrap.SendResult) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.sends[p.ID]
+	s.signalID = res.SignalID
+	l.answers[res.SignalID] = s
+}
+
+func (l *ledger) delivered(recipient string, sig bootstrap.Signal) {
+	var p payload
+	err := json.Unmarshal(sig.Payload, &p)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		l.bad = append(l.bad, fmt.Sprintf("%s got an undecodable payload %s", recipient, sig.Payload))
+		return
+	}
+	if l.gotByRcv[recipient] == nil {
+		l.gotByRcv[recipient] = map[string]bool{}
+	}
+	if l.gotByRcv[recipient][sig.ID] {
+		l.bad = append(l.bad, fmt.Sprintf("%s got signal %s twice", recipient, sig.ID))
+	}
+	l.gotByRcv[recipient][sig.ID] = true
+	l.byRecv[recipient] = append(l.byRecv[recipient], received{sig: sig, p: p})
+}
+
+func (l *ledger) deliveries() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, r := range l.byRecv {
+		n += len(r)
+	}
+	return n
+}
+
+// missing counts the sends answered 200 not yet delivered to their recipient.
+func (l *ledger) missing() (int, []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var ex []string
+	n := 0
+	for id, s := range l.answers {
+		if !l.gotByRcv[s.to][id] {
+			n++
+			if len(ex) < 5 {
+				ex = append(ex, fmt.Sprintf("%s (%s to %s)", id, s.p.ID, s.to))
+			}
+		}
+	}
+	return n, ex
+}
+
+// waitDelivered waits until every send answered 200 has been delivered, and
+// returns how many there were.
+func (l *ledger) waitDelivered(t *testing.T, within time.Duration) int {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		n, ex := l.missing()
+		if n == 0 {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			return len(l.answers)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sends answered 200 were never delivered (lost), e.g. %v", n, ex)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// verify checks every delivery against the sends: addressed to the agent
+// that got it, from the agent that sent it, and in order per recipient (seq
+// strictly increasing; each sender's signals in the order it sent them).
+func (l *ledger) verify(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, b := range l.bad {
+		t.Error(b)
+	}
+	for recipient, rs := range l.byRecv {
+		var lastSeq int64
+		lastN := map[string]int{}
+		for _, r := range rs {
+			s, ok := l.sends[r.p.ID]
+			switch {
+			case !ok:
+				t.Errorf("%s got %s, which nobody sent", recipient, r.p.ID)
+			case s.to != recipient || r.sig.ToSession != recipient:
+				t.Errorf("misrouted: %s (to %s, signal to_session %s) delivered to %s", r.p.ID, s.to, r.sig.ToSession, recipient)
+			case r.sig.FromSession != s.p.From:
+				t.Errorf("%s: from_session %s, sent by %s", r.p.ID, r.sig.FromSession, s.p.From)
+			case s.signalID != "" && s.signalID != r.sig.ID:
+				t.Errorf("%s: delivered as signal %s, answered as %s", r.p.ID, r.sig.ID, s.signalID)
+			}
+			if r.sig.Seq <= lastSeq {
+				t.Errorf("%s: seq %d after %d: out of order", recipient, r.sig.Seq, lastSeq)
+			}
+			lastSeq = r.sig.Seq
+			if r.p.N <= lastN[r.p.From] {
+				t.Errorf("%s: %s's signal %d after its %d: out of order", recipient, r.p.From, r.p.N, lastN[r.p.From])
+			}
+			lastN[r.p.From] = r.p.N
+		}
+	}
+}

@@ -1,0 +1,61 @@
+package hub
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/marconihub/marconi"
+)
+
+// envelopeBytes is what a send body may carry besides its payload.
+const envelopeBytes = 16 << 10
+
+// maxBodyBytes is the largest body any endpoint takes (a send with the
+// largest payload); each handler applies its own, smaller limit on top.
+func (s *Server) maxBodyBytes() int64 { return int64(s.cfg.MaxPayloadBytes) + envelopeBytes }
+
+// readBody reads the whole request body into memory before any store call,
+// within BodyReadTimeout and at most maxBodyBytes, so that the store deadline
+// measures the store alone: a client on a slow link is never reported as a
+// store outage. A body slower than the bound is 408 request_timeout.
+func (s *Server) readBody(c echo.Context) error {
+	req := c.Request()
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil
+	}
+	rc := http.NewResponseController(c.Response())
+	// Without support (never the case with net/http), the server's own
+	// ReadTimeout still bounds the read.
+	hasDeadline := rc.SetReadDeadline(time.Now().Add(s.cfg.BodyReadTimeout)) == nil
+	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), req.Body, s.maxBodyBytes()))
+	if hasDeadline {
+		// Clear it: on a kept-alive connection it would bound the next request.
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return marconi.Errorf(marconi.CodePayloadTooLarge, "request body is larger than %d bytes", s.maxBodyBytes())
+		}
+		if isTimeout(err) {
+			return marconi.Errorf(marconi.CodeRequestTimeout, "the request body did not arrive within %v", s.cfg.BodyReadTimeout)
+		}
+		return marconi.Errorf(marconi.CodeInvalidJSON, "could not read the request body")
+	}
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	return nil
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	ne, ok := errors.AsType[net.Error](err)
+	return ok && ne.Timeout()
+}

@@ -1,0 +1,227 @@
+package conns
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+var (
+	errConnEnded   = errors.New("connection ended")
+	errPongTimeout = errors.New("pong timeout")
+)
+
+// queueItem is one entry of a connection's outgoing queue: a signal to write,
+// or (sig nil) a wake-up to catch up from the store.
+type queueItem struct {
+	sig *sessionstore.Signal
+}
+
+// Conn is one attached WebSocket: its session's queue on this instance. It
+// owns its loops. An idle Conn costs one goroutine, its handler's, which
+// reads; a writer runs only while there is something to write (writer.go),
+// a ping only while one is in flight (keepalive.go), and coalesced acks are
+// written by a timer (ack.go). Its methods are safe for concurrent use.
+type Conn struct {
+	h   *Hub
+	ws  *websocket.Conn
+	key sessionstore.Key
+	// incarnation is the RegisteredAt of the session the connection
+	// authenticated as. A session deregistered (or expired) and registered
+	// again under the same key is another incarnation: its signals, seqs and
+	// acks are none of this connection's business.
+	incarnation time.Time
+	attachedAt  time.Time
+	welcome     Welcome
+	ctrl        chan []byte // frames the reader asks the writer to send (errors)
+	acks        *acks
+	frames      bucket // the reader's frame rate
+
+	// ctx ends when the connection does: the reader, a writer or a ping
+	// that fails cancels it, and the others stop.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu        sync.Mutex
+	queue     []queueItem // outgoing, at most QueueSize; nil when empty, so an idle connection holds none
+	ended     bool        // the handler is done: start nothing more
+	writing   bool        // a writer goroutine runs
+	welcomed  bool        // the welcome and the first catch-up are written
+	last      int64
+	pingTimer *time.Timer
+	err       error          // the first error that ended the connection
+	wg        sync.WaitGroup // the writer and the ping, while they run
+
+	kickMu sync.Mutex
+	kicked chan struct{} // closed by the first kick, after kickBy is set
+	kickBy Disconnect
+}
+
+// kick asks the connection's writer to close it with d. The first kick wins
+// and is counted in marconi_ws_disconnects_total at once, when the hub
+// decides it, not when the close handshake ends.
+func (c *Conn) kick(d Disconnect) {
+	c.kickMu.Lock()
+	select {
+	case <-c.kicked:
+		c.kickMu.Unlock()
+		return
+	default:
+	}
+	c.kickBy = d
+	c.h.metrics.disconnects.WithLabelValues(d.Label).Inc() // before anything closes
+	close(c.kicked)
+	c.kickMu.Unlock()
+	c.wake()
+}
+
+// kickedBy returns the Disconnect of the first kick, if any.
+func (c *Conn) kickedBy() (Disconnect, bool) {
+	c.kickMu.Lock()
+	defer c.kickMu.Unlock()
+	select {
+	case <-c.kicked:
+		return c.kickBy, true
+	default:
+		return Disconnect{}, false
+	}
+}
+
+// closing reports whether the connection was kicked: its writer is closing
+// it and will write nothing more, so it is no longer a queue.
+func (c *Conn) closing() bool {
+	select {
+	case <-c.kicked:
+		return true
+	default:
+		return false
+	}
+}
+
+// belongsTo reports whether c is a connection of the incarnation of the
+// session that sess is the store row of.
+func (c *Conn) belongsTo(sess sessionstore.Session) bool {
+	return c.incarnation.Equal(sess.RegisteredAt)
+}
+
+// fail ends the connection with err, unless it has ended already.
+func (c *Conn) fail(err error) {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = err
+	}
+	c.mu.Unlock()
+	c.cancel()
+}
+
+// serve runs one attached connection until it ends. The calling goroutine
+// is the connection's reader.
+func (h *Hub) serve(sess sessionstore.Session, ws *websocket.Conn, welcome Welcome) {
+	now := h.now()
+	c := &Conn{
+		h: h, ws: ws, key: sess.Key, incarnation: sess.RegisteredAt, attachedAt: now, welcome: welcome,
+		ctrl:   make(chan []byte, 8),
+		kicked: make(chan struct{}),
+		frames: bucket{tokens: 2 * h.cfg.FramesPerSecond, at: now},
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.acks = newAcks(c)
+	if old := h.registry.attach(c); old != nil {
+		// The old connection's own handler counts its disconnect, with the
+		// first kick it got.
+		if old.belongsTo(sess) {
+			old.kick(DisconnectReplaced)
+		} else {
+			old.kick(DisconnectSessionGone)
+		}
+	}
+	h.metrics.connections.Inc()
+	h.log.Info("websocket attached", KeyAttrs(sess.Key), "resumed", welcome.Resumed, "affinity_reset", welcome.AffinityReset, "replayed", welcome.Replayed)
+	h.recordAttach(c, now)
+	if h.isClosing() {
+		// Shutdown began between accept and registration: close with 1012 too.
+		c.kick(DisconnectShutdown)
+	}
+
+	c.wake() // the welcome and the replay
+	c.armPing()
+	c.fail(c.readLoop(c.ctx))
+	c.mu.Lock()
+	c.ended = true
+	if c.pingTimer != nil && c.pingTimer.Stop() {
+		c.wg.Done() // its ping will not run
+	}
+	err := c.err
+	c.mu.Unlock()
+	c.wg.Wait()
+	ws.CloseNow()
+	c.acks.flush()
+
+	h.metrics.connections.Dec()
+	// Ended without a kick: the peer or the network decided. Recorded as a
+	// kick so that it is counted once, and a late kick counts nothing.
+	c.kick(Disconnect{Code: websocket.CloseStatus(err), Label: disconnectLabel(err)})
+	d, _ := c.kickedBy()
+	h.log.Info("websocket detached", KeyAttrs(sess.Key), "reason", d.Label, "code", int(d.Code), "attached_for", h.now().Sub(now).Round(time.Millisecond).String())
+	h.log.Debug("websocket detached: cause", KeyAttrs(sess.Key), "err", err)
+	h.recordDetach(c)
+}
+
+// recordAttach writes the queue placement and the attach as proof of life.
+func (h *Hub) recordAttach(c *Conn, now time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.StoreTimeout)
+	defer cancel()
+	if err := h.store.SetQueue(ctx, c.key, h.cfg.InstanceID, c.attachedAt); err != nil {
+		h.log.Warn("record queue attach", KeyAttrs(c.key), "err", err)
+	}
+	if err := h.store.TouchSession(ctx, c.key, sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(h.cfg.SessionTTL)}, now); err != nil {
+		h.log.Debug("touch on attach", KeyAttrs(c.key), "err", err)
+	}
+}
+
+// recordDetach removes the connection from the registry and, when it was
+// still the session's queue, records the detach in the store. A newer
+// connection that attached meanwhile is written back, so the store never
+// keeps a detach that raced a newer attach.
+func (h *Hub) recordDetach(c *Conn) {
+	if !h.registry.detach(c) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.StoreTimeout)
+	defer cancel()
+	if _, err := h.store.ClearQueue(ctx, c.key, h.cfg.InstanceID, c.attachedAt, h.now()); err != nil {
+		h.log.Warn("record queue detach", KeyAttrs(c.key), "err", err)
+	}
+	if cur := h.registry.get(c.key); cur != nil {
+		if err := h.store.SetQueue(ctx, cur.key, h.cfg.InstanceID, cur.attachedAt); err != nil {
+			h.log.Warn("re-record queue attach", KeyAttrs(cur.key), "err", err)
+		}
+	}
+}
+
+// disconnectLabel is the metric label of a connection that ended with err
+// without a kick.
+func disconnectLabel(err error) string {
+	if errors.Is(err, websocket.ErrMessageTooBig) {
+		// The library closes with 1009 itself; its error is no CloseError.
+		return labelMessageTooBig
+	}
+	switch websocket.CloseStatus(err) {
+	case websocket.StatusNormalClosure, websocket.StatusGoingAway:
+		return labelClientClosed
+	case websocket.StatusMessageTooBig:
+		return labelMessageTooBig
+	case -1:
+	default:
+		return labelClientClosed
+	}
+	if errors.Is(err, errPongTimeout) {
+		return labelPingTimeout
+	}
+	return labelConnectionLost
+}

@@ -1,0 +1,48 @@
+package conns
+
+import "github.com/coder/websocket"
+
+// WebSocket close codes of the contract (docs/api.md).
+const (
+	StatusReplaced       websocket.StatusCode = 4409
+	StatusSessionExpired websocket.StatusCode = 4410
+	StatusSlowConsumer   websocket.StatusCode = 4429
+	StatusRestarting     websocket.StatusCode = 1012
+)
+
+// A Disconnect is why the hub closes a connection: the close code and
+// reason the client reads, and the label the disconnect is counted under in
+// marconi_ws_disconnects_total.
+type Disconnect struct {
+	Code   websocket.StatusCode
+	Reason string
+	Label  string
+}
+
+func (d Disconnect) String() string { return d.Label }
+
+// The disconnects the hub decides. The first one a connection gets wins.
+var (
+	DisconnectReplaced          = Disconnect{StatusReplaced, "replaced by a newer connection of this session", "replaced"}
+	DisconnectReplacedElsewhere = Disconnect{StatusReplaced, "replaced by a newer connection of this session on another instance", "replaced"}
+	DisconnectSessionGone       = Disconnect{StatusSessionExpired, "session deregistered or expired; register again", "deregistered"}
+	DisconnectDeregistered      = Disconnect{StatusSessionExpired, "session deregistered", "deregistered"}
+	DisconnectSlowConsumer      = Disconnect{StatusSlowConsumer, "slow consumer: queue full; signals stay durable", "slow_consumer"}
+	DisconnectShutdown          = Disconnect{StatusRestarting, "hub restarting", "shutdown"}
+	// DisconnectFrameRate closes a connection whose client sends frames
+	// faster than MARCONI_WS_FRAMES_PER_SECOND (burst twice it).
+	DisconnectFrameRate = Disconnect{websocket.StatusPolicyViolation, "quota_exceeded: frames_per_second", "quota_exceeded"}
+)
+
+// Labels of disconnects the peer or the network decides.
+const (
+	labelClientClosed   = "client_closed"
+	labelConnectionLost = "connection_lost"
+	labelPingTimeout    = "ping_timeout"
+	labelMessageTooBig  = "message_too_big"
+)
+
+// disconnectLabels are every label of marconi_ws_disconnects_total, so that
+// each series exists from the start. affinity_reset is kept for dashboards
+// that query it.
+var disconnectLabels = []string{labelClientClosed, labelConnectionLost, labelPingTimeout, "replaced", "slow_consumer", "deregistered", "shutdown", labelMessageTooBig, "affinity_reset", "quota_exceeded"}

@@ -1,0 +1,9 @@
+// Package conns is Marconi's connection hub: the registry of the WebSockets
+// attached to this instance, one Conn per connection owning its loops
+// (catch-up, live writes, keepalive, close), replace and kick as Disconnect
+// values, cross-instance wake-ups and the pending sweep. Hub implements
+// signals.Router.
+//
+// conns knows sessionstore, signals and fabric's wake-up bus; hub wires it
+// to the HTTP server (authentication and placement stay there).
+package conns

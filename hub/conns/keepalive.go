@@ -1,0 +1,81 @@
+package conns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+// Keepalive needs no goroutine per connection: each connection has a timer
+// (the runtime keeps all of them in one heap), whose function pings and
+// waits for the pong, then arms the next one.
+
+// armPing schedules the next ping PingInterval from now, unless the
+// connection has ended.
+func (c *Conn) armPing() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended {
+		return
+	}
+	c.wg.Add(1)
+	c.pingTimer = time.AfterFunc(c.h.cfg.PingInterval, c.ping)
+}
+
+// ping pings and ends the connection when the pong has not come within one
+// more PingInterval; a pong is proof of life.
+func (c *Conn) ping() {
+	defer c.wg.Done()
+	ctx, cancel := context.WithTimeout(c.ctx, c.h.cfg.PingInterval)
+	err := c.ws.Ping(ctx)
+	cancel()
+	if err != nil {
+		if c.ctx.Err() == nil {
+			c.fail(errPongTimeout)
+		}
+		return
+	}
+	c.touchSeen(c.ctx, c.h.now())
+	c.armPing()
+}
+
+// touchSeen records the connection's activity as proof of life. A session
+// that is gone (deregistered on another instance, or expired) has no live
+// row to touch: its connection is closed with 4410.
+func (c *Conn) touchSeen(ctx context.Context, now time.Time) {
+	tctx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
+	defer cancel()
+	err := c.h.store.TouchSession(tctx, c.key, sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(c.h.cfg.SessionTTL)}, now)
+	if errors.Is(err, sessionstore.ErrNotFound) {
+		c.kick(DisconnectSessionGone)
+		return
+	}
+	if err != nil {
+		c.h.log.Debug("touch from websocket", KeyAttrs(c.key), "err", err)
+	}
+}
+
+// stillCurrent reads the store row of c's session and reports whether c
+// belongs to it. When it does not (the session is gone, or was registered
+// again since: another incarnation) it kicks c with 4410. A store failure is
+// returned and c is left alone.
+func (c *Conn) stillCurrent(ctx context.Context) (bool, error) {
+	rctx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
+	defer cancel()
+	sess, err := c.h.store.GetSession(rctx, c.key, c.h.now())
+	if errors.Is(err, sessionstore.ErrNotFound) {
+		c.kick(DisconnectSessionGone)
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read the session of a connection: %w", err)
+	}
+	if !c.belongsTo(sess) {
+		c.kick(DisconnectSessionGone)
+		return false, nil
+	}
+	return true, nil
+}

@@ -1,0 +1,98 @@
+package conns
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/marconihub/marconi"
+)
+
+// readLoop is the connection's one reader: acks and proof of life.
+func (c *Conn) readLoop(ctx context.Context) error {
+	lastTouch := c.attachedAt
+	for {
+		_, data, err := c.ws.Read(ctx)
+		if err != nil {
+			return err
+		}
+		now := c.h.now()
+		if !c.frames.take(now, c.h.cfg.FramesPerSecond) {
+			c.h.cfg.OnQuotaRefused(marconi.QuotaFramesPerSecond)
+			c.kick(DisconnectFrameRate)
+			return errConnEnded
+		}
+		if now.Sub(lastTouch) >= c.h.cfg.TouchInterval {
+			lastTouch = now
+			c.touchSeen(ctx, now)
+		}
+		var f clientFrame
+		if err := json.Unmarshal(data, &f); err != nil {
+			c.sendError(marconi.CodeInvalidJSON, "frames must be JSON objects")
+			continue
+		}
+		switch f.Type {
+		case "ack":
+			if f.UpToSeq == nil || *f.UpToSeq < 0 {
+				c.sendError(marconi.CodeInvalidField, "ack needs a non-negative up_to_seq")
+				continue
+			}
+			c.acks.add(*f.UpToSeq)
+		case "ping":
+			// Application-level keepalive: proof of life only.
+		default:
+			c.sendError(marconi.CodeInvalidField, "unknown frame type; want ack")
+		}
+	}
+}
+
+// ackUpTo acknowledges the session's signals up to seq, once it has checked
+// that the session is still c's incarnation: acks are keyed by session key,
+// and one from a connection of an earlier incarnation would ack the new
+// session's signals.
+func (c *Conn) ackUpTo(ctx context.Context, seq int64) {
+	current, err := c.stillCurrent(ctx)
+	if err != nil {
+		c.h.log.Warn("ack from websocket: check the session", KeyAttrs(c.key), "err", err)
+		return
+	}
+	if !current {
+		return // kicked: the writer closes it with 4410
+	}
+	actx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
+	defer cancel()
+	if _, err := c.h.ack(actx, c.key, seq); err != nil {
+		c.h.log.Warn("ack from websocket", KeyAttrs(c.key), "err", err)
+	}
+}
+
+// bucket is a token bucket of rate tokens a second and a burst of twice
+// that. It is not safe for concurrent use: the reader owns it.
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// take spends a token and reports whether one was there.
+func (b *bucket) take(now time.Time, rate float64) bool {
+	b.tokens = min(2*rate, b.tokens+now.Sub(b.at).Seconds()*rate)
+	b.at = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// sendError hands an error frame to the writer without blocking.
+func (c *Conn) sendError(code, message string) {
+	b, err := json.Marshal(errorFrame{Type: "error", Code: code, Message: message})
+	if err != nil {
+		return
+	}
+	select {
+	case c.ctrl <- b:
+		c.wake()
+	default: // a client flooding bad frames loses the replies, not the hub's memory
+	}
+}

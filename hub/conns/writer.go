@@ -1,0 +1,216 @@
+package conns
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/coder/websocket"
+
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+// catchUpPage is how many stored signals a writer reads at a time.
+const catchUpPage = 100
+
+// wake makes sure a writer runs while there is something to write: it
+// starts one unless one runs (that one sees what was queued before wake,
+// since it checks for work under c.mu before it stops).
+func (c *Conn) wake() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.writing || c.ended {
+		return
+	}
+	c.writing = true
+	c.wg.Add(1)
+	go c.writeRun()
+}
+
+// enqueue adds it to the outgoing queue unless the queue is full.
+func (c *Conn) enqueue(it queueItem) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.queue) >= c.h.cfg.QueueSize {
+		return false
+	}
+	c.queue = append(c.queue, it)
+	return true
+}
+
+// dequeue takes the oldest queued item, if any.
+func (c *Conn) dequeue() (queueItem, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.queue) == 0 {
+		return queueItem{}, false
+	}
+	it := c.queue[0]
+	c.queue[0] = queueItem{}
+	c.queue = c.queue[1:]
+	if len(c.queue) == 0 {
+		c.queue = nil
+	}
+	return it, true
+}
+
+// writeRun is the writer: it owns every write (the welcome, the replay,
+// live signals, error frames, and the close frame of a kick) and returns
+// when there is nothing left to write, or when a write ends the connection.
+func (c *Conn) writeRun() {
+	defer c.wg.Done()
+	for {
+		if err := c.writeSome(c.ctx); err != nil {
+			c.fail(err) // the connection ends; writing stays set, so no writer starts again
+			return
+		}
+		c.mu.Lock()
+		if len(c.queue) == 0 && len(c.ctrl) == 0 && !c.closing() {
+			c.writing = false
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+	}
+}
+
+// writeSome writes what is waiting: the welcome and the replay first, then
+// a kick's close, error frames and the queue.
+func (c *Conn) writeSome(ctx context.Context) error {
+	if !c.welcomed {
+		if err := c.writeJSON(ctx, c.welcome); err != nil {
+			return err
+		}
+		if err := c.catchUp(ctx, &c.last); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.welcomed = true
+		c.mu.Unlock()
+	}
+	for {
+		if c.closing() {
+			return c.closeKicked()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case f := <-c.ctrl:
+			if err := c.write(ctx, f); err != nil {
+				return err
+			}
+		default:
+			it, ok := c.dequeue()
+			if !ok {
+				return nil
+			}
+			if err := c.writeItem(ctx, it); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// writeItem writes a queued signal in seq order, or catches up from the
+// store on a gap or a wake-up.
+func (c *Conn) writeItem(ctx context.Context, it queueItem) error {
+	switch {
+	case it.sig != nil && it.sig.Seq <= c.last:
+		// Already written by a catch-up.
+		return nil
+	case it.sig != nil && it.sig.Seq == c.last+1:
+		if err := c.writeSignal(ctx, *it.sig); err != nil {
+			return err
+		}
+		c.last = it.sig.Seq
+		return nil
+	default:
+		// A gap (a concurrent send overtook this one) or a wake-up: the
+		// store has every signal in order.
+		return c.catchUp(ctx, &c.last)
+	}
+}
+
+// catchUp writes every stored unacknowledged signal after *last, in seq
+// order, once it has checked that they are the signals of c's session
+// incarnation (stillCurrent). The store holds them all, so queue items are
+// redundant while it runs: it drops them as it goes (a live send racing a
+// long replay must not fill the queue and close a healthy consumer with
+// 4429), and reads once more when it dropped any, so none is left for the
+// next wake-up.
+func (c *Conn) catchUp(ctx context.Context, last *int64) error {
+	dropQueued := func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		dropped := len(c.queue) > 0
+		c.queue = nil
+		return dropped
+	}
+	for {
+		// Items queued before the read are covered by it; only those dropped
+		// while writing call for another read.
+		dropQueued()
+		dropped := false
+		rctx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
+		sigs, err := c.h.store.PendingSignals(rctx, c.key, *last, catchUpPage)
+		cancel()
+		if err == nil && len(sigs) > 0 {
+			// The store keys signals by session key only: those just read
+			// may be a later incarnation's, when the session was
+			// deregistered and registered again. Checked after the read, so
+			// a match means they were this incarnation's when read.
+			var current bool
+			if current, err = c.stillCurrent(ctx); err == nil && !current {
+				return c.closeKicked()
+			}
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			// The store is unreachable: end the connection so the client
+			// reattaches later; nothing is lost.
+			return err
+		}
+		for _, sig := range sigs {
+			select {
+			case <-c.kicked:
+				return c.closeKicked()
+			default:
+			}
+			if err := c.writeSignal(ctx, sig); err != nil {
+				return err
+			}
+			*last = sig.Seq
+			dropped = dropQueued() || dropped
+		}
+		if len(sigs) < catchUpPage && !dropped {
+			return nil
+		}
+	}
+}
+
+func (c *Conn) closeKicked() error {
+	d, _ := c.kickedBy()
+	if err := c.ws.Close(d.Code, d.Reason); err != nil {
+		c.h.log.Debug("close after kick", KeyAttrs(c.key), "err", err)
+	}
+	return errConnEnded
+}
+
+func (c *Conn) writeSignal(ctx context.Context, sig sessionstore.Signal) error {
+	return c.writeJSON(ctx, signalFrame{Type: "signal", Signal: WireSignal(sig)})
+}
+
+func (c *Conn) writeJSON(ctx context.Context, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return c.write(ctx, b)
+}
+
+func (c *Conn) write(ctx context.Context, b []byte) error {
+	wctx, cancel := context.WithTimeout(ctx, c.h.cfg.WriteTimeout)
+	defer cancel()
+	return c.ws.Write(wctx, websocket.MessageText, b)
+}

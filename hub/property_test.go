@@ -1,0 +1,585 @@
+package hub_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"pgregory.net/rapid"
+
+	"github.com/marconihub/marconi/hub"
+	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/sessionstore/memstore"
+)
+
+// The property test drives a real hub over HTTP and WebSocket with random
+// register / resume / send / drain / attach / ack / detach / deregister
+// steps across two tenants with two projects each, and checks every answer
+// and every frame against a model: no signal reaches a session of another
+// tenant or project, none answered 200 is lost (it is delivered and drains
+// until acknowledged, unless its recipient deregistered), per-recipient
+// seq is gap-free and every connection and drain sees it in order.
+//
+// By default it runs a few checks (propertyChecks); -rapid.checks or
+// RAPID_CHECKS runs more, e.g. go test -run TestPropertyDelivery -rapid.checks 1000 ./hub/.
+
+// propertyChecks is how many random sequences the normal suite runs.
+const propertyChecks = 30
+
+// setRapidChecks makes the default run short, with longer sequences than
+// rapid's default, unless -rapid.checks (RAPID_CHECKS) or -rapid.steps
+// (RAPID_STEPS) ask otherwise.
+func setRapidChecks(t *testing.T, checks int) {
+	for name, n := range map[string]int{"checks": checks, "steps": 60} {
+		if rapidExplicit()[name] {
+			continue
+		}
+		old := flag.Lookup("rapid." + name).Value.String()
+		if err := flag.Set("rapid."+name, strconv.Itoa(n)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = flag.Set("rapid."+name, old) })
+	}
+}
+
+// rapidExplicit says which of rapid's flags the command line or the
+// environment set, as they were before any test set them.
+var rapidExplicit = sync.OnceValue(func() map[string]bool {
+	set := map[string]bool{}
+	for _, name := range []string{"checks", "steps"} {
+		set[name] = os.Getenv("RAPID_"+strings.ToUpper(name)) != ""
+	}
+	flag.Visit(func(f *flag.Flag) {
+		if name, ok := strings.CutPrefix(f.Name, "rapid."); ok {
+			set[name] = true
+		}
+	})
+	return set
+})
+
+func TestPropertyDelivery(t *testing.T) {
+	setRapidChecks(t, propertyChecks)
+	rapid.Check(t, func(rt *rapid.T) { runModel(t, rt, memstore.New(), "") })
+}
+
+func TestPGPropertyDelivery(t *testing.T) {
+	store := pgStore(t)
+	setRapidChecks(t, 5)
+	check := 0
+	rapid.Check(t, func(rt *rapid.T) {
+		check++ // one store for every check: each has tenants of its own
+		runModel(t, rt, store, fmt.Sprintf("c%d-", check))
+	})
+}
+
+var (
+	modelScopes = []hub.TenantProject{{TenantID: "t1", ProjectID: "p1"}, {TenantID: "t1", ProjectID: "p2"}, {TenantID: "t2", ProjectID: "p1"}, {TenantID: "t2", ProjectID: "p2"}}
+	modelIDs    = []string{"a", "b", "c"} // the same ids in every scope
+)
+
+type modelSignal struct {
+	ID      string
+	Seq     int64
+	From    string
+	Payload string
+}
+
+type modelSession struct {
+	scope   int
+	id      string
+	live    bool
+	token   string
+	stale   []string // tokens that no longer work
+	pending []modelSignal
+	lastSeq int64 // seq of the last signal sent to this incarnation; 0 before the first
+	inc     int   // incarnation: idempotency keys are unique to one
+	keys    map[string]modelSignal
+	burned  map[string]bool // keys whose signal's recipient deregistered: the contract says nothing of them
+	conn    *modelConn
+}
+
+// modelConn is one attached WebSocket; its reader checks every frame as it
+// comes and keeps the signals it saw.
+type modelConn struct {
+	ws      *websocket.Conn
+	done    chan struct{}
+	mu      sync.Mutex
+	seen    map[string]bool
+	lastSeq int64
+	bad     []string // violations seen by the reader
+	closeBy websocket.StatusCode
+	readErr error
+}
+
+type model struct {
+	t        *testing.T
+	h        *hubtest.Hub
+	keys     []string // API key per scope
+	tenants  []hub.TenantProject
+	sessions map[[2]any]*modelSession // (scope, id)
+	n        int                      // payload counter: each payload is unique
+	inc      int                      // incarnations registered
+}
+
+func runModel(t *testing.T, rt *rapid.T, store sessionstore.Store, prefix string) {
+	m := &model{t: t, sessions: map[[2]any]*modelSession{}}
+	cfg := hub.Config{APIKeys: map[string]hub.TenantProject{}, SendRatePerSecond: 1e6}
+	for i, sc := range modelScopes {
+		key := hub.NewAPIKey()
+		tp := hub.TenantProject{TenantID: prefix + sc.TenantID, ProjectID: sc.ProjectID}
+		cfg.APIKeys[key] = tp
+		m.keys, m.tenants = append(m.keys, key), append(m.tenants, tp)
+		for _, id := range modelIDs {
+			m.sessions[[2]any{i, id}] = &modelSession{scope: i, id: id}
+		}
+	}
+	m.h = hubtest.Start(t, hubtest.Options{Store: store, Config: cfg})
+	defer m.close()
+	rt.Repeat(map[string]func(*rapid.T){
+		"register":   m.register,
+		"resume":     m.resume,
+		"send":       m.send,
+		"send more":  m.send, // sends are most of the traffic
+		"send again": m.send,
+		"drain":      m.drain,
+		"ack":        m.ack,
+		"ackWS":      m.ackWS,
+		"attach":     m.attach,
+		"detach":     m.detach,
+		"deregister": m.deregister,
+		"staleToken": m.staleToken,
+		"":           m.check,
+	})
+}
+
+func (m *model) close() {
+	for _, s := range m.sessions {
+		if s.conn != nil {
+			s.conn.ws.CloseNow()
+			<-s.conn.done
+		}
+	}
+	m.h.Close()
+}
+
+// pick draws a live session, registering one when none is live.
+func (m *model) pick(rt *rapid.T) *modelSession {
+	if s := m.draw(rt, func(s *modelSession) bool { return s.live }); s != nil {
+		return s
+	}
+	m.register(rt)
+	return m.pick(rt)
+}
+
+// pickAttached draws an attached session, attaching one when none is.
+func (m *model) pickAttached(rt *rapid.T) *modelSession {
+	if s := m.draw(rt, func(s *modelSession) bool { return s.conn != nil }); s != nil {
+		return s
+	}
+	return m.attachOne(rt)
+}
+
+// draw draws one of the sessions that match, or returns nil.
+func (m *model) draw(rt *rapid.T, match func(*modelSession) bool) *modelSession {
+	var c []*modelSession
+	for _, s := range m.sessions {
+		if match(s) {
+			c = append(c, s)
+		}
+	}
+	if len(c) == 0 {
+		return nil
+	}
+	slices.SortFunc(c, func(a, b *modelSession) int { return a.name() - b.name() })
+	names := make([]int, len(c))
+	for i, s := range c {
+		names[i] = s.name()
+	}
+	i := slices.Index(names, rapid.SampledFrom(names).Draw(rt, "session (scope*10+id)"))
+	return c[i]
+}
+
+// name is how logs name a session: its scope's index times ten plus its id's.
+func (s *modelSession) name() int { return s.scope*10 + slices.Index(modelIDs, s.id) }
+
+// do sends one request and decodes its JSON answer.
+func (m *model) do(rt *rapid.T, method, path, cred string, body any, hdr ...string) (int, map[string]any) {
+	st, out, _ := m.doRaw(rt, method, path, cred, body, hdr...)
+	return st, out
+}
+
+func (m *model) doRaw(rt *rapid.T, method, path, cred string, body any, hdr ...string) (int, map[string]any, []byte) {
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, m.h.URL+path, r)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+cred)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		rt.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	if len(raw) > 0 {
+		d := json.NewDecoder(bytes.NewReader(raw))
+		d.UseNumber()
+		if err := d.Decode(&out); err != nil {
+			rt.Fatalf("%s %s: answer is not JSON: %q", method, path, raw)
+		}
+	}
+	return resp.StatusCode, out, raw
+}
+
+func expect(rt *rapid.T, what string, st int, body map[string]any, want int, code string) {
+	rt.Helper()
+	if st != want || (code != "" && errCode(body) != code) {
+		rt.Fatalf("%s: %d %v, want %d %s", what, st, body, want, code)
+	}
+}
+
+func (m *model) register(rt *rapid.T) {
+	scope := rapid.IntRange(0, len(modelScopes)-1).Draw(rt, "scope")
+	s := m.sessions[[2]any{scope, rapid.SampledFrom(modelIDs).Draw(rt, "id")}]
+	st, body := m.do(rt, "POST", "/v1/sessions", m.keys[scope], map[string]any{"session_id": s.id, "surface": "claude_code"})
+	if s.live {
+		expect(rt, "register a live id without its token", st, body, 403, "forbidden")
+		return
+	}
+	expect(rt, "register "+s.id, st, body, 201, "")
+	if body["tenant_id"] != m.tenants[scope].TenantID || body["project_id"] != m.tenants[scope].ProjectID || body["session_id"] != s.id {
+		rt.Fatalf("registered %v with the key of %v", body, m.tenants[scope])
+	}
+	m.inc++
+	*s = modelSession{scope: scope, id: s.id, live: true, token: body["token"].(string), stale: s.stale,
+		inc: m.inc, keys: map[string]modelSignal{}, burned: map[string]bool{}}
+}
+
+func (m *model) resume(rt *rapid.T) {
+	// The contract leaves a resume's effect on a live WebSocket open.
+	s := m.draw(rt, func(s *modelSession) bool { return s.live && s.conn == nil })
+	if s == nil {
+		rt.Skip("no live session without a WebSocket")
+	}
+	st, body := m.do(rt, "POST", "/v1/sessions", m.keys[s.scope], map[string]any{"session_id": s.id, "surface": "claude_code"},
+		"X-Marconi-Session-Token", s.token)
+	expect(rt, "resume "+s.id, st, body, 200, "")
+	s.stale = append(s.stale, s.token)
+	s.token = body["token"].(string)
+}
+
+func (m *model) send(rt *rapid.T) {
+	from := m.pick(rt)
+	to := m.sessions[[2]any{from.scope, rapid.SampledFrom(modelIDs).Draw(rt, "to")}]
+	key := ""
+	if rapid.Bool().Draw(rt, "with idempotency key") {
+		key = fmt.Sprintf("k%d-%d", from.inc, rapid.IntRange(0, 3).Draw(rt, "key"))
+		if from.burned[key] {
+			rt.Skip("a key whose signal's recipient deregistered")
+		}
+		if first, ok := from.keys[key]; ok { // a retry: the same recipient
+			to = m.sessions[[2]any{from.scope, recipientOf(first)}]
+		}
+	}
+	m.n++
+	payload := fmt.Sprintf(`{"n":%d,"scope":%d,"to":%q}`, m.n, from.scope, to.id)
+	st, body := m.do(rt, "POST", "/v1/signals", from.token, map[string]any{
+		"to_session": to.id, "payload": json.RawMessage(payload), "idempotency_key": key,
+	})
+	if first, ok := from.keys[key]; ok && key != "" {
+		expect(rt, "send again with a key", st, body, 200, "")
+		if body["duplicate"] != true || body["signal_id"] != first.ID || bodySeq(rt, body) != first.Seq {
+			rt.Fatalf("the same idempotency key again: %v, want the answer of %+v", body, first)
+		}
+		return
+	}
+	if !to.live {
+		// Whether the id lives in another tenant or project or nowhere.
+		expect(rt, "send to "+to.id+", not registered in this scope", st, body, 404, "recipient_not_registered")
+		return
+	}
+	expect(rt, "send", st, body, 200, "")
+	seq := bodySeq(rt, body)
+	if body["duplicate"] != false || (to.lastSeq != 0 && seq != to.lastSeq+1) || seq < 1 {
+		rt.Fatalf("send to %s: seq %d (duplicate %v) after %d", to.id, seq, body["duplicate"], to.lastSeq)
+	}
+	wantDelivery := "queued_offline"
+	if to.conn != nil {
+		wantDelivery = "pushed_to_ws"
+	}
+	if body["delivery"] != wantDelivery {
+		rt.Fatalf("send to %s: delivery %v, want %s", to.id, body["delivery"], wantDelivery)
+	}
+	to.lastSeq = seq
+	sig := modelSignal{ID: body["signal_id"].(string), Seq: seq, From: from.id, Payload: payload}
+	to.pending = append(to.pending, sig)
+	if key != "" {
+		from.keys[key] = sig
+	}
+}
+
+func bodySeq(rt *rapid.T, body map[string]any) int64 {
+	n, err := body["seq"].(json.Number).Int64()
+	if err != nil {
+		rt.Fatalf("seq in %v: %v", body, err)
+	}
+	return n
+}
+
+// drain reads every unacknowledged signal: exactly the model's, in order.
+func (m *model) drain(rt *rapid.T) {
+	s := m.pick(rt)
+	if got, want := m.drained(rt, s), s.pending; !slices.Equal(got, want) {
+		rt.Fatalf("drain %d/%s: %+v, want %+v", s.scope, s.id, got, want)
+	}
+}
+
+func (m *model) drained(rt *rapid.T, s *modelSession) []modelSignal {
+	st, body, raw := m.doRaw(rt, "GET", "/v1/signals?after_seq=0&limit=500", s.token, nil)
+	expect(rt, "drain", st, body, 200, "")
+	var d struct{ Signals []json.RawMessage }
+	if err := json.Unmarshal(raw, &d); err != nil {
+		rt.Fatal(err)
+	}
+	var got []modelSignal
+	for _, f := range d.Signals {
+		sig, err := checkSignal(s, f)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		got = append(got, sig)
+	}
+	return got
+}
+
+// checkSignal checks that a delivered signal is addressed to s and comes
+// from s's own tenant and project, and returns it as the model writes it.
+func checkSignal(s *modelSession, raw []byte) (modelSignal, error) {
+	var f struct {
+		Type    string          `json:"type"`
+		ID      string          `json:"id"`
+		Seq     int64           `json:"seq"`
+		From    string          `json:"from_session"`
+		To      string          `json:"to_session"`
+		Payload json.RawMessage `json:"payload"`
+	}
+	var p struct {
+		Scope int    `json:"scope"`
+		To    string `json:"to"`
+	}
+	if json.Unmarshal(raw, &f) != nil || json.Unmarshal(f.Payload, &p) != nil || f.To != s.id || p.Scope != s.scope || p.To != s.id {
+		return modelSignal{}, fmt.Errorf("%d/%s got a signal addressed elsewhere: %s", s.scope, s.id, raw)
+	}
+	return modelSignal{ID: f.ID, Seq: f.Seq, From: f.From, Payload: string(f.Payload)}, nil
+}
+
+func (m *model) ack(rt *rapid.T) {
+	s := m.pick(rt)
+	upTo := rapid.Int64Range(0, s.lastSeq+1).Draw(rt, "up_to_seq")
+	st, body := m.do(rt, "POST", "/v1/signals/ack", s.token, map[string]any{"up_to_seq": upTo})
+	expect(rt, "ack", st, body, 200, "")
+	n := s.ackUpTo(upTo)
+	if got, err := body["acked"].(json.Number).Int64(); err != nil || got != int64(n) {
+		rt.Fatalf("ack %d of %d/%s: acked %v, want %d", upTo, s.scope, s.id, body["acked"], n)
+	}
+}
+
+func (s *modelSession) ackUpTo(upTo int64) int {
+	n := len(s.pending)
+	s.pending = slices.DeleteFunc(s.pending, func(g modelSignal) bool { return g.Seq <= upTo })
+	return n - len(s.pending)
+}
+
+// ackWS acks over the WebSocket; the ack is applied asynchronously, so the
+// drain is polled until it shows it.
+func (m *model) ackWS(rt *rapid.T) {
+	s := m.pickAttached(rt)
+	// Not past the last seq: the drain cannot tell when an ack of nothing
+	// has applied, and a late one would ack the next signal.
+	upTo := rapid.Int64Range(0, s.lastSeq).Draw(rt, "up_to_seq")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.conn.ws.Write(ctx, websocket.MessageText, fmt.Appendf(nil, `{"type":"ack","up_to_seq":%d}`, upTo)); err != nil {
+		rt.Fatalf("ack over the WebSocket: %v", err)
+	}
+	s.ackUpTo(upTo)
+	m.eventually(rt, "the WebSocket ack applied", func() bool { return slices.Equal(m.drained(rt, s), s.pending) })
+}
+
+func (m *model) attach(rt *rapid.T) { m.attachOne(rt) }
+
+// attachOne attaches a live session (replacing its connection if it has
+// one) and returns it.
+func (m *model) attachOne(rt *rapid.T) *modelSession {
+	s := m.pick(rt)
+	old := s.conn
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, m.h.WSURL(), &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + s.token}}})
+	if err != nil {
+		rt.Fatalf("attach %d/%s: %v", s.scope, s.id, err)
+	}
+	ws.SetReadLimit(1 << 20)
+	_, data, err := ws.Read(ctx)
+	var w map[string]any
+	if err != nil || json.Unmarshal(data, &w) != nil || w["type"] != "welcome" || w["replayed"] != float64(len(s.pending)) {
+		ws.CloseNow()
+		rt.Fatalf("welcome of %d/%s: %s %v, want replayed %d", s.scope, s.id, data, err, len(s.pending))
+	}
+	c := &modelConn{ws: ws, done: make(chan struct{}), seen: map[string]bool{}}
+	go c.read(s)
+	s.conn = c
+	if old != nil {
+		<-old.done // the hub closes the replaced connection
+		if old.closeBy != 4409 {
+			rt.Fatalf("replaced connection of %d/%s closed with %d (%v), want 4409", s.scope, s.id, old.closeBy, old.readErr)
+		}
+		if len(old.bad) > 0 {
+			rt.Fatal(old.bad)
+		}
+	}
+	return s
+}
+
+func (c *modelConn) read(s *modelSession) {
+	defer close(c.done)
+	for {
+		_, data, err := c.ws.Read(context.Background())
+		if err != nil {
+			c.mu.Lock()
+			c.closeBy, c.readErr = websocket.CloseStatus(err), err
+			c.mu.Unlock()
+			return
+		}
+		var f struct{ Type string }
+		c.mu.Lock()
+		switch {
+		case json.Unmarshal(data, &f) != nil || f.Type != "signal":
+			c.bad = append(c.bad, fmt.Sprintf("unexpected frame %s", data))
+		default:
+			sig, err := checkSignal(s, data)
+			switch {
+			case err != nil:
+				c.bad = append(c.bad, err.Error())
+			case sig.Seq <= c.lastSeq:
+				c.bad = append(c.bad, fmt.Sprintf("%d/%s: seq %d after %d on one connection", s.scope, s.id, sig.Seq, c.lastSeq))
+			}
+			c.lastSeq = sig.Seq
+			c.seen[sig.ID] = true
+		}
+		c.mu.Unlock()
+	}
+}
+
+func (m *model) detach(rt *rapid.T) {
+	s := m.pickAttached(rt)
+	s.conn.ws.Close(websocket.StatusNormalClosure, "bye")
+	<-s.conn.done
+	s.conn = nil
+	m.eventually(rt, "the hub sees the detach", func() bool { return m.routeState(rt, s) != "attached" })
+}
+
+func (m *model) routeState(rt *rapid.T, s *modelSession) string {
+	tp := m.tenants[s.scope]
+	st, body := m.do(rt, "GET", "/v1/ops/route_state/"+tp.TenantID+"/"+tp.ProjectID+"/"+s.id, m.h.AdminToken, nil)
+	expect(rt, "route_state", st, body, 200, "")
+	return body["route_state"].(string)
+}
+
+func (m *model) deregister(rt *rapid.T) {
+	s := m.pick(rt)
+	st, body := m.do(rt, "DELETE", "/v1/session", s.token, nil)
+	expect(rt, "deregister", st, body, 204, "")
+	if s.conn != nil {
+		<-s.conn.done
+		if s.conn.closeBy != 4410 {
+			rt.Fatalf("deregistered %d/%s: connection closed with %d (%v), want 4410", s.scope, s.id, s.conn.closeBy, s.conn.readErr)
+		}
+	}
+	*s = modelSession{scope: s.scope, id: s.id, stale: append(s.stale, s.token)}
+	for _, o := range m.sessions {
+		for k, sig := range o.keys { // its signals are gone: what their keys do next is open
+			if o.scope == s.scope && recipientOf(sig) == s.id {
+				delete(o.keys, k)
+				o.burned[k] = true
+			}
+		}
+	}
+}
+
+func recipientOf(sig modelSignal) string {
+	var p struct{ To string }
+	_ = json.Unmarshal([]byte(sig.Payload), &p)
+	return p.To
+}
+
+// staleToken: a token replaced by a resume or of a deregistered session
+// answers 410 and reaches nothing.
+func (m *model) staleToken(rt *rapid.T) {
+	var c []string
+	for _, s := range m.sessions {
+		c = append(c, s.stale...)
+	}
+	if len(c) == 0 {
+		rt.Skip("no stale token yet")
+	}
+	slices.Sort(c)
+	st, body := m.do(rt, "POST", "/v1/heartbeat", rapid.SampledFrom(c).Draw(rt, "token"), nil)
+	expect(rt, "heartbeat with a stale token", st, body, 410, "session_expired")
+}
+
+// check runs after every step: each attached connection has received every
+// signal its session has pending, and nothing it must not.
+func (m *model) check(rt *rapid.T) {
+	for _, s := range m.sessions {
+		c := s.conn
+		if c == nil {
+			continue
+		}
+		m.eventually(rt, fmt.Sprintf("%d/%s receives its pending signals", s.scope, s.id), func() bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			for _, p := range s.pending {
+				if !c.seen[p.ID] {
+					return false
+				}
+			}
+			return true
+		})
+		c.mu.Lock()
+		bad, closed := c.bad, c.readErr
+		c.mu.Unlock()
+		if len(bad) > 0 || closed != nil {
+			rt.Fatalf("%d/%s: %v (closed: %v)", s.scope, s.id, bad, closed)
+		}
+	}
+}
+
+func (m *model) eventually(rt *rapid.T, what string, cond func() bool) {
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			rt.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}

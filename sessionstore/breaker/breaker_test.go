@@ -1,0 +1,202 @@
+package breaker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/sessionstore/breaker"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// pingTimesOut has only Ping, which times out; any other call that reaches
+// it panics (nil embedded interface).
+type pingTimesOut struct{ sessionstore.Store }
+
+func (pingTimesOut) Ping(context.Context) error {
+	return fmt.Errorf("ping: %w: %w", sessionstore.ErrUnavailable, context.DeadlineExceeded)
+}
+
+// TestEveryMethodIsGuarded calls every method of sessionstore.Store, found
+// by reflection, on an open breaker: each must answer ErrOpen without
+// reaching the wrapped store. A method added to the interface but not
+// written out in methods.go reaches it (through the embedded interface)
+// and fails here.
+func TestEveryMethodIsGuarded(t *testing.T) {
+	b, err := breaker.New(pingTimesOut{}, breaker.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Ping(context.Background()); err == nil || !b.Open() {
+		t.Fatalf("a timed-out ping: %v, open %v; want an open breaker", err, b.Open())
+	}
+	iface := reflect.TypeFor[sessionstore.Store]()
+	v := reflect.ValueOf(b)
+	for i := range iface.NumMethod() {
+		name := iface.Method(i).Name
+		if name == "Close" {
+			continue // always reaches the store
+		}
+		m := v.MethodByName(name)
+		args := make([]reflect.Value, m.Type().NumIn())
+		for j := range args {
+			args[j] = reflect.Zero(m.Type().In(j))
+		}
+		args[0] = reflect.ValueOf(context.Background())
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("%s reached the wrapped store through an open breaker: write it out in methods.go", name)
+				}
+			}()
+			out := m.Call(args)
+			err, _ := out[len(out)-1].Interface().(error)
+			if !errors.Is(err, breaker.ErrOpen) || !errors.Is(err, sessionstore.ErrUnavailable) {
+				t.Errorf("%s on an open breaker returned %v, want ErrOpen (ErrUnavailable)", name, err)
+			}
+		}()
+	}
+}
+
+// value reads one unlabelled series from reg.
+func value(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			m := mf.GetMetric()[0]
+			if m.Gauge != nil {
+				return m.Gauge.GetValue()
+			}
+			return m.Counter.GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// fakeStore is a store that can be down (every call waits for its context
+// and fails as a partition does) or up. It counts the calls that reach it.
+type fakeStore struct {
+	sessionstore.Store
+	down  atomic.Bool
+	calls atomic.Int64
+}
+
+func (f *fakeStore) wait(ctx context.Context) error {
+	f.calls.Add(1)
+	if !f.down.Load() {
+		return nil
+	}
+	<-ctx.Done()
+	return fmt.Errorf("fake: %w: %w", sessionstore.ErrUnavailable, ctx.Err())
+}
+
+func (f *fakeStore) Ping(ctx context.Context) error { return f.wait(ctx) }
+
+func (f *fakeStore) GetSession(ctx context.Context, k sessionstore.Key, _ time.Time) (sessionstore.Session, error) {
+	if err := f.wait(ctx); err != nil {
+		return sessionstore.Session{}, err
+	}
+	if k.SessionID == "" {
+		return sessionstore.Session{}, sessionstore.ErrNotFound
+	}
+	return sessionstore.Session{Key: k}, nil
+}
+
+func (f *fakeStore) Close() error { return nil }
+
+func run(t *testing.T, b *breaker.Store) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = b.Run(ctx) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+func within(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}
+
+// TestOpensOnTimeoutFailsFastAndRecovers: one timed-out call opens the
+// breaker; later calls fail at once without reaching the store; a probe
+// that succeeds closes it; the metrics say so.
+func TestOpensOnTimeoutFailsFastAndRecovers(t *testing.T) {
+	f := &fakeStore{}
+	reg := prometheus.NewRegistry()
+	b, err := breaker.New(f, breaker.Config{ProbeEvery: 10 * time.Millisecond, ProbeTimeout: 20 * time.Millisecond}, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, b)
+	k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "s"}
+	if _, err := b.GetSession(context.Background(), k, time.Now()); err != nil {
+		t.Fatalf("store up: %v", err)
+	}
+
+	// Not-found and a caller's own cancellation say nothing about the store.
+	if _, err := b.GetSession(context.Background(), sessionstore.Key{}, time.Now()); !errors.Is(err, sessionstore.ErrNotFound) || b.Open() {
+		t.Fatalf("not found: %v, open %v", err, b.Open())
+	}
+	f.down.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := b.GetSession(ctx, k, time.Now()); err == nil || b.Open() {
+		t.Fatalf("cancelled call: %v, open %v (a caller's cancel must not open it)", err, b.Open())
+	}
+
+	ctx, cancel = within(30 * time.Millisecond)
+	_, err = b.GetSession(ctx, k, time.Now())
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || !b.Open() {
+		t.Fatalf("timed-out call: %v, open %v; want the timeout and an open breaker", err, b.Open())
+	}
+	before := f.calls.Load()
+	for range 20 {
+		ctx, cancel := within(time.Hour) // an open breaker never waits for it
+		_, err := b.GetSession(ctx, k, time.Now())
+		cancel()
+		if !errors.Is(err, breaker.ErrOpen) {
+			t.Fatalf("call on an open breaker: %v, want ErrOpen", err)
+		}
+	}
+	// Only the probe loop reaches the store now: one probe at a time, each
+	// waiting out its 20 ms timeout, so far fewer than the 20 refused calls.
+	if reached := f.calls.Load() - before; reached >= 20 {
+		t.Fatalf("%d calls reached the down store while the breaker was open", reached)
+	}
+	if got := value(t, reg, "marconi_store_breaker_rejections_total"); got != 20 {
+		t.Fatalf("rejections = %v, want 20", got)
+	}
+	if value(t, reg, "marconi_store_breaker_open") != 1 || value(t, reg, "marconi_store_breaker_trips_total") != 1 {
+		t.Fatal("open gauge or trips counter wrong while open")
+	}
+
+	f.down.Store(false)
+	deadline := time.Now().Add(10 * time.Second)
+	for b.Open() {
+		if time.Now().After(deadline) {
+			t.Fatal("breaker still open after the store came back")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := b.GetSession(context.Background(), k, time.Now()); err != nil {
+		t.Fatalf("after recovery: %v", err)
+	}
+	if value(t, reg, "marconi_store_breaker_open") != 0 {
+		t.Fatal("open gauge still 1 after recovery")
+	}
+}

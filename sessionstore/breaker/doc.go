@@ -1,0 +1,8 @@
+// Package breaker is a circuit breaker around a sessionstore.Store, so that
+// a store partition (packets dropped, not refused) costs one store timeout,
+// not one per call: after a call times out or finds the store unreachable,
+// every call fails at once with sessionstore.ErrUnavailable (the hub answers
+// 503 registry_unavailable, /readyz fails) until a probe of the store
+// succeeds again. cmd/marconi wraps the Postgres store in it; its probe loop
+// is Run, owned by the caller (DESIGN.md: every goroutine has an owner).
+package breaker

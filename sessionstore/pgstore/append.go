@@ -1,0 +1,447 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+// The durable append. Concurrent AppendSignal calls are gathered into one
+// batch (group commit): the statements of a batch go to Postgres in one
+// pipelined round trip and run as one implicit transaction, so the whole
+// batch costs one commit and one WAL flush. Each caller is answered only
+// after the batch committed. docs/delivery.md tells the whole story.
+
+// lockIdempotencySQL takes the transaction-scoped advisory lock of every
+// idempotency key of the batch, in one global order (by hash), so that a
+// duplicate sent at once through another batch or instance waits for this
+// one to commit and then finds it. Taking them before any row lock, always
+// in the same order, keeps batches from deadlocking on them.
+const lockIdempotencySQL = `SELECT count(pg_advisory_xact_lock(h)) FROM (
+	SELECT DISTINCT hashtextextended(k, 0) AS h FROM unnest($1::text[]) AS k ORDER BY h OFFSET 0) AS locks`
+
+// lockProjectsSQL locks (creating where missing) the project_usage row of
+// every project the batch appends to, in order. Only appends write that row,
+// so no two batches can lock the session rows of a project in different
+// orders, and the quota check of an append reads exactly what appends
+// stored.
+const lockProjectsSQL = `INSERT INTO project_usage AS u (tenant_id, project_id)
+	SELECT t, p FROM unnest($1::text[], $2::text[]) AS x(t, p) ORDER BY t, p
+	ON CONFLICT (tenant_id, project_id) DO UPDATE SET pending_bytes = u.pending_bytes`
+
+// foldDeltasSQL folds into the locked project_usage rows the bytes that
+// acks, deletes and prunes freed (committed deltas; one committed meanwhile
+// waits for the next batch, so the quota errs on the side of refusing).
+const foldDeltasSQL = `WITH d AS (
+	DELETE FROM project_usage_deltas
+	WHERE (tenant_id, project_id) IN (SELECT t, p FROM unnest($1::text[], $2::text[]) AS x(t, p))
+	RETURNING tenant_id, project_id, delta
+), s AS (SELECT tenant_id, project_id, sum(delta)::bigint AS b FROM d GROUP BY 1, 2)
+UPDATE project_usage u SET pending_bytes = u.pending_bytes + s.b FROM s
+WHERE u.tenant_id = s.tenant_id AND u.project_id = s.project_id`
+
+// appendSQL is one append in one statement: the idempotency lookup, the
+// recipient and quota checks, the seq bump, the byte counters and the insert.
+// It always returns one row: the new seq and queue instance when it stored
+// the signal; otherwise what decided (the earlier signal, or the recipient's
+// pending count and its project's bytes, NULL when it is not live).
+//
+// $1 tenant, $2 project, $3 to_session, $4 id, $5 from_session, $6 kind,
+// $7 payload, $8 created_at, $9 idempotency key, $10 delivery,
+// $11 route_state, $12 idempotency since, $13 now, $14 payload bytes,
+// $15 pending limit, $16 pending bytes limit (0: none), $17 the sender's
+// token hash (NULL: not checked).
+const appendSQL = `WITH auth AS (
+	SELECT $17::bytea IS NULL OR EXISTS (SELECT 1 FROM sessions
+		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $5 AND token_hash = $17 AND expires_at >= $13) AS ok
+), dup AS (
+	SELECT ` + signalCols + ` FROM signals
+	WHERE $9::text IS NOT NULL AND tenant_id = $1 AND project_id = $2 AND from_session = $5
+	  AND idempotency_key = $9 AND ($12::timestamptz IS NULL OR created_at >= $12)
+	ORDER BY created_at DESC, seq DESC LIMIT 1
+), rcpt AS (
+	SELECT last_seq - acked_seq AS pending,
+	       (SELECT pending_bytes FROM project_usage WHERE tenant_id = $1 AND project_id = $2) AS project_bytes
+	FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $13
+), bump AS (
+	UPDATE sessions SET last_seq = last_seq + 1, pending_bytes = pending_bytes + $14::bigint
+	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $13
+	  AND (SELECT ok FROM auth) AND NOT EXISTS (SELECT 1 FROM dup)
+	  AND ($15::bigint <= 0 OR last_seq - acked_seq < $15::bigint)
+	  AND ($16::bigint <= 0 OR (SELECT project_bytes FROM rcpt) + $14::bigint <= $16::bigint)
+	RETURNING last_seq, queue_instance
+), counted AS (
+	UPDATE project_usage SET pending_bytes = project_usage.pending_bytes + $14::bigint
+	FROM bump WHERE tenant_id = $1 AND project_id = $2
+), ins AS (
+	INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, payload,
+		created_at, idempotency_key, delivery, route_state)
+	SELECT $1, $2, $3, bump.last_seq, $4, $5, $6, $7::json, $8, $9, $10, $11 FROM bump
+)
+SELECT auth.ok, bump.last_seq, bump.queue_instance, rcpt.pending, rcpt.project_bytes,
+	dup.id, dup.seq, dup.tenant_id, dup.project_id, dup.to_session, dup.from_session, dup.kind,
+	dup.payload, dup.created_at, dup.idempotency_key, dup.delivery, dup.route_state
+FROM auth LEFT JOIN bump ON true LEFT JOIN rcpt ON true LEFT JOIN dup ON true`
+
+// appendReq is one AppendSignal, or one acknowledgement, waiting for its
+// batch.
+type appendReq struct {
+	ns   sessionstore.NewSignal
+	now  time.Time
+	ack  *ackReq  // set for an acknowledgement instead of an append
+	wake *wakeReq // set for a wake-up instead of an append
+	out  appendOutcome
+	// turn receives true when out is set, false when this request is to
+	// lead the next batch.
+	turn chan bool
+}
+
+// ackReq is an acknowledgement of k's signals up to upTo.
+type ackReq struct {
+	k    sessionstore.Key
+	upTo int64
+	at   time.Time
+}
+
+// wakeReq is a wake-up (NOTIFY) of instance for k's signal seq.
+type wakeReq struct {
+	instance string
+	k        sessionstore.Key
+	seq      int64
+}
+
+// notifySQL sends the batch's wake-ups, one per instance and session (the
+// highest seq), in the batch's transaction: Postgres delivers them at its
+// commit and serialises notifying commits, so a batch pays that once.
+const notifySQL = `SELECT count(pg_notify('marconi_wake_' || md5(coalesce(current_schema(), '') || '/' || i), p))
+	FROM unnest($1::text[], $2::text[]) AS x(i, p)`
+
+// appendOutcome is what one member of a batch came to.
+type appendOutcome struct {
+	sig   sessionstore.Signal
+	dup   bool
+	acked int // for an acknowledgement
+	err   error
+}
+
+// AppendSignal implements sessionstore.Store. With group commit on (the
+// default) it joins the next batch and returns once that batch committed;
+// off, it runs as a batch of its own.
+func (s *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now time.Time) (sessionstore.Signal, bool, error) {
+	r := &appendReq{ns: ns, now: now}
+	if err := s.commit(ctx, r); err != nil {
+		return sessionstore.Signal{}, false, wrap("append signal", err)
+	}
+	return r.out.sig, r.out.dup, nil
+}
+
+// ack acknowledges k's signals up to upTo, in the next batch with group
+// commit on (an agent's steady traffic then costs one commit per batch, not
+// one per ack), else in a transaction of its own.
+func (s *Store) ack(ctx context.Context, k sessionstore.Key, upTo int64, at time.Time) (int, error) {
+	r := &appendReq{ack: &ackReq{k: k, upTo: upTo, at: at}}
+	if err := s.commit(ctx, r); err != nil {
+		return 0, err
+	}
+	return r.out.acked, nil
+}
+
+// commit runs r in a batch and returns its error.
+func (s *Store) commit(ctx context.Context, r *appendReq) error {
+	if s.closed.Load() {
+		return fmt.Errorf("store closed: %w", sessionstore.ErrUnavailable)
+	}
+	if s.group == nil {
+		s.runBatch([]*appendReq{r})
+	} else if err := s.group.do(ctx, r); err != nil {
+		return fmt.Errorf("%w: %w", sessionstore.ErrUnavailable, err)
+	}
+	return r.out.err
+}
+
+// runBatch stores the appends of batch in one transaction and sets each
+// one's outcome. When Postgres refuses the batch as a whole (one member's
+// bad value aborts the transaction, or a deadlock), nothing of it was
+// stored: each member then runs again alone, so only the one at fault fails.
+// When the store cannot be reached, every member fails closed.
+func (s *Store) runBatch(batch []*appendReq) {
+	ctx, cancel, err := s.call(context.Background())
+	defer cancel()
+	if err == nil {
+		err = s.sendBatch(ctx, batch)
+	}
+	if err == nil {
+		return
+	}
+	var pgErr *pgconn.PgError
+	if len(batch) > 1 && errors.As(err, &pgErr) && !isUnavailable(err) {
+		// A server-side error aborted the implicit transaction: nothing
+		// of the batch is stored, so each member may run again.
+		for _, r := range batch {
+			s.runBatch([]*appendReq{r})
+		}
+		return
+	}
+	for _, r := range batch {
+		r.out = appendOutcome{err: err}
+	}
+}
+
+// sendBatch sends batch as one pipelined implicit transaction and reads its
+// outcomes. It returns an error when the transaction did not commit (or may
+// not have: a lost connection leaves that unknown, and the members fail
+// closed); outcomes are set only when it returns nil.
+func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
+	// Row locks in one global order (by recipient), so that batches of two
+	// instances (one appending to A then B, the other acknowledging B then
+	// A) cannot deadlock; the sort is stable, so each recipient's appends
+	// and acks keep their arrival order.
+	batch = slices.Clone(batch)
+	slices.SortStableFunc(batch, func(a, b *appendReq) int { return compareKeys(a.recipient(), b.recipient()) })
+	b := &pgx.Batch{}
+	keys := idempotencyLockKeys(batch)
+	if len(keys) > 0 {
+		b.Queue(lockIdempotencySQL, keys)
+	}
+	tenants, projects := batchProjects(batch)
+	if len(tenants) > 0 {
+		b.Queue(lockProjectsSQL, tenants, projects)
+		b.Queue(foldDeltasSQL, tenants, projects)
+	}
+	for _, r := range batch {
+		switch {
+		case r.ack != nil:
+			a := r.ack
+			b.Queue(ackSeqSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo)
+			b.Queue(ackSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.at)
+		case r.wake == nil:
+			b.Queue(appendSQL, appendArgs(r.ns, r.now)...)
+		}
+	}
+	if instances, payloads := batchWakes(batch); len(instances) > 0 {
+		b.Queue(notifySQL, instances, payloads)
+	}
+	br := s.pool.SendBatch(ctx, b)
+	outs := make([]appendOutcome, len(batch))
+	err := readBatch(br, batch, len(keys) > 0, len(tenants) > 0, outs)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	for i, r := range batch {
+		r.out = outs[i]
+	}
+	return nil
+}
+
+func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys, lockedProjects bool, outs []appendOutcome) error {
+	prefix := 0
+	if lockedKeys {
+		prefix++
+	}
+	if lockedProjects {
+		prefix += 2
+	}
+	for range prefix {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	wakes := false
+	for i, r := range batch {
+		switch {
+		case r.wake != nil:
+			wakes = true
+		case r.ack != nil:
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+			if err := br.QueryRow().Scan(&outs[i].acked); err != nil {
+				return err
+			}
+		default:
+			out, err := scanAppend(br.QueryRow(), r.ns)
+			if err != nil {
+				return err
+			}
+			outs[i] = out
+		}
+	}
+	if wakes {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// batchWakes lists the wake-ups of batch, one per instance and session,
+// with the highest seq, as notifySQL's arguments.
+func batchWakes(batch []*appendReq) (instances, payloads []string) {
+	type target struct {
+		instance string
+		k        sessionstore.Key
+	}
+	var order []target
+	top := map[target]int64{}
+	for _, r := range batch {
+		if w := r.wake; w != nil {
+			t := target{w.instance, w.k}
+			if _, ok := top[t]; !ok {
+				order = append(order, t)
+			}
+			top[t] = max(top[t], w.seq)
+		}
+	}
+	for _, t := range order {
+		p, err := EncodeWake(t.k, top[t])
+		if err != nil {
+			continue // Publish validated it; cannot happen
+		}
+		instances, payloads = append(instances, t.instance), append(payloads, p)
+	}
+	return instances, payloads
+}
+
+// recipient is the session whose row r locks.
+func (r *appendReq) recipient() sessionstore.Key {
+	switch {
+	case r.ack != nil:
+		return r.ack.k
+	case r.wake != nil:
+		return r.wake.k
+	}
+	return r.ns.To
+}
+
+func compareKeys(a, b sessionstore.Key) int {
+	if c := strings.Compare(a.TenantID, b.TenantID); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.ProjectID, b.ProjectID); c != 0 {
+		return c
+	}
+	return strings.Compare(a.SessionID, b.SessionID)
+}
+
+// appendArgs are appendSQL's arguments for ns.
+func appendArgs(ns sessionstore.NewSignal, now time.Time) []any {
+	var idem, payload *string // NULL when there is none
+	if ns.IdempotencyKey != "" {
+		idem = &ns.IdempotencyKey
+	}
+	// The payload column is json, not jsonb: it keeps the sender's text
+	// byte for byte, so a replay carries exactly the bytes of the live push
+	// (migration 0004 says why).
+	if len(ns.Payload) > 0 {
+		p := string(ns.Payload)
+		payload = &p
+	}
+	return []any{ns.To.TenantID, ns.To.ProjectID, ns.To.SessionID, ns.ID, ns.FromSession, ns.Kind,
+		payload, ns.CreatedAt, idem, ns.Delivery, ns.RouteState, toNull(ns.IdempotencySince), now,
+		int64(len(ns.Payload)), ns.Limits.PendingPerRecipient, ns.Limits.PendingBytesPerProject, ns.SenderTokenHash}
+}
+
+// scanAppend reads appendSQL's row into the outcome of ns.
+func scanAppend(row pgx.Row, ns sessionstore.NewSignal) (appendOutcome, error) {
+	var (
+		authorized                 bool
+		seq, pending, projectBytes *int64
+		queue                      *string
+		d                          struct {
+			id, tenant, project, to, from, kind, delivery, route *string
+			seq                                                  *int64
+			payload                                              []byte
+			createdAt                                            *time.Time
+			idem                                                 *string
+		}
+	)
+	if err := row.Scan(&authorized, &seq, &queue, &pending, &projectBytes,
+		&d.id, &d.seq, &d.tenant, &d.project, &d.to, &d.from, &d.kind,
+		&d.payload, &d.createdAt, &d.idem, &d.delivery, &d.route); err != nil {
+		return appendOutcome{}, err
+	}
+	switch {
+	case !authorized:
+		return appendOutcome{err: sessionstore.ErrTokenMismatch}, nil
+	case seq != nil:
+		return appendOutcome{sig: sessionstore.Signal{
+			ID: ns.ID, Seq: *seq, To: ns.To, FromSession: ns.FromSession, Kind: ns.Kind,
+			Payload: append(json.RawMessage(nil), ns.Payload...), CreatedAt: ns.CreatedAt.Truncate(time.Microsecond).UTC(),
+			IdempotencyKey: ns.IdempotencyKey, Delivery: ns.Delivery, RouteState: ns.RouteState,
+		}}, nil
+	case d.id != nil:
+		sig := sessionstore.Signal{
+			ID: *d.id, Seq: *d.seq, To: sessionstore.Key{TenantID: *d.tenant, ProjectID: *d.project, SessionID: *d.to},
+			FromSession: *d.from, Kind: *d.kind, CreatedAt: d.createdAt.UTC(), IdempotencyKey: deref(d.idem),
+			Delivery: *d.delivery, RouteState: *d.route,
+		}
+		if d.payload != nil {
+			sig.Payload = json.RawMessage(d.payload)
+		}
+		return appendOutcome{sig: sig, dup: true}, nil
+	case pending == nil:
+		return appendOutcome{err: sessionstore.ErrNotFound}, nil
+	case ns.Limits.PendingPerRecipient > 0 && *pending >= ns.Limits.PendingPerRecipient:
+		return appendOutcome{err: &sessionstore.QuotaError{Quota: marconi.QuotaPendingPerRecipient,
+			Limit: ns.Limits.PendingPerRecipient, Current: *pending}}, nil
+	case ns.Limits.PendingBytesPerProject > 0 && projectBytes != nil &&
+		*projectBytes+int64(len(ns.Payload)) > ns.Limits.PendingBytesPerProject:
+		return appendOutcome{err: &sessionstore.QuotaError{Quota: marconi.QuotaPendingBytesPerProject,
+			Limit: ns.Limits.PendingBytesPerProject, Current: *projectBytes}}, nil
+	}
+	// The recipient's row changed between the statement's snapshot and its
+	// update: it expired or went away meanwhile.
+	return appendOutcome{err: sessionstore.ErrNotFound}, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// idempotencyLockKeys names the advisory lock of each idempotency key in
+// batch (a sender's key within its tenant and project).
+func idempotencyLockKeys(batch []*appendReq) []string {
+	var keys []string
+	for _, r := range batch {
+		if ns := r.ns; r.ack == nil && r.wake == nil && ns.IdempotencyKey != "" {
+			keys = append(keys, strings.Join([]string{"marconi.idem", ns.To.TenantID, ns.To.ProjectID, ns.FromSession, ns.IdempotencyKey}, "\x1f"))
+		}
+	}
+	return keys
+}
+
+// batchProjects lists the distinct (tenant, project) pairs of batch, sorted.
+func batchProjects(batch []*appendReq) (tenants, projects []string) {
+	type tp struct{ t, p string }
+	var seen []tp
+	for _, r := range batch {
+		if r.ack != nil || r.wake != nil {
+			continue
+		}
+		k := tp{r.ns.To.TenantID, r.ns.To.ProjectID}
+		if !slices.Contains(seen, k) {
+			seen = append(seen, k)
+		}
+	}
+	slices.SortFunc(seen, func(a, b tp) int { return strings.Compare(a.t+"\x00"+a.p, b.t+"\x00"+b.p) })
+	for _, k := range seen {
+		tenants, projects = append(tenants, k.t), append(projects, k.p)
+	}
+	return tenants, projects
+}

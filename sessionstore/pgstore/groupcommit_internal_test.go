@@ -1,0 +1,97 @@
+package pgstore
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestCommitterBatches: every request is answered exactly once, by one batch
+// of at most maxBatch, with one batch in flight at a time; a caller whose
+// context ended before it was queued gets an error and runs in no batch.
+func TestCommitterBatches(t *testing.T) {
+	const callers, maxBatch = 200, 8
+	var (
+		inFlight, most, batches atomic.Int64
+		seen                    sync.Map
+		release                 = make(chan struct{})
+		firstRunning            = make(chan struct{})
+		once                    sync.Once
+	)
+	c := newCommitter(maxBatch, 4*maxBatch, func(batch []*appendReq) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		once.Do(func() { close(firstRunning); <-release }) // hold the first batch so that others queue
+		batches.Add(1)
+		if len(batch) > maxBatch {
+			t.Errorf("batch of %d, want at most %d", len(batch), maxBatch)
+		}
+		for _, r := range batch {
+			if _, dup := seen.LoadOrStore(r, true); dup {
+				t.Error("a request ran in two batches")
+			}
+			r.out.acked = 1
+		}
+	})
+	var wg sync.WaitGroup
+	reqs := make([]*appendReq, callers)
+	for i := range reqs {
+		reqs[i] = &appendReq{}
+	}
+	wg.Go(func() {
+		if err := c.do(context.Background(), reqs[0]); err != nil {
+			t.Error(err)
+		}
+	})
+	<-firstRunning
+	for _, r := range reqs[1:] {
+		wg.Go(func() {
+			if err := c.do(context.Background(), r); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	// A caller whose context is over finds no room (the queue is full
+	// while the first batch is held) and is refused without running.
+	full := &appendReq{}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(c.slots) < cap(c.slots) { // the callers above are starting
+		if time.Now().After(deadline) {
+			t.Fatal("the queue never filled")
+		}
+		runtime.Gosched()
+	}
+	if err := c.do(ctx, full); err == nil {
+		t.Fatal("do with an ended context and a full queue succeeded")
+	}
+	close(release)
+	wg.Wait()
+	for i, r := range reqs {
+		if r.out.acked != 1 {
+			t.Fatalf("request %d was not answered", i)
+		}
+	}
+	if _, ran := seen.Load(full); ran {
+		t.Fatal("a refused request ran")
+	}
+	if most.Load() != 1 {
+		t.Fatalf("%d batches ran at once, want 1", most.Load())
+	}
+	if b := batches.Load(); b < callers/maxBatch || b >= callers {
+		t.Fatalf("%d batches for %d requests of at most %d: want them gathered", b, callers, maxBatch)
+	}
+	if c.busy || len(c.queue) != 0 {
+		t.Fatalf("after all answers: busy %v, %d queued; want idle and empty", c.busy, len(c.queue))
+	}
+}
