@@ -88,7 +88,6 @@ type Client struct {
 	mu        sync.Mutex
 	sessionID string
 	token     string
-	fresh     bool          // token comes from a registration no attach has used yet
 	epoch     uint64        // registration count: a new registration starts seq afresh
 	hbEvery   time.Duration // heartbeat interval from the last registration
 	conn      *websocket.Conn

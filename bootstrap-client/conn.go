@@ -21,14 +21,18 @@ type delivery struct {
 	affinityReset bool
 }
 
-// connect runs the bootstrap connect sequence: register (or resume), attach
-// the WebSocket, wait for the welcome. It returns the attached connection and
-// its generation.
+// connect runs the bootstrap connect sequence: attach the WebSocket with the
+// session's token and wait for the welcome; when the hub no longer knows the
+// session (410), register it again and attach. It returns the attached
+// connection and its generation.
+//
+// A reconnect does not resume (rotate the token) first: a resume whose answer
+// is lost, as when the hub dies mid-request, leaves the client holding a
+// token the hub has already replaced, and every later call is refused (403)
+// with no way back. The token the client holds stays valid until the client
+// itself rotates it, so attaching with it is enough.
 func (c *Client) connect(ctx context.Context) (*websocket.Conn, uint64, error) {
-	c.mu.Lock()
-	fresh := c.fresh
-	c.mu.Unlock()
-	if !fresh { // a token just registered needs no resume
+	if c.currentAuth().token == "" { // Dial: not registered yet
 		if err := c.register(ctx); err != nil {
 			return nil, 0, err
 		}
@@ -67,10 +71,11 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 					c.failover(idx, err)
 				}
 				if hop > 0 && c.ctx.Err() == nil {
-					// The instance HubURL named is unreachable: most likely it
-					// died and HubURL's instance has not yet seen its heartbeat
-					// age out. Every attempt starts at HubURL again, which takes
-					// the session over (affinity reset) once it has.
+					// The instance the hub URL named is unreachable: most
+					// likely it died and the hub URL's instance has not yet seen
+					// it dead. Every attempt starts at the hub URL again, whose
+					// instance takes the session over (affinity reset) once it
+					// has.
 					c.log.Warn("marconi: assigned instance unreachable; retrying through HubURL",
 						"instance_url", base, "err", err)
 				}
@@ -99,7 +104,6 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 		}
 		c.mu.Lock()
 		c.conn = conn
-		c.fresh = false
 		c.gen++
 		gen := c.gen
 		c.immediate = false

@@ -327,8 +327,8 @@ func TestFakeSenderRouteStaleReconnectsOnce(t *testing.T) {
 		t.Errorf("stats %+v after 20 concurrent stale answers, want exactly one self-heal reconnect", got)
 	}
 	h.mu.Lock()
-	if st := h.registers; len(st) != 2 || st[1] != 200 {
-		t.Errorf("register answers %v: the reconnect must resume the session (200)", st)
+	if st := h.registers; len(st) != 1 || st[0] != 201 {
+		t.Errorf("register answers %v: the reconnect must attach with the token it holds, not rotate it (a resume whose answer is lost would strand the client)", st)
 	}
 	h.mu.Unlock()
 

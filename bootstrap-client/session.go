@@ -216,7 +216,6 @@ func (c *Client) adopt(res registerResponse, created bool) {
 	defer c.mu.Unlock()
 	c.sessionID = res.SessionID
 	c.token = res.Token
-	c.fresh = true
 	if created {
 		c.epoch++
 	}

@@ -81,19 +81,35 @@ func TestSoakThreeInstancesBehindHAProxy(t *testing.T) {
 	// other than gone (the one the event took down).
 	event := func(name, gone string, do func()) {
 		t.Helper()
+		moved := 0
+		if gone != "" {
+			by, err := c.attachedByInstance()
+			if err != nil || by[gone] == 0 {
+				t.Fatalf("%s: %d agents attached there before the event (%v): the event would test nothing", name, by[gone], err)
+			}
+			moved = by[gone]
+		}
 		start := time.Now()
 		do()
 		c.waitAttached(t, name, plan.agents, gone, start.Add(plan.reattach))
-		t.Logf("%-28s every agent attached again %v after the event", name+":", time.Since(start).Round(time.Millisecond))
+		t.Logf("%-28s %3d agents displaced; every agent attached again %v after the event",
+			name+":", moved, time.Since(start).Round(time.Millisecond))
 		phase()
 	}
 	phase()
 	for cycle := range plan.cycles {
-		event(fmt.Sprintf("cycle %d kill -9 hub-2", cycle+1), "hub-2", func() { c.hubs[1].kill(t) })
-		event(fmt.Sprintf("cycle %d drain hub-3", cycle+1), "hub-3", func() { c.hubs[2].drain(t) })
+		// A restarted instance gets no agents back (nothing moves), so each
+		// cycle kills the one instance that survived the last, which holds
+		// them all, and drains the next: hub-2 and hub-3, then hub-1 and
+		// hub-2, then hub-3 and hub-1.
+		kill := ((1-cycle)%3 + 3) % 3
+		drain := (kill + 1) % 3
+		killed, drained := fmt.Sprintf("hub-%d", kill+1), fmt.Sprintf("hub-%d", drain+1)
+		event(fmt.Sprintf("cycle %d kill -9 %s", cycle+1, killed), killed, func() { c.hubs[kill].kill(t) })
+		event(fmt.Sprintf("cycle %d drain %s", cycle+1, drained), drained, func() { c.hubs[drain].drain(t) })
 		event(fmt.Sprintf("cycle %d restart both", cycle+1), "", func() {
-			c.startHub(t, 1)
-			c.startHub(t, 2)
+			c.startHub(t, kill)
+			c.startHub(t, drain)
 		})
 	}
 	stopSending()
@@ -110,8 +126,8 @@ func TestSoakThreeInstancesBehindHAProxy(t *testing.T) {
 	for _, a := range agents {
 		resets += a.resets.Load()
 	}
-	t.Logf("%d agents, %d sends answered 200, %d deliveries, %d affinity resets (sticky sessions taken over)",
-		plan.agents, answered, led.deliveries(), resets)
+	t.Logf("%d agents, %d sends attempted, %d answered 200 (all delivered), %d deliveries, %d affinity resets (sticky sessions taken over)",
+		plan.agents, led.attempts(), answered, led.deliveries(), resets)
 }
 
 // requireHAProxy returns the haproxy binary, or skips (fails in CI, where
@@ -132,6 +148,7 @@ func requireHAProxy(t *testing.T) string {
 // --- the cluster: processes on loopback ports ---
 
 type cluster struct {
+	http            *http.Client // the test's own calls; idle connections closed at cleanup
 	dir, bin, dbURL string
 	apiKey, admin   string
 	lbURL           string
@@ -160,7 +177,9 @@ func freePort(t *testing.T) int {
 
 func startCluster(t *testing.T, haproxy, dbURL string) *cluster {
 	t.Helper()
-	c := &cluster{dir: t.TempDir(), dbURL: dbURL, apiKey: "soak-key-" + fmt.Sprint(rand.Int64()), admin: "soak-admin-token-0123456789"}
+	c := &cluster{dir: t.TempDir(), dbURL: dbURL, apiKey: "soak-key-" + fmt.Sprint(rand.Int64()), admin: "soak-admin-token-0123456789",
+		http: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 10 * time.Second}}
+	t.Cleanup(c.http.CloseIdleConnections)
 	c.bin = filepath.Join(c.dir, "marconi")
 	build := exec.Command("go", "build", "-o", c.bin, "github.com/marconihub/marconi/cmd/marconi")
 	if out, err := build.CombinedOutput(); err != nil {
@@ -180,7 +199,7 @@ func startCluster(t *testing.T, haproxy, dbURL string) *cluster {
 		env = append(env, fmt.Sprintf("MARCONI_HUB_%d=127.0.0.1:%d", i+1, p))
 	}
 	c.lb = c.start(t, "haproxy", exec.Command(haproxy, "-db", "-f", "haproxy.cfg"), env)
-	waitHTTP(t, "HAProxy to route to a ready hub", c.lbURL+"/readyz", 20*time.Second)
+	c.waitHTTP(t, "HAProxy to route to a ready hub", c.lbURL+"/readyz", 20*time.Second)
 	return c
 }
 
@@ -198,13 +217,19 @@ func (c *cluster) startHub(t *testing.T, i int) {
 		"MARCONI_ADMIN_TOKEN=" + c.admin,
 		"MARCONI_INSTANCE_HEARTBEAT_SECONDS=1",
 		"MARCONI_LOG_LEVEL=warn",
+		// The database is shared with the rest of the suite, run in
+		// parallel: a slow query under that load must not pass for a
+		// partition (the store breaker would fail /readyz and the balancer
+		// would drop every instance at once). The failover is under test
+		// here, not the store deadline.
+		"MARCONI_STORE_TIMEOUT_SECONDS=10",
 		// Behind a balancer every connection comes from its address, and
 		// the agents all register at once with one key.
 		"MARCONI_MAX_CONNECTIONS_PER_ADDRESS=100000",
 		"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND=100000",
 	}
 	c.hubs[i] = c.start(t, id, exec.Command(c.bin, "serve"), env)
-	waitHTTP(t, id+" to be ready", fmt.Sprintf("http://127.0.0.1:%d/readyz", c.hubPorts[i]), 20*time.Second)
+	c.waitHTTP(t, id+" to be ready", fmt.Sprintf("http://127.0.0.1:%d/readyz", c.hubPorts[i]), 20*time.Second)
 }
 
 func (c *cluster) start(t *testing.T, name string, cmd *exec.Cmd, env []string) *proc {
@@ -272,11 +297,11 @@ func tail(t *testing.T, p *proc) {
 	t.Logf("last lines of %s:\n%s", p.name, strings.Join(lines, "\n"))
 }
 
-func waitHTTP(t *testing.T, what, url string, within time.Duration) {
+func (c *cluster) waitHTTP(t *testing.T, what, url string, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		resp, err := http.Get(url)
+		resp, err := c.http.Get(url)
 		if err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
@@ -295,19 +320,32 @@ func waitHTTP(t *testing.T, what, url string, within time.Duration) {
 // instance other than gone, from the fabric summary (one store query,
 // however many agents).
 func (c *cluster) attached(gone string) (int, error) {
+	by, err := c.attachedByInstance()
+	n := 0
+	for id, k := range by {
+		if id != gone {
+			n += k
+		}
+	}
+	return n, err
+}
+
+// attachedByInstance returns, per healthy instance, how many sessions the
+// store records as attached there.
+func (c *cluster) attachedByInstance() (map[string]int, error) {
 	req, err := http.NewRequest(http.MethodGet, c.lbURL+"/v1/ops/fabric/summary", nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.admin)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.http.Do(req)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
-		return 0, fmt.Errorf("fabric summary: %s: %s", resp.Status, strings.TrimSpace(string(body)))
+		return nil, fmt.Errorf("fabric summary: %s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
 	var body struct {
 		Instances []struct {
@@ -317,25 +355,30 @@ func (c *cluster) attached(gone string) (int, error) {
 		} `json:"instances"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return 0, err
+		return nil, err
 	}
-	n := 0
+	out := map[string]int{}
 	for _, in := range body.Instances {
-		if in.Healthy && in.ID != gone {
-			n += in.AttachedQueues
+		if in.Healthy {
+			out[in.ID] = in.AttachedQueues
 		}
 	}
-	return n, nil
+	return out, nil
 }
 
-// waitAttached polls until n sessions are attached elsewhere than gone; it
-// fails the test past the deadline.
+// waitAttached polls until n sessions are attached elsewhere than gone, as
+// seen by an answer received by the deadline; it fails the test otherwise.
 func (c *cluster) waitAttached(t *testing.T, what string, n int, gone string, deadline time.Time) {
 	t.Helper()
 	var got int
 	var err error
 	for {
 		if got, err = c.attached(gone); err == nil && got == n {
+			if seen := time.Now(); seen.After(deadline) {
+				// Seen only by an answer that came after the deadline: it
+				// may have been reached after it too.
+				t.Fatalf("%s: every agent attached again, but seen only %v after the deadline", what, seen.Sub(deadline).Round(time.Millisecond))
+			}
 			return
 		}
 		if time.Now().After(deadline) {
@@ -501,6 +544,12 @@ func (l *ledger) delivered(recipient string, sig bootstrap.Signal) {
 	}
 	l.gotByRcv[recipient][sig.ID] = true
 	l.byRecv[recipient] = append(l.byRecv[recipient], received{sig: sig, p: p})
+}
+
+func (l *ledger) attempts() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.sends)
 }
 
 func (l *ledger) deliveries() int {

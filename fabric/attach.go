@@ -117,7 +117,7 @@ func (f *Fabric) place(ctx context.Context, sess sessionstore.Session, hasLocalQ
 			return f.replace(ctx, sess.Key, hasLocalQueue, round)
 		}
 		return Placement{}, nil
-	case assigned != self && f.Healthy(ctx, assigned):
+	case assigned != self && f.confirmHealthy(ctx, assigned):
 		if withinGrace || neverAttached {
 			return Placement{}, f.wrongInstance(sess.SessionID, assigned)
 		}
@@ -219,7 +219,7 @@ func (f *Fabric) lostTakeover(ctx context.Context, k sessionstore.Key, hasLocalQ
 	switch a := sess.AssignedInstance; {
 	case a == f.cfg.InstanceID:
 		return Placement{AffinityReset: true}, nil
-	case a != "" && f.Healthy(ctx, a):
+	case a != "" && f.confirmHealthy(ctx, a):
 		f.log.Info("sticky takeover lost to another instance", "session_id", k.SessionID,
 			"tenant_id", k.TenantID, "project_id", k.ProjectID, "winner", a)
 		return Placement{}, f.wrongInstance(k.SessionID, a)

@@ -228,3 +228,31 @@ func TestProbeJudgesOnlyProcessesSeenConnected(t *testing.T) {
 		t.Fatalf("b restarted, listener not up yet: healthy %v, process %q; want healthy by its heartbeat, unknown", a.Healthy(ctx, "b"), process("b"))
 	}
 }
+
+// Before naming an instance in wrong_instance the fabric probes again, so a
+// process that died since the last scheduled probe is not named; probes
+// beyond the schedule are spaced by minProbeGap.
+func TestConfirmHealthyProbesBeforeNamingAnInstance(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	a := newTestFabric(t, st, clk, "a")
+	p := &fakeProber{live: map[string]bool{"b": true}}
+	a.SetProber(p)
+	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Tick(ctx); err != nil { // sees b connected
+		t.Fatal(err)
+	}
+	delete(p.live, "b") // b is killed right after the scheduled probe
+	if !a.confirmHealthy(ctx, "b") {
+		t.Fatal("a probe within minProbeGap of the last one ran anyway")
+	}
+	a.mu.Lock()
+	a.lastProbe = time.Now().Add(-minProbeGap)
+	a.mu.Unlock()
+	if a.confirmHealthy(ctx, "b") {
+		t.Fatal("confirmHealthy named an instance whose process is gone")
+	}
+}

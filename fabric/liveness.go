@@ -42,6 +42,7 @@ func (f *Fabric) Probe(ctx context.Context) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.lastProbe = time.Now()          // wall time: it only spaces the probes
 	for id := range f.seenConnected { // forget instances pruned from the table
 		if _, ok := f.instances[id]; !ok {
 			delete(f.seenConnected, id)
@@ -62,6 +63,34 @@ func (f *Fabric) Probe(ctx context.Context) error {
 		f.gone[id] = !live[id] && f.seenConnected[id].Equal(in.StartedAt) && !in.StartedAt.IsZero()
 	}
 	return nil
+}
+
+// minProbeGap bounds how often confirmHealthy probes beyond Run's schedule.
+const minProbeGap = 100 * time.Millisecond
+
+// confirmHealthy is Healthy after a probe, unless one ran within
+// minProbeGap: an attach is about to be sent to instance (wrong_instance),
+// and a process killed since the last scheduled probe must not be named.
+// A failed probe leaves the view as it was.
+func (f *Fabric) confirmHealthy(ctx context.Context, instance string) bool {
+	if !f.Healthy(ctx, instance) {
+		return false
+	}
+	if f.prober == nil {
+		return true
+	}
+	// One probe at a time: concurrent attaches wait for it and use its view.
+	f.probeMu.Lock()
+	f.mu.RLock()
+	stale := time.Since(f.lastProbe) >= minProbeGap
+	f.mu.RUnlock()
+	if stale {
+		if err := f.Probe(ctx); err != nil {
+			f.log.Debug("probe before wrong_instance", "instance", instance, "err", err)
+		}
+	}
+	f.probeMu.Unlock()
+	return f.Healthy(ctx, instance)
 }
 
 // processState is what the fabric knows of instance's process; the caller

@@ -13,6 +13,7 @@ import (
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/sessionstore/breaker"
 )
 
 // statusByCode is the one table from error code to HTTP status.
@@ -102,9 +103,15 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		s.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
 	case pe.Code == marconi.CodeRegistryUnavailable:
 		s.metrics.registryErrors.Inc()
-		s.log.Warn("store unavailable", "method", c.Request().Method, "path", c.Path(), "err", err)
+		s.storeLog(err)("store unavailable", "method", c.Request().Method, "path", c.Path(), "err", err)
 	default:
-		s.log.Debug("request refused", "method", c.Request().Method, "path", c.Path(), "code", pe.Code, "msg", pe.Message)
+		// The activity log: every refusal at info, by code. Neither the
+		// message nor anything logged here carries a secret.
+		attrs := []any{"method", c.Request().Method, "route", c.Path(), "status", status, "code", pe.Code, "detail", pe.Message}
+		if sess, ok := c.Get(ctxSession).(sessionstore.Session); ok {
+			attrs = append(attrs, keyAttrs(sess.Key))
+		}
+		s.log.Info("request refused", attrs...)
 	}
 	switch {
 	case pe.RetryAfter > 0:
@@ -121,6 +128,16 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	if err != nil {
 		s.log.Debug("writing error response", "err", err)
 	}
+}
+
+// storeLog is the level to log a store failure at: a call the open store
+// breaker refused at once is Debug (the breaker logged the outage when it
+// opened and logs its end), anything else Warn.
+func (s *Server) storeLog(err error) func(msg string, args ...any) {
+	if errors.Is(err, breaker.ErrOpen) {
+		return s.log.Debug
+	}
+	return s.log.Warn
 }
 
 // logAttrs is a small helper for structured logs of a session key.

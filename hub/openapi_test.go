@@ -154,13 +154,21 @@ func (tr *validating) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-var routeStatePath = regexp.MustCompile(`^/v1/ops/route_state/[^/]+/[^/]+/[^/]+$`)
+var pathParam = regexp.MustCompile(`\{[^}]+\}`)
+
+// template is the document's path that path matches, or path itself.
+func (c *contract) template(path string) string {
+	for tmpl := range c.model.Paths.PathItems.KeysFromOldest() {
+		re := "^" + strings.ReplaceAll(regexp.QuoteMeta(pathParam.ReplaceAllString(tmpl, "PARAM")), "PARAM", "[^/]+") + "$"
+		if strings.Contains(tmpl, "{") && regexp.MustCompile(re).MatchString(path) {
+			return tmpl
+		}
+	}
+	return path
+}
 
 func (c *contract) record(req *http.Request, status int, raw []byte) {
-	path := req.URL.Path
-	if routeStatePath.MatchString(path) {
-		path = "/v1/ops/route_state/{tenant_id}/{project_id}/{session_id}"
-	}
+	path := c.template(req.URL.Path)
 	var e struct {
 		Error struct {
 			Code string `json:"code"`
@@ -542,6 +550,18 @@ func TestOpenAPIContract(t *testing.T) {
 		t.Fatalf("summary has no fallback event after a takeover: %v", sum)
 	}
 	c.wantBad(http.StatusUnauthorized, "unauthorized", "GET", a.URL+"/v1/ops/fabric/summary", "", nil)
+	if p := c.want(http.StatusOK, "", "GET", a.URL+"/v1/ops/sessions/t1/p1/carol/signals?limit=2", admin, nil); len(p["signals"].([]any)) != 2 {
+		t.Fatalf("ops pending of carol: %v", p)
+	}
+	c.wantBad(http.StatusBadRequest, "invalid_field", "GET", a.URL+"/v1/ops/sessions/t1/p1/carol/signals?limit=0", admin, nil)
+	c.want(http.StatusNotFound, "not_found", "GET", a.URL+"/v1/ops/sessions/t1/p1/nobody/signals", admin, nil)
+	c.want(http.StatusOK, "", "GET", a.URL+"/v1/ops/selfheal/history", admin, nil)
+	c.want(http.StatusConflict, "wrong_instance", "POST", a.URL+"/v1/ops/sessions/t1/p1/frank/disconnect", admin, nil)
+	if d := c.want(http.StatusOK, "", "POST", b.URL+"/v1/ops/sessions/t1/p1/frank/disconnect", admin, nil); d["disconnected"] != true {
+		t.Fatalf("disconnect on the holding instance: %v", d)
+	}
+	c.want(http.StatusNoContent, "", "DELETE", a.URL+"/v1/ops/sessions/t1/p1/gina", admin, nil)
+	c.want(http.StatusNotFound, "not_found", "DELETE", a.URL+"/v1/ops/sessions/t1/p1/gina", admin, nil)
 
 	// Rates, quotas and the body deadline, on an instance of its own.
 	tight := start("hub-tight", memstore.New(), func(cfg *hub.Config) {

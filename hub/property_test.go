@@ -21,8 +21,9 @@ import (
 
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
-	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/sessionstore/memstore"
+	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
 
 // The property test drives a real hub over HTTP and WebSocket with random
@@ -72,16 +73,39 @@ var rapidExplicit = sync.OnceValue(func() map[string]bool {
 
 func TestPropertyDelivery(t *testing.T) {
 	setRapidChecks(t, propertyChecks)
-	rapid.Check(t, func(rt *rapid.T) { runModel(t, rt, memstore.New(), "") })
+	rapid.Check(t, func(rt *rapid.T) {
+		runModel(t, rt, "", []string{"test-1"}, false, func(cfg hub.Config) (*hubtest.Hub, func()) {
+			h := hubtest.Start(t, hubtest.Options{Store: memstore.New(), Config: cfg})
+			return h, h.Close
+		})
+	})
 }
 
+// TestPGPropertyDelivery runs the model against two instances on one
+// Postgres, each with its own pool and wake-up bus, as two processes would
+// be: every call goes to either, a signal sent through one reaches a
+// WebSocket attached to the other, and an instance may restart.
 func TestPGPropertyDelivery(t *testing.T) {
-	store := pgStore(t)
-	setRapidChecks(t, 5)
+	schema := pgtest.Schema(t)
+	setRapidChecks(t, 4)
 	check := 0
 	rapid.Check(t, func(rt *rapid.T) {
-		check++ // one store for every check: each has tenants of its own
-		runModel(t, rt, store, fmt.Sprintf("c%d-", check))
+		check++ // one schema for every check: each has tenants of its own
+		runModel(t, rt, fmt.Sprintf("c%d-", check), []string{"a", "b"}, true, func(cfg hub.Config) (*hubtest.Hub, func()) {
+			st, err := pgstore.Open(context.Background(), schema, pgstore.WithMaxConns(4))
+			if err != nil {
+				t.Fatalf("open pgstore: %v", err)
+			}
+			// A connection replaced or deregistered through the other
+			// instance closes at this one's next sweep (docs/api.md).
+			cfg.PendingSweep = 100 * time.Millisecond
+			h := hubtest.Start(t, hubtest.Options{Store: st, Bus: pgstore.NewBus(st, nil), Config: cfg})
+			stop := sync.OnceFunc(func() { h.Close(); _ = st.Close() })
+			t.Cleanup(stop) // before the schema is dropped
+			// It listens for wake-ups before anyone sends to it.
+			waitFor(t, "the wake-up listener of "+cfg.InstanceID, func() bool { return metric(t, h, "marconi_wake_listener_connects_total") >= 1 })
+			return h, stop
+		})
 	})
 }
 
@@ -114,6 +138,7 @@ type modelSession struct {
 // modelConn is one attached WebSocket; its reader checks every frame as it
 // comes and keeps the signals it saw.
 type modelConn struct {
+	hub     int // index of its instance
 	ws      *websocket.Conn
 	done    chan struct{}
 	mu      sync.Mutex
@@ -126,17 +151,26 @@ type modelConn struct {
 
 type model struct {
 	t        *testing.T
-	h        *hubtest.Hub
-	keys     []string // API key per scope
+	cfg      hub.Config
+	ids      []string       // instance ids
+	hubs     []*hubtest.Hub // instances on one store
+	stops    []func()       // each stops its instance
+	start    func(hub.Config) (*hubtest.Hub, func())
+	durable  bool         // the store outlives an instance
+	h        *hubtest.Hub // the instance of the current call
+	keys     []string     // API key per scope
 	tenants  []hub.TenantProject
 	sessions map[[2]any]*modelSession // (scope, id)
 	n        int                      // payload counter: each payload is unique
 	inc      int                      // incarnations registered
 }
 
-func runModel(t *testing.T, rt *rapid.T, store sessionstore.Store, prefix string) {
-	m := &model{t: t, sessions: map[[2]any]*modelSession{}}
-	cfg := hub.Config{APIKeys: map[string]hub.TenantProject{}, SendRatePerSecond: 1e6}
+// runModel runs one random sequence against instances of the given ids
+// that start starts, with prefix before every tenant id. When the store is
+// durable (it outlives an instance), instances restart too.
+func runModel(t *testing.T, rt *rapid.T, prefix string, ids []string, durable bool, start func(hub.Config) (*hubtest.Hub, func())) {
+	m := &model{t: t, ids: ids, start: start, durable: durable, sessions: map[[2]any]*modelSession{}}
+	cfg := hub.Config{APIKeys: map[string]hub.TenantProject{}, AdminToken: hub.NewAdminToken(), SendRatePerSecond: 1e6}
 	for i, sc := range modelScopes {
 		key := hub.NewAPIKey()
 		tp := hub.TenantProject{TenantID: prefix + sc.TenantID, ProjectID: sc.ProjectID}
@@ -146,9 +180,14 @@ func runModel(t *testing.T, rt *rapid.T, store sessionstore.Store, prefix string
 			m.sessions[[2]any{i, id}] = &modelSession{scope: i, id: id}
 		}
 	}
-	m.h = hubtest.Start(t, hubtest.Options{Store: store, Config: cfg})
+	m.cfg = cfg
+	for _, id := range ids {
+		m.cfg.InstanceID = id
+		h, stop := start(m.cfg)
+		m.hubs, m.stops = append(m.hubs, h), append(m.stops, stop)
+	}
 	defer m.close()
-	rt.Repeat(map[string]func(*rapid.T){
+	actions := map[string]func(*rapid.T){
 		"register":   m.register,
 		"resume":     m.resume,
 		"send":       m.send,
@@ -161,8 +200,16 @@ func runModel(t *testing.T, rt *rapid.T, store sessionstore.Store, prefix string
 		"detach":     m.detach,
 		"deregister": m.deregister,
 		"staleToken": m.staleToken,
-		"":           m.check,
-	})
+		"restart":    m.restart,
+	}
+	for name, act := range actions {
+		actions[name] = func(rt *rapid.T) { // through either instance
+			m.h = m.hubs[rapid.IntRange(0, len(m.hubs)-1).Draw(rt, "instance")]
+			act(rt)
+		}
+	}
+	actions[""] = m.check
+	rt.Repeat(actions)
 }
 
 func (m *model) close() {
@@ -172,7 +219,39 @@ func (m *model) close() {
 			<-s.conn.done
 		}
 	}
-	m.h.Close()
+	for _, stop := range m.stops {
+		stop()
+	}
+}
+
+// restart stops the current instance and starts it again on the same
+// store, as a new process with the same id would: its connections close
+// with 1012, and nothing else changes.
+func (m *model) restart(rt *rapid.T) {
+	if !m.durable {
+		rt.Skip("the memory store forgets everything with the process")
+	}
+	i := slices.Index(m.hubs, m.h)
+	var gone []*modelSession
+	for _, s := range m.sessions {
+		if s.conn != nil && s.conn.hub == i {
+			gone = append(gone, s)
+		}
+	}
+	m.stops[i]()
+	for _, s := range gone {
+		m.closed(rt, s.conn, "restarting")
+		s.conn = nil
+	}
+	cfg := m.cfg
+	cfg.InstanceID = m.ids[i]
+	m.hubs[i], m.stops[i] = m.start(cfg)
+	m.h = m.hubs[i]
+	for _, s := range gone {
+		m.eventually(rt, "every instance sees the queue gone with the process", func() bool {
+			return strings.HasPrefix(m.routeState(rt, s), "route_without_queue@")
+		})
+	}
 }
 
 // pick draws a live session, registering one when none is live.
@@ -445,18 +524,13 @@ func (m *model) attachOne(rt *rapid.T) *modelSession {
 		ws.CloseNow()
 		rt.Fatalf("welcome of %d/%s: %s %v, want replayed %d", s.scope, s.id, data, err, len(s.pending))
 	}
-	c := &modelConn{ws: ws, done: make(chan struct{}), seen: map[string]bool{}}
+	c := &modelConn{ws: ws, done: make(chan struct{}), seen: map[string]bool{}, hub: slices.Index(m.hubs, m.h)}
 	go c.read(s)
 	s.conn = c
 	if old != nil {
-		<-old.done // the hub closes the replaced connection
-		if old.closeBy != 4409 {
-			rt.Fatalf("replaced connection of %d/%s closed with %d (%v), want 4409", s.scope, s.id, old.closeBy, old.readErr)
-		}
-		if len(old.bad) > 0 {
-			rt.Fatal(old.bad)
-		}
+		m.closed(rt, old, "replaced") // the hub closes it, wherever it is
 	}
+	m.eventually(rt, "every instance sees the attach", func() bool { return strings.HasPrefix(m.routeState(rt, s), "attached@") })
 	return s
 }
 
@@ -495,14 +569,43 @@ func (m *model) detach(rt *rapid.T) {
 	s.conn.ws.Close(websocket.StatusNormalClosure, "bye")
 	<-s.conn.done
 	s.conn = nil
-	m.eventually(rt, "the hub sees the detach", func() bool { return m.routeState(rt, s) != "attached" })
+	// Until the store records the detach, another instance may still take
+	// the queue for attached.
+	m.eventually(rt, "every instance sees the detach", func() bool { return m.routeState(rt, s) == "route_without_queue@<nil>" })
 }
 
+// routeState is s's route state and the instance its queue is recorded on,
+// as every instance sees them, or "" while they disagree.
 func (m *model) routeState(rt *rapid.T, s *modelSession) string {
 	tp := m.tenants[s.scope]
-	st, body := m.do(rt, "GET", "/v1/ops/route_state/"+tp.TenantID+"/"+tp.ProjectID+"/"+s.id, m.h.AdminToken, nil)
-	expect(rt, "route_state", st, body, 200, "")
-	return body["route_state"].(string)
+	cur, state := m.h, ""
+	defer func() { m.h = cur }()
+	for i, h := range m.hubs {
+		m.h = h
+		st, body := m.do(rt, "GET", "/v1/ops/route_state/"+tp.TenantID+"/"+tp.ProjectID+"/"+s.id, h.AdminToken, nil)
+		expect(rt, "route_state", st, body, 200, "")
+		q, _ := body["queue"].(map[string]any)
+		if got := fmt.Sprintf("%v@%v", body["route_state"], q["instance_id"]); i == 0 {
+			state = got
+		} else if got != state {
+			return ""
+		}
+	}
+	return state
+}
+
+// closed waits until the hub has closed c, and checks it closed with the
+// code of why.
+func (m *model) closed(rt *rapid.T, c *modelConn, why string) {
+	want := map[string]websocket.StatusCode{"replaced": 4409, "deregistered": 4410, "restarting": 1012}[why]
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		rt.Fatalf("the %s connection is still open", why)
+	}
+	if c.closeBy != want || len(c.bad) > 0 {
+		rt.Fatalf("the %s connection closed with %d (%v), want %d; saw %v", why, c.closeBy, c.readErr, want, c.bad)
+	}
 }
 
 func (m *model) deregister(rt *rapid.T) {
@@ -510,10 +613,7 @@ func (m *model) deregister(rt *rapid.T) {
 	st, body := m.do(rt, "DELETE", "/v1/session", s.token, nil)
 	expect(rt, "deregister", st, body, 204, "")
 	if s.conn != nil {
-		<-s.conn.done
-		if s.conn.closeBy != 4410 {
-			rt.Fatalf("deregistered %d/%s: connection closed with %d (%v), want 4410", s.scope, s.id, s.conn.closeBy, s.conn.readErr)
-		}
+		m.closed(rt, s.conn, "deregistered")
 	}
 	*s = modelSession{scope: s.scope, id: s.id, stale: append(s.stale, s.token)}
 	for _, o := range m.sessions {

@@ -321,7 +321,7 @@ func startProcess(ctx context.Context, dir, name, bin string, args, env []string
 		return nil, err
 	}
 	logf.Close()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute) // migrations on a busy Postgres take a while
 	for {
 		err := ready(ctx)
 		if err == nil {
@@ -331,7 +331,7 @@ func startProcess(ctx context.Context, dir, name, bin string, args, env []string
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 			out, _ := os.ReadFile(filepath.Join(dir, name+".log"))
-			return nil, fmt.Errorf("not ready within 30 s (%v); its output:\n%s", err, out)
+			return nil, fmt.Errorf("not ready within 2 min (%v); its output:\n%s", err, out)
 		}
 		sleepCtx(ctx, 50*time.Millisecond)
 	}

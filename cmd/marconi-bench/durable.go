@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -87,20 +86,13 @@ func parseDurableOptions(args []string, stderr io.Writer) (durableOptions, error
 	return o, nil
 }
 
-func runDurable(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// durableCmd is the durable subcommand.
+func durableCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseDurableOptions(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
 	if err != nil {
-		fmt.Fprintln(stderr, "marconi-bench durable:", err)
-		return 2
+		return err
 	}
-	if err := durable(ctx, o, stdout, stderr); err != nil {
-		fmt.Fprintln(stderr, "marconi-bench durable:", err)
-		return 1
-	}
-	return 0
+	return durable(ctx, o, stdout, stderr)
 }
 
 // durableResult is one step's outcome.

@@ -98,9 +98,6 @@ func loopback(host string) bool {
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
-		if args[0] == "durable" {
-			return runDurable(ctx, args[1:], stdout, stderr)
-		}
 		if sub, ok := subcommands[args[0]]; ok {
 			return runSub(ctx, args[0], sub, args[1:], stdout, stderr)
 		}

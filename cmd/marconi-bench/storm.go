@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/url"
 	"os"
@@ -107,6 +108,8 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		mu.Unlock()
 	}
 	run := time.Now().UnixNano()
+	// A client that gives up (the hub refused it for good) says why.
+	clientLog := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	clients := make([]*bootstrap.Client, o.sessions+1)
 	defer func() {
 		for _, c := range clients {
@@ -122,12 +125,17 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		g.Go(func() error {
 			dctx, cancel := context.WithTimeout(gctx, time.Minute)
 			defer cancel()
-			c, err := bootstrap.Dial(dctx, bootstrap.Config{
-				HubURL: hubURL, APIKey: benchKey, Surface: "claude_code",
-				SessionID: fmt.Sprintf("storm-%d-%d", run, i), OnSignal: onSignal,
-			})
-			clients[i] = c
-			return err
+			for {
+				c, err := bootstrap.Dial(dctx, bootstrap.Config{
+					HubURL: hubURL, APIKey: benchKey, Surface: "claude_code",
+					SessionID: fmt.Sprintf("storm-%d-%d", run, i), OnSignal: onSignal, Logger: clientLog,
+				})
+				if err == nil || dctx.Err() != nil {
+					clients[i] = c
+					return err
+				}
+				sleepCtx(dctx, 100*time.Millisecond) // a store timeout under load: register again
+			}
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -141,12 +149,24 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	sender, recipients := clients[0], clients[1:]
 	sent := make([]string, 0, 2*o.signals)
+	refused := 0
 	sendAll := func(phase string) error {
 		for i := range o.signals {
-			p := fmt.Sprintf(`"%s-%d"`, phase, i)
+			p := fmt.Sprintf(`"%s-%d-%d"`, phase, run, i)
 			to := recipients[rand.IntN(len(recipients))].SessionID()
-			if _, err := sender.Send(ctx, to, "storm", json.RawMessage(p)); err != nil {
-				return fmt.Errorf("send %s: %w", p, err)
+			// A send the hub refuses (a store timeout under the storm's
+			// load answers 503) is made again with the same idempotency
+			// key, as an application would; it is stored once.
+			for attempt := 1; ; attempt++ {
+				_, err := sender.Send(ctx, to, "storm", json.RawMessage(p), bootstrap.WithIdempotencyKey(p))
+				if err == nil {
+					break
+				}
+				if attempt == 10 || ctx.Err() != nil {
+					return fmt.Errorf("send %s: %w", p, err)
+				}
+				refused++
+				sleepCtx(ctx, time.Duration(attempt)*100*time.Millisecond)
 			}
 			sent = append(sent, p)
 		}
@@ -166,12 +186,9 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("restart: %w", err)
 	}
 	up := time.Now()
-	if err := waitConnections(ctx, hubURL, n, time.Minute); err != nil {
-		return err
-	}
-	all := time.Now()
-	fmt.Fprintf(stdout, "hub stopped in %s, restarted (ready) in %s; all %d sessions attached again %s after it was ready (%s after the drop)\n",
-		restarted.Sub(down).Round(time.Millisecond), up.Sub(restarted).Round(time.Millisecond), len(clients),
+	back, all := reattached(ctx, hubURL, n, time.Minute)
+	fmt.Fprintf(stdout, "hub stopped in %s, restarted (ready) in %s; %v of %d sessions attached again %s after it was ready (%s after the drop)\n",
+		restarted.Sub(down).Round(time.Millisecond), up.Sub(restarted).Round(time.Millisecond), back, len(clients),
 		all.Sub(up).Round(time.Millisecond), all.Sub(down).Round(time.Millisecond))
 
 	if err := sendAll("after"); err != nil {
@@ -188,14 +205,31 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		mu.Unlock()
 		if len(missing) == 0 {
-			fmt.Fprintf(stdout, "%d signals sent (%d before the restart, %d after), every one received: none lost\n", len(sent), o.signals, o.signals)
+			fmt.Fprintf(stdout, "%d signals sent (%d before the restart, %d after; %d refused sends made again), every one received: none lost\n", len(sent), o.signals, o.signals, refused)
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d signals never arrived, e.g. %s", len(missing), len(sent), strings.Join(missing[:min(5, len(missing))], ", "))
+			// A client that gave up reconnecting (logged above) reads
+			// nothing more: its signals stay durable in the hub.
+			return fmt.Errorf("%d of %d signals never reached their client, e.g. %s", len(missing), len(sent), strings.Join(missing[:min(5, len(missing))], ", "))
 		}
 		sleepCtx(ctx, 100*time.Millisecond)
 	}
+}
+
+// reattached polls the hub's marconi_ws_connections for up to within, until
+// it is n, and returns the most it saw and when it first saw that many.
+func reattached(ctx context.Context, hubURL string, n float64, within time.Duration) (float64, time.Time) {
+	deadline := time.Now().Add(within)
+	var most float64
+	var at time.Time
+	for time.Now().Before(deadline) && most < n {
+		if m, err := scrape(ctx, hubURL); err == nil && m["marconi_ws_connections"] > most {
+			most, at = m["marconi_ws_connections"], time.Now()
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
+	}
+	return most, at
 }
 
 // waitConnections polls the hub's marconi_ws_connections until it is n.

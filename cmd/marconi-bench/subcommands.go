@@ -19,6 +19,9 @@ var subcommands = map[string]func(ctx context.Context, args []string, stdout, st
 	// storm restarts a hub on Postgres under attached Go clients and
 	// measures how fast they are all back, and that no signal is lost.
 	"storm": storm,
+	// durable starts hubs on Postgres and measures durable sends at 1, 8
+	// and 64 senders, group commit on and off, recipients local and remote.
+	"durable": durableCmd,
 }
 
 func runSub(ctx context.Context, name string, sub func(context.Context, []string, io.Writer, io.Writer) error, args []string, stdout, stderr io.Writer) int {

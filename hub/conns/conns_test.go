@@ -198,31 +198,34 @@ func TestFrameRateClosesWith1008(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Code != websocket.StatusPolicyViolation || !strings.Contains(ce.Reason, "frames_per_second") {
 		t.Fatalf("the 11th frame with the clock frozen: %v, want close 1008 naming frames_per_second", err)
 	}
-	if got := disconnects(t, h, "quota_exceeded"); got != 1 {
+	if got := metric(t, h, "marconi_ws_disconnects_total", "reason", "quota_exceeded"); got != 1 {
 		t.Fatalf("disconnects{quota_exceeded} = %v, want 1", got)
+	}
+	if got := metric(t, h, "marconi_quota_refusals_total", "quota", "frames_per_second"); got != 1 {
+		t.Fatalf("quota_refusals{frames_per_second} = %v, want 1 (the hook is wired)", got)
 	}
 }
 
-// disconnects reads marconi_ws_disconnects_total{reason}.
-func disconnects(t *testing.T, h *hubtest.Hub, reason string) float64 {
+// metric reads the counter name{label="value"}.
+func metric(t *testing.T, h *hubtest.Hub, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := h.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "marconi_ws_disconnects_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
+				if l.GetName() == label && l.GetValue() == value {
 					return m.GetCounter().GetValue()
 				}
 			}
 		}
 	}
-	t.Fatalf("no marconi_ws_disconnects_total{reason=%q}", reason)
+	t.Fatalf("no %s{%s=%q}", name, label, value)
 	return 0
 }
 
@@ -231,7 +234,7 @@ func disconnects(t *testing.T, h *hubtest.Hub, reason string) float64 {
 // a timer, not a goroutine.
 func TestIdleConnectionIsOneGoroutine(t *testing.T) {
 	const n, slack = 100, 10 // slack: HTTP keep-alive connections of the test's calls
-	h := hubtest.Start(t, hubtest.Options{})
+	h := hubtest.Start(t, hubtest.Options{Config: hub.Config{QuotaRegistrationsPerSecond: 1e6}})
 	alice := register(t, h, "alice")
 	tokens := make([]string, n)
 	for i := range n {

@@ -11,16 +11,25 @@ import (
 // readLoop is the connection's one reader: acks and proof of life.
 func (c *Conn) readLoop(ctx context.Context) error {
 	lastTouch := c.attachedAt
+	overRate := false
 	for {
 		_, data, err := c.ws.Read(ctx)
 		if err != nil {
 			return err
 		}
+		if overRate {
+			// The writer is closing the connection with 1008. Read on (and
+			// discard) until the close handshake ends, as the writer's Close
+			// expects; ending here would cancel the connection under the
+			// writer and drop its close frame.
+			continue
+		}
 		now := c.h.now()
 		if !c.frames.take(now, c.h.cfg.FramesPerSecond) {
+			overRate = true
 			c.h.cfg.OnQuotaRefused(marconi.QuotaFramesPerSecond)
 			c.kick(DisconnectFrameRate)
-			return errConnEnded
+			continue
 		}
 		if now.Sub(lastTouch) >= c.h.cfg.TouchInterval {
 			lastTouch = now

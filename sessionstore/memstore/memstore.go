@@ -35,6 +35,10 @@ type Store struct {
 	closed   bool
 	sessions map[sessionstore.Key]*session
 	byToken  map[string]sessionstore.Key // token hash -> key, for every stored session
+	// byProject holds every stored session by its project (the key with
+	// SessionID empty), so that counting a project's sessions (its quota)
+	// costs that project's size, not the store's.
+	byProject map[sessionstore.Key]map[sessionstore.Key]*session
 	// idem holds every stored signal that has an idempotency key, by sender
 	// and key, in append order: usually one. A signal is in it exactly as
 	// long as it is in its session's signals.
@@ -106,6 +110,7 @@ func New() *Store {
 	return &Store{
 		sessions:  make(map[sessionstore.Key]*session),
 		byToken:   make(map[string]sessionstore.Key),
+		byProject: make(map[sessionstore.Key]map[sessionstore.Key]*session),
 		apiKeys:   make(map[string]sessionstore.APIKey),
 		instances: make(map[string]sessionstore.Instance),
 		idem:      make(map[idemKey][]*signal),
@@ -209,6 +214,7 @@ func (m *Store) CreateSession(ctx context.Context, s sessionstore.Session, now t
 	s.QueueDetachedAt = ts(s.QueueDetachedAt)
 	m.sessions[s.Key] = &session{s: s, latestAttach: s.QueueAttachedAt}
 	m.byToken[string(s.TokenHash)] = s.Key
+	m.indexProject(m.sessions[s.Key])
 	return cloneSession(s), nil
 }
 
@@ -221,6 +227,30 @@ func (m *Store) remove(k sessionstore.Key) {
 		m.addProjectBytes(k, -s.pendingBytes)
 		delete(m.byToken, string(s.s.TokenHash))
 		delete(m.sessions, k)
+		m.unindexProject(k)
+	}
+}
+
+func projectOf(k sessionstore.Key) sessionstore.Key {
+	return sessionstore.Key{TenantID: k.TenantID, ProjectID: k.ProjectID}
+}
+
+// indexProject adds s to byProject. The caller holds the mutex.
+func (m *Store) indexProject(s *session) {
+	p := projectOf(s.s.Key)
+	if m.byProject[p] == nil {
+		m.byProject[p] = make(map[sessionstore.Key]*session)
+	}
+	m.byProject[p][s.s.Key] = s
+}
+
+// unindexProject removes k from byProject, and its project once empty.
+// The caller holds the mutex.
+func (m *Store) unindexProject(k sessionstore.Key) {
+	p := projectOf(k)
+	delete(m.byProject[p], k)
+	if len(m.byProject[p]) == 0 {
+		delete(m.byProject, p)
 	}
 }
 
@@ -352,15 +382,19 @@ func (m *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, 
 	return out, nil
 }
 
-// CountSessions implements sessionstore.Store. It scans every session: the
-// in-memory store serves one instance and keeps no per-project index.
+// CountSessions implements sessionstore.Store. For one project it reads that
+// project's sessions only; otherwise it scans every session.
 func (m *Store) CountSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) (int, error) {
 	if err := m.lock(); err != nil {
 		return 0, err
 	}
 	defer m.mu.Unlock()
+	scan := m.sessions
+	if f.TenantID != "" && f.ProjectID != "" {
+		scan = m.byProject[sessionstore.Key{TenantID: f.TenantID, ProjectID: f.ProjectID}]
+	}
 	n := 0
-	for k, s := range m.sessions {
+	for k, s := range scan {
 		if (f.TenantID != "" && k.TenantID != f.TenantID) ||
 			(f.ProjectID != "" && k.ProjectID != f.ProjectID) || !live(s, now) {
 			continue
