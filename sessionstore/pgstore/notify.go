@@ -96,7 +96,7 @@ func DecodeWake(payload string) (sessionstore.Key, int64, error) {
 	if err := dec.Decode(&p); err != nil {
 		return sessionstore.Key{}, 0, fmt.Errorf("malformed wake-up: %w", err)
 	}
-	if dec.More() {
+	if !onlySpace(payload[dec.InputOffset():]) {
 		return sessionstore.Key{}, 0, errors.New("malformed wake-up: data after the object")
 	}
 	if err := p.validate(); err != nil {
@@ -104,6 +104,13 @@ func DecodeWake(payload string) (sessionstore.Key, int64, error) {
 	}
 	return sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, p.Seq, nil
 }
+
+// jsonSpace is JSON's whitespace.
+const jsonSpace = " \t\r\n"
+
+// onlySpace reports whether s is JSON whitespace only. (A json.Decoder's
+// More is false at a stray "]" or "}", so it cannot tell.)
+func onlySpace(s string) bool { return strings.Trim(s, jsonSpace) == "" }
 
 func (p wakePayload) validate() error {
 	for _, f := range []struct{ name, v string }{{"tenant", p.Tenant}, {"project", p.Project}, {"session", p.Session}} {

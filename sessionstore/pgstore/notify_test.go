@@ -74,6 +74,8 @@ func TestDecodeWakeRejectsMalformed(t *testing.T) {
 		`{"tenant":1,"project":"p","session":"s","seq":1}`,
 		`{"tenant":"t","project":"p","session":"s","seq":1}{}`,
 		`{"tenant":"t","project":"p","session":"s","seq":1} x`,
+		`{"tenant":"t","project":"p","session":"s","seq":1}]`,
+		`{"tenant":"t","project":"p","session":"s","seq":1}}`,
 		`{"tenant":"t","project":"p","session":"s","seq":99999999999999999999}`,
 		`{"tenant":"t","project":"p","session":"` + strings.Repeat("s", 257) + `","seq":1}`,
 		`{"tenant":"t","project":"p","session":"s","seq":1,"pad":"` + strings.Repeat("x", pgstore.MaxWakePayload) + `"}`,
