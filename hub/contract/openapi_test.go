@@ -1,4 +1,4 @@
-package hub_test
+package contract_test
 
 import (
 	"bufio"
@@ -34,7 +34,7 @@ import (
 )
 
 // openAPIPath is the document the hub is held to.
-const openAPIPath = "../docs/openapi.yaml"
+const openAPIPath = "../../docs/openapi.yaml"
 
 // contract validates every request a test sends and every answer the hub
 // gives against docs/openapi.yaml, and records which operations, statuses
