@@ -38,7 +38,6 @@ type Conn struct {
 	incarnation time.Time
 	attachedAt  time.Time
 	welcome     Welcome
-	ctrl        chan []byte // frames the reader asks the writer to send (errors)
 	acks        *acks
 	frames      bucket // the reader's frame rate
 
@@ -49,6 +48,7 @@ type Conn struct {
 
 	mu        sync.Mutex
 	queue     []queueItem // outgoing, at most QueueSize; nil when empty, so an idle connection holds none
+	ctrl      [][]byte    // frames the reader asks the writer to send (errors), at most maxCtrl; nil when empty
 	ended     bool        // the handler is done: start nothing more
 	writing   bool        // a writer goroutine runs
 	welcomed  bool        // the welcome and the first catch-up are written
@@ -127,7 +127,6 @@ func (h *Hub) start(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 	now := h.now()
 	c := &Conn{
 		h: h, ws: ws, key: sess.Key, incarnation: sess.RegisteredAt, attachedAt: now, welcome: welcome,
-		ctrl:   make(chan []byte, 8),
 		kicked: make(chan struct{}),
 		frames: bucket{tokens: 2 * h.cfg.FramesPerSecond, at: now},
 	}
