@@ -40,6 +40,11 @@ func (s *Server) readBody(c echo.Context) error {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
 	if err != nil {
+		// The rest of the body is not coming (or not wanted): close the
+		// connection after the answer. Otherwise net/http, to reuse the
+		// connection, first reads what is left of a body that stalled, and
+		// the answer waits on the client for ever.
+		c.Response().Header().Set(echo.HeaderConnection, "close")
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return marconi.Errorf(marconi.CodePayloadTooLarge, "request body is larger than %d bytes", s.maxBodyBytes())
 		}
