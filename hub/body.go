@@ -53,8 +53,27 @@ func (s *Server) readBody(c echo.Context) error {
 		}
 		return marconi.Errorf(marconi.CodeInvalidJSON, "could not read the request body")
 	}
-	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.Body = &bufferedBody{Reader: bytes.NewReader(body), b: body}
 	return nil
+}
+
+// bufferedBody is a request body that readBody has read into memory:
+// decodeBody takes its bytes as they are instead of copying them again.
+type bufferedBody struct {
+	*bytes.Reader
+	b []byte
+}
+
+func (*bufferedBody) Close() error { return nil }
+
+// take returns the whole body and leaves it read, unless some of it was
+// read already.
+func (b *bufferedBody) take() ([]byte, bool) {
+	if b.Len() != len(b.b) {
+		return nil, false
+	}
+	b.Reset(nil)
+	return b.b, true
 }
 
 func isTimeout(err error) bool {
