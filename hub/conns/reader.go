@@ -3,6 +3,7 @@ package conns
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/marconihub/marconi"
@@ -37,6 +38,12 @@ func (c *Conn) readLoop(ctx context.Context) error {
 		}
 		var f clientFrame
 		if err := json.Unmarshal(data, &f); err != nil {
+			// A JSON object with a field of the wrong type is the field's
+			// fault, as over HTTP; anything else is not JSON to us.
+			if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok && te.Field != "" {
+				c.sendError(marconi.CodeInvalidField, te.Field+" has the wrong type")
+				continue
+			}
 			c.sendError(marconi.CodeInvalidJSON, "frames must be JSON objects")
 			continue
 		}
