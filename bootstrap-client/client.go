@@ -105,7 +105,10 @@ type Client struct {
 	stopped   bool   // the supervisor gave up: replaced (4409) or refused by the hub
 	ending    bool   // Deregister is under way: the session is being ended on purpose
 
-	highest atomic.Int64 // highest seq handed to OnSignal, for drain
+	// highest is the highest seq handed to OnSignal and the registration
+	// (epoch) it belongs to, for drain: a new registration numbers its
+	// signals from 1 again. Guarded by mu.
+	highest seqMark
 
 	reconnects, selfHeals, reregistrations, droppedAtReset atomic.Int64
 }

@@ -391,7 +391,9 @@ func (c *Client) dispatch() {
 			if !seq.accept(d.epoch, s) {
 				continue
 			}
-			c.highest.Store(s.Seq)
+			c.mu.Lock()
+			c.highest = seqMark{epoch: d.epoch, seq: s.Seq}
+			c.mu.Unlock()
 			if c.cfg.OnSignal != nil {
 				c.cfg.OnSignal(s)
 			}

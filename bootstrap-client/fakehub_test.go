@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,6 +47,8 @@ type fakeHub struct {
 	hbPending     []Signal             // pending in every heartbeat answer
 	heartbeats    int
 	httpAcks      []int64
+	wsRefused     bool     // /v1/ws answers 503
+	drainedAfter  []string // after_seq of each GET /v1/signals
 }
 
 func newFakeHub(t *testing.T) *fakeHub {
@@ -65,6 +68,9 @@ func newFakeHub(t *testing.T) *fakeHub {
 	})
 	mux.HandleFunc("GET /v1/signals", func(w http.ResponseWriter, r *http.Request) {
 		if h.auth(w, r) {
+			h.mu.Lock()
+			h.drainedAfter = append(h.drainedAfter, r.URL.Query().Get("after_seq"))
+			h.mu.Unlock()
 			writeJSON(w, 200, map[string]any{"signals": []Signal{}, "next_after_seq": 0})
 		}
 	})
@@ -156,6 +162,13 @@ func (h *fakeHub) auth(w http.ResponseWriter, r *http.Request) bool {
 
 func (h *fakeHub) ws(w http.ResponseWriter, r *http.Request) {
 	if !h.auth(w, r) {
+		return
+	}
+	h.mu.Lock()
+	refused := h.wsRefused
+	h.mu.Unlock()
+	if refused {
+		hubError(w, 503, "draining")
 		return
 	}
 	conn, err := websocket.Accept(w, r, nil)
@@ -412,6 +425,40 @@ func TestFakeSessionExpiredReregisters(t *testing.T) {
 		t.Errorf("register answers %v, want a new registration (201)", st)
 	}
 	h.mu.Unlock()
+}
+
+// TestFakeDrainAfterReregistrationStartsAtZero: signals 1..3 of the first
+// registration were delivered; the session is registered again, and while
+// its WebSocket cannot attach the client drains over HTTP. The new
+// registration numbers its signals from 1, so the drain must ask from 0,
+// not after 3 (which would skip them until the WebSocket attaches).
+func TestFakeDrainAfterReregistrationStartsAtZero(t *testing.T) {
+	h := newFakeHub(t)
+	defer h.close()
+	h.replay = []Signal{{ID: "a", Seq: 1}, {ID: "b", Seq: 2}, {ID: "c", Seq: 3}}
+	var got atomic.Int32
+	c := dialFake(t, h.srv.URL, Config{SessionID: "agent-8", OnSignal: func(Signal) { got.Add(1) }})
+	defer c.Close()
+	eventually(t, "the first registration's three signals", func() bool { return got.Load() == 3 })
+
+	h.mu.Lock()
+	h.replay, h.expired, h.wsRefused = nil, true, true
+	h.mu.Unlock()
+	if _, err := c.Send(context.Background(), "peer", "", 1); err != nil {
+		t.Fatalf("Send after expiry: %v", err)
+	}
+	eventually(t, "a drain while the WebSocket is refused", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.drainedAfter) > 0
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, after := range h.drainedAfter {
+		if after != "0" {
+			t.Fatalf("drains after the re-registration asked after_seq=%v, want 0 each time", h.drainedAfter)
+		}
+	}
 }
 
 func TestFakeDialErrorsAreTyped(t *testing.T) {

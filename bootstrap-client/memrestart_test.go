@@ -9,9 +9,9 @@ import (
 )
 
 // TestMemHubRestartReregisters: a hub on the in-memory store restarts and
-// forgets every session. Each client's resume is answered as a new
-// registration of the same session id (counted in Reregistrations), it
-// reattaches, and signals flow again.
+// forgets every session. Each client's reattach is answered 410, it registers
+// the same session id again (counted in Reregistrations), reattaches, and
+// signals flow again.
 func TestMemHubRestartReregisters(t *testing.T) {
 	h1 := hubtest.Start(t, hubtest.Options{})
 	fwdA, fwdB := newForwarder(t, h1.URL), newForwarder(t, h1.URL)

@@ -394,7 +394,7 @@ func (c *Client) heartbeat(timeout time.Duration) {
 // this session beyond the highest one delivered.
 func (c *Client) drain(ctx context.Context) {
 	var res drainResponse
-	path := "/v1/signals?after_seq=" + strconv.FormatInt(c.highest.Load(), 10) + "&limit=" + strconv.Itoa(drainLimit)
+	path := "/v1/signals?after_seq=" + strconv.FormatInt(c.drainAfter(), 10) + "&limit=" + strconv.Itoa(drainLimit)
 	a, err := c.sessionCall(ctx, http.MethodGet, path, nil, &res)
 	if err != nil {
 		c.log.Debug("marconi: drain failed", "err", err)
@@ -403,4 +403,23 @@ func (c *Client) drain(ctx context.Context) {
 	if len(res.Signals) > 0 {
 		c.offer(delivery{signals: res.Signals, epoch: a.epoch})
 	}
+}
+
+// seqMark is a seq of one registration (epoch) of the session.
+type seqMark struct {
+	epoch uint64
+	seq   int64
+}
+
+// drainAfter is the seq a drain asks for signals after: the highest one
+// handed to OnSignal, or 0 once the session was registered again (its
+// signals start from 1 anew; asking after the old registration's highest
+// would skip them until the WebSocket attaches).
+func (c *Client) drainAfter() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.highest.epoch != c.epoch {
+		return 0
+	}
+	return c.highest.seq
 }

@@ -46,7 +46,7 @@ const benchTimeout = 10 * time.Second
 // else is the default configuration.
 func benchHub(b *testing.B, store string) *hubtest.Hub {
 	b.Helper()
-	o := hubtest.Options{Config: hub.Config{SendRatePerSecond: 1e9}}
+	o := hubtest.Options{Config: hub.Config{SendRatePerSecond: 1e9, QuotaRegistrationsPerSecond: 1e9}}
 	if store == "postgres" {
 		u := pgtest.Schema(b)
 		ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)

@@ -40,6 +40,11 @@ func (s *Server) readBody(c echo.Context) error {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
 	if err != nil {
+		// The rest of the body is not coming (or not wanted): close the
+		// connection after the answer. Otherwise net/http, to reuse the
+		// connection, first reads what is left of a body that stalled, and
+		// the answer waits on the client for ever.
+		c.Response().Header().Set(echo.HeaderConnection, "close")
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return marconi.Errorf(marconi.CodePayloadTooLarge, "request body is larger than %d bytes", s.maxBodyBytes())
 		}
@@ -48,8 +53,27 @@ func (s *Server) readBody(c echo.Context) error {
 		}
 		return marconi.Errorf(marconi.CodeInvalidJSON, "could not read the request body")
 	}
-	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.Body = &bufferedBody{Reader: bytes.NewReader(body), b: body}
 	return nil
+}
+
+// bufferedBody is a request body that readBody has read into memory:
+// decodeBody takes its bytes as they are instead of copying them again.
+type bufferedBody struct {
+	*bytes.Reader
+	b []byte
+}
+
+func (*bufferedBody) Close() error { return nil }
+
+// take returns the whole body and leaves it read, unless some of it was
+// read already.
+func (b *bufferedBody) take() ([]byte, bool) {
+	if b.Len() != len(b.b) {
+		return nil, false
+	}
+	b.Reset(nil)
+	return b.b, true
 }
 
 func isTimeout(err error) bool {

@@ -81,3 +81,33 @@ func TestSlowBodyIsNotAStoreOutage(t *testing.T) {
 		t.Fatalf("heartbeat after: %d", st)
 	}
 }
+
+// TestStalledBodyIsAnswered408: a client that announces a body and stops
+// sending half way gets its 408 request_timeout once the body bound passes,
+// and the connection is closed; before, net/http first tried to read the
+// rest of the body to reuse the connection, and the answer never came.
+func TestStalledBodyIsAnswered408(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{Config: hub.Config{BodyReadTimeout: 200 * time.Millisecond}})
+	alice := register(t, h, "alice", "codex")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Far longer than the bound: only a hub that never answers reaches it.
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	body := `{"to_session":"bob","payload":{"text":"never finished"}}`
+	fmt.Fprintf(conn, "POST /v1/signals HTTP/1.1\r\nHost: hub\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", alice.Token, len(body), body[:10])
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer to a stalled body: %v", err)
+	}
+	defer resp.Body.Close()
+	var e struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	json.NewDecoder(resp.Body).Decode(&e)
+	if resp.StatusCode != http.StatusRequestTimeout || e.Error.Code != "request_timeout" || !resp.Close {
+		t.Fatalf("stalled body: %d %q, close %v; want 408 request_timeout and the connection closed", resp.StatusCode, e.Error.Code, resp.Close)
+	}
+}

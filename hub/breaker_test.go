@@ -1,16 +1,15 @@
 package hub_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/testlog"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/breaker"
 	"github.com/marconihub/marconi/sessionstore/memstore"
@@ -23,29 +22,12 @@ func (unreachableTokens) SessionByToken(context.Context, []byte, time.Time) (ses
 	return sessionstore.Session{}, fmt.Errorf("lookup: %w: %w", sessionstore.ErrUnavailable, context.DeadlineExceeded)
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestOpenBreakerIsNotALogFlood: in an outage every refused call still
 // answers 503 registry_unavailable and counts, but only the call that found
 // the store unreachable logs a warning; the ones the open breaker refused at
 // once log at debug.
 func TestOpenBreakerIsNotALogFlood(t *testing.T) {
-	var logs lockedBuffer
+	var logs testlog.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	br, err := breaker.New(unreachableTokens{memstore.New()}, breaker.Config{}, nil, log)
 	if err != nil {

@@ -17,12 +17,9 @@ import (
 // object, invalid_field (naming the field) for a wrong type, and
 // payload_too_large past the limit.
 func decodeBody(c echo.Context, limit int64, v any) error {
-	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), c.Request().Body, limit))
+	body, err := limitedBody(c, limit)
 	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			return marconi.Errorf(marconi.CodePayloadTooLarge, "request body is larger than %d bytes", limit)
-		}
-		return marconi.Errorf(marconi.CodeInvalidJSON, "could not read the request body")
+		return err
 	}
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 || body[0] != '{' {
@@ -42,4 +39,25 @@ func decodeBody(c echo.Context, limit int64, v any) error {
 		return marconi.Errorf(marconi.CodeInvalidJSON, "the body must be one JSON object, with nothing after it")
 	}
 	return nil
+}
+
+// limitedBody reads the request body, at most limit bytes; a body that
+// readBody has read already is taken without a copy.
+func limitedBody(c echo.Context, limit int64) ([]byte, error) {
+	if bb, ok := c.Request().Body.(*bufferedBody); ok {
+		if body, ok := bb.take(); ok {
+			if int64(len(body)) > limit {
+				return nil, marconi.Errorf(marconi.CodePayloadTooLarge, "request body is larger than %d bytes", limit)
+			}
+			return body, nil
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), c.Request().Body, limit))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return nil, marconi.Errorf(marconi.CodePayloadTooLarge, "request body is larger than %d bytes", limit)
+		}
+		return nil, marconi.Errorf(marconi.CodeInvalidJSON, "could not read the request body")
+	}
+	return body, nil
 }

@@ -937,14 +937,15 @@ func TestConnectionMetrics(t *testing.T) {
 	waitFor(t, "two connections", func() bool { return metric(t, h, "marconi_ws_connections") == 2 })
 	closeWS(cb)
 	waitFor(t, "one connection", func() bool { return metric(t, h, "marconi_ws_connections") == 1 })
-	if got := metric(t, h, "marconi_ws_disconnects_total", "reason", "client_closed"); got != 1 {
-		t.Errorf("disconnects{client_closed} = %v, want 1", got)
-	}
+	// The gauge and the counter move one after the other: poll for both.
+	waitFor(t, "disconnects{client_closed} = 1", func() bool {
+		return metric(t, h, "marconi_ws_disconnects_total", "reason", "client_closed") == 1
+	})
 	cc.CloseNow() // no close frame: the connection is lost
 	waitFor(t, "no connection", func() bool { return metric(t, h, "marconi_ws_connections") == 0 })
-	if got := metric(t, h, "marconi_ws_disconnects_total", "reason", "connection_lost"); got != 1 {
-		t.Errorf("disconnects{connection_lost} = %v, want 1", got)
-	}
+	waitFor(t, "disconnects{connection_lost} = 1", func() bool {
+		return metric(t, h, "marconi_ws_disconnects_total", "reason", "connection_lost") == 1
+	})
 	// Shutdown closes the rest with 1012.
 	cb, _ = dial(t, h, bob)
 	closed := make(chan error, 1)

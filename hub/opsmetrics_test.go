@@ -9,6 +9,7 @@ import (
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/testlog"
 	"github.com/marconihub/marconi/sessionstore/memstore"
 )
 
@@ -163,7 +164,7 @@ func TestClusterGaugesExportedOnce(t *testing.T) {
 // TestActivityLog: registrations, resumes, deregistrations and refusals are
 // logged at info with their code, and no secret reaches the log.
 func TestActivityLog(t *testing.T) {
-	var buf lockedBuffer
+	var buf testlog.Buffer
 	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	h := hubtest.Start(t, hubtest.Options{Logger: log})
 	a := register(t, h, "alice", "claude_code")

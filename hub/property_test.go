@@ -74,7 +74,7 @@ var rapidExplicit = sync.OnceValue(func() map[string]bool {
 func TestPropertyDelivery(t *testing.T) {
 	setRapidChecks(t, propertyChecks)
 	rapid.Check(t, func(rt *rapid.T) {
-		runModel(t, rt, "", []string{"test-1"}, false, func(cfg hub.Config) (*hubtest.Hub, func()) {
+		runModel(rt, "", []string{"test-1"}, false, func(cfg hub.Config) (*hubtest.Hub, func()) {
 			h := hubtest.Start(t, hubtest.Options{Store: memstore.New(), Config: cfg})
 			return h, h.Close
 		})
@@ -91,7 +91,7 @@ func TestPGPropertyDelivery(t *testing.T) {
 	check := 0
 	rapid.Check(t, func(rt *rapid.T) {
 		check++ // one schema for every check: each has tenants of its own
-		runModel(t, rt, fmt.Sprintf("c%d-", check), []string{"a", "b"}, true, func(cfg hub.Config) (*hubtest.Hub, func()) {
+		runModel(rt, fmt.Sprintf("c%d-", check), []string{"a", "b"}, true, func(cfg hub.Config) (*hubtest.Hub, func()) {
 			st, err := pgstore.Open(context.Background(), schema, pgstore.WithMaxConns(4))
 			if err != nil {
 				t.Fatalf("open pgstore: %v", err)
@@ -150,7 +150,6 @@ type modelConn struct {
 }
 
 type model struct {
-	t        *testing.T
 	cfg      hub.Config
 	ids      []string       // instance ids
 	hubs     []*hubtest.Hub // instances on one store
@@ -168,8 +167,8 @@ type model struct {
 // runModel runs one random sequence against instances of the given ids
 // that start starts, with prefix before every tenant id. When the store is
 // durable (it outlives an instance), instances restart too.
-func runModel(t *testing.T, rt *rapid.T, prefix string, ids []string, durable bool, start func(hub.Config) (*hubtest.Hub, func())) {
-	m := &model{t: t, ids: ids, start: start, durable: durable, sessions: map[[2]any]*modelSession{}}
+func runModel(rt *rapid.T, prefix string, ids []string, durable bool, start func(hub.Config) (*hubtest.Hub, func())) {
+	m := &model{ids: ids, start: start, durable: durable, sessions: map[[2]any]*modelSession{}}
 	cfg := hub.Config{APIKeys: map[string]hub.TenantProject{}, AdminToken: hub.NewAdminToken(), SendRatePerSecond: 1e6}
 	for i, sc := range modelScopes {
 		key := hub.NewAPIKey()

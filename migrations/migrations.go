@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 
 	"github.com/golang-migrate/migrate/v4"
 	// Registers the pgx5:// database driver.
@@ -104,7 +105,9 @@ func closeMigrate(m *migrate.Migrate, err *error) {
 // DriverURL turns a postgres:// or postgresql:// URL into the pgx5:// URL
 // golang-migrate's pgx v5 driver wants, adding a connect timeout when the URL
 // has none. Query parameters such as search_path pass through to pgx as
-// runtime parameters.
+// runtime parameters, except pgxpool's own pool_* settings (pool_max_conns,
+// …): they size the hub's pool, and the driver would send them to the server
+// as runtime parameters, which it refuses, so the migration would never run.
 func DriverURL(databaseURL string) (string, error) {
 	u, err := url.Parse(databaseURL)
 	if err != nil {
@@ -117,10 +120,15 @@ func DriverURL(databaseURL string) (string, error) {
 	}
 	u.Scheme = "pgx5"
 	q := u.Query()
+	for k := range q {
+		if strings.HasPrefix(k, "pool_") {
+			q.Del(k)
+		}
+	}
 	if q.Get("connect_timeout") == "" {
 		q.Set("connect_timeout", defaultConnectTimeout)
-		u.RawQuery = q.Encode()
 	}
+	u.RawQuery = q.Encode()
 	return u.String(), nil
 }
 

@@ -144,6 +144,8 @@ func TestDriverURL(t *testing.T) {
 		{"postgres://u@h:5432/db?sslmode=disable", "pgx5://u@h:5432/db?connect_timeout=5&sslmode=disable"},
 		{"postgresql://u@h/db?connect_timeout=2", "pgx5://u@h/db?connect_timeout=2"},
 		{"postgres://u@h/db?search_path=t_1", "pgx5://u@h/db?connect_timeout=5&search_path=t_1"},
+		// pgxpool's settings size the hub's pool; the server refuses them.
+		{"postgres://u@h/db?pool_max_conns=4&search_path=t_1&pool_min_conns=1", "pgx5://u@h/db?connect_timeout=5&search_path=t_1"},
 	} {
 		got, err := migrations.DriverURL(tc.in)
 		if err != nil || got != tc.want {
@@ -154,6 +156,26 @@ func TestDriverURL(t *testing.T) {
 		if _, err := migrations.DriverURL(bad); err == nil {
 			t.Errorf("DriverURL(%q) succeeded; want an error", bad)
 		}
+	}
+}
+
+// TestUpWithPoolSettings: the URL the hub's pool takes (pool_max_conns, as
+// pgstore documents) migrates too; before, the server refused the unknown
+// runtime parameter and the hub never became ready.
+func TestUpWithPoolSettings(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptySchema(t)
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := migrations.Up(ctx, u+sep+"pool_max_conns=2"); err != nil {
+		t.Fatalf("Up with pool_max_conns in the URL: %v", err)
+	}
+	if v, dirty, err := migrations.Version(u); err != nil || v != latestOnDisk(t) || dirty {
+		t.Fatalf("Version = %d, %v, %v; want %d, false, nil", v, dirty, err, latestOnDisk(t))
 	}
 }
 

@@ -7,30 +7,13 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/marconihub/marconi/internal/testlog"
 )
 
-// syncBuffer is a bytes.Buffer safe for the hub's writes and the test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startMain runs the hub in-process on a free port, as `go run ./cmd/marconi` would.
-func startMain(t *testing.T, kv map[string]string) (*Main, *syncBuffer) {
+func startMain(t *testing.T, kv map[string]string) (*Main, *testlog.Buffer) {
 	t.Helper()
 	if kv == nil {
 		kv = map[string]string{}
@@ -43,7 +26,7 @@ func startMain(t *testing.T, kv map[string]string) (*Main, *syncBuffer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := &syncBuffer{}
+	out := &testlog.Buffer{}
 	m := NewMain(cfg, out)
 	if err := m.Run(context.Background()); err != nil {
 		t.Fatal(err)

@@ -38,7 +38,6 @@ type Conn struct {
 	incarnation time.Time
 	attachedAt  time.Time
 	welcome     Welcome
-	ctrl        chan []byte // frames the reader asks the writer to send (errors)
 	acks        *acks
 	frames      bucket // the reader's frame rate
 
@@ -49,6 +48,7 @@ type Conn struct {
 
 	mu        sync.Mutex
 	queue     []queueItem // outgoing, at most QueueSize; nil when empty, so an idle connection holds none
+	ctrl      [][]byte    // frames the reader asks the writer to send (errors), at most maxCtrl; nil when empty
 	ended     bool        // the handler is done: start nothing more
 	writing   bool        // a writer goroutine runs
 	welcomed  bool        // the welcome and the first catch-up are written
@@ -119,13 +119,14 @@ func (c *Conn) fail(err error) {
 	c.cancel()
 }
 
-// serve runs one attached connection until it ends. The calling goroutine
-// is the connection's reader.
-func (h *Hub) serve(sess sessionstore.Session, ws *websocket.Conn, welcome Welcome) {
+// start registers a new connection for sess, records the attach and
+// starts its writer (the welcome and the replay) and its keepalive. It runs
+// on the caller's goroutine, not the connection's reader: what it calls
+// (logging, the store) would grow the reader's stack for good (see serve).
+func (h *Hub) start(sess sessionstore.Session, ws *websocket.Conn, welcome Welcome) *Conn {
 	now := h.now()
 	c := &Conn{
 		h: h, ws: ws, key: sess.Key, incarnation: sess.RegisteredAt, attachedAt: now, welcome: welcome,
-		ctrl:   make(chan []byte, 8),
 		kicked: make(chan struct{}),
 		frames: bucket{tokens: 2 * h.cfg.FramesPerSecond, at: now},
 	}
@@ -150,7 +151,24 @@ func (h *Hub) serve(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 
 	c.wake() // the welcome and the replay
 	c.armPing()
+	return c
+}
+
+// serve is the goroutine of an attached connection: it reads until the
+// connection ends, then ends it. An idle connection's goroutine sits in
+// its read for as long as it is attached, so serve and readLoop keep small
+// frames and call nothing deep before the read: the goroutine's stack
+// then stays within 4 KiB instead of 8 (a stack grows by doubling and,
+// once grown, the runtime never shrinks it back while a quarter of it is
+// in use).
+func (h *Hub) serve(c *Conn) {
 	c.fail(c.readLoop(c.ctx))
+	h.end(c)
+}
+
+// end ends c once its reader has returned: it waits for its writer and
+// ping, writes its last ack and records the detach.
+func (h *Hub) end(c *Conn) {
 	c.mu.Lock()
 	c.ended = true
 	if c.pingTimer != nil && c.pingTimer.Stop() {
@@ -159,7 +177,7 @@ func (h *Hub) serve(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 	err := c.err
 	c.mu.Unlock()
 	c.wg.Wait()
-	ws.CloseNow()
+	c.ws.CloseNow()
 	c.acks.flush()
 
 	h.metrics.connections.Dec()
@@ -167,8 +185,8 @@ func (h *Hub) serve(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 	// kick so that it is counted once, and a late kick counts nothing.
 	c.kick(Disconnect{Code: websocket.CloseStatus(err), Label: disconnectLabel(err)})
 	d, _ := c.kickedBy()
-	h.log.Info("websocket detached", KeyAttrs(sess.Key), "reason", d.Label, "code", int(d.Code), "attached_for", h.now().Sub(now).Round(time.Millisecond).String())
-	h.log.Debug("websocket detached: cause", KeyAttrs(sess.Key), "err", err)
+	h.log.Info("websocket detached", KeyAttrs(c.key), "reason", d.Label, "code", int(d.Code), "attached_for", h.now().Sub(c.attachedAt).Round(time.Millisecond).String())
+	h.log.Debug("websocket detached: cause", KeyAttrs(c.key), "err", err)
 	h.recordDetach(c)
 }
 

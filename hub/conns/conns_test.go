@@ -265,3 +265,24 @@ func TestIdleConnectionIsOneGoroutine(t *testing.T) {
 		t.Fatalf("%d goroutines for %d connections: the measure is broken", got, n)
 	}
 }
+
+// TestAckOfWrongTypeIsInvalidField: an ack whose up_to_seq is not a whole
+// number is the field's fault, invalid_field, as the same mistake is over
+// HTTP; a frame that is not JSON at all is invalid_json.
+func TestAckOfWrongTypeIsInvalidField(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{})
+	c := dial(t, h, register(t, h, "bob"))
+	read(t, c) // the welcome
+	for _, tc := range []struct{ frame, code string }{
+		{`{"type":"ack","up_to_seq":"3"}`, "invalid_field"},
+		{`{"type":"ack","up_to_seq":1.5}`, "invalid_field"},
+		{`{"type":"ack","up_to_seq":`, "invalid_json"},
+	} {
+		if err := c.Write(context.Background(), websocket.MessageText, []byte(tc.frame)); err != nil {
+			t.Fatal(err)
+		}
+		if f := read(t, c); f["type"] != "error" || f["code"] != tc.code {
+			t.Errorf("answer to %s: %v, want an error frame %s", tc.frame, f, tc.code)
+		}
+	}
+}

@@ -136,10 +136,10 @@ func New(cfg Config, d Deps) (*Hub, error) {
 // live ones. The caller has authenticated sess and placed it here, and
 // release (from Admit) is called when the connection ends.
 //
-// Attach returns once the upgrade is done: the connection is served by a
-// goroutine of its own, which starts with a small stack, while the
-// handler's goroutine and what the HTTP exchange allocated are released.
-// Close waits for it.
+// Attach returns once the upgrade is done and the connection registered:
+// it is then read by a goroutine of its own, which starts with a small
+// stack and keeps it small (see serve), while the handler's goroutine and
+// what the HTTP exchange allocated are released. Close waits for it.
 func (h *Hub) Attach(w http.ResponseWriter, r *http.Request, sess sessionstore.Session, welcome Welcome, release func()) {
 	ws, err := websocket.Accept(leanHijack{w}, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {
@@ -158,10 +158,11 @@ func (h *Hub) Attach(w http.ResponseWriter, r *http.Request, sess sessionstore.S
 	}
 	h.wg.Add(1)
 	h.mu.Unlock()
+	c := h.start(sess, ws, welcome)
 	go func() {
 		defer h.wg.Done()
 		defer release()
-		h.serve(sess, ws, welcome)
+		h.serve(c)
 	}()
 }
 

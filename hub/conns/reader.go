@@ -3,6 +3,7 @@ package conns
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/marconihub/marconi"
@@ -37,6 +38,12 @@ func (c *Conn) readLoop(ctx context.Context) error {
 		}
 		var f clientFrame
 		if err := json.Unmarshal(data, &f); err != nil {
+			// A JSON object with a field of the wrong type is the field's
+			// fault, as over HTTP; anything else is not JSON to us.
+			if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok && te.Field != "" {
+				c.sendError(marconi.CodeInvalidField, te.Field+" has the wrong type")
+				continue
+			}
 			c.sendError(marconi.CodeInvalidJSON, "frames must be JSON objects")
 			continue
 		}
@@ -99,9 +106,32 @@ func (c *Conn) sendError(code, message string) {
 	if err != nil {
 		return
 	}
-	select {
-	case c.ctrl <- b:
-		c.wake()
-	default: // a client flooding bad frames loses the replies, not the hub's memory
+	c.mu.Lock()
+	if len(c.ctrl) >= maxCtrl {
+		// A client flooding bad frames loses the replies, not the hub's memory.
+		c.mu.Unlock()
+		return
 	}
+	c.ctrl = append(c.ctrl, b)
+	c.mu.Unlock()
+	c.wake()
+}
+
+// maxCtrl bounds the error frames waiting for the writer.
+const maxCtrl = 8
+
+// takeCtrl takes the oldest error frame waiting for the writer, if any.
+func (c *Conn) takeCtrl() ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.ctrl) == 0 {
+		return nil, false
+	}
+	f := c.ctrl[0]
+	c.ctrl[0] = nil
+	c.ctrl = c.ctrl[1:]
+	if len(c.ctrl) == 0 {
+		c.ctrl = nil
+	}
+	return f, true
 }

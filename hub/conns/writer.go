@@ -91,21 +91,21 @@ func (c *Conn) writeSome(ctx context.Context) error {
 		if c.closing() {
 			return c.closeKicked()
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case f := <-c.ctrl:
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if f, ok := c.takeCtrl(); ok {
 			if err := c.write(ctx, f); err != nil {
 				return err
 			}
-		default:
-			it, ok := c.dequeue()
-			if !ok {
-				return nil
-			}
-			if err := c.writeItem(ctx, it); err != nil {
-				return err
-			}
+			continue
+		}
+		it, ok := c.dequeue()
+		if !ok {
+			return nil
+		}
+		if err := c.writeItem(ctx, it); err != nil {
+			return err
 		}
 	}
 }

@@ -238,3 +238,44 @@ func TestDiagnoseNamesWhatOpenedTheBreaker(t *testing.T) {
 		t.Errorf("a store that cannot diagnose: %q", plain.Diagnose(err))
 	}
 }
+
+// slowPrune is a store whose Prune works until its caller's budget ends, as
+// a long backlog does (every batch answered), or whose batch times out on
+// its own, as in a partition.
+type slowPrune struct {
+	sessionstore.Store
+	ownTimeout bool
+}
+
+func (s slowPrune) Prune(ctx context.Context, _, _ time.Time) (int, int, error) {
+	if s.ownTimeout {
+		return 3, 0, fmt.Errorf("prune batch: %w: %w", sessionstore.ErrUnavailable, context.DeadlineExceeded)
+	}
+	<-ctx.Done()
+	return 500, 2, fmt.Errorf("prune: %w", ctx.Err())
+}
+
+// TestPruneOutOfBudgetKeepsBreakerClosed: the retention loop's own deadline
+// ending a long prune says the backlog is long, not that the store is gone:
+// the breaker stays closed (before, it opened and every call answered 503
+// until the next probe). A batch that times out by itself still opens it.
+func TestPruneOutOfBudgetKeepsBreakerClosed(t *testing.T) {
+	b, err := breaker.New(slowPrune{}, breaker.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := within(20 * time.Millisecond)
+	sigs, _, err := b.Prune(ctx, time.Now(), time.Now())
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || sigs != 500 || b.Open() {
+		t.Fatalf("prune out of budget: %d, %v, open %v; want its counts, the deadline, a closed breaker", sigs, err, b.Open())
+	}
+
+	b, err = breaker.New(slowPrune{ownTimeout: true}, breaker.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := b.Prune(context.Background(), time.Now(), time.Now()); err == nil || !b.Open() {
+		t.Fatalf("prune batch timed out by itself: %v, open %v; want an open breaker", err, b.Open())
+	}
+}

@@ -128,14 +128,20 @@ func (b *Store) DropPending(ctx context.Context, k sessionstore.Key, at time.Tim
 	return guard(b, ctx, func() (int, error) { return b.inner.DropPending(ctx, k, at) })
 }
 
-// Prune implements sessionstore.Store.
+// Prune implements sessionstore.Store. A prune that runs out of its
+// caller's budget (the retention loop's) does not open the breaker: its
+// batches each finished under the store's own timeout, so the store answered
+// and the backlog is simply long; the next run goes on. A batch that times
+// out on its own, or a store that cannot be reached, opens it as usual.
 func (b *Store) Prune(ctx context.Context, ackedBefore, expiredBefore time.Time) (int, int, error) {
-	type pruned struct{ signals, sessions int }
-	r, err := guard(b, ctx, func() (pruned, error) {
-		sigs, sess, err := b.inner.Prune(ctx, ackedBefore, expiredBefore)
-		return pruned{sigs, sess}, err
-	})
-	return r.signals, r.sessions, err
+	if err := b.before(); err != nil {
+		return 0, 0, err
+	}
+	sigs, sess, err := b.inner.Prune(ctx, ackedBefore, expiredBefore)
+	if err != nil && ctx.Err() != nil {
+		return sigs, sess, err
+	}
+	return sigs, sess, b.after(ctx, err)
 }
 
 // HeartbeatInstance implements sessionstore.Store.

@@ -120,9 +120,10 @@ type wakeReq struct {
 	seq      int64
 }
 
-// notifySQL sends the batch's wake-ups, one per instance and session (the
-// highest seq), in the batch's transaction: Postgres delivers them at its
-// commit and serialises notifying commits, so a batch pays that once.
+// notifySQL sends the batch's wake-ups (batchWakes: one NOTIFY per instance
+// unless its wake-ups overflow one payload) in the batch's transaction:
+// Postgres delivers them at its commit and serialises notifying commits, so
+// a batch pays that once.
 const notifySQL = `SELECT count(pg_notify('marconi_wake_' || md5(coalesce(current_schema(), '') || '/' || i), p))
 	FROM unnest($1::text[], $2::text[]) AS x(i, p)`
 
@@ -287,30 +288,41 @@ func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys, lockedProjec
 	return nil
 }
 
-// batchWakes lists the wake-ups of batch, one per instance and session,
-// with the highest seq, as notifySQL's arguments.
+// batchWakes lists the wake-ups of batch as notifySQL's arguments: one per
+// instance and session, with the highest seq, each instance's packed into as
+// few payloads as fit (EncodeWakes), so an instance usually gets one NOTIFY.
 func batchWakes(batch []*appendReq) (instances, payloads []string) {
 	type target struct {
 		instance string
 		k        sessionstore.Key
 	}
-	var order []target
-	top := map[target]int64{}
+	var order []string // instances, as first woken
+	wakes := map[string][]Wake{}
+	at := map[target]int{} // index in wakes[instance]
 	for _, r := range batch {
-		if w := r.wake; w != nil {
-			t := target{w.instance, w.k}
-			if _, ok := top[t]; !ok {
-				order = append(order, t)
-			}
-			top[t] = max(top[t], w.seq)
+		w := r.wake
+		if w == nil {
+			continue
 		}
+		t := target{w.instance, w.k}
+		if i, ok := at[t]; ok {
+			wakes[w.instance][i].Seq = max(wakes[w.instance][i].Seq, w.seq)
+			continue
+		}
+		if _, ok := wakes[w.instance]; !ok {
+			order = append(order, w.instance)
+		}
+		at[t] = len(wakes[w.instance])
+		wakes[w.instance] = append(wakes[w.instance], Wake{Key: w.k, Seq: w.seq})
 	}
-	for _, t := range order {
-		p, err := EncodeWake(t.k, top[t])
+	for _, instance := range order {
+		ps, err := EncodeWakes(wakes[instance])
 		if err != nil {
-			continue // Publish validated it; cannot happen
+			continue // Publish validated each; cannot happen
 		}
-		instances, payloads = append(instances, t.instance), append(payloads, p)
+		for _, p := range ps {
+			instances, payloads = append(instances, instance), append(payloads, p)
+		}
 	}
 	return instances, payloads
 }

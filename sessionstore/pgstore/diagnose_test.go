@@ -1,17 +1,16 @@
 package pgstore_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/marconihub/marconi/internal/pgtest"
+	"github.com/marconihub/marconi/internal/testlog"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
 
@@ -63,24 +62,6 @@ func TestDiagnoseNamesTheCause(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer safe for a logger's writes and the test's reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestListenerNeverConnectedSaysSo: a wake-up listener that never had a
 // connection says it cannot connect, and why; it does not claim to have lost
 // one.
@@ -91,7 +72,7 @@ func TestListenerNeverConnectedSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	var logs lockedBuffer
+	var logs testlog.Buffer
 	bus := pgstore.NewBus(st, slog.New(slog.NewTextHandler(&logs, nil)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

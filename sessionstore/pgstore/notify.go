@@ -18,7 +18,8 @@ import (
 
 // Wake-up bus: Postgres LISTEN/NOTIFY between the hub instances that share a
 // database. Each instance listens on its own channel; the payload names the
-// stored signal (tenant, project, session, seq) and nothing else.
+// stored signals (tenant, project, session, seq) and nothing else: one
+// object, or an array of them when a batch wakes several sessions there.
 
 // channelSQL computes an instance's channel. Channels are database-wide while
 // the tables live in the search_path's schema, so the schema is part of the
@@ -45,6 +46,15 @@ const MaxWakePayload = 2048
 // maxWakeField bounds each of tenant, project and session id in a payload.
 const maxWakeField = 256
 
+// MaxWakeBatchPayload bounds a payload that carries several wake-ups (a JSON
+// array, EncodeWakes): under Postgres's limit (a NOTIFY payload must be
+// shorter than 8000 bytes) with room to spare. One wake-up of the longest
+// valid fields, every byte escaped, takes under 4700 bytes, so it always fits.
+const MaxWakeBatchPayload = 7680
+
+// MaxWakeBatch bounds how many wake-ups one payload carries.
+const MaxWakeBatch = 128
+
 // Listener timings.
 const (
 	listenBackoffMin = 100 * time.Millisecond
@@ -67,15 +77,12 @@ type wakePayload struct {
 	Seq     int64  `json:"seq"`
 }
 
-// EncodeWake is the NOTIFY payload of a wake-up for k's signal seq.
+// EncodeWake is the NOTIFY payload of a wake-up for k's signal seq, in the
+// object form (EncodeWakes packs several).
 func EncodeWake(k sessionstore.Key, seq int64) (string, error) {
-	p := wakePayload{Tenant: k.TenantID, Project: k.ProjectID, Session: k.SessionID, Seq: seq}
-	if err := p.validate(); err != nil {
-		return "", err
-	}
-	b, err := json.Marshal(p)
+	b, err := encodeEntry(Wake{Key: k, Seq: seq})
 	if err != nil {
-		return "", fmt.Errorf("encode wake-up: %w", err)
+		return "", err
 	}
 	if len(b) > MaxWakePayload {
 		return "", fmt.Errorf("wake-up payload of %d bytes is over %d", len(b), MaxWakePayload)
@@ -96,7 +103,7 @@ func DecodeWake(payload string) (sessionstore.Key, int64, error) {
 	if err := dec.Decode(&p); err != nil {
 		return sessionstore.Key{}, 0, fmt.Errorf("malformed wake-up: %w", err)
 	}
-	if dec.More() {
+	if !onlySpace(payload[dec.InputOffset():]) {
 		return sessionstore.Key{}, 0, errors.New("malformed wake-up: data after the object")
 	}
 	if err := p.validate(); err != nil {
@@ -104,6 +111,101 @@ func DecodeWake(payload string) (sessionstore.Key, int64, error) {
 	}
 	return sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, p.Seq, nil
 }
+
+// Wake is one wake-up: k's signal seq is stored.
+type Wake struct {
+	Key sessionstore.Key
+	Seq int64
+}
+
+// EncodeWakes packs wakes, in order, into as few NOTIFY payloads as fit, each
+// of at most MaxWakeBatchPayload bytes and MaxWakeBatch wake-ups. A payload
+// of one wake-up is EncodeWake's object when that fits MaxWakePayload, which
+// instances older than the array form understand; any other is a JSON array
+// of such objects. It refuses wakes that DecodeWakes would refuse.
+func EncodeWakes(wakes []Wake) ([]string, error) {
+	var (
+		payloads []string
+		entries  []string
+		size     = 1 // the array's "[", and "," or "]" after each entry
+	)
+	flush := func() {
+		if len(entries) == 1 && len(entries[0]) <= MaxWakePayload {
+			payloads = append(payloads, entries[0])
+		} else if len(entries) > 0 {
+			payloads = append(payloads, "["+strings.Join(entries, ",")+"]")
+		}
+		entries, size = entries[:0], 1
+	}
+	for _, w := range wakes {
+		b, err := encodeEntry(w)
+		if err != nil {
+			return nil, err
+		}
+		if len(entries) == MaxWakeBatch || size+len(b)+1 > MaxWakeBatchPayload {
+			flush()
+		}
+		entries, size = append(entries, string(b)), size+len(b)+1
+	}
+	flush()
+	return payloads, nil
+}
+
+// encodeEntry is the JSON object of w.
+func encodeEntry(w Wake) ([]byte, error) {
+	p := wakePayload{Tenant: w.Key.TenantID, Project: w.Key.ProjectID, Session: w.Key.SessionID, Seq: w.Seq}
+	if err := p.validate(); err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("encode wake-up: %w", err)
+	}
+	return b, nil
+}
+
+// DecodeWakes parses a NOTIFY payload of either form: one object (DecodeWake,
+// as every instance sends one wake-up) or an array of 1 to MaxWakeBatch such
+// objects of at most MaxWakeBatchPayload bytes in all (EncodeWakes). It is as
+// strict as DecodeWake: one malformed entry refuses the whole payload.
+func DecodeWakes(payload string) ([]Wake, error) {
+	if !strings.HasPrefix(strings.TrimLeft(payload, jsonSpace), "[") {
+		k, seq, err := DecodeWake(payload)
+		if err != nil {
+			return nil, err
+		}
+		return []Wake{{Key: k, Seq: seq}}, nil
+	}
+	if len(payload) > MaxWakeBatchPayload {
+		return nil, fmt.Errorf("wake-up payload of %d bytes is over %d", len(payload), MaxWakeBatchPayload)
+	}
+	dec := json.NewDecoder(strings.NewReader(payload))
+	var ps []wakePayload
+	if err := dec.Decode(&ps); err != nil {
+		return nil, fmt.Errorf("malformed wake-ups: %w", err)
+	}
+	if !onlySpace(payload[dec.InputOffset():]) {
+		return nil, errors.New("malformed wake-ups: data after the array")
+	}
+	if len(ps) == 0 || len(ps) > MaxWakeBatch {
+		return nil, fmt.Errorf("wake-up array of %d entries, want 1 to %d", len(ps), MaxWakeBatch)
+	}
+	wakes := make([]Wake, len(ps))
+	for i, p := range ps {
+		if err := p.validate(); err != nil {
+			return nil, fmt.Errorf("wake-up %d: %w", i, err)
+		}
+		wakes[i] = Wake{Key: sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, Seq: p.Seq}
+	}
+	return wakes, nil
+}
+
+// jsonSpace is JSON's whitespace.
+const jsonSpace = " \t\r\n"
+
+// onlySpace reports whether s is JSON whitespace only. (A json.Decoder's
+// More is false at a stray "]" or "}", so it cannot tell.)
+func onlySpace(s string) bool { return strings.Trim(s, jsonSpace) == "" }
 
 func (p wakePayload) validate() error {
 	for _, f := range []struct{ name, v string }{{"tenant", p.Tenant}, {"project", p.Project}, {"session", p.Session}} {
@@ -134,12 +236,12 @@ func NewBus(s *Store, log *slog.Logger) *Bus {
 }
 
 // Publish sends a wake-up to instance's channel. With group commit on, it
-// rides the store's next batch (one NOTIFY per instance and session in that
-// batch's transaction) instead of a transaction of its own. Returns an
-// error wrapping sessionstore.ErrUnavailable when Postgres cannot be
-// reached.
+// rides the store's next batch (in one NOTIFY per instance with the batch's
+// other wake-ups for it, EncodeWakes, in that batch's transaction) instead
+// of a transaction of its own. Returns an error wrapping
+// sessionstore.ErrUnavailable when Postgres cannot be reached.
 func (b *Bus) Publish(ctx context.Context, instance string, k sessionstore.Key, seq int64) error {
-	payload, err := EncodeWake(k, seq)
+	payloads, err := EncodeWakes([]Wake{{Key: k, Seq: seq}})
 	if err != nil {
 		return err
 	}
@@ -151,7 +253,7 @@ func (b *Bus) Publish(ctx context.Context, instance string, k sessionstore.Key, 
 	if err != nil {
 		return wrap("publish wake-up", err)
 	}
-	_, err = b.store.pool.Exec(ctx, `SELECT pg_notify(`+channelSQL+`, $2)`, instance, payload)
+	_, err = b.store.pool.Exec(ctx, `SELECT pg_notify(`+channelSQL+`, $2)`, instance, payloads[0])
 	return wrap("publish wake-up", err)
 }
 
@@ -295,12 +397,14 @@ func (b *Bus) listenOnce(ctx context.Context, instance string, onWake func(sessi
 		cancel()
 		switch {
 		case err == nil:
-			k, seq, derr := DecodeWake(n.Payload)
+			wakes, derr := DecodeWakes(n.Payload)
 			if derr != nil {
 				b.log.Warn("ignoring a malformed wake-up", "channel", channel, "err", derr)
 				continue
 			}
-			onWake(k, seq)
+			for _, w := range wakes {
+				onWake(w.Key, w.Seq)
+			}
 		case ctx.Err() != nil:
 			return true, ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded) && !locked:

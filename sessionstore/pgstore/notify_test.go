@@ -2,6 +2,8 @@ package pgstore_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -74,6 +76,8 @@ func TestDecodeWakeRejectsMalformed(t *testing.T) {
 		`{"tenant":1,"project":"p","session":"s","seq":1}`,
 		`{"tenant":"t","project":"p","session":"s","seq":1}{}`,
 		`{"tenant":"t","project":"p","session":"s","seq":1} x`,
+		`{"tenant":"t","project":"p","session":"s","seq":1}]`,
+		`{"tenant":"t","project":"p","session":"s","seq":1}}`,
 		`{"tenant":"t","project":"p","session":"s","seq":99999999999999999999}`,
 		`{"tenant":"t","project":"p","session":"` + strings.Repeat("s", 257) + `","seq":1}`,
 		`{"tenant":"t","project":"p","session":"s","seq":1,"pad":"` + strings.Repeat("x", pgstore.MaxWakePayload) + `"}`,
@@ -89,25 +93,159 @@ func TestDecodeWakeRejectsMalformed(t *testing.T) {
 	}
 }
 
+func TestEncodeWakesPacksAsFewPayloadsAsFit(t *testing.T) {
+	key := func(i, pad int) sessionstore.Key {
+		return sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: fmt.Sprintf("s%03d-%s", i, strings.Repeat("x", pad))}
+	}
+	for _, tc := range []struct {
+		name     string
+		n, pad   int
+		payloads int
+	}{
+		{"one wake-up is the old object", 1, 0, 1},
+		{"several fit one array", 40, 0, 1},
+		{"the entry bound splits", 2*pgstore.MaxWakeBatch + 3, 0, 3},
+		{"the byte bound splits", 100, 200, 4}, // ≈ 266 bytes a wake-up: 28 fit
+		{"the longest fields, escaped", 3, -1, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var wakes []pgstore.Wake
+			for i := range tc.n {
+				var k sessionstore.Key
+				if tc.pad < 0 { // every byte escaped: about 4.6 KB, more than one object may hold
+					f := strings.Repeat("\x01", 256)
+					k = sessionstore.Key{TenantID: f, ProjectID: f, SessionID: f[:255] + string(rune('a'+i))}
+				} else {
+					k = key(i, tc.pad)
+				}
+				wakes = append(wakes, pgstore.Wake{Key: k, Seq: int64(i + 1)})
+			}
+			ps, err := pgstore.EncodeWakes(wakes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ps) != tc.payloads {
+				t.Fatalf("%d payloads, want %d", len(ps), tc.payloads)
+			}
+			var got []pgstore.Wake
+			for i, p := range ps {
+				if len(p) > pgstore.MaxWakeBatchPayload {
+					t.Fatalf("payload %d has %d bytes, over %d", i, len(p), pgstore.MaxWakeBatchPayload)
+				}
+				ws, err := pgstore.DecodeWakes(p)
+				if err != nil {
+					t.Fatalf("DecodeWakes(payload %d): %v", i, err)
+				}
+				if len(ws) > pgstore.MaxWakeBatch {
+					t.Fatalf("payload %d carries %d wake-ups, over %d", i, len(ws), pgstore.MaxWakeBatch)
+				}
+				// Full: the next payload's first wake-up would not have fit.
+				if i+1 < len(ps) && len(ws) < pgstore.MaxWakeBatch {
+					next, _ := pgstore.DecodeWakes(ps[i+1])
+					more, _ := pgstore.EncodeWakes(append(slices.Clone(ws), next[0]))
+					if len(more) == 1 {
+						t.Fatalf("payload %d (%d bytes, %d wake-ups) had room for the next one", i, len(p), len(ws))
+					}
+				}
+				got = append(got, ws...)
+			}
+			if !slices.Equal(got, wakes) {
+				t.Fatalf("decoded %d wake-ups, want the %d encoded, in order", len(got), len(wakes))
+			}
+		})
+	}
+	// A lone wake-up keeps the form instances before the array understand.
+	ps, _ := pgstore.EncodeWakes([]pgstore.Wake{{Key: sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}, Seq: 3}})
+	if want := `{"tenant":"t1","project":"p1","session":"bob","seq":3}`; len(ps) != 1 || ps[0] != want {
+		t.Fatalf("payloads = %q, want [%s]", ps, want)
+	}
+	ps, _ = pgstore.EncodeWakes([]pgstore.Wake{
+		{Key: sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}, Seq: 3},
+		{Key: sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "eve"}, Seq: 5}})
+	if want := `[{"tenant":"t1","project":"p1","session":"bob","seq":3},{"tenant":"t1","project":"p1","session":"eve","seq":5}]`; len(ps) != 1 || ps[0] != want {
+		t.Fatalf("payloads = %q, want [%s]", ps, want)
+	}
+	if ps, err := pgstore.EncodeWakes([]pgstore.Wake{{Key: sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "s"}, Seq: 0}}); err == nil {
+		t.Fatalf("EncodeWakes of seq 0 = %q, want an error", ps)
+	}
+}
+
+func TestDecodeWakesRejectsMalformed(t *testing.T) {
+	entry := `{"tenant":"t","project":"p","session":"s","seq":1}`
+	for _, p := range []string{
+		``,
+		`[]`,
+		`[null]`,
+		`[{}]`,
+		`[` + entry + `,]`,
+		`[` + entry + `,null]`,
+		`[` + entry + `,{"tenant":"t","project":"p","session":"s","seq":0}]`,
+		`[` + entry + `,"s"]`,
+		`[` + entry + `]]`,
+		`[` + entry + `][]`,
+		`[` + entry + `] x`,
+		`[[` + entry + `]]`,
+		`[` + entry,
+		`[` + strings.TrimSuffix(strings.Repeat(entry+",", pgstore.MaxWakeBatch+1), ",") + `]`,
+		`[` + entry + `,{"tenant":"t","project":"p","session":"s","seq":1,"pad":"` + strings.Repeat("x", pgstore.MaxWakeBatchPayload) + `"}]`,
+		`{"tenant":"t","project":"p","session":"s","seq":1,"pad":"` + strings.Repeat("x", pgstore.MaxWakePayload) + `"}`,
+	} {
+		if ws, err := pgstore.DecodeWakes(p); err == nil {
+			t.Errorf("DecodeWakes(%.80q) = %v; want an error", p, ws)
+		}
+	}
+	// Both forms, and unknown fields in either, decode.
+	for p, want := range map[string]int{
+		entry: 1,
+		` [` + entry + `,{"tenant":"t","project":"p","session":"u","seq":2,"v":2}] `:         2,
+		`[` + strings.TrimSuffix(strings.Repeat(entry+",", pgstore.MaxWakeBatch), ",") + `]`: pgstore.MaxWakeBatch,
+	} {
+		if ws, err := pgstore.DecodeWakes(p); err != nil || len(ws) != want {
+			t.Errorf("DecodeWakes(%.80q) = %d wake-ups, %v; want %d", p, len(ws), err, want)
+		}
+	}
+}
+
 // FuzzDecodeWake: the payload comes from anyone who can NOTIFY. Decoding
-// never panics, and what it accepts encodes back to an equal wake-up.
+// (either form) never panics; what it accepts encodes back, within the
+// bounds, to payloads that decode to the same wake-ups in the same order;
+// and the array form's decoder agrees with the object form's.
 func FuzzDecodeWake(f *testing.F) {
 	f.Add(`{"tenant":"t1","project":"p1","session":"bob","seq":3}`)
 	f.Add(`{"tenant":"t","project":"p","session":"s","seq":1,"x":[1,{"y":null}]}`)
 	f.Add(`{"tenant":"\u0000","project":"\ud800","session":"s","seq":9223372036854775807}`)
 	f.Add(`{`)
+	f.Add(`[{"tenant":"t1","project":"p1","session":"bob","seq":3},{"tenant":"t1","project":"p1","session":"eve","seq":4}]`)
 	f.Fuzz(func(t *testing.T, payload string) {
-		k, seq, err := pgstore.DecodeWake(payload)
+		wakes, err := pgstore.DecodeWakes(payload)
+		if k, seq, oerr := pgstore.DecodeWake(payload); oerr == nil {
+			if err != nil || len(wakes) != 1 || wakes[0] != (pgstore.Wake{Key: k, Seq: seq}) {
+				t.Fatalf("DecodeWake(%q) = %v, %d but DecodeWakes = %v, %v", payload, k, seq, wakes, err)
+			}
+		}
 		if err != nil {
 			return
 		}
-		p, err := pgstore.EncodeWake(k, seq)
-		if err != nil {
-			t.Fatalf("DecodeWake accepted %q as %v, %d, which EncodeWake refuses: %v", payload, k, seq, err)
+		if len(wakes) < 1 || len(wakes) > pgstore.MaxWakeBatch {
+			t.Fatalf("DecodeWakes(%q) accepted %d wake-ups", payload, len(wakes))
 		}
-		k2, seq2, err := pgstore.DecodeWake(p)
-		if err != nil || k2 != k || seq2 != seq {
-			t.Fatalf("re-decoding %q: %v, %d, %v; want %v, %d", p, k2, seq2, err, k, seq)
+		ps, err := pgstore.EncodeWakes(wakes)
+		if err != nil {
+			t.Fatalf("DecodeWakes accepted %q as %v, which EncodeWakes refuses: %v", payload, wakes, err)
+		}
+		var again []pgstore.Wake
+		for _, p := range ps {
+			if len(p) > pgstore.MaxWakeBatchPayload {
+				t.Fatalf("re-encoded payload of %d bytes", len(p))
+			}
+			ws, err := pgstore.DecodeWakes(p)
+			if err != nil {
+				t.Fatalf("re-decoding %q: %v", p, err)
+			}
+			again = append(again, ws...)
+		}
+		if !slices.Equal(again, wakes) {
+			t.Fatalf("re-decoding %q gave %v, want %v", ps, again, wakes)
 		}
 	})
 }

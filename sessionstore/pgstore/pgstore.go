@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -302,12 +303,11 @@ func (s *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, 
 	if err != nil {
 		return nil, wrap("list sessions", err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+sessionCols+` FROM sessions
-		WHERE expires_at >= $1
-		  AND ($2 = '' OR tenant_id = $2)
-		  AND ($3 = '' OR project_id = $3)
+	where, args := liveSessionsWhere(f, now)
+	args = append(args, limitOrNil(f.Limit))
+	rows, err := s.pool.Query(ctx, `SELECT `+sessionCols+` FROM sessions WHERE `+where+`
 		ORDER BY tenant_id COLLATE "C", project_id COLLATE "C", session_id COLLATE "C"
-		LIMIT $4`, now, f.TenantID, f.ProjectID, limitOrNil(f.Limit))
+		LIMIT $`+strconv.Itoa(len(args)), args...)
 	if err != nil {
 		return nil, wrap("list sessions", err)
 	}
@@ -318,6 +318,24 @@ func (s *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, 
 	return out, nil
 }
 
+// liveSessionsWhere is the WHERE clause of the sessions live at now that
+// match f's tenant and project, and its arguments ($1 is now). Only the
+// filters given become conditions: with "$2 = ” OR tenant_id = $2" the
+// generic plan Postgres settles on after a few executions cannot use the
+// primary key and scans every session.
+func liveSessionsWhere(f sessionstore.SessionFilter, now time.Time) (string, []any) {
+	where, args := "expires_at >= $1", []any{now}
+	if f.TenantID != "" {
+		args = append(args, f.TenantID)
+		where += " AND tenant_id = $" + strconv.Itoa(len(args))
+	}
+	if f.ProjectID != "" {
+		args = append(args, f.ProjectID)
+		where += " AND project_id = $" + strconv.Itoa(len(args))
+	}
+	return where, args
+}
+
 // CountSessions implements sessionstore.Store: a scan of the primary key's
 // (tenant_id, project_id) prefix, stopped at the limit.
 func (s *Store) CountSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) (int, error) {
@@ -326,21 +344,11 @@ func (s *Store) CountSessions(ctx context.Context, f sessionstore.SessionFilter,
 	if err != nil {
 		return 0, wrap("count sessions", err)
 	}
-	// One project (the quota's case) gets a query of its own: with "$2 =
-	// '' OR ..." the generic plan Postgres settles on after a few
-	// executions cannot use the key and scans every session.
-	q := `SELECT count(*) FROM (SELECT 1 FROM sessions
-		WHERE expires_at >= $1 AND tenant_id = $2 AND project_id = $3
-		LIMIT $4) AS live`
-	if f.TenantID == "" || f.ProjectID == "" {
-		q = `SELECT count(*) FROM (SELECT 1 FROM sessions
-		WHERE expires_at >= $1
-		  AND ($2 = '' OR tenant_id = $2)
-		  AND ($3 = '' OR project_id = $3)
-		LIMIT $4) AS live`
-	}
+	where, args := liveSessionsWhere(f, now)
+	args = append(args, limitOrNil(f.Limit))
 	var n int
-	err = s.pool.QueryRow(ctx, q, now, f.TenantID, f.ProjectID, limitOrNil(f.Limit)).Scan(&n)
+	err = s.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM sessions WHERE `+where+`
+		LIMIT $`+strconv.Itoa(len(args))+`) AS live`, args...).Scan(&n)
 	if err != nil {
 		return 0, wrap("count sessions", err)
 	}
