@@ -31,6 +31,7 @@ import (
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/internal/pgtest"
+	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
 	"github.com/marconihub/marconi/signals/selfheal"
 )
@@ -46,7 +47,10 @@ const benchTimeout = 10 * time.Second
 // else is the default configuration.
 func benchHub(b *testing.B, store string) *hubtest.Hub {
 	b.Helper()
-	o := hubtest.Options{Config: hub.Config{SendRatePerSecond: 1e9, QuotaRegistrationsPerSecond: 1e9}}
+	// The per-session send limit and the quotas are lifted: a benchmark's
+	// one recipient collects every send it makes.
+	o := hubtest.Options{Config: hub.Config{SendRatePerSecond: 1e9, QuotaRegistrationsPerSecond: 1e9,
+		StoreQuotas: sessionstore.Limits{PendingPerRecipient: 1 << 40, PendingBytesPerProject: 1 << 50}}}
 	if store == "postgres" {
 		u := pgtest.Schema(b)
 		ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
