@@ -67,10 +67,11 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 					c.failover(idx, err)
 				}
 				if hop > 0 && c.ctx.Err() == nil {
-					// The instance HubURL named is unreachable: most likely it
-					// died and HubURL's instance has not yet seen its heartbeat
-					// age out. Every attempt starts at HubURL again, which takes
-					// the session over (affinity reset) once it has.
+					// The instance the hub URL named is unreachable: most
+					// likely it died and the hub URL's instance has not yet seen
+					// it dead. Every attempt starts at the hub URL again, whose
+					// instance takes the session over (affinity reset) once it
+					// has.
 					c.log.Warn("marconi: assigned instance unreachable; retrying through HubURL",
 						"instance_url", base, "err", err)
 				}

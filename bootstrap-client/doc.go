@@ -19,15 +19,21 @@
 //   - close code 4409 (replaced by a newer connection of this session): not
 //     redialed; the client does not fight the newer connection.
 //   - 410 session_expired from any call, or close code 4410: the same
-//     session_id is registered again and the WebSocket reattached.
+//     session_id is registered again, the WebSocket reattached, and
+//     Config.OnAffinityReset called (whatever the session held is gone).
+//   - no answer (connection failed) or 502, 503, 504 on any call: the next
+//     call goes to the next of Config.HubURL and Config.HubURLs (failover);
+//     Send itself retries, with the same idempotency key, up to
+//     Config.SendAttempts times.
 //   - welcome with affinity_reset: true: Config.OnAffinityReset is called; the
 //     application rehydrates its runtime-local state. A welcome's "dropped": n
 //     (disconnect policy drop) is logged at warn level and summed in
 //     Stats.DroppedAtReset.
 //   - 409 wrong_instance on attach (sticky session): instance_url is followed,
-//     but not pinned: every reattach starts at Config.HubURL again, so when
-//     the assigned instance dies, HubURL's instance takes the session over once
-//     it sees the dead one's heartbeat age out.
+//     but not pinned: every reattach starts at the hub URL in use again, so
+//     when the assigned instance dies, that URL's instance takes the session
+//     over once it sees the dead one gone (within about half a second of a
+//     kill with Postgres).
 //
 // Delivery is at least once on the wire; the client turns it into once per
 // signal id for the handler: signals from the WebSocket, from drain and from

@@ -217,6 +217,12 @@ func (c *cluster) startHub(t *testing.T, i int) {
 		"MARCONI_ADMIN_TOKEN=" + c.admin,
 		"MARCONI_INSTANCE_HEARTBEAT_SECONDS=1",
 		"MARCONI_LOG_LEVEL=warn",
+		// The database is shared with the rest of the suite, run in
+		// parallel: a slow query under that load must not pass for a
+		// partition (the store breaker would fail /readyz and the balancer
+		// would drop every instance at once). The failover is under test
+		// here, not the store deadline.
+		"MARCONI_STORE_TIMEOUT_SECONDS=10",
 		// Behind a balancer every connection comes from its address, and
 		// the agents all register at once with one key.
 		"MARCONI_MAX_CONNECTIONS_PER_ADDRESS=100000",
@@ -360,14 +366,19 @@ func (c *cluster) attachedByInstance() (map[string]int, error) {
 	return out, nil
 }
 
-// waitAttached polls until n sessions are attached elsewhere than gone; it
-// fails the test past the deadline.
+// waitAttached polls until n sessions are attached elsewhere than gone, as
+// seen by an answer received by the deadline; it fails the test otherwise.
 func (c *cluster) waitAttached(t *testing.T, what string, n int, gone string, deadline time.Time) {
 	t.Helper()
 	var got int
 	var err error
 	for {
 		if got, err = c.attached(gone); err == nil && got == n {
+			if seen := time.Now(); seen.After(deadline) {
+				// Seen only by an answer that came after the deadline: it
+				// may have been reached after it too.
+				t.Fatalf("%s: every agent attached again, but seen only %v after the deadline", what, seen.Sub(deadline).Round(time.Millisecond))
+			}
 			return
 		}
 		if time.Now().After(deadline) {

@@ -304,6 +304,26 @@ func (f *Fabric) healthyAt(in sessionstore.Instance, now time.Time) bool {
 	return !in.Draining && now.Sub(in.LastHeartbeatAt) < f.cfg.DeadAfter && !f.gone[in.ID]
 }
 
+// Reporter reports whether this instance is the one that exports the
+// cluster-wide gauges: it is healthy and no healthy instance in the view has
+// a lower id. Every instance decides from its own view, without a store
+// call; for about one heartbeat after a change two instances, or none, may
+// claim it.
+func (f *Fabric) Reporter() bool {
+	if f.draining.Load() {
+		return false
+	}
+	now := f.now()
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	for id, in := range f.instances {
+		if id < f.cfg.InstanceID && f.healthyAt(in, now) {
+			return false
+		}
+	}
+	return true
+}
+
 // URL is the public URL of instance, from the instance table; empty when
 // the instance is unknown.
 func (f *Fabric) URL(instance string) string {

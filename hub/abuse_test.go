@@ -78,9 +78,9 @@ func TestAbusiveKeyIsBounded(t *testing.T) {
 	for name, open := range bothStores() {
 		t.Run(name, func(t *testing.T) {
 			const (
-				sessionsQuota = 300
-				regRate       = 1000 // burst 2000
-				attempts      = 2400
+				sessionsQuota = 100
+				regRate       = 500 // burst 1000
+				attempts      = 1200
 			)
 			clock := hubtest.NewClock(time.Now())
 			h := hubtest.Start(t, hubtest.Options{Store: open(t), Now: clock.Now, Config: hub.Config{
@@ -88,14 +88,8 @@ func TestAbusiveKeyIsBounded(t *testing.T) {
 				SendRatePerSecond: 1e6, // the victim's own send limit is not under test
 			}})
 			victimKey := secondProjectKey(t, h)
-			st, r := call(t, "POST", h.URL+"/v1/sessions", victimKey, map[string]any{"session_id": "va", "surface": "codex"})
-			if st != 201 {
-				t.Fatalf("victim register: %d %v", st, r)
-			}
-			victim := agent{ID: "va", Token: r["token"].(string)}
-			if st, r := call(t, "POST", h.URL+"/v1/sessions", victimKey, map[string]any{"session_id": "vb", "surface": "codex"}); st != 201 {
-				t.Fatalf("victim register: %d %v", st, r)
-			}
+			victim := registerWithKey(t, h, victimKey, "va", "codex")
+			registerWithKey(t, h, victimKey, "vb", "codex")
 			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
 			defer client.CloseIdleConnections()
 			heapBefore := liveHeap()
@@ -122,8 +116,8 @@ func TestAbusiveKeyIsBounded(t *testing.T) {
 				body, _ := json.Marshal(map[string]any{"session_id": fmt.Sprintf("a%d", i), "surface": "codex"})
 				return postQuota(client, h.URL+"/v1/sessions", h.APIKey, body)
 			}
-			// The clock stands still: the key has its burst of 2000
-			// registrations and not one more; of those, the first 300
+			// The clock stands still: the key has its burst of 1000
+			// registrations and not one more; of those, the first 100
 			// create sessions and the sessions quota refuses the rest.
 			got := flood(attempts, 16, register)
 			close(stop)
@@ -156,14 +150,100 @@ func TestAbusiveKeyIsBounded(t *testing.T) {
 				// bound follows from the quota: 2 KiB a session (measured
 				// about 1 KiB, with -race too) plus 512 KiB for what else
 				// the flood and the victim's signals left live. Without
-				// the quota the 2000 registrations the rate let through
-				// hold nearly twice it (measured 1.9 MiB).
+				// the quota the 1000 registrations the rate let through
+				// hold about twice it (measured 1.9 MiB for 2000).
 				grew := int64(liveHeap()) - int64(heapBefore)
 				bound := int64(sessionsQuota*2<<10 + 512<<10)
 				t.Logf("heap grew %d KiB for %d sessions", grew>>10, sessionsQuota)
 				if grew > bound {
 					t.Errorf("heap grew %d bytes, more than the quota allows (%d)", grew, bound)
 				}
+			}
+		})
+	}
+}
+
+// TestAbusiveSenderIsBounded (issue 12.1's second half): an abusive key's
+// sessions flood one recipient with large payloads. The pending-bytes
+// quota stops what is stored at the quota (on Postgres and in the memory
+// store's heap), the pending-per-recipient quota at its count, while the
+// other project's sends keep succeeding; acknowledging frees the room.
+func TestAbusiveSenderIsBounded(t *testing.T) {
+	for name, open := range bothStores() {
+		t.Run(name, func(t *testing.T) {
+			const (
+				bytesQuota   = 1 << 20
+				payloadBytes = 16 << 10
+				senders      = 8
+				attempts     = 200
+			)
+			h := hubtest.Start(t, hubtest.Options{Store: open(t), Config: hub.Config{
+				StoreQuotas:       sessionstore.Limits{PendingBytesPerProject: bytesQuota, PendingPerRecipient: 1000},
+				SendRatePerSecond: 1e6,
+			}})
+			victimKey := secondProjectKey(t, h)
+			victim := registerWithKey(t, h, victimKey, "va", "codex")
+			registerWithKey(t, h, victimKey, "vb", "codex")
+			sink := register(t, h, "sink", "codex")
+			var abusers []agent
+			for i := range senders {
+				abusers = append(abusers, register(t, h, fmt.Sprintf("s%d", i), "codex"))
+			}
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+			defer client.CloseIdleConnections()
+			heapBefore := liveHeap()
+
+			big, _ := json.Marshal(map[string]any{"to_session": "sink", "payload": strings.Repeat("x", payloadBytes-2)})
+			small, _ := json.Marshal(map[string]any{"to_session": "vb", "payload": 1})
+			var victimFailures atomic.Int64
+			var vwg sync.WaitGroup
+			stop := make(chan struct{})
+			vwg.Go(func() {
+				for n := 0; n < 200; n++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if st, _ := postQuota(client, h.URL+"/v1/signals", victim.Token, small); st != 200 {
+						victimFailures.Add(1)
+					}
+				}
+			})
+			got := flood(attempts, senders, func(i int) (int, string) {
+				return postQuota(client, h.URL+"/v1/signals", abusers[i%senders].Token, big)
+			})
+			close(stop)
+			vwg.Wait()
+
+			stored := bytesQuota / payloadBytes // whole payloads that fit
+			want := map[string]int{"200 ": stored, "429 pending_bytes_per_project": attempts - stored}
+			t.Logf("answers %v", got)
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("answers %v, want %v", got, want)
+			}
+			if n, err := h.Store.CountPending(t.Context(), sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "sink"}); err != nil || n != stored {
+				t.Errorf("the sink holds %d pending (%v), want %d", n, err, stored)
+			}
+			if victimFailures.Load() != 0 {
+				t.Errorf("%d of the other project's sends failed during the flood", victimFailures.Load())
+			}
+			if name == "memstore" {
+				// The bound follows from the quota: the pending bytes plus
+				// 1 MiB for everything else left live. Without the quota
+				// the 200 payloads would hold 3.2 MiB.
+				grew := int64(liveHeap()) - int64(heapBefore)
+				t.Logf("heap grew %d KiB for %d KiB of pending payload", grew>>10, stored*payloadBytes>>10)
+				if bound := int64(bytesQuota + 1<<20); grew > bound {
+					t.Errorf("heap grew %d bytes, more than the quota allows (%d)", grew, bound)
+				}
+			}
+			// Acknowledging frees the room: the next send is stored.
+			if st, r := call(t, "POST", h.URL+"/v1/signals/ack", sink.Token, map[string]any{"up_to_seq": stored}); st != 200 {
+				t.Fatalf("ack: %d %v", st, r)
+			}
+			if st, q := postQuota(client, h.URL+"/v1/signals", abusers[0].Token, big); st != 200 {
+				t.Fatalf("a send after the sink acknowledged: %d %s, want 200", st, q)
 			}
 		})
 	}

@@ -105,7 +105,13 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		s.metrics.registryErrors.Inc()
 		s.storeLog(err)("store unavailable", "method", c.Request().Method, "path", c.Path(), "err", err)
 	default:
-		s.log.Debug("request refused", "method", c.Request().Method, "path", c.Path(), "code", pe.Code, "msg", pe.Message)
+		// The activity log: every refusal at info, by code. Neither the
+		// message nor anything logged here carries a secret.
+		attrs := []any{"method", c.Request().Method, "route", c.Path(), "status", status, "code", pe.Code, "detail", pe.Message}
+		if sess, ok := c.Get(ctxSession).(sessionstore.Session); ok {
+			attrs = append(attrs, keyAttrs(sess.Key))
+		}
+		s.log.Info("request refused", attrs...)
 	}
 	switch {
 	case pe.RetryAfter > 0:

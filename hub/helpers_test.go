@@ -165,6 +165,17 @@ func routeState(t *testing.T, h *hubtest.Hub, session string) map[string]any {
 
 func metric(t *testing.T, h *hubtest.Hub, name string, labels ...string) float64 {
 	t.Helper()
+	v, ok := lookupMetric(t, h, name, labels...)
+	if !ok {
+		t.Fatalf("metric %s%v not found", name, labels)
+	}
+	return v
+}
+
+// lookupMetric returns the value of the first counter or gauge series named
+// name with the given label pairs, and whether there is one.
+func lookupMetric(t *testing.T, h *hubtest.Hub, name string, labels ...string) (float64, bool) {
+	t.Helper()
 	mfs, err := h.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -188,14 +199,13 @@ func metric(t *testing.T, h *hubtest.Hub, name string, labels ...string) float64
 			}
 			switch {
 			case m.Counter != nil:
-				return m.Counter.GetValue()
+				return m.Counter.GetValue(), true
 			case m.Gauge != nil:
-				return m.Gauge.GetValue()
+				return m.Gauge.GetValue(), true
 			}
 		}
 	}
-	t.Fatalf("metric %s%v not found", name, labels)
-	return 0
+	return 0, false
 }
 
 var _ = testutil.ToFloat64

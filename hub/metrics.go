@@ -7,7 +7,6 @@ type metrics struct {
 	registryErrors prometheus.Counter
 	registrations  *prometheus.CounterVec
 	pruned         *prometheus.CounterVec
-	pending        prometheus.Gauge
 }
 
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
@@ -24,14 +23,10 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "marconi_pruned_total",
 			Help: "Rows removed by the retention loop, by kind (signals, sessions).",
 		}, []string{"kind"}),
-		pending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "marconi_pending_signals",
-			Help: "Unacknowledged signals of live sessions, cluster-wide, sampled by the retention loop.",
-		}),
 	}
 	m.pruned.WithLabelValues("signals")
 	m.pruned.WithLabelValues("sessions")
-	for _, c := range []prometheus.Collector{m.registryErrors, m.registrations, m.pruned, m.pending} {
+	for _, c := range []prometheus.Collector{m.registryErrors, m.registrations, m.pruned} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}

@@ -21,8 +21,9 @@ import (
 
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
-	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/sessionstore/memstore"
+	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
 
 // The property test drives a real hub over HTTP and WebSocket with random
@@ -72,16 +73,43 @@ var rapidExplicit = sync.OnceValue(func() map[string]bool {
 
 func TestPropertyDelivery(t *testing.T) {
 	setRapidChecks(t, propertyChecks)
-	rapid.Check(t, func(rt *rapid.T) { runModel(t, rt, memstore.New(), "") })
+	rapid.Check(t, func(rt *rapid.T) {
+		runModel(t, rt, "", func(cfg hub.Config) []*hubtest.Hub {
+			return []*hubtest.Hub{hubtest.Start(t, hubtest.Options{Store: memstore.New(), Config: cfg})}
+		})
+	})
 }
 
+// TestPGPropertyDelivery runs the model against two instances on one
+// Postgres, each with its own pool and wake-up bus, as two processes would
+// be: every call goes to either, and a signal sent through one reaches a
+// WebSocket attached to the other.
 func TestPGPropertyDelivery(t *testing.T) {
-	store := pgStore(t)
-	setRapidChecks(t, 5)
+	schema := pgtest.Schema(t)
+	setRapidChecks(t, 4)
 	check := 0
 	rapid.Check(t, func(rt *rapid.T) {
-		check++ // one store for every check: each has tenants of its own
-		runModel(t, rt, store, fmt.Sprintf("c%d-", check))
+		check++ // one schema for every check: each has tenants of its own
+		runModel(t, rt, fmt.Sprintf("c%d-", check), func(cfg hub.Config) []*hubtest.Hub {
+			var hubs []*hubtest.Hub
+			for _, id := range []string{"a", "b"} {
+				st, err := pgstore.Open(context.Background(), schema, pgstore.WithMaxConns(4))
+				if err != nil {
+					t.Fatalf("open pgstore: %v", err)
+				}
+				bus := pgstore.NewBus(st, nil)
+				cfg.InstanceID = id
+				// A connection replaced or deregistered through the other
+				// instance closes at this one's next sweep (docs/api.md).
+				cfg.PendingSweep = 100 * time.Millisecond
+				h := hubtest.Start(t, hubtest.Options{Store: st, Bus: bus, Config: cfg})
+				hubs = append(hubs, h)
+				t.Cleanup(func() { h.Close(); _ = st.Close() }) // before the schema is dropped
+				// It listens for wake-ups before anyone sends to it.
+				waitFor(t, "the wake-up listener of "+id, func() bool { return metric(t, h, "marconi_wake_listener_connects_total") >= 1 })
+			}
+			return hubs
+		})
 	})
 }
 
@@ -126,17 +154,20 @@ type modelConn struct {
 
 type model struct {
 	t        *testing.T
-	h        *hubtest.Hub
-	keys     []string // API key per scope
+	hubs     []*hubtest.Hub // instances on one store
+	h        *hubtest.Hub   // the instance of the current call
+	keys     []string       // API key per scope
 	tenants  []hub.TenantProject
 	sessions map[[2]any]*modelSession // (scope, id)
 	n        int                      // payload counter: each payload is unique
 	inc      int                      // incarnations registered
 }
 
-func runModel(t *testing.T, rt *rapid.T, store sessionstore.Store, prefix string) {
+// runModel runs one random sequence against the instances that start
+// returns, with prefix before every tenant id.
+func runModel(t *testing.T, rt *rapid.T, prefix string, start func(hub.Config) []*hubtest.Hub) {
 	m := &model{t: t, sessions: map[[2]any]*modelSession{}}
-	cfg := hub.Config{APIKeys: map[string]hub.TenantProject{}, SendRatePerSecond: 1e6}
+	cfg := hub.Config{APIKeys: map[string]hub.TenantProject{}, AdminToken: hub.NewAdminToken(), SendRatePerSecond: 1e6}
 	for i, sc := range modelScopes {
 		key := hub.NewAPIKey()
 		tp := hub.TenantProject{TenantID: prefix + sc.TenantID, ProjectID: sc.ProjectID}
@@ -146,9 +177,9 @@ func runModel(t *testing.T, rt *rapid.T, store sessionstore.Store, prefix string
 			m.sessions[[2]any{i, id}] = &modelSession{scope: i, id: id}
 		}
 	}
-	m.h = hubtest.Start(t, hubtest.Options{Store: store, Config: cfg})
+	m.hubs = start(cfg)
 	defer m.close()
-	rt.Repeat(map[string]func(*rapid.T){
+	actions := map[string]func(*rapid.T){
 		"register":   m.register,
 		"resume":     m.resume,
 		"send":       m.send,
@@ -161,8 +192,15 @@ func runModel(t *testing.T, rt *rapid.T, store sessionstore.Store, prefix string
 		"detach":     m.detach,
 		"deregister": m.deregister,
 		"staleToken": m.staleToken,
-		"":           m.check,
-	})
+	}
+	for name, act := range actions {
+		actions[name] = func(rt *rapid.T) { // through either instance
+			m.h = m.hubs[rapid.IntRange(0, len(m.hubs)-1).Draw(rt, "instance")]
+			act(rt)
+		}
+	}
+	actions[""] = m.check
+	rt.Repeat(actions)
 }
 
 func (m *model) close() {
@@ -172,7 +210,9 @@ func (m *model) close() {
 			<-s.conn.done
 		}
 	}
-	m.h.Close()
+	for _, h := range m.hubs {
+		h.Close()
+	}
 }
 
 // pick draws a live session, registering one when none is live.
@@ -449,14 +489,9 @@ func (m *model) attachOne(rt *rapid.T) *modelSession {
 	go c.read(s)
 	s.conn = c
 	if old != nil {
-		<-old.done // the hub closes the replaced connection
-		if old.closeBy != 4409 {
-			rt.Fatalf("replaced connection of %d/%s closed with %d (%v), want 4409", s.scope, s.id, old.closeBy, old.readErr)
-		}
-		if len(old.bad) > 0 {
-			rt.Fatal(old.bad)
-		}
+		m.closed(rt, old, "replaced") // the hub closes it, wherever it is
 	}
+	m.eventually(rt, "every instance sees the attach", func() bool { return strings.HasPrefix(m.routeState(rt, s), "attached@") })
 	return s
 }
 
@@ -495,14 +530,43 @@ func (m *model) detach(rt *rapid.T) {
 	s.conn.ws.Close(websocket.StatusNormalClosure, "bye")
 	<-s.conn.done
 	s.conn = nil
-	m.eventually(rt, "the hub sees the detach", func() bool { return m.routeState(rt, s) != "attached" })
+	// Until the store records the detach, another instance may still take
+	// the queue for attached.
+	m.eventually(rt, "every instance sees the detach", func() bool { return m.routeState(rt, s) == "route_without_queue@<nil>" })
 }
 
+// routeState is s's route state and the instance its queue is recorded on,
+// as every instance sees them, or "" while they disagree.
 func (m *model) routeState(rt *rapid.T, s *modelSession) string {
 	tp := m.tenants[s.scope]
-	st, body := m.do(rt, "GET", "/v1/ops/route_state/"+tp.TenantID+"/"+tp.ProjectID+"/"+s.id, m.h.AdminToken, nil)
-	expect(rt, "route_state", st, body, 200, "")
-	return body["route_state"].(string)
+	cur, state := m.h, ""
+	defer func() { m.h = cur }()
+	for i, h := range m.hubs {
+		m.h = h
+		st, body := m.do(rt, "GET", "/v1/ops/route_state/"+tp.TenantID+"/"+tp.ProjectID+"/"+s.id, h.AdminToken, nil)
+		expect(rt, "route_state", st, body, 200, "")
+		q, _ := body["queue"].(map[string]any)
+		if got := fmt.Sprintf("%v@%v", body["route_state"], q["instance_id"]); i == 0 {
+			state = got
+		} else if got != state {
+			return ""
+		}
+	}
+	return state
+}
+
+// closed waits until the hub has closed c, and checks it closed with the
+// code of why.
+func (m *model) closed(rt *rapid.T, c *modelConn, why string) {
+	want := map[string]websocket.StatusCode{"replaced": 4409, "deregistered": 4410}[why]
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		rt.Fatalf("the %s connection is still open", why)
+	}
+	if c.closeBy != want || len(c.bad) > 0 {
+		rt.Fatalf("the %s connection closed with %d (%v), want %d; saw %v", why, c.closeBy, c.readErr, want, c.bad)
+	}
 }
 
 func (m *model) deregister(rt *rapid.T) {
@@ -510,10 +574,7 @@ func (m *model) deregister(rt *rapid.T) {
 	st, body := m.do(rt, "DELETE", "/v1/session", s.token, nil)
 	expect(rt, "deregister", st, body, 204, "")
 	if s.conn != nil {
-		<-s.conn.done
-		if s.conn.closeBy != 4410 {
-			rt.Fatalf("deregistered %d/%s: connection closed with %d (%v), want 4410", s.scope, s.id, s.conn.closeBy, s.conn.readErr)
-		}
+		m.closed(rt, s.conn, "deregistered")
 	}
 	*s = modelSession{scope: s.scope, id: s.id, stale: append(s.stale, s.token)}
 	for _, o := range m.sessions {

@@ -100,6 +100,10 @@ type Config struct {
 	// queue attached here catches up from the store, so that a lost
 	// cross-instance wake-up delays a signal by at most this long.
 	PendingSweep time.Duration
+	// SelfhealHistoryBucket is the width of one bucket of the self-heal
+	// history the dashboard reads (GET /v1/ops/selfheal/history); the
+	// history keeps the last 20.
+	SelfhealHistoryBucket time.Duration
 }
 
 // Retention is how long the store keeps what is done with.
@@ -142,6 +146,7 @@ const (
 	DefaultRetainExpired               = time.Hour
 	DefaultPruneEvery                  = time.Minute
 	DefaultPendingSweep                = 5 * time.Second
+	DefaultHistoryBucket               = 30 * time.Second
 	DefaultTokenCacheSize              = 10000
 
 	DefaultWSAckInterval            = 5 * time.Millisecond
@@ -245,6 +250,9 @@ func (c *Config) setDefaults() {
 	if c.PendingSweep == 0 {
 		c.PendingSweep = DefaultPendingSweep
 	}
+	if c.SelfhealHistoryBucket == 0 {
+		c.SelfhealHistoryBucket = DefaultHistoryBucket
+	}
 	c.Fabric.InstanceID = c.InstanceID
 	c.Fabric.PublicURL = c.PublicURL
 	if c.Fabric.Placement.DefaultMode == "" {
@@ -283,6 +291,9 @@ type Server struct {
 	placer   *fabric.Fabric
 	bus      fabric.Bus // counted by the connection hub
 
+	cluster *clusterGauges
+	http    *httpMetrics
+	history *selfhealHistory // nil without a Gatherer
 	// registrations is the per-API-key registration quota; newSessions
 	// serialises the count-then-create of one project's new sessions.
 	registrations *rateLimiter[[32]byte]
@@ -291,7 +302,8 @@ type Server struct {
 	quotas        *quotaMetrics
 
 	draining      atomic.Bool
-	storeNotReady atomic.Bool // set while the store's schema is not migrated
+	storeNotReady atomic.Bool            // set while the store's schema is not migrated
+	storeCause    atomic.Pointer[string] // why the store is not ready, when known
 }
 
 // New builds a hub. It does not listen; serve Handler() or use Start.
@@ -340,6 +352,16 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s.fabric, err = fabric.New(cfg.Fabric, d.Store, d.Now, d.Registry, d.Logger)
 	if err != nil {
 		return nil, err
+	}
+	s.cluster = &clusterGauges{reporter: s.fabric.Reporter}
+	if err := d.Registry.Register(s.cluster); err != nil {
+		return nil, err
+	}
+	if s.http, err = newHTTPMetrics(d.Registry); err != nil {
+		return nil, err
+	}
+	if d.Gatherer != nil {
+		s.history = &selfhealHistory{gatherer: d.Gatherer, every: cfg.SelfhealHistoryBucket}
 	}
 	s.placer = s.fabric
 	s.conns, err = conns.New(conns.Config{
@@ -397,6 +419,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 
 func (s *Server) routes(g prometheus.Gatherer) {
 	e := s.echo
+	e.Use(s.observeHTTP)
 	getHead := []string{http.MethodGet, http.MethodHead}
 	e.Match(getHead, "/healthz", s.healthz)
 	e.Match(getHead, "/readyz", s.readyz)
@@ -419,6 +442,10 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	ops.GET("/route_state", s.routeStateList)
 	ops.GET("/route_state/:tenant/:project/:session", s.routeStateOne)
 	ops.GET("/fabric/summary", s.fabricSummary)
+	ops.GET("/sessions/:tenant/:project/:session/signals", s.opsPending)
+	ops.POST("/sessions/:tenant/:project/:session/disconnect", s.opsDisconnect)
+	ops.DELETE("/sessions/:tenant/:project/:session", s.opsDeregister)
+	ops.GET("/selfheal/history", s.opsSelfhealHistory)
 
 	// The operator dashboard: static files, no credential (the page asks for
 	// the admin token and sends it on its own /v1/ops calls).
@@ -459,6 +486,24 @@ func (s *Server) SetDraining() {
 // /readyz fails.
 func (s *Server) SetStoreReady(ready bool) { s.storeNotReady.Store(!ready) }
 
+// SetStoreCause says why the store is not ready ("connection refused at
+// db:5432", "migrations pending"): /readyz and the 503 answers name it.
+// An empty cause means "migrations pending".
+func (s *Server) SetStoreCause(cause string) { s.storeCause.Store(&cause) }
+
+// notReadyMessage is the message of a 503 while the store is not ready.
+func (s *Server) notReadyMessage() string {
+	cause := "schema migrations pending"
+	if p := s.storeCause.Load(); p != nil && *p != "" {
+		cause = *p
+	}
+	return "the session registry is not ready (" + cause + ")"
+}
+
+// storeDiagnoser is met by a store that can say why a call failed
+// (pgstore.Store).
+type storeDiagnoser interface{ Diagnose(error) string }
+
 // Draining reports whether SetDraining was called.
 func (s *Server) Draining() bool { return s.draining.Load() }
 
@@ -478,6 +523,16 @@ func (s *Server) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.conns.Listen(ctx, s.bus) })
 	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.conns.Sweep); return nil })
+	if s.history != nil {
+		g.Go(func() error {
+			start := s.now()
+			s.every(ctx, s.history.every, func(context.Context) {
+				_ = s.history.sample(start)
+				start = s.now()
+			})
+			return nil
+		})
+	}
 	g.Go(func() error { s.every(ctx, s.cfg.Retention.Every, s.prune); return nil })
 	g.Go(func() error { return s.fabric.Run(ctx) })
 	g.Go(func() error {
@@ -506,8 +561,8 @@ func (s *Server) every(ctx context.Context, period time.Duration, fn func(contex
 	}
 }
 
-// prune applies the retention policy once, then samples the pending-signals
-// gauge.
+// prune applies the retention policy once, then samples the cluster-wide
+// gauges (clustermetrics.go).
 func (s *Server) prune(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -523,12 +578,7 @@ func (s *Server) prune(ctx context.Context) {
 	if sigs+sessions > 0 {
 		s.log.Debug("pruned", "signals", sigs, "sessions", sessions)
 	}
-	n, err := s.store.PendingTotal(ctx, now)
-	if err != nil {
-		s.log.Warn("count pending signals", "err", err)
-		return
-	}
-	s.metrics.pending.Set(float64(n))
+	s.sampleCluster(ctx)
 }
 
 // Shutdown stops accepting work, closes WebSockets and the HTTP server.
@@ -545,7 +595,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.storeNotReady.Load() {
-			return marconi.Errorf(marconi.CodeRegistryUnavailable, "the session registry is not ready (schema migrations pending); try again shortly")
+			return marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.notReadyMessage())
 		}
 		if c.Path() == "/v1/ws" {
 			return next(c)
@@ -571,11 +621,15 @@ func (s *Server) readyz(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
 	if s.storeNotReady.Load() {
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: "the session registry is not ready (schema migrations pending)"}})
+		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: s.notReadyMessage()}})
 	}
 	if err := s.store.Ping(ctx); err != nil {
 		s.storeLog(err)("readyz: store unreachable", "err", err)
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: "the session registry cannot be reached"}})
+		msg := "the session registry cannot be reached"
+		if d, ok := s.store.(storeDiagnoser); ok {
+			msg += " (" + d.Diagnose(err) + ")"
+		}
+		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ready", "instance_id": s.cfg.InstanceID})
 }

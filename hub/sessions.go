@@ -92,6 +92,7 @@ func (s *Server) register(c echo.Context) error {
 		case err == nil:
 			s.tokens.drop(hashSecret(old))
 			s.metrics.registrations.WithLabelValues("resumed").Inc()
+			s.log.Info("session resumed", keyAttrs(sess.Key), "surface", sess.Surface, "runtime_mode", sess.RuntimeMode)
 			return c.JSON(http.StatusOK, s.sessionResponse(sess, token))
 		case errors.Is(err, sessionstore.ErrTokenMismatch):
 			return marconi.Errorf(marconi.CodeForbidden, "session %q is live and this is not its current token", req.SessionID)
@@ -144,6 +145,8 @@ func (s *Server) register(c echo.Context) error {
 		s.placer.CountAdaptivePlacement(ctx)
 	}
 	s.metrics.registrations.WithLabelValues("created").Inc()
+	s.log.Info("session registered", keyAttrs(sess.Key), "surface", sess.Surface, "runtime_mode", sess.RuntimeMode,
+		"runtime_mode_source", sess.RuntimeModeSource, "assigned_instance", sess.AssignedInstance)
 	return c.JSON(http.StatusCreated, s.sessionResponse(sess, token))
 }
 
@@ -213,6 +216,7 @@ func (s *Server) deregister(c echo.Context) error {
 	// A place is free again in this project: no need to wait for a recount.
 	s.fullProjects.forget(TenantProject{TenantID: sess.TenantID, ProjectID: sess.ProjectID})
 	s.conns.Kick(sess.Key, conns.DisconnectDeregistered)
+	s.log.Info("session deregistered", keyAttrs(sess.Key))
 	return c.NoContent(http.StatusNoContent)
 }
 

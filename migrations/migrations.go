@@ -123,3 +123,18 @@ func DriverURL(databaseURL string) (string, error) {
 	}
 	return u.String(), nil
 }
+
+// Steps applies n migrations up (n > 0) or reverts -n of them (n < 0).
+// Reverting more than are applied fails and changes nothing.
+func Steps(ctx context.Context, databaseURL string, n int) error {
+	if n < 0 {
+		v, _, err := Version(databaseURL)
+		if err != nil {
+			return err
+		}
+		if uint(-n) > v {
+			return fmt.Errorf("migrations: cannot step back %d: only %d applied", -n, v)
+		}
+	}
+	return run(ctx, databaseURL, "steps", func(m *migrate.Migrate) error { return m.Steps(n) })
+}

@@ -100,28 +100,16 @@ func TestDashboardInBrowser(t *testing.T) {
 	send(t, h, builder, "batch")    // recipient side: unsupported_surface
 
 	ctx := browser(t)
-	step := func(what string, actions ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		actx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		if err := chromedp.Do(actx, actions...); err != nil {
-			t.Fatalf("%s: %v\npage text:\n%s", what, err, pageText(ctx))
-		}
-	}
-	waitFor := func(what, expr string) {
-		t.Helper()
-		if err := pollJS(ctx, expr, 15*time.Second); err != nil {
-			t.Fatalf("waiting until %s (%s): %v\npage text:\n%s", what, expr, err, pageText(ctx))
-		}
-	}
+	step, waitFor := driver(t, ctx)
 	const rowPlanner = `document.querySelector('tr[data-testid="session-row"][data-session-id="planner"]')`
 
 	step("open the page", chromedp.Navigate(base), chromedp.WaitVisible(chromedp.CSS(`#token`)))
 	step("sign in",
 		chromedp.SendKeys(chromedp.CSS(`#token`), h.AdminToken),
-		chromedp.Click(chromedp.CSS(`#signin-submit`)))
-	waitFor("the overview counts three sessions without a queue and one attached",
-		`document.querySelector('[data-testid="count-route_without_queue"]')?.textContent === '3' &&
+		clickOn(`#signin-submit`))
+	waitFor("the overview counts two sessions without a queue, the piggyback-only one apart, and one attached",
+		`document.querySelector('[data-testid="count-route_without_queue"]')?.textContent === '2' &&
+		 document.querySelector('[data-testid="count-piggyback"]')?.textContent === '1' &&
 		 document.querySelector('[data-testid="count-attached"]')?.textContent === '1'`)
 	waitFor("the token is kept in sessionStorage only",
 		fmt.Sprintf(`sessionStorage.getItem('marconi.adminToken') === %q && localStorage.length === 0`, h.AdminToken))
@@ -132,7 +120,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	waitFor("the overview shows the pending-signals gauge",
 		`document.querySelector('#ov-pending [data-testid="pending-signals"]')?.textContent === '3'`)
 
-	step("go to sessions", chromedp.Click(chromedp.CSS(`#nav-sessions`)))
+	step("go to sessions", clickOn(`#nav-sessions`))
 	waitFor("planner shows route_without_queue, in text and not only in colour",
 		rowPlanner+`?.dataset.routeState === 'route_without_queue' &&
 		 `+rowPlanner+`.querySelector('[data-testid="route-badge"]').textContent.includes('route_without_queue')`)
@@ -156,7 +144,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	clock.Advance(7 * time.Second)
 	tick(t, h)
 	step("open reviewer's detail by clicking its row",
-		chromedp.Click(chromedp.CSS(`tr[data-session-id="reviewer"] td`)))
+		clickOn(`tr[data-session-id="reviewer"] td`))
 	waitFor("reviewer's detail says what the state means and what heals it",
 		`(() => { const e = document.querySelector('[data-testid="detail-explanation"]');
 		  return e?.dataset.routeState === 'route_without_queue' &&
@@ -201,7 +189,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatalf("canary back after its grace window: welcome %v, want affinity_reset", w)
 	}
 
-	step("go to the overview", chromedp.Click(chromedp.CSS(`#nav-overview`)))
+	step("go to the overview", clickOn(`#nav-overview`))
 	waitFor("the overview shows the gate on, the allowlist and one mismatch",
 		`document.querySelector('#ov-gate [data-testid="gate"]')?.textContent === 'on' &&
 		 document.querySelector('#ov-gate [data-testid="allowlist"]')?.textContent === 'canary' &&
@@ -226,7 +214,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		 document.querySelector('#ov-gate [data-testid="gate"]')?.textContent === 'on' &&
 		 document.querySelector('[data-testid="status"]').hidden`)
 
-	step("go to the fabric view", chromedp.Click(chromedp.CSS(`#nav-fabric`)))
+	step("go to the fabric view", clickOn(`#nav-fabric`))
 	waitFor("the fabric view shows the gate, the allowlist, the mismatch and the instance",
 		`document.querySelector('[data-testid="fabric-gate"]')?.textContent === 'on' &&
 		 document.querySelector('[data-testid="fabric-allowlist"]')?.textContent === 'canary' &&
@@ -243,7 +231,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		    r[0].querySelector('[data-testid="fallback-reason"]').textContent === 'grace_expired' &&
 		    r[0].querySelector('[data-testid="fallback-source"]').textContent.startsWith('adaptive-classifier placed by the classifier'); })()`)
 
-	step("sign out", chromedp.Click(chromedp.CSS(`#signout`)))
+	step("sign out", clickOn(`#signout`))
 	waitFor("signed out: the sign-in form shows and the token is gone",
 		`!document.querySelector('#view-signin').hidden && document.querySelector('#nav').hidden &&
 		 sessionStorage.getItem('marconi.adminToken') === null &&
@@ -251,7 +239,7 @@ func TestDashboardInBrowser(t *testing.T) {
 
 	step("sign in with a wrong token",
 		chromedp.SendKeys(chromedp.CSS(`#token`), "not-the-admin-token"),
-		chromedp.Click(chromedp.CSS(`#signin-submit`)))
+		clickOn(`#signin-submit`))
 	waitFor("the wrong token is refused",
 		`document.querySelector('[data-testid="signin-error"]')?.textContent === 'That admin token was refused.' &&
 		 document.querySelector('#nav').hidden && sessionStorage.getItem('marconi.adminToken') === null`)
@@ -260,7 +248,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	step("sign in while the hub is down",
 		evalVoid(`document.getElementById('token').value = ''`),
 		chromedp.SendKeys(chromedp.CSS(`#token`), h.AdminToken),
-		chromedp.Click(chromedp.CSS(`#signin-submit`)))
+		clickOn(`#signin-submit`))
 	waitFor("an unreachable hub is named as such",
 		`document.querySelector('[data-testid="signin-error"]')?.textContent.startsWith('The hub is unreachable')`)
 }
@@ -319,6 +307,33 @@ func pollJS(ctx context.Context, expr string, within time.Duration) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// clickOn clicks the first element matching sel, in one step inside the page,
+// as soon as there is one. The dashboard redraws its tables on every refresh,
+// so a node looked up by the driver and clicked in a second round trip may be
+// gone by then ("Could not find node with given id").
+func clickOn(sel string) chromedp.Action[chromedp.Void] {
+	q, err := json.Marshal(sel)
+	if err != nil {
+		panic(err)
+	}
+	expr := `(() => { const e = document.querySelector(` + string(q) + `); if (!e) return false; e.click(); return true })()`
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			ok, err := chromedp.Evaluate[bool](expr)(ctx, t)
+			if err == nil && ok {
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("no %s to click: %w", sel, ctx.Err())
+			case <-tick.C:
+			}
+		}
+	})
 }
 
 // evalVoid runs expr in the page for its effect.

@@ -11,8 +11,14 @@ export interface Logger {
 
 /** Which hub and session the client talks to, and what it calls back. */
 export interface Config {
-  /** One hub URL (any instance, or a load balancer) or several to fail over between, e.g. "http://127.0.0.1:8080". */
-  hubURL: string | string[];
+  /** Any hub instance or a load balancer, e.g. "http://127.0.0.1:8080". */
+  hubURL?: string;
+  /**
+   * More hub instances (or balancers) to fail over to. The client starts with
+   * hubURL (or, without it, the first of hubURLs) and moves to the next URL,
+   * round the list, when the one in use gives no answer or answers 502, 503 or 504.
+   */
+  hubURLs?: string[];
   /** The project's API key. */
   apiKey: string;
   /** "claude_code", "console_<name>", "headless_cc", "headless_cx" or "codex". */
@@ -44,8 +50,8 @@ export interface Config {
   reconnectMaxDelayMs?: number;
   /** Bound on each HTTP call to the hub. Default 30000. */
   requestTimeoutMs?: number;
-  /** How many times one send is made when it gets no answer or a 502/503/504. Default 3. */
-  maxSendAttempts?: number;
+  /** How many times one send is made when it gets no answer or a 502/503/504, always with the same idempotency key. Default 4; 1 never retries. */
+  sendAttempts?: number;
 }
 
 /** Why onAffinityReset was called. */
@@ -113,7 +119,7 @@ export declare const defaults: Readonly<{
   reconnectBaseDelayMs: number;
   reconnectMaxDelayMs: number;
   requestTimeoutMs: number;
-  maxSendAttempts: number;
+  sendAttempts: number;
 }>;
 
 /**
@@ -133,7 +139,10 @@ export declare class Client {
   stats(): Stats;
   /** Closes the WebSocket (1000) and stops every loop; the session stays registered until its TTL. Idempotent. */
   close(): Promise<void>;
-  /** Closes the client and ends the session on the hub (DELETE /v1/session). */
+  /**
+   * Ends the session on the hub (DELETE /v1/session), then closes the client.
+   * On an error other than session_expired the client keeps running.
+   */
   deregister(options?: { signal?: AbortSignal }): Promise<void>;
 }
 

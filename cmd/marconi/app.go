@@ -59,7 +59,7 @@ func (m *Main) Run(ctx context.Context) error {
 	m.cancel = cancel
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge(readBuildInfo()))
 
 	storeName := "memory (nothing is durable; one instance only)"
 	var bus fabric.Bus // nil: one instance, nobody to wake
@@ -95,9 +95,10 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	m.hub = h
 	if cfg.DatabaseURL != "" {
-		m.goMigrate(bg, cfg.DatabaseURL)
+		if cause := m.goMigrate(bg, cfg.DatabaseURL); cause != "" {
+			storeName = "postgres, NOT READY: " + cause + " (retrying every 2s; /readyz answers 503 until then)"
+		}
 	}
-
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("MARCONI_ADDR: %w", err)
@@ -139,28 +140,62 @@ func (m *Main) Run(ctx context.Context) error {
 	if cfg.generatedAdminToken != "" {
 		fmt.Fprintf(m.Stdout, "  admin token: %s\n", cfg.generatedAdminToken)
 	}
+	if cfg.devCredentialsFile != "" {
+		fmt.Fprintf(m.Stdout, "  (development credentials kept in %s and reused at every start; delete it for new ones)\n", cfg.devCredentialsFile)
+	}
+	if host, _, err := net.SplitHostPort(cfg.Addr); err == nil && cfg.Hub.Mode == "development" && (host == "127.0.0.1" || host == "localhost" || host == "::1") {
+		fmt.Fprintln(m.Stdout, "  listening on loopback only (development mode); MARCONI_ADDR=:8080 listens on every interface")
+	}
 	fmt.Fprintf(m.Stdout, "  dashboard: %s/\n", m.URL())
 	return nil
 }
 
+// buildInfoGauge is marconi_build_info: always 1, its labels say what runs.
+func buildInfoGauge(b buildInfo) prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "marconi_build_info",
+		Help:        "Always 1; the labels are the build's module version, VCS revision and Go version (as marconi version prints them).",
+		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
+	})
+	g.Set(1)
+	return g
+}
+
 // goMigrate applies the migrations, retrying in the background while they
 // fail (Postgres unreachable, a dirty schema): until they are applied the hub
-// answers 503 registry_unavailable and /readyz fails, rather than serving on a
-// schema that is not there.
-func (m *Main) goMigrate(ctx context.Context, url string) {
-	attempt := func() bool {
+// answers 503 registry_unavailable and /readyz fails, naming the cause,
+// rather than serving on a schema that is not there. It returns the cause of
+// the first attempt's failure, or "" when the store is ready.
+func (m *Main) goMigrate(ctx context.Context, url string) string {
+	last := ""
+	attempt := func() string {
 		mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		if err := migrations.Up(mctx, url); err != nil {
-			m.Logger.Warn("migrations not applied yet; retrying", "err", err)
-			return false
+		err := migrations.Up(mctx, url)
+		if err == nil {
+			m.hub.SetStoreReady(true)
+			return ""
 		}
-		m.hub.SetStoreReady(true)
-		return true
+		// The cause goes to /readyz and 503 answers: a migration's own
+		// error (it may quote SQL) stays in the log.
+		cause := "schema migrations failing; the hub's log says why"
+		if perr := m.store.Ping(mctx); perr != nil {
+			cause = pgstore.Diagnose(perr)
+			if d, ok := m.store.(interface{ Diagnose(error) string }); ok {
+				cause = d.Diagnose(perr) // through the breaker: what opened it
+			}
+		}
+		m.hub.SetStoreCause(cause)
+		if cause != last { // once per cause, not every 2 s
+			m.Logger.Warn("store not ready; retrying every 2s", "cause", cause, "err", err)
+			last = cause
+		}
+		return cause
 	}
 	m.hub.SetStoreReady(false)
-	if attempt() {
-		return
+	first := attempt()
+	if first == "" {
+		return ""
 	}
 	m.wg.Add(1)
 	go func() {
@@ -172,13 +207,28 @@ func (m *Main) goMigrate(ctx context.Context, url string) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if attempt() {
-					m.Logger.Info("migrations applied")
+				if attempt() == "" {
+					m.Logger.Info("store ready: migrations applied")
 					return
 				}
 			}
 		}
 	}()
+	return first
+}
+
+// checkStore connects to the database once and names what is wrong, for
+// `marconi config check`.
+func checkStore(ctx context.Context, url string, timeout time.Duration) error {
+	st, err := pgstore.Open(ctx, url, pgstore.WithQueryTimeout(timeout))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := st.Ping(ctx); err != nil {
+		return errors.New(pgstore.Diagnose(err))
+	}
+	return nil
 }
 
 // URL is where the hub listens, as a client on this machine reaches it.

@@ -48,6 +48,12 @@ type Config struct {
 	// made them; they are printed once at start.
 	generatedAPIKey     string
 	generatedAdminToken string
+	// devCredentialsFile is where development credentials are kept under
+	// a durable store (see devcreds.go); empty when they are not kept.
+	devCredentialsFile string
+	// resolved is every setting's effective value and its source, for
+	// `marconi config`.
+	resolved []resolved
 }
 
 // setting is one environment variable and its flag (MARCONI_FOO_BAR is
@@ -140,7 +146,7 @@ func parseBool(v string) (bool, error) {
 func settings(c *Config) []setting {
 	h := &c.Hub
 	return []setting{
-		{"MARCONI_ADDR", ":8080", "address to listen on", func(c *Config, v string) error { c.Addr = v; return nil }},
+		{"MARCONI_ADDR", "", "address to listen on (default: 127.0.0.1:8080 in development, :8080 in lan and cloud)", func(c *Config, v string) error { c.Addr = v; return nil }},
 		{"MARCONI_MODE", hub.DefaultMode, "development, lan or cloud", oneOf(&h.Mode, "development", "lan", "cloud")},
 		{"MARCONI_DATABASE_URL", "", "Postgres URL; empty runs on the embedded in-memory store", func(c *Config, v string) error {
 			if v == "" {
@@ -258,6 +264,7 @@ func settings(c *Config) []setting {
 			c.Hub.AdminToken = v
 			return nil
 		}},
+		{"MARCONI_DEV_CREDENTIALS_FILE", "", "where development mode keeps its generated API key and admin token under Postgres (default: $XDG_STATE_HOME/marconi/dev-credentials)", nil},
 		{"MARCONI_MAX_PAYLOAD_BYTES", strconv.Itoa(signals.DefaultMaxPayloadBytes), "largest encoded payload of one signal", positiveInt(&h.MaxPayloadBytes)},
 		{"MARCONI_WS_PING_SECONDS", secs(hub.DefaultWSPingInterval), "WebSocket ping interval; a pong later than one more interval drops the peer", seconds(&h.WSPingInterval)},
 		{"MARCONI_WS_READ_LIMIT_BYTES", strconv.Itoa(hub.DefaultWSReadLimit), "largest frame read from a client (1009 past it)", func(c *Config, v string) error {
@@ -356,53 +363,139 @@ func flagName(env string) string {
 	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(env, "MARCONI_")), "_", "-")
 }
 
+// boolSettings are the settings whose flag is a boolean (--selfheal alone is
+// --selfheal=true).
+var boolSettings = map[string]bool{"MARCONI_SELFHEAL": true}
+
+// kind is what a setting's value is, as -h shows it. It is read from the
+// variable's name and default so that a new setting needs no extra field.
+func (s setting) kind() string {
+	switch {
+	case boolSettings[s.env]:
+		return "bool"
+	case strings.HasSuffix(s.env, "_SECONDS"):
+		return "seconds"
+	case strings.HasSuffix(s.env, "_BYTES"):
+		return "bytes"
+	case strings.HasSuffix(s.env, "_URL"):
+		return "url"
+	}
+	if _, err := strconv.ParseInt(s.def, 10, 64); err == nil {
+		return "int"
+	}
+	if _, err := strconv.ParseFloat(s.def, 64); err == nil {
+		return "number"
+	}
+	return "string"
+}
+
+// secret reports whether a setting's value must never be printed whole.
+func (s setting) secret() bool {
+	return s.env == "MARCONI_API_KEYS" || s.env == "MARCONI_ADMIN_TOKEN" || s.env == "MARCONI_DATABASE_URL" ||
+		strings.Contains(s.env, "TOKEN") || strings.Contains(s.env, "SECRET") || strings.Contains(s.env, "PASSWORD")
+}
+
+// settingFlag is one setting's flag: it keeps the raw text; the setting's
+// own parser validates it, so a flag and its variable fail the same way.
+type settingFlag struct {
+	value string
+	set   bool
+	bool  bool
+}
+
+func (f *settingFlag) String() string { return f.value }
+
+func (f *settingFlag) Set(v string) error {
+	f.value, f.set = v, true
+	return nil
+}
+
+// IsBoolFlag lets a boolean setting's flag stand alone (flag.boolFlag).
+func (f *settingFlag) IsBoolFlag() bool { return f.bool }
+
+// resolved is where one setting's effective value came from.
+type resolved struct {
+	setting
+	value  string
+	source string // flag, env or default
+}
+
 // LoadConfig reads the settings from flags (first), the environment, then
-// defaults, and validates them. An error names the variable.
-func LoadConfig(args []string, getenv func(string) string, stderr io.Writer) (Config, error) {
+// defaults, and validates them. An error names the variable. With -h it
+// prints every setting to out and returns flag.ErrHelp.
+func LoadConfig(args []string, getenv func(string) string, out io.Writer) (Config, error) {
 	var c Config
 	all := settings(&c)
 	fs := flag.NewFlagSet("marconi serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	flags := make(map[string]*string, len(all))
+	fs.SetOutput(io.Discard) // errors are returned as one line, not printed with the usage
+	flags := make(map[string]*settingFlag, len(all))
 	for _, s := range all {
 		def := s.def
 		if def == "" {
-			def = "(none)"
+			def = "none"
 		}
-		flags[s.env] = fs.String(flagName(s.env), "", fmt.Sprintf("%s (env %s, default %s)", s.help, s.env, def))
+		f := &settingFlag{bool: boolSettings[s.env]}
+		flags[s.env] = f
+		// A back-quoted word in the usage is the value's name in -h (and
+		// stays in the text); a boolean flag shows none, as flag.Bool's do.
+		kind := "`" + s.kind() + "`; "
+		if f.bool {
+			kind = "bool; "
+		}
+		fs.Var(f, flagName(s.env), fmt.Sprintf("%s (%senv %s, default %s)", s.help, kind, s.env, def))
 	}
 	if err := fs.Parse(args); err != nil {
-		return c, err
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(out, "usage: marconi serve [flags]\n\nEvery flag is also an environment variable (MARCONI_FOO_BAR is --foo-bar); a flag wins.")
+			fs.SetOutput(out)
+			fs.PrintDefaults()
+			return c, err
+		}
+		return c, fmt.Errorf("%w (run 'marconi serve -h' for every setting)", err)
 	}
 	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
+		return c, fmt.Errorf("unexpected arguments %q (settings are flags or MARCONI_* variables; run 'marconi help' for commands)", fs.Args())
 	}
-	value := func(env string) (string, bool) {
-		if v := *flags[env]; v != "" {
-			return v, true
+	value := func(env string) (string, string, bool) {
+		if f := flags[env]; f.set && f.value != "" {
+			return f.value, "flag", true
 		}
 		if v := getenv(env); v != "" {
-			return v, true
+			return v, "env", true
 		}
-		return "", false
+		return "", "default", false
 	}
 	for _, s := range all {
-		if s.set == nil {
-			continue
-		}
-		v, ok := value(s.env)
+		v, src, ok := value(s.env)
 		if !ok {
 			v = s.def
 		}
+		c.resolved = append(c.resolved, resolved{setting: s, value: v, source: src})
+		if s.set == nil {
+			continue
+		}
 		if err := s.set(&c, v); err != nil {
 			return c, fmt.Errorf("%s: %w", s.env, err)
+		}
+	}
+	if c.Addr == "" {
+		// Development mode is for one machine: it listens on loopback
+		// unless MARCONI_ADDR says otherwise.
+		c.Addr = ":8080"
+		if c.Hub.Mode == "development" {
+			c.Addr = "127.0.0.1:8080"
+		}
+		for i := range c.resolved {
+			if c.resolved[i].env == "MARCONI_ADDR" {
+				c.resolved[i].value = c.Addr
+			}
 		}
 	}
 
 	// Self-heal flag: MARCONI_SELFHEAL wins over its alias PRISM_MARCONI_SELFHEAL;
 	// with neither, it follows the mode (on in development only).
 	c.Hub.SelfHeal.Enabled = selfheal.DefaultEnabled(c.Hub.Mode)
-	if v, ok := value("MARCONI_SELFHEAL"); ok {
+	if v, _, ok := value("MARCONI_SELFHEAL"); ok {
 		b, err := parseBool(v)
 		if err != nil {
 			return c, fmt.Errorf("MARCONI_SELFHEAL: %w", err)

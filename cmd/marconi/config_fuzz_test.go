@@ -14,8 +14,10 @@ import (
 	"github.com/marconihub/marconi/sessionstore/memstore"
 )
 
-// comparable returns c without what development mode generates at random.
+// comparable returns c without what development mode generates at random,
+// and without where each value came from (flag or env, by design).
 func comparable(c Config) Config {
+	c.resolved = nil
 	if c.generatedAPIKey != "" {
 		c.Hub.APIKeys, c.generatedAPIKey = nil, ""
 	}

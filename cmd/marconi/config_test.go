@@ -16,7 +16,7 @@ func TestConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Addr != ":8080" || c.Hub.Mode != "development" || c.DatabaseURL != "" {
+	if c.Addr != "127.0.0.1:8080" || c.Hub.Mode != "development" || c.DatabaseURL != "" {
 		t.Errorf("defaults: addr %q mode %q db %q", c.Addr, c.Hub.Mode, c.DatabaseURL)
 	}
 	h := c.Hub
@@ -74,7 +74,7 @@ func TestSelfHealFlagAndAlias(t *testing.T) {
 }
 
 func TestConfigFlagsWinOverEnv(t *testing.T) {
-	c, err := LoadConfig([]string{"--addr", "127.0.0.1:9999", "--selfheal-freshness-seconds", "42", "--selfheal", "false"},
+	c, err := LoadConfig([]string{"--addr", "127.0.0.1:9999", "--selfheal-freshness-seconds", "42", "--selfheal=false"},
 		env(map[string]string{"MARCONI_ADDR": ":1", "MARCONI_SELFHEAL_FRESHNESS_SECONDS": "7"}), io.Discard)
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,7 +24,7 @@ import (
 // telling SPEC-168's story step by step.
 func demo(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) > 0 {
-		return errors.New("usage: marconi demo")
+		return usagef("usage: marconi demo (takes no arguments)")
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()

@@ -1,75 +1,178 @@
 // Command marconi runs the Marconi hub.
 //
-//	marconi [serve]                 run the hub (the default)
-//	marconi migrate up|down|version apply or inspect the Postgres schema
-//	marconi demo                    tell the SPEC-168 self-heal story with two agents
-//	marconi attach URL TOKEN        hold a session's WebSocket, print and ack its signals
-//	marconi healthcheck URL         exit 0 when URL answers 200 (container health checks)
+//	marconi [serve] [flags]          run the hub (the default)
+//	marconi migrate up|down|version  apply, step back or inspect the Postgres schema
+//	marconi config [check]           print the effective configuration, or validate it
+//	marconi version                  print the version and build information
+//	marconi demo                     tell the SPEC-168 self-heal story with two agents
+//	marconi attach URL TOKEN         hold a session's WebSocket, print and ack its signals
+//	marconi healthcheck URL          exit 0 when URL answers 200 (container health checks)
 //
 // Every setting is an environment variable and a flag: MARCONI_FOO_BAR is
 // --foo-bar. See docs/operations.md.
+//
+// Exit codes: 0 success (and -h), 1 a failure at run time, 2 a usage error
+// (bad flag, unknown command, bad configuration value).
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+	c := cli{
+		getenv:   os.Getenv,
+		environ:  os.Environ,
+		stdin:    os.Stdin,
+		terminal: isTerminal(os.Stdin),
+		stdout:   os.Stdout,
+		stderr:   os.Stderr,
+	}
+	os.Exit(c.run(context.Background(), os.Args[1:]))
+}
+
+// cli is the process's surroundings, injected so tests run commands in-process.
+type cli struct {
+	getenv  func(string) string
+	environ func() []string // KEY=value pairs, for the unknown-variable warning; nil: none
+	stdin   io.Reader
+	// terminal says stdin is an interactive terminal (a confirmation may be asked).
+	terminal       bool
+	stdout, stderr io.Writer
 }
 
 // run is main without the process: it returns the exit code.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	return cli{getenv: getenv, stdout: stdout, stderr: stderr}.run(ctx, args)
+}
+
+// usageError is a mistake in the command line: exit code 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
+
+// commands lists the subcommands, in the order usage shows them.
+var commands = []struct{ name, args, help string }{
+	{"serve", "[flags]", "run the hub (the default command)"},
+	{"migrate", "up|down [N|--all [--yes]]|version", "apply, step back or show the Postgres schema"},
+	{"config", "[check] [flags]", "print the effective configuration (secrets masked), or validate it"},
+	{"version", "", "print the version and build information"},
+	{"demo", "", "the SPEC-168 self-heal story with two agents, in one process"},
+	{"attach", "HUB_URL SESSION_TOKEN", "hold a session's WebSocket; print and ack its signals"},
+	{"healthcheck", "URL", "exit 0 when URL answers 200 (container health checks)"},
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: marconi <command> [arguments]")
+	fmt.Fprintln(w)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-12s %-36s %s\n", c.name, c.args, c.help)
+	}
+	fmt.Fprintln(w, "\nEvery setting is an environment variable MARCONI_FOO and a flag --foo: run 'marconi serve -h'.")
+}
+
+func (c cli) run(ctx context.Context, args []string) int {
 	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "migrate" || args[0] == "demo" || args[0] == "attach" || args[0] == "healthcheck" || args[0] == "help" || args[0] == "-h" || args[0] == "--help") {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
+	} else if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		cmd, args = "help", nil
+	} else if len(args) > 0 && (args[0] == "-version" || args[0] == "--version") {
+		cmd, args = "version", nil
 	}
 	var err error
 	switch cmd {
 	case "serve":
-		err = serve(ctx, args, getenv, stdout, stderr)
+		err = c.serve(ctx, args)
 	case "migrate":
-		err = migrate(ctx, args, getenv, stdout)
+		err = c.migrate(ctx, args)
+	case "config":
+		err = c.config(ctx, args)
+	case "version":
+		err = c.version(args)
 	case "demo":
-		err = demo(ctx, args, stdout)
+		err = demo(ctx, args, c.stdout)
 	case "attach":
 		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		err = attach(ctx, args, stdout)
+		err = attach(ctx, args, c.stdout)
 	case "healthcheck":
 		err = healthcheck(ctx, args)
-	default:
-		fmt.Fprintln(stdout, "usage: marconi [serve [flags]] | migrate up|down|version | demo | attach URL TOKEN | healthcheck URL\n\nRun 'marconi serve -h' for every setting.")
+	case "help":
+		usage(c.stdout)
 		return 0
+	default:
+		msg := fmt.Sprintf("unknown command %q", cmd)
+		names := make([]string, len(commands))
+		for i, k := range commands {
+			names[i] = k.name
+		}
+		if s := closest(cmd, names); s != "" {
+			msg += fmt.Sprintf(" (did you mean %q?)", s)
+		}
+		fmt.Fprintf(c.stderr, "marconi: %s; run 'marconi help'\n", msg)
+		return 2
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "marconi %s: %v\n", cmd, err)
+	var ue usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(c.stderr, "marconi %s: %v\n", cmd, err)
+		return 2
+	default:
+		fmt.Fprintf(c.stderr, "marconi %s: %v\n", cmd, err)
 		return 1
 	}
-	return 0
 }
 
-func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, err := LoadConfig(args, getenv, stderr)
+func (c cli) serve(ctx context.Context, args []string) error {
+	cfg, err := c.loadConfig("serve", args)
 	if err != nil {
+		return err
+	}
+	if err := keepDevCredentials(&cfg, c.getenv); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	m := NewMain(cfg, stdout)
+	m := NewMain(cfg, c.stdout)
 	if err := m.Run(ctx); err != nil {
 		m.Close()
 		return err
 	}
 	<-ctx.Done()
-	fmt.Fprintln(stdout, "marconi: shutting down")
+	fmt.Fprintln(c.stdout, "marconi: shutting down")
 	return m.Close()
 }
 
-var errUsage = errors.New("usage: marconi migrate up|down|version (needs MARCONI_DATABASE_URL)")
+// loadConfig is LoadConfig for a command: -h prints the settings to stdout
+// (flag.ErrHelp), a bad flag or value is a usage error, and unknown MARCONI_*
+// variables are warned about on stderr.
+func (c cli) loadConfig(cmd string, args []string) (Config, error) {
+	cfg, err := LoadConfig(args, c.getenv, c.stdout)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return cfg, err
+		}
+		return cfg, usageError{err.Error()}
+	}
+	if c.environ != nil {
+		for _, w := range unknownVariables(c.environ()) {
+			fmt.Fprintf(c.stderr, "marconi %s: warning: %s\n", cmd, w)
+		}
+	}
+	return cfg, nil
+}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,7 +16,7 @@ import (
 // images without curl.
 func healthcheck(ctx context.Context, args []string) error {
 	if len(args) != 1 {
-		return errors.New("usage: marconi healthcheck URL")
+		return usagef("usage: marconi healthcheck URL")
 	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
@@ -41,7 +40,7 @@ func healthcheck(ctx context.Context, args []string) error {
 // acks each signal after printing it.
 func attach(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) != 2 {
-		return errors.New("usage: marconi attach HUB_URL SESSION_TOKEN")
+		return usagef("usage: marconi attach HUB_URL SESSION_TOKEN")
 	}
 	u := strings.TrimRight(args[0], "/")
 	u = "ws" + strings.TrimPrefix(strings.TrimPrefix(u, "http"), "ws") + "/v1/ws"

@@ -29,6 +29,9 @@ var (
 	DisconnectDeregistered      = Disconnect{StatusSessionExpired, "session deregistered", "deregistered"}
 	DisconnectSlowConsumer      = Disconnect{StatusSlowConsumer, "slow consumer: queue full; signals stay durable", "slow_consumer"}
 	DisconnectShutdown          = Disconnect{StatusRestarting, "hub restarting", "shutdown"}
+	// DisconnectOperator is the dashboard's disconnect action: 1012, so the
+	// client reconnects as after a restart.
+	DisconnectOperator = Disconnect{StatusRestarting, "disconnected by an operator; reconnect", "operator"}
 	// DisconnectFrameRate closes a connection whose client sends frames
 	// faster than MARCONI_WS_FRAMES_PER_SECOND (burst twice it).
 	DisconnectFrameRate = Disconnect{websocket.StatusPolicyViolation, "quota_exceeded: frames_per_second", "quota_exceeded"}
@@ -45,4 +48,4 @@ const (
 // disconnectLabels are every label of marconi_ws_disconnects_total, so that
 // each series exists from the start. affinity_reset is kept for dashboards
 // that query it.
-var disconnectLabels = []string{labelClientClosed, labelConnectionLost, labelPingTimeout, "replaced", "slow_consumer", "deregistered", "shutdown", labelMessageTooBig, "affinity_reset", "quota_exceeded"}
+var disconnectLabels = []string{labelClientClosed, labelConnectionLost, labelPingTimeout, "replaced", "slow_consumer", "deregistered", "shutdown", labelMessageTooBig, "affinity_reset", "quota_exceeded", "operator"}

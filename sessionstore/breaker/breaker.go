@@ -53,7 +53,8 @@ type Store struct {
 	m     *metrics
 
 	open    atomic.Bool
-	tripped chan struct{} // one slot: wakes the probe loop
+	tripped chan struct{}         // one slot: wakes the probe loop
+	cause   atomic.Pointer[error] // what opened the breaker, then the last failed probe
 }
 
 var _ sessionstore.Store = (*Store)(nil)
@@ -129,7 +130,26 @@ func (b *Store) Run(ctx context.Context) error {
 func (b *Store) probe(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.ProbeTimeout)
 	defer cancel()
-	return b.inner.Ping(ctx) == nil
+	err := b.inner.Ping(ctx)
+	if err != nil {
+		b.cause.Store(&err)
+	}
+	return err == nil
+}
+
+// Diagnose says why the store cannot be used, for an operator: the wrapped
+// store's own diagnosis (pgstore.Store.Diagnose) of err or, when err is
+// ErrOpen, of what opened the breaker or of the last failed probe.
+func (b *Store) Diagnose(err error) string {
+	if errors.Is(err, ErrOpen) {
+		if c := b.cause.Load(); c != nil {
+			err = *c
+		}
+	}
+	if d, ok := b.inner.(interface{ Diagnose(error) string }); ok {
+		return d.Diagnose(err)
+	}
+	return err.Error()
 }
 
 // before refuses the call while the breaker is open.
@@ -151,6 +171,7 @@ func (b *Store) after(ctx context.Context, err error) error {
 		return err
 	}
 	if b.open.CompareAndSwap(false, true) {
+		b.cause.Store(&err)
 		b.m.trips.Inc()
 		b.m.open.Set(1)
 		b.log.Warn("store call timed out or store unreachable: breaker open, calls fail at once until a probe succeeds", "err", err)

@@ -200,3 +200,41 @@ func TestOpensOnTimeoutFailsFastAndRecovers(t *testing.T) {
 		t.Fatal("open gauge still 1 after recovery")
 	}
 }
+
+// diagnosing is a store whose Ping fails and that names the failure.
+type diagnosing struct{ sessionstore.Store }
+
+var errRefused = fmt.Errorf("connect: %w: connection refused", sessionstore.ErrUnavailable)
+
+func (diagnosing) Ping(context.Context) error { return errRefused }
+
+func (diagnosing) Diagnose(err error) string {
+	if errors.Is(err, errRefused) {
+		return "connection refused at db:5432"
+	}
+	return "unknown: " + err.Error()
+}
+
+// TestDiagnoseNamesWhatOpenedTheBreaker: while the breaker is open, calls
+// fail with ErrOpen, yet an operator is told the wrapped store's diagnosis
+// of what opened it, not "breaker open".
+func TestDiagnoseNamesWhatOpenedTheBreaker(t *testing.T) {
+	b, err := breaker.New(diagnosing{}, breaker.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Ping(context.Background()); b.Diagnose(err) != "connection refused at db:5432" || !b.Open() {
+		t.Fatalf("first failure: %q, open %v", b.Diagnose(err), b.Open())
+	}
+	err = b.Ping(context.Background())
+	if !errors.Is(err, breaker.ErrOpen) {
+		t.Fatalf("second call: %v, want ErrOpen", err)
+	}
+	if got := b.Diagnose(err); got != "connection refused at db:5432" {
+		t.Errorf("Diagnose(ErrOpen) = %q, want the cause that opened the breaker", got)
+	}
+	plain, _ := breaker.New(pingTimesOut{}, breaker.Config{}, nil, nil)
+	if err := plain.Ping(context.Background()); plain.Diagnose(err) != err.Error() {
+		t.Errorf("a store that cannot diagnose: %q", plain.Diagnose(err))
+	}
+}

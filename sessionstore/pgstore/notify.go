@@ -236,8 +236,14 @@ func (b *Bus) Listen(ctx context.Context, instance string, onWake func(sessionst
 			backoff = listenBackoffMin
 		}
 		wait := rand.N(backoff) + time.Millisecond
-		b.log.Warn("wake-up listener lost its connection; reconnecting (signals meanwhile arrive by the pending sweep)",
-			"instance", instance, "retry_in", wait, "err", err)
+		if listened {
+			b.log.Warn("wake-up listener lost its connection; reconnecting (signals meanwhile arrive by the pending sweep)",
+				"instance", instance, "retry_in", wait, "err", err)
+		} else {
+			// It never had a connection: say so, and why.
+			b.log.Warn("wake-up listener cannot connect; retrying (signals meanwhile arrive by the pending sweep)",
+				"instance", instance, "retry_in", wait, "cause", Diagnose(err))
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

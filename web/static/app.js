@@ -6,11 +6,13 @@
 (() => {
   const TOKEN_KEY = 'marconi.adminToken';
   const REFRESH_MS = 2000;        // views refresh by themselves this often
-  const METRICS_MS = 5000;        // /metrics sampling period for the chart
+  const METRICS_MS = 5000;        // /metrics sampling period (pending signals, mismatches)
   const WINDOW_MS = 10 * 60 * 1000; // the chart shows this much history
   const BUCKET_MS = 30 * 1000;    // one chart bar per this many ms
   const LIST_LIMIT = 500;         // sessions table: rows asked of the hub
   const COUNT_LIMIT = 1000;       // overview: sessions counted by state
+  const GONE_AFTER_MS = 5 * 60 * 1000; // an unhealthy instance silent this long is hidden as gone
+  const DETAIL_PENDING = 20;      // pending signals listed in a session's detail
   const OUTCOMES = ['attempted', 'rate_limited', 'stale_recency', 'unsupported_surface',
     'succeeded', 'no_listener', 'failed'];
   const RESERVED_OUTCOMES = ['succeeded', 'no_listener', 'failed'];
@@ -32,10 +34,14 @@
     lastOk: null,        // Date of the last successful refresh
     errorText: '',       // the refresh error shown in the live region, '' when none
     skewMs: 0,           // hub clock minus ours, from the Date header
-    samples: [],         // [{t, v: {outcome: count}, mismatches}] from /metrics
     metricsError: '',
-    lastMetrics: null,
-    route: { view: 'overview', detail: null, filters: { tenant: '', project: '', state: '' } },
+    lastMetrics: null,   // {mismatches, pending} from /metrics
+    route: { view: 'overview', detail: null, filters: { tenant: '', project: '', state: '', session: '' } },
+    history: null,       // GET /v1/ops/selfheal/history, kept by the hub
+    historyError: '',
+    showGone: false,     // list instances that are gone too
+    confirming: '',      // the detail action waiting for its confirmation: '', 'disconnect' or 'deregister'
+    actionNote: null,    // {kind, text} the last detail action's result
     detailOpenedByUser: false,
     summary: null,
     summaryError: '',    // why the last fabric summary could not be read, '' when it was (or is missing)
@@ -203,10 +209,11 @@
     if (!Number.isNaN(d)) st.skewMs = d - Date.now();
   }
 
-  async function api(path, token) {
+  async function api(path, token, method) {
     let res, text;
     try {
       res = await fetch(path, {
+        method: method || 'GET',
         headers: { Authorization: 'Bearer ' + token, Accept: 'application/json' },
         cache: 'no-store',
         credentials: 'omit',
@@ -226,6 +233,7 @@
       if (res.status === 502 || res.status === 504) throw new HubError('unreachable', res.status, code, msg);
       throw new HubError('http', res.status, code, msg);
     }
+    if (res.status === 204) return {};
     if (body === null || typeof body !== 'object') throw new HubError('bad_response', res.status, '', '');
     noteSkew(res);
     return body;
@@ -254,6 +262,8 @@
     return out;
   }
 
+  // sampleMetrics reads this instance's /metrics for the gauges the
+  // overview shows beside the ops API: pending signals and mismatches.
   async function sampleMetrics() {
     if (!st.token) return;
     let text;
@@ -263,24 +273,16 @@
       text = await res.text();
     } catch (e) {
       st.metricsError = 'Could not read /metrics: ' + (e && e.message || e) + '.';
-      if (st.route.view === 'overview') renderSelfHeal();
       return;
     }
-    const m = parseMetrics(text, ['marconi_route_self_healed_total', 'marconi_adaptive_placement_mismatches_total',
-      'marconi_pending_signals']);
-    const v = {};
-    for (const s of m.marconi_route_self_healed_total) {
-      if (s.labels.outcome) v[s.labels.outcome] = (v[s.labels.outcome] || 0) + s.value;
-    }
+    const m = parseMetrics(text, ['marconi_adaptive_placement_mismatches_total', 'marconi_pending_signals']);
     const mm = m.marconi_adaptive_placement_mismatches_total.reduce((a, s) => a + s.value, 0);
-    const found = m.marconi_route_self_healed_total.length > 0;
-    st.metricsError = found ? '' : 'The metric marconi_route_self_healed_total is not exposed by this hub.';
-    const now = Date.now();
-    const pending = m.marconi_pending_signals.length ? m.marconi_pending_signals[0].value : null;
-    st.samples.push({ t: now, v, mismatches: m.marconi_adaptive_placement_mismatches_total.length ? mm : null, pending });
-    while (st.samples.length && st.samples[0].t < now - WINDOW_MS - BUCKET_MS) st.samples.shift();
-    st.lastMetrics = st.samples[st.samples.length - 1];
-    if (st.route.view === 'overview') { renderSelfHeal(); renderGate(); renderPending(); }
+    st.metricsError = '';
+    st.lastMetrics = {
+      mismatches: m.marconi_adaptive_placement_mismatches_total.length ? mm : null,
+      pending: m.marconi_pending_signals.length ? m.marconi_pending_signals[0].value : null,
+    };
+    if (st.route.view === 'overview') { renderGate(); renderPending(); }
   }
 
   // ---------- status (aria-live) ----------
@@ -320,7 +322,7 @@
       const q = location.hash.indexOf('?');
       if (q >= 0) {
         const p = new URLSearchParams(location.hash.slice(q + 1));
-        route.filters = { tenant: p.get('tenant') || '', project: p.get('project') || '', state: p.get('state') || '' };
+        route.filters = { tenant: p.get('tenant') || '', project: p.get('project') || '', state: p.get('state') || '', session: p.get('session') || '' };
       }
     } else if (h === 'fabric') {
       route.view = 'fabric';
@@ -338,7 +340,7 @@
 
   function sessionsHref(filters) {
     const p = new URLSearchParams();
-    for (const k of ['tenant', 'project', 'state']) if (filters[k]) p.set(k, filters[k]);
+    for (const k of ['tenant', 'project', 'state', 'session']) if (filters[k]) p.set(k, filters[k]);
     const q = p.toString();
     return '#sessions' + (q ? '?' + q : '');
   }
@@ -356,6 +358,7 @@
     $('f-tenant').value = st.route.filters.tenant;
     $('f-project').value = st.route.filters.project;
     $('f-state').value = st.route.filters.state;
+    $('f-session').value = st.route.filters.session || '';
 
     $('detail-close').setAttribute('href', sessionsHref(st.route.filters));
     const d = st.route.detail;
@@ -372,6 +375,8 @@
       $('detail-h').textContent = 'Session ' + d.session;
       replace($('detail-body'), empty('Loading…'));
       st.detailOpenedByUser = !!userAction;
+      st.confirming = '';
+      st.actionNote = null;
     }
     document.title = 'Marconi · ' + (d ? 'Session ' + d.session : st.route.view[0].toUpperCase() + st.route.view.slice(1));
     if (userAction && !d && prev.view !== st.route.view) {
@@ -493,6 +498,7 @@
             return e;
           }),
           api('/v1/ops/route_state?limit=' + COUNT_LIMIT, token),
+          loadHistory(token),
         ]);
         if (token !== st.token) return;
         st.summaryError = summary instanceof Error ? shortReason(summary) : '';
@@ -506,13 +512,18 @@
         if (f.project) q.set('project_id', f.project);
         if (f.state) q.set('state', f.state);
         const d = route.detail;
-        const [list, detail] = await Promise.all([
+        const path = d ? [d.tenant, d.project, d.session].map(encodeURIComponent).join('/') : '';
+        const [list, detail, pending] = await Promise.all([
           api('/v1/ops/route_state?' + q.toString(), token),
-          d ? api('/v1/ops/route_state/' + [d.tenant, d.project, d.session].map(encodeURIComponent).join('/'), token) : null,
+          d ? api('/v1/ops/route_state/' + path, token) : null,
+          d ? api('/v1/ops/sessions/' + path + '/signals?limit=' + DETAIL_PENDING, token).catch((e) => {
+            if (e instanceof HubError && e.kind === 'unauthorized') throw e;
+            return e; // not registered (404) or an older hub: the detail says so
+          }) : null,
         ]);
         if (token !== st.token) return;
         renderSessions(list, f);
-        if (d && st.route.detail === d) renderDetail(detail);
+        if (d && st.route.detail === d) renderDetail(detail, pending);
       } else if (route.view === 'fabric') {
         const summary = await loadSummary(token);
         if (token !== st.token) return;
@@ -537,6 +548,18 @@
       st.inflight = false;
       updateRefreshInfo();
       if (st.again) { st.again = false; refresh(); }
+    }
+  }
+
+  // loadHistory reads the self-heal history the hub keeps; a failure is
+  // shown in the self-heal card only.
+  async function loadHistory(token) {
+    try {
+      st.history = await api('/v1/ops/selfheal/history', token);
+      st.historyError = '';
+    } catch (e) {
+      if (e instanceof HubError && e.kind === 'unauthorized') throw e;
+      st.historyError = 'The self-heal history could not be read: ' + shortReason(e) + '.';
     }
   }
 
@@ -591,18 +614,26 @@
 
   function renderOverview(summary, list) {
     const sessions = list.sessions || [];
-    const counts = { attached: 0, route_without_queue: 0, stale: 0 };
-    for (const s of sessions) counts[s.route_state] = (counts[s.route_state] || 0) + 1;
+    // Piggyback-only sessions (codex) never hold a WebSocket: for them
+    // route_without_queue is the normal state, counted apart and neutral.
+    const counts = { attached: 0, route_without_queue: 0, stale: 0, piggyback: 0 };
+    for (const s of sessions) {
+      const k = s.route_state === 'route_without_queue' && piggybackOnly(s) ? 'piggyback' : s.route_state;
+      counts[k] = (counts[k] || 0) + 1;
+    }
     const capped = sessions.length >= COUNT_LIMIT;
 
-    const rows = ['route_without_queue', 'stale', 'attached'].map((state) => {
+    const rows = ['route_without_queue', 'piggyback', 'stale', 'attached'].map((state) => {
       const n = counts[state] || 0;
       const attention = state === 'route_without_queue' && n > 0;
+      const label = state === 'piggyback' ? badge('piggyback-only, no WebSocket', 'piggyback') : badge(STATE_LABEL[state], state);
+      const href = sessionsHref({ state: state === 'piggyback' ? 'route_without_queue' : state });
       return el('tr', { class: attention ? 'attention' : null },
-        el('th', { scope: 'row' }, badge(STATE_LABEL[state], state)),
+        el('th', { scope: 'row' }, label),
         el('td', { class: 'n', 'data-testid': 'count-' + state }, String(n) + (capped ? '+' : '')),
-        el('td', null, n > 0 ? el('a', { href: sessionsHref({ state }) }, 'Show') : el('span', { class: 'muted' }, '—'),
-          attention ? el('span', { class: 'note' }, ' needs attention: alive but unreachable') : null));
+        el('td', null, n > 0 ? el('a', { href }, 'Show') : el('span', { class: 'muted' }, '—'),
+          attention ? el('span', { class: 'note' }, ' needs attention: alive but unreachable') : null,
+          state === 'piggyback' && n > 0 ? el('span', { class: 'muted' }, ' normal: they collect signals by heartbeat, drain or piggyback') : null));
     });
     replace($('ov-states'),
       el('table', { class: 'compact', 'data-testid': 'state-counts' },
@@ -646,6 +677,14 @@
     const allow = ap.allowlist || [];
     const metric = st.lastMetrics && st.lastMetrics.mismatches;
     const mismatches = sum.total_adaptive_placement_mismatches || 0;
+    // A gate that is off with nothing ever placed folds the card away to one
+    // line, so it does not take half the overview.
+    const folded = gate === 'off' && !(sum.total_adaptive_placements || 0) && !mismatches;
+    $('ov-gate-card').hidden = folded;
+    $('ov-states-card').classList.toggle('wide', folded);
+    replace($('ov-gate-folded'), folded ? el('p', { class: 'hint', 'data-testid': 'gate-folded' },
+      'Adaptive placement: ', badge('off', 'gate-off'), ' (MARCONI_ADAPTIVE_PLACEMENT); its panel shows when it is on.') : null);
+    if (folded) return;
     replace($('ov-gate'),
       el('dl', { class: 'kv' },
         el('dt', null, 'Gate'), el('dd', { 'data-testid': 'gate' }, badge(gate, 'gate-' + gate)),
@@ -663,9 +702,11 @@
   function renderPending() {
     const c = $('ov-pending');
     const v = st.lastMetrics ? st.lastMetrics.pending : undefined;
+    if (st.metricsError) { replace(c, el('p', { class: 'error' }, st.metricsError)); return; }
     if (v === undefined) { replace(c); return; }
     if (v === null) {
-      replace(c, el('p', { class: 'hint' }, 'Pending signals: not exposed by this hub (', code('marconi_pending_signals'), ').'));
+      replace(c, el('p', { class: 'hint' }, 'Pending signals: not exported by this instance (', code('marconi_pending_signals'),
+        ' is cluster-wide and exported only by the reporting instance, the healthy one with the lowest id; see ', code('marconi_cluster_reporter'), ').'));
       return;
     }
     replace(c, el('p', { class: 'pending' },
@@ -676,8 +717,22 @@
       'It grows while agents are unreachable or their clients do not ack.'));
   }
 
-  function instancesTable(instances) {
-    if (!instances.length) return empty('The fabric summary lists no instance: none has heartbeated into the store yet.', 'no-instances');
+  // gone reports whether an instance has been unhealthy and silent for
+  // longer than GONE_AFTER_MS: it is hidden unless asked for.
+  function gone(i) {
+    const t = parseTime(i.last_heartbeat_at);
+    return !i.healthy && t !== null && hubNow() - t > GONE_AFTER_MS;
+  }
+
+  function instancesTable(all) {
+    if (!all.length) return empty('The fabric summary lists no instance: none has heartbeated into the store yet.', 'no-instances');
+    const nGone = all.filter(gone).length;
+    const instances = st.showGone ? all : all.filter((i) => !gone(i));
+    const toggle = nGone ? el('p', { class: 'hint', 'data-testid': 'gone-note' },
+      plural(nGone, 'instance') + ' gone (unhealthy, no heartbeat for over ' + (GONE_AFTER_MS / 60000) + ' minutes) ' +
+        (st.showGone ? 'listed. ' : 'hidden. '),
+      el('button', { type: 'button', class: 'link', 'data-testid': 'gone-toggle',
+        onclick: () => { st.showGone = !st.showGone; refresh(); } }, st.showGone ? 'Hide them' : 'Show them')) : null;
     const rows = instances.map((i) => {
       const health = i.draining ? badge('draining', 'warn') : i.healthy ? badge('healthy', 'ok') : badge('unhealthy', 'bad');
       return el('tr', { 'data-testid': 'instance-row', 'data-instance-id': i.instance_id, class: i.healthy ? null : 'attention' },
@@ -688,61 +743,62 @@
         el('td', { class: 'n', 'data-testid': 'instance-queues' }, num(i.attached_queues)),
         el('td', null, timeAgo(i.last_heartbeat_at)));
     });
-    return el('table', { 'data-testid': 'instances-table' },
+    return [el('table', { 'data-testid': 'instances-table' },
       el('caption', { class: 'sr-only' }, 'Hub instances with health and load'),
       el('thead', null, el('tr', null,
         el('th', { scope: 'col' }, 'Instance'), el('th', { scope: 'col' }, 'URL'), el('th', { scope: 'col' }, 'Health'),
         el('th', { scope: 'col', class: 'n' }, 'Sessions'), el('th', { scope: 'col', class: 'n' }, 'Attached queues'),
         el('th', { scope: 'col' }, 'Last heartbeat'))),
-      el('tbody', null, rows));
+      el('tbody', null, rows)), toggle];
   }
 
-  // Increments per outcome per bucket over the window, from the samples.
+  // Increments per outcome per bucket over the window, from the history the
+  // hub keeps (oldest first); a bucket the hub has not filled yet is null.
   function buckets() {
-    const now = Date.now();
     const n = WINDOW_MS / BUCKET_MS;
-    const start = now - WINDOW_MS;
     const out = {};
     for (const o of OUTCOMES) out[o] = new Array(n).fill(null);
-    const s = st.samples;
-    for (let i = 1; i < s.length; i++) {
-      const b = Math.floor((s[i].t - start) / BUCKET_MS);
-      if (b < 0 || b >= n) continue;
-      for (const o of OUTCOMES) {
-        const cur = s[i].v[o] || 0;
-        const prev = s[i - 1].v[o] || 0;
-        const d = cur >= prev ? cur - prev : cur; // a lower value means the hub restarted
-        out[o][b] = (out[o][b] || 0) + d;
-      }
+    const hb = (st.history && st.history.buckets) || [];
+    const from = Math.max(0, hb.length - n);
+    for (let i = from; i < hb.length; i++) {
+      const slot = n - (hb.length - i);
+      for (const o of OUTCOMES) out[o][slot] = (hb[i].counts && hb[i].counts[o]) || 0;
     }
     return out;
   }
 
   function renderSelfHeal() {
     const c = $('ov-selfheal');
-    if (st.metricsError && !st.lastMetrics) { replace(c, el('p', { class: 'error' }, st.metricsError)); return; }
-    if (!st.lastMetrics) { replace(c, empty('Waiting for the first sample of /metrics…')); return; }
+    if (st.historyError && !st.history) { replace(c, el('p', { class: 'error' }, st.historyError)); return; }
+    if (!st.history) { replace(c, empty('Loading the self-heal history…')); return; }
+    const totals = st.history.totals || {};
+    // Self-heal off and nothing ever counted: the card folds to one line.
+    const folded = st.history.enabled === false && !Object.values(totals).some((v) => v > 0);
+    $('ov-heal-card').hidden = folded;
+    replace($('ov-heal-folded'), folded ? el('p', { class: 'hint', 'data-testid': 'selfheal-folded' },
+      'Self-heal hints: ', badge('off', 'gate-off'), ' on this instance (MARCONI_SELFHEAL); its panel shows when it is on.') : null);
+    if (folded) return;
     const b = buckets();
     let max = 1;
     for (const o of OUTCOMES) for (const x of b[o]) if (x !== null && x > max) max = x;
-    const shown = OUTCOMES.filter((o) => !RESERVED_OUTCOMES.includes(o) || (st.lastMetrics.v[o] || 0) > 0);
+    const shown = OUTCOMES.filter((o) => !RESERVED_OUTCOMES.includes(o) || (totals[o] || 0) > 0);
     const rows = shown.map((o) => {
       const series = b[o];
       const recent = series.reduce((a, x) => a + (x || 0), 0);
       return el('tr', { 'data-testid': 'selfheal-row', 'data-outcome': o },
         el('th', { scope: 'row' }, code(o)),
-        el('td', { class: 'n', 'data-testid': 'selfheal-total-' + o }, num(st.lastMetrics.v[o] || 0)),
-        el('td', { class: 'n' }, num(recent)),
+        el('td', { class: 'n', 'data-testid': 'selfheal-total-' + o }, num(totals[o] || 0)),
+        el('td', { class: 'n', 'data-testid': 'selfheal-recent-' + o }, num(recent)),
         el('td', null, sparkline(o, series, max)));
     });
     replace(c,
-      st.metricsError ? el('p', { class: 'error' }, st.metricsError) : null,
+      st.historyError ? el('p', { class: 'error' }, st.historyError) : null,
       el('table', { class: 'selfheal', 'data-testid': 'selfheal-table' },
         el('caption', { class: 'sr-only' }, 'Self-heal outcomes: totals and the last 10 minutes'),
         el('thead', null, el('tr', null,
           el('th', { scope: 'col' }, 'Outcome'),
           el('th', { scope: 'col', class: 'n' }, 'Since instance start'),
-          el('th', { scope: 'col', class: 'n' }, 'Last 10 min (seen)'),
+          el('th', { scope: 'col', class: 'n' }, 'Last 10 min'),
           el('th', { scope: 'col' }, 'Per 30 s, 10 min ago → now (scale 0–' + max + ')'))),
         el('tbody', null, rows)),
       el('p', { class: 'hint' },
@@ -758,7 +814,7 @@
     const bw = W / n - gap;
     const total = series.reduce((a, x) => a + (x || 0), 0);
     const last = series[n - 1];
-    const label = outcome + ': ' + total + ' in the last 10 minutes while this page was open' +
+    const label = outcome + ': ' + total + ' in the last 10 minutes' +
       (last !== null ? ', ' + last + ' in the last 30 seconds' : '');
     const kids = [svg('title', null, label),
       svg('line', { x1: 0, y1: H - 0.5, x2: W, y2: H - 0.5, class: 'axis' })];
@@ -773,13 +829,17 @@
   // ---------- sessions ----------
 
   function renderSessions(list, filters) {
-    const sessions = (list.sessions || []).slice();
+    // The session search matches ids containing the text, among the sessions listed.
+    const needle = (filters.session || '').toLowerCase();
+    const sessions = (list.sessions || []).filter((s) => !needle || s.session_id.toLowerCase().includes(needle));
+    // Piggyback-only sessions without a queue come after the live ones: theirs is the normal state.
+    const order = (x) => (x.route_state === 'route_without_queue' && piggybackOnly(x) ? 0.5 : STATE_ORDER[x.route_state] ?? 9);
     sessions.sort((a, b) =>
-      (STATE_ORDER[a.route_state] ?? 9) - (STATE_ORDER[b.route_state] ?? 9) ||
+      order(a) - order(b) ||
       cmp(a.tenant_id, b.tenant_id) || cmp(a.project_id, b.project_id) || cmp(a.session_id, b.session_id));
-    const filtered = filters.tenant || filters.project || filters.state;
+    const filtered = filters.tenant || filters.project || filters.state || filters.session;
     const capped = sessions.length >= LIST_LIMIT;
-    const nWithout = sessions.filter((s) => s.route_state === 'route_without_queue').length;
+    const nWithout = sessions.filter((s) => s.route_state === 'route_without_queue' && !piggybackOnly(s)).length;
     $('sessions-caption').textContent = plural(sessions.length, 'session') + (filtered ? ' match the filters' : '') +
       (capped ? ' (the first ' + LIST_LIMIT + '; narrow the filters to see others)' : '') +
       (nWithout ? '; ' + nWithout + ' without a queue, listed first' : '') + '.';
@@ -813,7 +873,14 @@
 
   function cmp(a, b) { return String(a).localeCompare(String(b)); }
 
-  function stateBadge(state) {
+  // piggybackOnly: a session whose surface never holds a WebSocket (codex).
+  function piggybackOnly(s) { return !!(s.selfheal && s.selfheal.eligible_surface === false); }
+
+  function stateBadge(state, s) {
+    if (state === 'route_without_queue' && s && piggybackOnly(s)) {
+      return el('span', { class: 'badge badge-piggyback', 'data-testid': 'route-badge', title: 'Normal for a piggyback-only surface' },
+        'route_without_queue · piggyback-only');
+    }
     if (state === 'route_without_queue') {
       return el('span', { class: 'badge badge-route_without_queue', 'data-testid': 'route-badge' },
         el('span', { 'aria-hidden': 'true' }, '⚠ '), 'route_without_queue');
@@ -830,7 +897,7 @@
     else if (q.instance_id) queue = el('span', null, code(q.instance_id), ' ', badge('unhealthy', 'bad'));
     else queue = el('span', { class: 'muted' }, 'none');
     return el('tr', {
-      class: 'row state-' + s.route_state,
+      class: 'row state-' + (s.route_state === 'route_without_queue' && piggybackOnly(s) ? 'piggyback' : s.route_state),
       'data-testid': 'session-row',
       'data-session-id': s.session_id,
       'data-tenant-id': s.tenant_id,
@@ -839,7 +906,7 @@
     },
       el('th', { scope: 'row' }, el('a', { href: sessionHref(s.tenant_id, s.project_id, s.session_id), 'data-testid': 'session-link', 'data-key': keyOf(key) }, s.session_id),
         el('div', { class: 'muted small' }, s.tenant_id + ' / ' + s.project_id)),
-      el('td', null, stateBadge(s.route_state)),
+      el('td', null, stateBadge(s.route_state, s)),
       el('td', { 'data-testid': 'pol-age', title: s.freshest_proof_of_life || '' }, agoText(s.proof_of_life_age_seconds)),
       el('td', null, queue),
       el('td', null, store.surface || '—'),
@@ -923,7 +990,7 @@
     return out;
   }
 
-  function renderDetail(rs) {
+  function renderDetail(rs, pending) {
     if (!rs) return;
     const body = $('detail-body');
     const store = rs.store || {};
@@ -952,7 +1019,7 @@
       : null;
 
     replace(body,
-      el('p', { class: 'detail-state' }, stateBadge(rs.route_state), ' ',
+      el('p', { class: 'detail-state' }, stateBadge(rs.route_state, rs), ' ',
         el('span', { class: 'muted' }, rs.tenant_id + ' / ' + rs.project_id)),
       el('div', { class: 'explain', 'data-testid': 'detail-explanation', 'data-route-state': rs.route_state },
         explain(rs).map((t) => el('p', null, t))),
@@ -968,6 +1035,8 @@
           el('tbody', null, polRows))] : null,
 
       registered ? detailRest(rs, store, q, sh, queueHealth, now) : null,
+      registered ? pendingList(pending) : null,
+      registered || st.actionNote ? actionsNode(rs) : null,
 
       el('details', null, el('summary', null, 'Raw response'),
         el('pre', { 'data-testid': 'detail-raw' }, JSON.stringify(rs, null, 2))));
@@ -976,6 +1045,87 @@
       st.detailOpenedByUser = false;
       $('detail-h').focus();
     }
+  }
+
+  // pendingList shows the first signals waiting for the session's ack.
+  function pendingList(p) {
+    const head = el('h4', null, 'Pending signals');
+    if (!p) return null;
+    if (p instanceof Error) return [head, el('p', { class: 'error', 'data-testid': 'detail-pending-error' }, 'Could not list them: ' + shortReason(p) + '.')];
+    const sigs = p.signals || [];
+    if (!sigs.length) return [head, el('p', { class: 'muted', 'data-testid': 'detail-pending-none' }, 'None: every signal to it was acknowledged.')];
+    const preview = (v) => { const t = JSON.stringify(v); return t.length > 80 ? t.slice(0, 79) + '…' : t; };
+    return [head,
+      el('table', { class: 'compact', 'data-testid': 'detail-pending-table' },
+        el('caption', { class: 'sr-only' }, 'Signals waiting for this session\'s acknowledgement, oldest first'),
+        el('thead', null, el('tr', null, el('th', { scope: 'col', class: 'n' }, 'Seq'), el('th', { scope: 'col' }, 'From'),
+          el('th', { scope: 'col' }, 'Sent'), el('th', { scope: 'col' }, 'Payload'))),
+        el('tbody', null, sigs.map((g) => el('tr', { 'data-testid': 'detail-pending-row' },
+          el('td', { class: 'n' }, num(g.seq)), el('td', null, code(g.from_session || '')),
+          el('td', null, timeAgo(g.created_at)), el('td', null, code(preview(g.payload))))))),
+      p.total > sigs.length ? el('p', { class: 'hint' }, 'The oldest ' + sigs.length + ' of ' + num(p.total) + '.') : null];
+  }
+
+  // actionsNode returns the actions block, the same DOM node while nothing it
+  // shows has changed: the 2 s refresh must not replace a button between the
+  // press and the release of a click.
+  function actionsNode(rs) {
+    const key = JSON.stringify([keyOf(st.route.detail), rs.route_state, !!(rs.queue && rs.queue.attached), st.confirming, st.actionNote]);
+    if (st.actionsKey !== key || !st.actionsEl) {
+      st.actionsKey = key;
+      st.actionsEl = el('div', { 'data-testid': 'detail-actions' }, actions(rs));
+    }
+    return st.actionsEl;
+  }
+
+  // actions: disconnect the WebSocket, deregister the session; each asks
+  // for a confirmation in the page first.
+  function actions(rs) {
+    const d = st.route.detail;
+    const note = st.actionNote ? el('p', { class: st.actionNote.kind, role: 'status', 'data-testid': 'action-note' }, st.actionNote.text) : null;
+    if (rs.route_state === 'not_registered') return [el('h4', null, 'Actions'), note];
+    const what = { disconnect: 'Disconnect its WebSocket? Its client reconnects (close 1012); nothing is lost.',
+      deregister: 'Deregister session ' + d.session + '? It and its pending signals are deleted; its client must register again.' };
+    if (st.confirming) {
+      return [el('h4', null, 'Actions'), note,
+        el('div', { class: 'confirm', role: 'alertdialog', 'aria-label': 'Confirm', 'data-testid': 'confirm' },
+          el('p', null, what[st.confirming]),
+          el('button', { type: 'button', class: 'danger', 'data-testid': 'confirm-yes', onclick: () => runAction(st.confirming) },
+            st.confirming === 'disconnect' ? 'Yes, disconnect' : 'Yes, deregister'),
+          ' ',
+          el('button', { type: 'button', 'data-testid': 'confirm-no', onclick: () => { st.confirming = ''; refresh(); } }, 'Cancel'))];
+    }
+    const attached = rs.queue && rs.queue.attached;
+    return [el('h4', null, 'Actions'), note,
+      el('p', null,
+        el('button', { type: 'button', 'data-testid': 'action-disconnect', disabled: attached ? null : true,
+          title: attached ? null : 'It holds no WebSocket', onclick: () => { st.confirming = 'disconnect'; st.actionNote = null; refresh(); } }, 'Disconnect WebSocket'),
+        ' ',
+        el('button', { type: 'button', class: 'danger', 'data-testid': 'action-deregister',
+          onclick: () => { st.confirming = 'deregister'; st.actionNote = null; refresh(); } }, 'Deregister session'))];
+  }
+
+  async function runAction(kind) {
+    const d = st.route.detail;
+    if (!d) return;
+    const path = '/v1/ops/sessions/' + [d.tenant, d.project, d.session].map(encodeURIComponent).join('/');
+    st.confirming = '';
+    try {
+      if (kind === 'disconnect') {
+        const r = await api(path + '/disconnect', st.token, 'POST');
+        st.actionNote = { kind: 'ok', text: r.disconnected ? 'Disconnected: its client reconnects.' : 'Nothing to disconnect: this instance holds no WebSocket of it.' };
+      } else {
+        await api(path, st.token, 'DELETE');
+        st.actionNote = { kind: 'ok', text: 'Deregistered.' };
+      }
+    } catch (e) {
+      if (e instanceof HubError && e.kind === 'http' && e.code === 'wrong_instance') {
+        st.actionNote = { kind: 'error', text: e.message + '.' };
+      } else {
+        st.actionNote = { kind: 'error', text: describe(e) };
+      }
+    }
+    refresh();
   }
 
   function detailRest(rs, store, q, sh, queueHealth, now) {
@@ -1101,7 +1251,8 @@
     });
     $('filters').addEventListener('submit', (ev) => {
       ev.preventDefault();
-      location.hash = sessionsHref({ tenant: $('f-tenant').value.trim(), project: $('f-project').value.trim(), state: $('f-state').value });
+      location.hash = sessionsHref({ tenant: $('f-tenant').value.trim(), project: $('f-project').value.trim(), state: $('f-state').value,
+        session: $('f-session').value.trim() });
     });
     $('f-state').addEventListener('change', () => $('filters').requestSubmit());
     $('f-clear').addEventListener('click', () => { location.hash = '#sessions'; });

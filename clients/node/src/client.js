@@ -1,11 +1,13 @@
 // The Marconi client: one registered, attached session.
 
 import { randomUUID } from 'node:crypto';
+import { setMaxListeners } from 'node:events';
 import WebSocket from 'ws';
 import { Backoff } from './backoff.js';
 import { ClientClosedError, MarconiError, codes, permanent } from './errors.js';
 import { TransportError, call } from './http.js';
 import { Sequencer } from './sequencer.js';
+import { linked } from './signals.js';
 import { closeCodes, openSocket } from './socket.js';
 
 /** Defaults of the optional Config fields, in one place. */
@@ -13,7 +15,7 @@ export const defaults = Object.freeze({
   reconnectBaseDelayMs: 250,
   reconnectMaxDelayMs: 15000,
   requestTimeoutMs: 30000,
-  maxSendAttempts: 3,
+  sendAttempts: 4,
 });
 
 const defaultHeartbeatMs = 20000;
@@ -75,7 +77,7 @@ export async function dial(config, options = {}) {
  * sessionID may be used at any time; close (or deregister) once stops it.
  */
 export class Client {
-  /** @type {Required<Pick<Config, 'reconnectBaseDelayMs' | 'reconnectMaxDelayMs' | 'requestTimeoutMs' | 'maxSendAttempts'>> & Config} */
+  /** @type {Required<Pick<Config, 'reconnectBaseDelayMs' | 'reconnectMaxDelayMs' | 'requestTimeoutMs' | 'sendAttempts'>> & Config} */
   #cfg;
   /** @type {string[]} */
   #urls;
@@ -100,6 +102,7 @@ export class Client {
   #healFor = 0; // generation for which a self-heal reconnect was requested
   #immediate = false; // the next redial skips the backoff wait
   #stopped = false; // the supervisor gave up: replaced (4409) or refused by the hub
+  #ending = false; // deregister is under way: the session is being ended on purpose
   /** @type {Promise<void>} serializes (re)registrations */
   #registering = Promise.resolve();
   /** @type {(() => void) | null} cuts the supervisor's backoff wait short */
@@ -110,14 +113,16 @@ export class Client {
   /** @type {(() => void) | null} */
   #wakeDispatcher = null;
   #highest = 0; // highest seq handed to onSignal, for drain
+  #highestEpoch = 0; // the registration #highest belongs to
 
   #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0 };
 
   /** @param {Config} config */
   constructor(config) {
-    const urls = Array.isArray(config.hubURL) ? config.hubURL : [config.hubURL];
-    if (urls.length === 0) throw new TypeError('marconi: hubURL is required');
-    this.#urls = urls.map((u) => {
+    /** @type {string[]} */
+    const urls = [];
+    for (const u of [config.hubURL, ...(config.hubURLs ?? [])]) {
+      if (!u) continue;
       let parsed;
       try {
         parsed = new URL(u);
@@ -125,10 +130,13 @@ export class Client {
         parsed = null;
       }
       if (!parsed || (parsed.protocol !== 'http:' && parsed.protocol !== 'https:')) {
-        throw new TypeError(`marconi: hubURL ${JSON.stringify(u)} is not an http(s) URL`);
+        throw new TypeError(`marconi: hub URL ${JSON.stringify(u)} is not an http(s) URL`);
       }
-      return u.replace(/\/+$/, '');
-    });
+      const trimmed = u.replace(/\/+$/, '');
+      if (!urls.includes(trimmed)) urls.push(trimmed);
+    }
+    if (urls.length === 0) throw new TypeError('marconi: hubURL (or hubURLs) is required');
+    this.#urls = urls;
     if (!config.apiKey) throw new TypeError('marconi: apiKey is required');
     if (!config.surface) throw new TypeError('marconi: surface is required');
     const cfg = {
@@ -136,10 +144,14 @@ export class Client {
       reconnectBaseDelayMs: config.reconnectBaseDelayMs ?? defaults.reconnectBaseDelayMs,
       reconnectMaxDelayMs: config.reconnectMaxDelayMs ?? defaults.reconnectMaxDelayMs,
       requestTimeoutMs: config.requestTimeoutMs ?? defaults.requestTimeoutMs,
-      maxSendAttempts: config.maxSendAttempts ?? defaults.maxSendAttempts,
+      sendAttempts: config.sendAttempts ?? defaults.sendAttempts,
     };
-    for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'requestTimeoutMs', 'maxSendAttempts'])) {
+    for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'requestTimeoutMs', 'sendAttempts'])) {
       if (!Number.isFinite(cfg[k]) || cfg[k] <= 0) throw new TypeError(`marconi: ${k} must be a positive number`);
+    }
+    if (!Number.isInteger(cfg.sendAttempts)) throw new TypeError('marconi: sendAttempts must be a whole number');
+    for (const k of /** @type {const} */ (['hubURL', 'apiKey', 'surface', 'sessionID', 'runtimeMode', 'clientID'])) {
+      if (config[k] !== undefined && typeof config[k] !== 'string') throw new TypeError(`marconi: ${k} must be a string`);
     }
     if (config.reconnectMaxDelayMs === undefined) cfg.reconnectMaxDelayMs = Math.max(cfg.reconnectMaxDelayMs, cfg.reconnectBaseDelayMs);
     if (cfg.reconnectMaxDelayMs < cfg.reconnectBaseDelayMs) {
@@ -149,6 +161,8 @@ export class Client {
     this.#log = { ...silent, ...bindLogger(config.logger) };
     this.#backoff = new Backoff(cfg.reconnectBaseDelayMs, cfg.reconnectMaxDelayMs);
     this.#sessionID = config.sessionID ?? '';
+    // Every call in flight listens to the close signal (and unlinks when done).
+    setMaxListeners(0, this.#closing.signal);
   }
 
   /** The session's id, as the hub registered it. */
@@ -190,22 +204,38 @@ export class Client {
   }
 
   /**
-   * Ends the session on the hub (DELETE /v1/session) after closing the client
-   * as close does. Rejects when the hub could not be told; the client is
-   * closed either way and the session then expires with its TTL.
+   * Ends the session on the hub (DELETE /v1/session), so it stops counting as
+   * live at once rather than when its TTL runs out, then closes the client as
+   * close does. Signals not yet acknowledged are gone with the session. A
+   * session the hub no longer knows counts as ended. On any other error the
+   * client keeps running; deregister may be called again, or close.
    * @param {{signal?: AbortSignal}} [options]
    * @returns {Promise<void>}
    */
   async deregister(options = {}) {
     if (this.#closed) throw new ClientClosedError();
-    await this.close();
+    this.#ending = true; // the 4410 close that follows is no reason to register again
     try {
-      await this.#call('DELETE', '/v1/session', this.#token, { signal: options.signal }, false);
+      for (let attempt = 1; ; attempt++) {
+        const token = this.#token;
+        try {
+          await this.#call('DELETE', '/v1/session', token, { signal: options.signal });
+          break;
+        } catch (err) {
+          if (err instanceof MarconiError && err.code === codes.sessionExpired) break; // gone already
+          if (attempt < maxCallAttempts && err instanceof MarconiError && err.status === 401) {
+            await this.#registering; // a resume in flight may have rotated the token
+            if (this.#token !== token) continue;
+          }
+          throw err;
+        }
+      }
     } catch (err) {
-      if (err instanceof MarconiError && err.code === codes.sessionExpired) return; // gone already
+      this.#ending = false;
       throw err;
     }
     this.#log.info('marconi: session deregistered', { session_id: this.#sessionID });
+    await this.close();
   }
 
   /**
@@ -214,7 +244,7 @@ export class Client {
    * signals waiting for this session that came with it (piggyback) go to
    * onSignal. When the hub says sender_route_stale, the reconnect has started
    * when it resolves. A send that got no answer, or a 502, 503 or 504, is
-   * made again with the same idempotency key, up to maxSendAttempts times.
+   * made again with the same idempotency key, up to sendAttempts times.
    * @param {string} to
    * @param {string} kind
    * @param {unknown} payload
@@ -233,7 +263,7 @@ export class Client {
         const { auth, data } = await this.#sessionCall('POST', '/v1/signals', { body, signal: options.signal });
         return this.#sent(to, key, auth, data);
       } catch (err) {
-        if (!retryableSend(err) || attempt + 1 >= this.#cfg.maxSendAttempts || this.#closed || options.signal?.aborted) throw err;
+        if (!unavailable(err) || attempt + 1 >= this.#cfg.sendAttempts || this.#closed || options.signal?.aborted) throw err;
         this.#stats.sendRetries++;
         this.#log.warn('marconi: send got no usable answer; retrying with the same idempotency key', {
           to_session: to, idempotency_key: key, attempt, err: String(err),
@@ -280,7 +310,16 @@ export class Client {
   /** @param {AbortSignal | undefined} signal */
   async [start](signal) {
     this.#loops.push(this.#dispatch());
-    const conn = await this.#connect(signal);
+    let conn;
+    // With several hub URLs, each is tried once, in order, while they are unavailable.
+    for (let i = 0; ; i++) {
+      try {
+        conn = await this.#connect(signal);
+        break;
+      } catch (err) {
+        if (i + 1 >= this.#urls.length || !unavailable(err) || signal?.aborted) throw err;
+      }
+    }
     this.#loops.push(this.#supervise(conn), this.#heartbeatLoop());
   }
 
@@ -316,11 +355,12 @@ export class Client {
       const a = this.#auth();
       /** @type {{conn: Conn | null}} */
       const got = { conn: null };
+      const stop = linked([signal, this.#closing.signal]);
       try {
         await openSocket(`${base.replace(/^http/, 'ws')}/v1/ws`, {
           token: a.token,
           timeoutMs: welcomeTimeoutMs,
-          signal: signal ? AbortSignal.any([signal, this.#closing.signal]) : this.#closing.signal,
+          signal: stop.signal,
           onWelcome: (w, ws, ended) => (got.conn = this.#welcomed(w, ws, ended, a)) !== null,
           onFrame: (f) => this.#frame(f, a.epoch),
           warn: this.#log.warn,
@@ -333,14 +373,17 @@ export class Client {
           base = err.instanceURL.replace(/\/+$/, '');
           continue;
         }
-        if (err instanceof TransportError) {
-          if (hop > 0) {
-            this.#log.warn('marconi: assigned instance unreachable; retrying through the hub URL', { instance_url: base, err: err.message });
-          } else {
-            this.#failover(base, err);
-          }
+        if (hop === 0 && unavailable(err)) {
+          this.#failover(base, err);
+        } else if (err instanceof TransportError) {
+          // Most likely the followed instance died and the hub URL's instance
+          // has not yet seen it gone: every attempt starts at the hub URL
+          // again, which takes the session over once it has.
+          this.#log.warn('marconi: assigned instance unreachable; retrying through the hub URL', { instance_url: base, err: err.message });
         }
         throw err;
+      } finally {
+        stop.done();
       }
     }
   }
@@ -403,7 +446,7 @@ export class Client {
     for (;;) {
       const { code, reason } = await conn.ended;
       if (this.#conn?.gen === conn.gen) this.#conn = null;
-      if (this.#closing.signal.aborted) return;
+      if (this.#closing.signal.aborted || this.#ending) return; // deregister: close follows
       if (!this.#immediate) {
         if (code === closeCodes.replaced) {
           this.#stopped = true;
@@ -495,18 +538,18 @@ export class Client {
    * @param {AbortSignal} [signal]
    */
   #sleep(ms, signal) {
-    const stop = signal ? AbortSignal.any([signal, this.#closing.signal]) : this.#closing.signal;
+    const stop = linked([signal, this.#closing.signal]);
     return new Promise((resolve) => {
-      if (stop.aborted) return resolve(false);
-      const onAbort = () => {
-        clearTimeout(t);
-        resolve(false);
-      };
+      if (stop.signal.aborted) return resolve(false);
       const t = setTimeout(() => {
-        stop.removeEventListener('abort', onAbort);
+        stop.done();
         resolve(true);
       }, ms);
-      stop.addEventListener('abort', onAbort, { once: true });
+      stop.signal.addEventListener('abort', () => {
+        clearTimeout(t);
+        stop.done();
+        resolve(false);
+      }, { once: true });
     });
   }
 
@@ -563,7 +606,7 @@ export class Client {
    */
   #reregister(stale, signal) {
     return this.#exclusive(async () => {
-      if (this.#token !== stale) return;
+      if (this.#token !== stale || this.#ending) return;
       const r = await this.#postRegister(this.#sessionID, '', signal);
       this.#adopt(r.data, r.status === 201);
       this.#reregistered(r.data.session_id);
@@ -640,19 +683,15 @@ export class Client {
    * @param {string} path
    * @param {string} bearer
    * @param {import('./http.js').CallOptions} opts
-   * @param {boolean} [boundByClose] whether close() cancels the call
    */
-  async #call(method, path, bearer, opts, boundByClose = true) {
+  async #call(method, path, bearer, opts) {
     const base = this.#base();
-    const bounds = [AbortSignal.timeout(this.#cfg.requestTimeoutMs)];
-    if (boundByClose) bounds.push(this.#closing.signal);
+    const bounds = { close: this.#closing.signal, timeoutMs: this.#cfg.requestTimeoutMs };
     try {
       return await call(base + path, method, bearer, opts, bounds);
     } catch (err) {
-      if (boundByClose && this.#closing.signal.aborted) throw new ClientClosedError();
-      if (err instanceof TransportError || (err instanceof MarconiError && (err.code === codes.draining || [502, 504].includes(err.status)))) {
-        this.#failover(base, err);
-      }
+      if (this.#closing.signal.aborted) throw new ClientClosedError();
+      if (unavailable(err)) this.#failover(base, err);
       throw err;
     }
   }
@@ -707,7 +746,9 @@ export class Client {
   /** Fetches, while the WebSocket is down, what the hub holds beyond the highest signal delivered. */
   async #drain() {
     try {
-      const { auth, data } = await this.#sessionCall('GET', `/v1/signals?after_seq=${this.#highest}&limit=${drainLimit}`);
+      // A new registration numbers afresh: its signals all come after 0.
+      const after = this.#highestEpoch === this.#epoch ? this.#highest : 0;
+      const { auth, data } = await this.#sessionCall('GET', `/v1/signals?after_seq=${after}&limit=${drainLimit}`);
       if (Array.isArray(data?.signals) && data.signals.length > 0) {
         this.#offer({ signals: data.signals.map(toSignal), epoch: auth.epoch });
       }
@@ -764,6 +805,7 @@ export class Client {
       for (const s of d.signals) {
         if (!seq.accept(d.epoch, s)) continue;
         this.#highest = s.seq;
+        this.#highestEpoch = d.epoch;
         await this.#callback('onSignal', s);
       }
       if (d.signals.length > 0 && d.epoch === seq.epoch) unacked++;
@@ -813,11 +855,13 @@ export class Client {
 }
 
 /**
- * A send is made again when it got no answer, or an answer that says the
- * hub (or the balancer in front) could not serve it now.
+ * Reports whether err says the hub URL in use could not answer: no answer at
+ * all (the connection failed, so an answer, if any, is lost), or 502, 503 or
+ * 504. Another instance, or the same one a little later, may answer: a send
+ * is made again (same idempotency key) and the next call uses the next URL.
  * @param {unknown} err
  */
-function retryableSend(err) {
+function unavailable(err) {
   if (err instanceof TransportError) return true;
   return err instanceof MarconiError && [502, 503, 504].includes(err.status);
 }

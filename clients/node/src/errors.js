@@ -39,7 +39,6 @@ export class ClientClosedError extends Error {
 export const codes = Object.freeze({
   sessionExpired: 'session_expired',
   wrongInstance: 'wrong_instance',
-  draining: 'draining',
   // The code of a MarconiError built from an answer that did not carry the
   // hub's error body (a proxy's page, an empty body).
   unexpected: 'unexpected_response',

@@ -1,6 +1,7 @@
 // One JSON call on the hub, bounded in time and in the size of its answer.
 
 import { decodeError } from './errors.js';
+import { linked } from './signals.js';
 
 /** Bounds how much of one HTTP answer the client reads (a drain page of 50 signals of 64 KiB fits). */
 export const maxAnswerBytes = 16 << 20;
@@ -36,15 +37,14 @@ export class TransportError extends Error {
  * @param {string} method
  * @param {string} bearer
  * @param {CallOptions} opts
- * @param {AbortSignal[]} bounds the client's own bounds (close, timeout)
+ * @param {{close?: AbortSignal, timeoutMs: number}} bounds the client's own bounds
  * @returns {Promise<{status: number, data: any}>}
  */
 export async function call(url, method, bearer, opts, bounds) {
-  const signals = opts.signal ? [...bounds, opts.signal] : bounds;
   /** @type {Record<string, string>} */
   const headers = { ...opts.headers, authorization: `Bearer ${bearer}` };
   if (opts.body !== undefined) headers['content-type'] = 'application/json';
-  const signal = AbortSignal.any(signals);
+  const { signal, done } = linked([bounds.close, opts.signal], bounds.timeoutMs);
   let res;
   let text;
   try {
@@ -53,6 +53,8 @@ export async function call(url, method, bearer, opts, bounds) {
   } catch (err) {
     if (opts.signal?.aborted) throw opts.signal.reason;
     throw new TransportError(`marconi: ${method} ${url}: ${describe(err)}`, err);
+  } finally {
+    done();
   }
   if (!res.ok) throw decodeError(res.status, text, res.headers.get('retry-after'));
   if (text === '') return { status: res.status, data: undefined };

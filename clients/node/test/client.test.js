@@ -3,24 +3,12 @@
 // restart, deregister and close.
 
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
-import { ClientClosedError, MarconiError, dial } from '@marconihub/client';
-import { Inbox, LogRecorder, apiKey, buildGo, routeState, startHub, waitFor } from './support/hub.js';
+import { test } from 'node:test';
+import { ClientClosedError, MarconiError, TransportError, dial } from '@marconihub/client';
+import { Inbox, LogRecorder, apiKey, freePort, routeState, startHub, useHub, waitFor } from './support/hub.js';
 import { Proxy } from './support/proxy.js';
 
-/** @type {{bins: Record<string, string>, cleanup: () => Promise<void>}} */
-let build;
-/** @type {import('./support/hub.js').Hub} */
-let hub;
-
-before(async () => {
-  build = await buildGo({ marconi: './cmd/marconi' });
-  hub = await startHub(build.bins.marconi);
-});
-after(async () => {
-  await hub?.stop();
-  await build?.cleanup();
-});
+const env = useHub();
 
 /**
  * @param {string} sessionID
@@ -28,7 +16,7 @@ after(async () => {
  */
 async function agent(sessionID, extra = {}) {
   const inbox = new Inbox();
-  const client = await dial({ hubURL: hub.url, apiKey, surface: 'claude_code', sessionID, onSignal: inbox.on, ...extra });
+  const client = await dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID, onSignal: inbox.on, ...extra });
   return { client, inbox };
 }
 
@@ -52,7 +40,7 @@ test('two agents exchange signals once each, in order, and acknowledge them', as
   assert.equal(s.toSession, 'ex-b');
   assert.equal(s.kind, 'chat');
   assert.ok(s.createdAt instanceof Date && !Number.isNaN(s.createdAt.getTime()));
-  await waitFor('the hub to see 1..5 acknowledged', async () => (await routeState(hub, 'ex-b')).pending_signals === 0);
+  await waitFor('the hub to see 1..5 acknowledged', async () => (await routeState(env.hub, 'ex-b')).pending_signals === 0);
 });
 
 test('errors of the hub are MarconiError with the hub\'s code; bad config is a TypeError', async (t) => {
@@ -64,21 +52,42 @@ test('errors of the hub are MarconiError with the hub\'s code; bad config is a T
     assert.equal(err.code, 'recipient_not_registered');
     return true;
   });
-  await assert.rejects(dial({ hubURL: hub.url, apiKey: 'not-a-key', surface: 'claude_code' }), (err) => {
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey: 'not-a-key', surface: 'claude_code' }), (err) => {
     assert.ok(err instanceof MarconiError);
     assert.equal(err.status, 401);
     assert.equal(err.code, 'unauthorized');
     return true;
   });
-  await assert.rejects(dial({ hubURL: hub.url, apiKey, surface: 'not_a_surface' }), { code: 'invalid_surface', status: 400 });
-  await assert.rejects(dial({ hubURL: hub.url, apiKey, surface: 'claude_code', runtimeMode: 'pinned' }), { code: 'reserved_runtime_mode' });
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'not_a_surface' }), { code: 'invalid_surface', status: 400 });
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', runtimeMode: 'pinned' }), { code: 'reserved_runtime_mode' });
   await assert.rejects(dial({ hubURL: 'ftp://x', apiKey, surface: 'claude_code' }), TypeError);
-  await assert.rejects(dial({ hubURL: hub.url, apiKey: '', surface: 'claude_code' }), TypeError);
-  await assert.rejects(dial({ hubURL: hub.url, apiKey, surface: 'claude_code', reconnectBaseDelayMs: 500, reconnectMaxDelayMs: 100 }), TypeError);
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey: '', surface: 'claude_code' }), TypeError);
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', reconnectBaseDelayMs: 500, reconnectMaxDelayMs: 100 }), TypeError);
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sendAttempts: 1.5 }), TypeError);
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', requestTimeoutMs: -1 }), TypeError);
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: /** @type {any} */ (42) }), TypeError);
+});
+
+test('a 429 is returned at once, not retried, with the hub\'s Retry-After', async (t) => {
+  const slow = await startHub(env.bins.marconi, { env: { MARCONI_SEND_RATE_PER_SECOND: '1' } }); // burst 2
+  t.after(() => slow.stop());
+  const a = await dial({ hubURL: slow.url, apiKey, surface: 'claude_code', sessionID: 'rate-a' });
+  const b = await dial({ hubURL: slow.url, apiKey, surface: 'claude_code', sessionID: 'rate-b' });
+  t.after(async () => { await a.close(); await b.close(); });
+  const results = await Promise.allSettled([1, 2, 3, 4].map((n) => a.send('rate-b', 'chat', { n })));
+  const refused = results.flatMap((r) => (r.status === 'rejected' ? [r.reason] : []));
+  assert.ok(refused.length >= 1, 'the burst of two is exceeded');
+  for (const err of refused) {
+    assert.ok(err instanceof MarconiError);
+    assert.equal(err.status, 429);
+    assert.equal(err.code, 'too_many_requests');
+    assert.equal(err.retryAfterSeconds, 1);
+  }
+  assert.equal(a.stats().sendRetries, 0);
 });
 
 test('replay after reconnects delivers each signal once, in order', async (t) => {
-  const proxy = new Proxy(hub.port);
+  const proxy = new Proxy(env.hub.port);
   const url = await proxy.listen();
   t.after(() => proxy.close());
   const a = await agent('replay-a');
@@ -107,13 +116,36 @@ test('replay after reconnects delivers each signal once, in order', async (t) =>
   }
   release();
   await waitFor('b to get 1..4', () => inbox.signals.length >= 4);
-  await waitFor('the hub to see everything acknowledged', async () => (await routeState(hub, 'replay-b')).pending_signals === 0);
+  await waitFor('the hub to see everything acknowledged', async () => (await routeState(env.hub, 'replay-b')).pending_signals === 0);
   assert.deepEqual(inbox.ns(), [1, 2, 3, 4]);
   assert.equal(new Set(inbox.signals.map((s) => s.id)).size, 4);
 });
 
+test('while the WebSocket cannot attach, signals are drained over HTTP; once it can, nothing comes twice', async (t) => {
+  const proxy = new Proxy(env.hub.port);
+  const url = await proxy.listen();
+  t.after(() => proxy.close());
+  const a = await agent('drain-a');
+  const b = await agent('drain-b', { hubURL: url, reconnectBaseDelayMs: 20, reconnectMaxDelayMs: 100 });
+  t.after(async () => { await a.client.close(); await b.client.close(); });
+
+  proxy.refuseWebSockets(true);
+  proxy.severWebSockets();
+  await waitFor('the hub to detach b', async () => (await routeState(env.hub, 'drain-b')).route_state === 'route_without_queue');
+  for (const n of [1, 2, 3]) assert.equal((await a.client.send('drain-b', 'chat', { n })).delivery, 'queued_offline');
+  await waitFor('b to drain 1..3', () => b.inbox.signals.length === 3);
+  await waitFor('the drained signals acknowledged over HTTP', async () => (await routeState(env.hub, 'drain-b')).pending_signals === 0);
+  assert.equal(b.client.stats().reconnects, 0, 'still detached');
+
+  proxy.refuseWebSockets(false);
+  await waitFor('b to reattach', () => b.client.stats().reconnects === 1);
+  await a.client.send('drain-b', 'chat', { n: 4 });
+  await waitFor('b to get 4 live', () => b.inbox.signals.length === 4);
+  assert.deepEqual(b.inbox.ns(), [1, 2, 3, 4]);
+});
+
 test('an idempotency key makes a repeat a no-op; a send whose answer was lost is retried with its key', async (t) => {
-  const proxy = new Proxy(hub.port);
+  const proxy = new Proxy(env.hub.port);
   const url = await proxy.listen();
   t.after(() => proxy.close());
   const log = new LogRecorder();
@@ -142,46 +174,133 @@ test('an idempotency key makes a repeat a no-op; a send whose answer was lost is
   assert.deepEqual(b.inbox.ns(), [1, 2, 3], 'each signal once, the repeat and the retry stored nothing new');
 });
 
-test('a hub restart on the memory store: the session is registered again and the application told', async (t) => {
-  // Its own hub: this one is restarted.
-  const own = await startHub(build.bins.marconi);
+test('sendAttempts 1: a lost answer is the caller\'s TransportError, and its own retry with the key stores nothing new', async (t) => {
+  const proxy = new Proxy(env.hub.port);
+  const url = await proxy.listen();
+  t.after(() => proxy.close());
+  const a = await agent('once-a', { hubURL: url, sendAttempts: 1 });
+  const b = await agent('once-b');
+  t.after(async () => { await a.client.close(); await b.client.close(); });
+  proxy.loseNextAnswer('POST /v1/signals ');
+  await assert.rejects(a.client.send('once-b', 'chat', { n: 1 }, { idempotencyKey: 'once-1' }), TransportError);
+  assert.equal(a.client.stats().sendRetries, 0);
+  const again = await a.client.send('once-b', 'chat', { n: 1 }, { idempotencyKey: 'once-1' });
+  assert.equal(again.duplicate, true);
+  await a.client.send('once-b', 'chat', { n: 2 });
+  await waitFor('b to get 1..2', () => b.inbox.signals.length === 2);
+  assert.deepEqual(b.inbox.ns(), [1, 2]);
+});
+
+test('dial fails over from a hub URL that does not answer to the next', async (t) => {
+  const dead = `http://127.0.0.1:${await freePort()}`;
+  const log = new LogRecorder();
+  const a = await agent('dial-failover', { hubURL: dead, hubURLs: [env.hub.url, `${env.hub.url}/`], logger: log });
+  t.after(() => a.client.close());
+  assert.equal(a.client.stats().failovers, 1);
+  assert.equal(log.find('marconi: hub URL unreachable; failing over')[0].fields.to, env.hub.url);
+  assert.equal((await routeState(env.hub, 'dial-failover')).route_state, 'attached');
+  await assert.rejects(dial({ hubURL: dead, apiKey, surface: 'claude_code' }), TransportError);
+});
+
+test('a hub restart on the memory store: the session is registered again, drained afresh while detached, and the app told', async (t) => {
+  // Its own hub: this one is restarted on the same port.
+  const own = await startHub(env.bins.marconi);
   /** @type {import('./support/hub.js').Hub} */
   let current = own;
   t.after(() => current.stop());
+  const proxy = new Proxy(own.port); // b's way to the hub, to keep its WebSocket out for a while
+  const viaProxy = await proxy.listen();
+  t.after(() => proxy.close());
   /** @type {import('@marconihub/client').AffinityReset[]} */
   const resets = [];
   const inB = new Inbox();
   const fast = { reconnectBaseDelayMs: 20, reconnectMaxDelayMs: 200 };
   const a = await dial({ hubURL: own.url, apiKey, surface: 'claude_code', sessionID: 'restart-a', ...fast });
   const b = await dial({
-    hubURL: own.url, apiKey, surface: 'claude_code', sessionID: 'restart-b', ...fast,
+    hubURL: viaProxy, apiKey, surface: 'claude_code', sessionID: 'restart-b', ...fast,
     onSignal: inB.on, onAffinityReset: (r) => { resets.push(r); },
   });
   t.after(async () => { await a.close(); await b.close(); });
   await a.send('restart-b', 'chat', { n: 1 });
   await waitFor('b to get 1', () => inB.signals.length === 1);
 
+  proxy.refuseWebSockets(true);
   await own.stop(); // graceful: WebSockets close with 1012, every session is forgotten
-  current = await startHub(build.bins.marconi, { port: own.port });
-  for (const c of [a, b]) {
-    await waitFor(`${c.sessionID} to register again and reattach`, () => c.stats().reregistrations === 1 && c.stats().reconnects >= 1, { timeoutMs: 15000 });
-  }
-  await waitFor('b attached on the new hub', async () => (await routeState(current, 'restart-b')).route_state === 'attached');
+  current = await startHub(env.bins.marconi, { port: own.port });
+  await waitFor('a to register again and reattach', () => a.stats().reregistrations === 1 && a.stats().reconnects === 1, { timeoutMs: 15000 });
+  await waitFor('b to register again', () => b.stats().reregistrations === 1, { timeoutMs: 15000 });
   await waitFor('b told its state is gone', () => resets.length === 1);
   assert.deepEqual(resets, [{ reason: 'reregistered', dropped: 0 }]);
+
+  // b is registered but cannot attach: the new registration's signal 1 comes by drain.
   const res = await a.send('restart-b', 'chat', { n: 2 });
   assert.equal(res.seq, 1, 'a new session on the new hub numbers afresh');
-  assert.equal(res.delivery, 'pushed_to_ws');
+  await waitFor('b to drain 2', () => inB.signals.length === 2);
+  assert.equal(b.stats().reconnects, 0);
+
+  proxy.refuseWebSockets(false);
+  await waitFor('b attached on the new hub', async () => (await routeState(current, 'restart-b')).route_state === 'attached');
+  assert.equal((await a.send('restart-b', 'chat', { n: 3 })).delivery, 'pushed_to_ws');
+  await waitFor('b to get 3', () => inB.signals.length === 3);
+  assert.deepEqual(inB.ns(), [1, 2, 3]);
+  assert.equal(b.sessionID, 'restart-b');
+  assert.equal(resets.length, 1);
+});
+
+test('a session that expired on the hub is registered again under its id, and the app is told', async (t) => {
+  // Its own hub, with sessions that expire three seconds after their last proof of life.
+  const short = await startHub(env.bins.marconi, {
+    env: { MARCONI_SESSION_TTL_SECONDS: '3', MARCONI_HEARTBEAT_INTERVAL_SECONDS: '60', MARCONI_WS_PING_SECONDS: '60', MARCONI_TOUCH_INTERVAL_SECONDS: '1' },
+  });
+  t.after(() => short.stop());
+  /** @type {import('@marconihub/client').AffinityReset[]} */
+  const resets = [];
+  const inB = new Inbox();
+  const a = await dial({ hubURL: short.url, apiKey, surface: 'claude_code', sessionID: 'ttl-a' });
+  const b = await dial({ hubURL: short.url, apiKey, surface: 'claude_code', sessionID: 'ttl-b', onSignal: inB.on, onAffinityReset: (r) => { resets.push(r); } });
+  t.after(async () => { await a.close(); await b.close(); });
+  assert.equal((await a.send('ttl-b', 'chat', { n: 1 })).seq, 1);
+  await waitFor('b to get 1', () => inB.signals.length === 1);
+
+  // Idle past the TTL, both sessions expire; the hub closes their WebSockets
+  // with 4410, and each client registers its id again.
+  for (const c of [a, b]) await waitFor(`${c.sessionID} to be registered again`, () => c.stats().reregistrations === 1, { timeoutMs: 20000 });
+  await waitFor('b told its state is gone', () => resets.length === 1);
+  assert.deepEqual(resets, [{ reason: 'reregistered', dropped: 0 }]);
+  await waitFor('b attached again', async () => (await routeState(short, 'ttl-b')).route_state === 'attached');
+  const res = await a.send('ttl-b', 'chat', { n: 2 });
+  assert.equal(res.seq, 1, 'the new registration numbers afresh');
   await waitFor('b to get 2', () => inB.signals.length === 2);
   assert.deepEqual(inB.ns(), [1, 2]);
-  assert.equal(b.sessionID, 'restart-b');
+  assert.equal(b.sessionID, 'ttl-b');
+});
+
+test('heartbeats at the interval the hub gives keep an idle session alive past its TTL', async (t) => {
+  const hb = await startHub(env.bins.marconi, {
+    env: { MARCONI_SESSION_TTL_SECONDS: '3', MARCONI_HEARTBEAT_INTERVAL_SECONDS: '1', MARCONI_WS_PING_SECONDS: '60', MARCONI_TOUCH_INTERVAL_SECONDS: '1' },
+  });
+  t.after(() => hb.stop());
+  const a = await dial({ hubURL: hb.url, apiKey, surface: 'claude_code', sessionID: 'hb-a' });
+  t.after(() => a.close());
+  // Nothing else proves a alive (no sends, no pings): each new last_seen_at is a heartbeat.
+  const seen = new Set();
+  const firstExpiry = Date.parse((await routeState(hb, 'hb-a')).store.expires_at);
+  await waitFor('four heartbeats', async () => {
+    seen.add((await routeState(hb, 'hb-a')).store.last_seen_at);
+    return seen.size >= 5;
+  }, { timeoutMs: 20000, everyMs: 200 });
+  const rs = await routeState(hb, 'hb-a');
+  assert.equal(rs.route_state, 'attached');
+  assert.ok(Date.now() > firstExpiry, 'the first expiry has passed');
+  assert.ok(Date.parse(rs.store.expires_at) > Date.now(), 'the heartbeats moved the expiry on');
+  assert.equal(a.stats().reregistrations, 0);
 });
 
 test('deregister ends the session on the hub and closes the client; close is idempotent', async () => {
   const a = await agent('dereg-a');
   const b = await agent('dereg-b');
   await b.client.deregister();
-  assert.equal((await routeState(hub, 'dereg-b')).route_state, 'not_registered');
+  assert.equal((await routeState(env.hub, 'dereg-b')).route_state, 'not_registered');
   await assert.rejects(a.client.send('dereg-b', 'chat', {}), { code: 'recipient_not_registered' });
   await assert.rejects(b.client.send('dereg-a', 'chat', {}), ClientClosedError);
   await assert.rejects(b.client.deregister(), ClientClosedError);
@@ -189,5 +308,5 @@ test('deregister ends the session on the hub and closes the client; close is ide
   await a.client.close();
   await a.client.close();
   await assert.rejects(a.client.send('dereg-b', 'chat', {}), ClientClosedError);
-  await waitFor('the hub to see a detached', async () => (await routeState(hub, 'dereg-a')).route_state === 'route_without_queue');
+  await waitFor('the hub to see a detached', async () => (await routeState(env.hub, 'dereg-a')).route_state === 'route_without_queue');
 });

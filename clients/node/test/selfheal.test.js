@@ -3,24 +3,12 @@
 // half-open connection healed by the agent's own next send.
 
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import { dial } from '@marconihub/client';
-import { Inbox, apiKey, buildGo, routeState, startHub, waitFor } from './support/hub.js';
+import { Inbox, apiKey, routeState, useHub, waitFor } from './support/hub.js';
 import { Proxy } from './support/proxy.js';
 
-/** @type {{bins: Record<string, string>, cleanup: () => Promise<void>}} */
-let build;
-/** @type {import('./support/hub.js').Hub} */
-let hub;
-
-before(async () => {
-  build = await buildGo({ marconi: './cmd/marconi' });
-  hub = await startHub(build.bins.marconi); // development mode: self-heal on
-});
-after(async () => {
-  await hub?.stop();
-  await build?.cleanup();
-});
+const env = useHub();
 
 /**
  * A client whose every connection passes through its own proxy.
@@ -28,7 +16,7 @@ after(async () => {
  * @param {Partial<import('@marconihub/client').Config>} [extra]
  */
 async function agent(sessionID, extra = {}) {
-  const proxy = new Proxy(hub.port);
+  const proxy = new Proxy(env.hub.port);
   const url = await proxy.listen();
   const inbox = new Inbox();
   const client = await dial({ hubURL: url, apiKey, surface: 'claude_code', sessionID, onSignal: inbox.on, ...extra });
@@ -43,7 +31,7 @@ test('AC-12: sender_route_stale reconnects once; a bare recipient_route_stale do
   // B's WebSocket dies on the hub's side only: the hub detaches B's queue
   // while B still believes it is attached.
   assert.equal(b.proxy.freezeWebSockets(), 1);
-  await waitFor('the hub to detach b', async () => (await routeState(hub, 'ac12-b')).route_state === 'route_without_queue');
+  await waitFor('the hub to detach b', async () => (await routeState(env.hub, 'ac12-b')).route_state === 'route_without_queue');
 
   // A, attached and healthy, sends to B: the hub reports B's route stale, and
   // only B's. A must not reconnect for B's problem.
@@ -55,7 +43,7 @@ test('AC-12: sender_route_stale reconnects once; a bare recipient_route_stale do
   const again = await a.client.send('ac12-b', 'chat', { n: 2 });
   assert.equal(again.recipientRouteStale, true);
   assert.deepEqual(a.client.stats(), { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0 });
-  assert.equal((await routeState(hub, 'ac12-a')).route_state, 'attached');
+  assert.equal((await routeState(env.hub, 'ac12-a')).route_state, 'attached');
 
   // B's own next send carries sender_route_stale: B reconnects, once.
   const fromB = await b.client.send('ac12-a', 'chat', { n: 1 });
@@ -63,7 +51,7 @@ test('AC-12: sender_route_stale reconnects once; a bare recipient_route_stale do
   assert.equal(fromB.delivery, 'pushed_to_ws');
   assert.equal(b.client.stats().selfHealReconnects, 1);
   await waitFor('b to reattach', () => b.client.stats().reconnects === 1);
-  await waitFor('the hub to see b attached', async () => (await routeState(hub, 'ac12-b')).route_state === 'attached');
+  await waitFor('the hub to see b attached', async () => (await routeState(env.hub, 'ac12-b')).route_state === 'attached');
   assert.equal(a.client.stats().reconnects, 0, 'a never reconnected');
   assert.equal(b.client.stats().selfHealReconnects, 1, 'one self-heal reconnect for one stale connection');
 });
@@ -77,7 +65,7 @@ test('a half-open connection is healed by the agent\'s own next send, and nothin
   await waitFor('b to get 1 live', () => b.inbox.signals.length === 1);
 
   b.proxy.freezeWebSockets();
-  await waitFor('the hub to detach b', async () => (await routeState(hub, 'half-b')).route_state === 'route_without_queue');
+  await waitFor('the hub to detach b', async () => (await routeState(env.hub, 'half-b')).route_state === 'route_without_queue');
   for (const n of [2, 3]) assert.equal((await a.client.send('half-b', 'chat', { n })).delivery, 'queued_offline');
 
   // Many concurrent sends that all report sender_route_stale cause one reconnect.
@@ -86,7 +74,7 @@ test('a half-open connection is healed by the agent\'s own next send, and nothin
   await waitFor('b to reattach and receive 2..3', () => b.inbox.signals.length === 3);
   assert.deepEqual(b.inbox.ns(), [1, 2, 3]);
   await waitFor('b to reattach', () => b.client.stats().reconnects === 1);
-  await waitFor('the hub to see b attached', async () => (await routeState(hub, 'half-b')).route_state === 'attached');
+  await waitFor('the hub to see b attached', async () => (await routeState(env.hub, 'half-b')).route_state === 'attached');
   assert.equal(b.client.stats().selfHealReconnects, 1);
 
   // Healed: the next send to b is pushed live again.

@@ -8,6 +8,7 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { after, before } from 'node:test';
 import { promisify } from 'node:util';
 
 const run = promisify(execFile);
@@ -34,6 +35,34 @@ export async function buildGo(pkgs) {
   return { bins, cleanup: () => rm(dir, { recursive: true, force: true }) };
 }
 
+/**
+ * Builds the hub (and extra Go programs) before the file's tests and starts
+ * one hub on the memory store; stops and removes them after. The returned
+ * object is filled in by the before hook.
+ * @param {Record<string, string>} [extra] more Go programs to build, name → package
+ */
+export function useHub(extra = {}) {
+  const ctx = {
+    /** @type {Record<string, string>} */
+    bins: {},
+    /** @type {Hub} */
+    hub: /** @type {any} */ (null),
+    /** @type {() => Promise<void>} */
+    cleanup: async () => {},
+  };
+  before(async () => {
+    const built = await buildGo({ marconi: './cmd/marconi', ...extra });
+    ctx.bins = built.bins;
+    ctx.cleanup = built.cleanup;
+    ctx.hub = await startHub(built.bins.marconi);
+  });
+  after(async () => {
+    await ctx.hub?.stop();
+    await ctx.cleanup();
+  });
+  return ctx;
+}
+
 /** A free loopback port (for an instance whose public URL must be known before it starts). */
 export async function freePort() {
   const srv = net.createServer();
@@ -52,16 +81,19 @@ export async function freePort() {
  */
 
 /**
- * Starts a hub on 127.0.0.1:port (0: any) and resolves once /readyz says ready.
+ * Starts a hub on 127.0.0.1:port (default: a free one) and resolves once
+ * /readyz says ready.
  * @param {string} bin
  * @param {{port?: number, env?: Record<string, string>}} [o]
  * @returns {Promise<Hub>}
  */
 export async function startHub(bin, o = {}) {
+  const port = o.port ?? (await freePort());
+  const url = `http://127.0.0.1:${port}`;
   const env = {
     PATH: process.env.PATH ?? '',
     HOME: process.env.HOME ?? '',
-    MARCONI_ADDR: `127.0.0.1:${o.port ?? 0}`,
+    MARCONI_ADDR: `127.0.0.1:${port}`,
     MARCONI_MODE: 'development',
     MARCONI_API_KEYS: `${apiKey}=t1/p1`,
     MARCONI_ADMIN_TOKEN: adminToken,
@@ -73,14 +105,13 @@ export async function startHub(bin, o = {}) {
   child.stdout.setEncoding('utf8').on('data', (d) => (out += d));
   child.stderr.setEncoding('utf8').on('data', (d) => (out += d));
   const exited = new Promise((resolve) => child.once('exit', (code, sig) => resolve({ code, sig })));
-  const url = await waitFor('the hub to listen', () => /listening on (http:\/\/\S+)/.exec(out)?.[1], {
+  await waitFor(`the hub on ${url} to be ready`, async () => (await fetch(`${url}/readyz`).catch(() => null))?.ok, {
     timeoutMs: 20000,
-    fail: () => (child.exitCode !== null ? `hub exited: ${out}` : null),
+    fail: () => (child.exitCode !== null ? `hub exited ${child.exitCode}: ${out}` : null),
   });
-  await waitFor('the hub to be ready', async () => (await fetch(`${url}/readyz`).catch(() => null))?.ok, { timeoutMs: 20000 });
   return {
     url,
-    port: Number(new URL(url).port),
+    port,
     output: () => out,
     stop: async (signal = 'SIGTERM') => {
       if (child.exitCode === null && child.signalCode === null) child.kill(signal);

@@ -19,6 +19,7 @@ export class Proxy {
   /** @type {string | null} a request line prefix whose answer is to be lost, once */
   #loseAnswerTo = null;
   #lost = 0;
+  #refuseWS = false;
 
   /** @param {number} targetPort */
   constructor(targetPort) {
@@ -44,6 +45,11 @@ export class Proxy {
     client.on('data', (chunk) => {
       if (first) p.ws = chunk.toString('latin1').startsWith('GET /v1/ws');
       first = false;
+      if (p.ws && this.#refuseWS) {
+        client.destroy();
+        upstream.destroy();
+        return;
+      }
       if (p.frozen) return; // swallowed: the hub's side is gone
       const head = chunk.toString('latin1', 0, 64);
       if (this.#loseAnswerTo && head.startsWith(this.#loseAnswerTo)) {
@@ -90,6 +96,15 @@ export class Proxy {
       }
     }
     return n;
+  }
+
+  /**
+   * While on, a WebSocket handshake through the proxy is cut at once (the
+   * hub never sees it); plain HTTP passes.
+   * @param {boolean} on
+   */
+  refuseWebSockets(on) {
+    this.#refuseWS = on;
   }
 
   /** Cuts both sides of every WebSocket through the proxy: an abnormal close as both ends see it. */

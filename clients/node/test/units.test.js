@@ -1,0 +1,89 @@
+// The client's pure parts: backoff, the sequencer, the error decoder, linked signals.
+
+import assert from 'node:assert/strict';
+import { getEventListeners } from 'node:events';
+import { test } from 'node:test';
+import { Backoff } from '../src/backoff.js';
+import { decodeError, permanent } from '../src/errors.js';
+import { Sequencer } from '../src/sequencer.js';
+import { linked } from '../src/signals.js';
+
+test('backoff ceilings double from the base and stop at the cap', () => {
+  const b = new Backoff(250, 15000);
+  assert.deepEqual([0, 1, 2, 3, 4, 5, 6, 7, 50].map((n) => b.ceiling(n)), [250, 500, 1000, 2000, 4000, 8000, 15000, 15000, 15000]);
+});
+
+test('backoff is full jitter: uniform from zero up to (not including) the ceiling', () => {
+  assert.equal(new Backoff(250, 15000, () => 0).delay(3), 0);
+  assert.equal(new Backoff(250, 15000, () => 0.5).delay(3), 1000);
+  assert.equal(new Backoff(250, 15000, () => 0.999999).delay(3), 1999);
+  const real = new Backoff(100, 1000);
+  for (let i = 0; i < 200; i++) {
+    const d = real.delay(2);
+    assert.ok(d >= 0 && d < 400, `delay ${d} outside [0, 400)`);
+  }
+});
+
+test('the sequencer delivers each id once, in seq order, and starts afresh with a new registration', () => {
+  const s = new Sequencer(3);
+  const sig = (/** @type {string} */ id, /** @type {number} */ seq) => ({ id, seq });
+  assert.equal(s.accept(1, sig('a', 1)), true);
+  assert.equal(s.accept(1, sig('a', 1)), false, 'the same signal again');
+  assert.equal(s.accept(1, sig('c', 3)), true);
+  assert.equal(s.accept(1, sig('b', 2)), false, 'below the highest delivered');
+  assert.equal(s.accept(2, sig('x', 1)), true, 'a new registration numbers afresh');
+  assert.equal(s.accept(1, sig('d', 4)), false, 'a signal of a registration that is gone');
+  assert.equal(s.accept(2, sig('a', 2)), false, 'an id seen under the former registration');
+  // Bounded: past capacity the oldest ids are forgotten.
+  s.accept(2, sig('y', 3));
+  s.accept(2, sig('z', 4));
+  assert.equal(s.seen.size, 3);
+  assert.equal(s.seen.has('a'), false);
+});
+
+test('decodeError keeps the hub\'s code and survives bodies that are not the hub\'s', () => {
+  const wrong = decodeError(409, '{"error":{"code":"wrong_instance","message":"elsewhere","instance_id":"b","instance_url":"http://b:8080"}}');
+  assert.equal(wrong.code, 'wrong_instance');
+  assert.equal(wrong.hubMessage, 'elsewhere');
+  assert.equal(wrong.instanceURL, 'http://b:8080');
+  const quota = decodeError(429, '{"error":{"code":"quota_exceeded","message":"sessions per project"}}', '7');
+  assert.equal(quota.retryAfterSeconds, 7);
+  for (const [status, body, msg] of /** @type {const} */ ([
+    [502, '<html>Bad Gateway</html>', '<html>Bad Gateway</html>'],
+    [503, '', 'HTTP 503'],
+    [500, '{"error":{}}', '{"error":{}}'],
+    [500, 'x'.repeat(500), 'x'.repeat(200)],
+  ])) {
+    const e = decodeError(status, body);
+    assert.equal(e.code, 'unexpected_response');
+    assert.equal(e.status, status);
+    assert.equal(e.hubMessage, msg);
+  }
+  assert.equal(decodeError(429, '', 'soon').retryAfterSeconds, undefined);
+  assert.equal(permanent(decodeError(403, '{"error":{"code":"forbidden","message":""}}')), true);
+  assert.equal(permanent(decodeError(503, '{"error":{"code":"draining","message":""}}')), false);
+  assert.equal(permanent(new Error('x')), false);
+});
+
+test('linked signals follow their sources and leave nothing on them once done', async () => {
+  const close = new AbortController();
+  const caller = new AbortController();
+  const a = linked([close.signal, caller.signal, undefined]);
+  assert.equal(getEventListeners(close.signal, 'abort').length, 1);
+  caller.abort(new Error('caller gave up'));
+  assert.equal(a.signal.aborted, true);
+  assert.equal(a.signal.reason.message, 'caller gave up');
+  a.done();
+  assert.equal(getEventListeners(close.signal, 'abort').length, 0, 'the long-lived signal keeps nothing of the call');
+
+  const b = linked([close.signal], 5);
+  await new Promise((resolve) => b.signal.addEventListener('abort', resolve, { once: true }));
+  assert.equal(b.signal.reason.name, 'TimeoutError');
+  b.done();
+
+  const c = linked([close.signal]);
+  c.done();
+  close.abort();
+  assert.equal(c.signal.aborted, false, 'unlinked: a later close no longer reaches it');
+  assert.equal(linked([close.signal]).signal.aborted, true, 'an aborted source aborts at once');
+});

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"runtime/debug"
+	"sort"
+	"strings"
+)
+
+// isTerminal reports whether f is an interactive terminal (a character
+// device), without a terminal library.
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// buildInfo is what `marconi version` and marconi_build_info report: the
+// module version, the VCS revision (with "-dirty" when the tree was
+// modified) and the Go version, from runtime/debug.
+type buildInfo struct {
+	Version, Revision, GoVersion string
+}
+
+func readBuildInfo() buildInfo {
+	b := buildInfo{Version: "(devel)", Revision: "unknown", GoVersion: "unknown"}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return b
+	}
+	b.GoVersion = info.GoVersion
+	if info.Main.Version != "" {
+		b.Version = info.Main.Version
+	}
+	var modified bool
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			b.Revision = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if modified && b.Revision != "unknown" {
+		b.Revision += "-dirty"
+	}
+	return b
+}
+
+func (c cli) version(args []string) error {
+	if len(args) > 0 {
+		return usagef("usage: marconi version (takes no arguments)")
+	}
+	b := readBuildInfo()
+	fmt.Fprintf(c.stdout, "marconi %s (revision %s, %s)\n", b.Version, b.Revision, b.GoVersion)
+	return nil
+}
+
+// config is `marconi config [check] [flags]`: print every setting's
+// effective value and where it came from (secrets masked), or, with check,
+// validate the configuration and, with a database URL, reach the store.
+func (c cli) config(ctx context.Context, args []string) error {
+	check := len(args) > 0 && args[0] == "check"
+	if check {
+		args = args[1:]
+	}
+	cfg, err := c.loadConfig("config", args)
+	if err != nil {
+		return err
+	}
+	if !check {
+		for _, r := range cfg.resolved {
+			v := r.value
+			switch {
+			case r.env == "MARCONI_API_KEYS" && v == "" && cfg.generatedAPIKey != "":
+				v = "(development: generated or reused at start)"
+			case r.env == "MARCONI_ADMIN_TOKEN" && v == "" && cfg.generatedAdminToken != "":
+				v = "(development: generated or reused at start)"
+			case r.secret():
+				v = mask(r.env, v)
+			}
+			fmt.Fprintf(c.stdout, "%s=%s\t# %s\n", r.env, v, r.source)
+		}
+		fmt.Fprintf(c.stdout, "# effective: self-heal %v, public URL %s\n", cfg.Hub.SelfHeal.Enabled, cfg.Hub.PublicURL)
+		return nil
+	}
+	if cfg.DatabaseURL != "" {
+		if err := checkStore(ctx, cfg.DatabaseURL, cfg.Hub.StoreTimeout); err != nil {
+			return fmt.Errorf("MARCONI_DATABASE_URL: %w", err)
+		}
+		fmt.Fprintln(c.stdout, "store: reachable")
+	}
+	fmt.Fprintln(c.stdout, "configuration ok")
+	return nil
+}
+
+// mask hides a secret but keeps what helps to recognize it: the tenant and
+// project of each API key, the host and database of a URL.
+func mask(env, v string) string {
+	if v == "" {
+		return ""
+	}
+	switch env {
+	case "MARCONI_API_KEYS":
+		var out []string
+		for _, item := range strings.Split(v, ",") {
+			if _, owner, ok := strings.Cut(strings.TrimSpace(item), "="); ok {
+				out = append(out, "****="+owner)
+			}
+		}
+		return strings.Join(out, ",")
+	case "MARCONI_DATABASE_URL":
+		u, err := url.Parse(v)
+		if err != nil {
+			return "****"
+		}
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "****")
+		}
+		return u.Redacted()
+	}
+	return "****"
+}
+
+// notSettings are MARCONI_* prefixes read by something other than the hub
+// (tests, the benchmark), never warned about.
+var notSettings = []string{"MARCONI_TEST_", "MARCONI_BENCH_"}
+
+// unknownVariables returns a warning for each MARCONI_* variable in environ
+// that no setting reads, with the closest known name when one is near.
+func unknownVariables(environ []string) []string {
+	var c Config
+	known := map[string]bool{}
+	var names []string
+	for _, s := range settings(&c) {
+		known[s.env] = true
+		names = append(names, s.env)
+	}
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "MARCONI_") || known[name] || hasAnyPrefix(name, notSettings) {
+			continue
+		}
+		w := fmt.Sprintf("unknown variable %s is ignored", name)
+		if s := closest(name, names); s != "" {
+			w += fmt.Sprintf(" (did you mean %s?)", s)
+		}
+		out = append(out, w)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func hasAnyPrefix(s string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// closest returns the candidate nearest to s by edit distance when it is
+// near enough to be a likely typo (at most a third of its length), else "".
+func closest(s string, candidates []string) string {
+	best, bestD := "", len(s)/3+1
+	for _, c := range candidates {
+		if d := editDistance(s, c); d < bestD {
+			best, bestD = c, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
