@@ -5,12 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -255,12 +253,7 @@ func durableStep(ctx context.Context, o durableOptions, senderHub, recipientHub 
 func (r *recorder) quantile(q float64) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.samples) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), r.samples...)
-	slices.Sort(s)
-	return s[int(q*float64(len(s)-1))]
+	return percentile(r.samples, q)
 }
 
 // benchHub is a hub process started for the benchmark.
@@ -273,7 +266,7 @@ type benchHub struct {
 // startHub starts marconi serve on a free loopback port with group commit
 // gc, and waits until it is ready.
 func startHub(ctx context.Context, o durableOptions, id, gc string, logs io.Writer) (*benchHub, error) {
-	addr, err := freeLoopbackAddr()
+	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -301,7 +294,10 @@ func startHub(ctx context.Context, o durableOptions, id, gc string, logs io.Writ
 	go func() { _ = cmd.Wait(); close(h.done) }()
 	deadline := time.Now().Add(hubStartTimeout)
 	for {
-		if ready(ctx, h.url) {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := httpJSON(rctx, http.MethodGet, h.url+"/readyz", nil, nil, nil)
+		cancel()
+		if err == nil {
 			return h, nil
 		}
 		select {
@@ -319,21 +315,6 @@ func startHub(ctx context.Context, o durableOptions, id, gc string, logs io.Writ
 	}
 }
 
-func ready(ctx context.Context, base string) bool {
-	rctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodGet, base+"/readyz", nil)
-	if err != nil {
-		return false
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
 // stop ends the hub gracefully (SIGTERM), then for good after a while.
 func (h *benchHub) stop() {
 	_ = h.cmd.Process.Signal(syscall.SIGTERM)
@@ -343,13 +324,4 @@ func (h *benchHub) stop() {
 		_ = h.cmd.Process.Kill()
 		<-h.done
 	}
-}
-
-func freeLoopbackAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
