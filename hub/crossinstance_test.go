@@ -161,14 +161,18 @@ func TestCrossInstanceLostWakeupHealedBySweep(t *testing.T) {
 	c, _ := dial(t, p.b, bob)
 
 	send(t, p.a, alice, "bob", 1)
+	// Read 1 before 2 is sent: otherwise 1's wake-up can deliver both,
+	// and 2 would arrive without the sweep this test is about.
+	seqs, _ := xiSignals(t, c, 1)
+	xiWantSeqs(t, "before the lost wake-up", seqs, 1)
 	p.dropA.drop.Store(true)
 	send(t, p.a, alice, "bob", 2) // its wake-up is lost
 	p.dropA.drop.Store(false)
 	if p.dropA.dropped.Load() != 1 {
 		t.Fatalf("dropped %d wake-ups, want 1", p.dropA.dropped.Load())
 	}
-	seqs, _ := xiSignals(t, c, 2)
-	xiWantSeqs(t, "with a lost wake-up", seqs, 1)
+	seqs, _ = xiSignals(t, c, 1)
+	xiWantSeqs(t, "with a lost wake-up", seqs, 2)
 	if metric(t, p.b, "marconi_pending_sweeps_total") < 1 {
 		t.Fatal("no pending sweep ran on b")
 	}
