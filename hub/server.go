@@ -504,6 +504,11 @@ func (s *Server) notReadyMessage() string {
 // (pgstore.Store).
 type storeDiagnoser interface{ Diagnose(error) string }
 
+// readiness is met by a store that knows better than a ping whether
+// sending traffic here helps (breaker.Store: not while the store is merely
+// slow); /readyz asks it instead of pinging.
+type readiness interface{ Ready(context.Context) error }
+
 // Draining reports whether SetDraining was called.
 func (s *Server) Draining() bool { return s.draining.Load() }
 
@@ -623,7 +628,11 @@ func (s *Server) readyz(c echo.Context) error {
 	if s.storeNotReady.Load() {
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: s.notReadyMessage()}})
 	}
-	if err := s.store.Ping(ctx); err != nil {
+	ping := s.store.Ping
+	if r, ok := s.store.(readiness); ok {
+		ping = r.Ready
+	}
+	if err := ping(ctx); err != nil {
 		s.storeLog(err)("readyz: store unreachable", "err", err)
 		msg := "the session registry cannot be reached"
 		if d, ok := s.store.(storeDiagnoser); ok {
