@@ -89,3 +89,35 @@ func TestReadyzFollowsReachabilityNotTheBreaker(t *testing.T) {
 		})
 	}
 }
+
+// privateCause is a store whose ping is refused and that diagnoses the
+// refusal with the database's address, as pgstore does.
+type privateCause struct{ sessionstore.Store }
+
+func (privateCause) Ping(context.Context) error {
+	return fmt.Errorf("ping: %w: connection refused", sessionstore.ErrUnavailable)
+}
+func (privateCause) Diagnose(error) string { return "connection refused at db.internal:5432" }
+func (privateCause) Classify(error) string { return "connection refused" }
+
+// TestReadyzNamesTheAddressOnlyToTheAdmin: anyone reads the class of a
+// store failure in /readyz; only a request carrying the admin token reads
+// where the database is.
+func TestReadyzNamesTheAddressOnlyToTheAdmin(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{Store: privateCause{memstore.New()}})
+	for _, cred := range []string{"", "mst_whatever", "madm_not-the-admin-token"} {
+		st, r := call(t, "GET", h.URL+"/readyz", cred, nil)
+		if msg := errMessage(r); st != 503 || !strings.Contains(msg, "(connection refused)") || strings.Contains(msg, "db.internal") {
+			t.Errorf("/readyz with credential %q: %d %q; want the class without the address", cred, st, msg)
+		}
+	}
+	if st, r := call(t, "GET", h.URL+"/readyz", h.AdminToken, nil); st != 503 || !strings.Contains(errMessage(r), "(connection refused at db.internal:5432)") {
+		t.Errorf("/readyz with the admin token: %d %v; want the full cause", st, r)
+	}
+}
+
+func errMessage(r map[string]any) string {
+	e, _ := r["error"].(map[string]any)
+	m, _ := e["message"].(string)
+	return m
+}

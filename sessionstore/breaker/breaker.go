@@ -183,15 +183,31 @@ func (b *Store) Ready(ctx context.Context) error {
 // store's own diagnosis (pgstore.Store.Diagnose) of err or, when err is
 // ErrOpen, of what opened the breaker or of the last failed probe.
 func (b *Store) Diagnose(err error) string {
+	if d, ok := b.inner.(interface{ Diagnose(error) string }); ok {
+		return d.Diagnose(b.underlying(err))
+	}
+	return b.underlying(err).Error()
+}
+
+// Classify is Diagnose for anyone (pgstore.Store.Classify: the class of
+// failure, without the database's address, user or name); "" when the
+// wrapped store cannot classify.
+func (b *Store) Classify(err error) string {
+	if d, ok := b.inner.(interface{ Classify(error) string }); ok {
+		return d.Classify(b.underlying(err))
+	}
+	return ""
+}
+
+// underlying is err or, when err is ErrOpen, what opened the breaker or the
+// last failed probe.
+func (b *Store) underlying(err error) error {
 	if errors.Is(err, ErrOpen) {
 		if c := b.cause.Load(); c != nil {
-			err = *c
+			return *c
 		}
 	}
-	if d, ok := b.inner.(interface{ Diagnose(error) string }); ok {
-		return d.Diagnose(err)
-	}
-	return err.Error()
+	return err
 }
 
 // before refuses the call while the breaker is open.

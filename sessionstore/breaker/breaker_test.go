@@ -215,6 +215,13 @@ func (diagnosing) Diagnose(err error) string {
 	return "unknown: " + err.Error()
 }
 
+func (diagnosing) Classify(err error) string {
+	if errors.Is(err, errRefused) {
+		return "connection refused"
+	}
+	return "unclassified"
+}
+
 // TestDiagnoseNamesWhatOpenedTheBreaker: while the breaker is open, calls
 // fail with ErrOpen, yet an operator is told the wrapped store's diagnosis
 // of what opened it, not "breaker open".
@@ -233,9 +240,15 @@ func TestDiagnoseNamesWhatOpenedTheBreaker(t *testing.T) {
 	if got := b.Diagnose(err); got != "connection refused at db:5432" {
 		t.Errorf("Diagnose(ErrOpen) = %q, want the cause that opened the breaker", got)
 	}
+	if got := b.Classify(err); got != "connection refused" {
+		t.Errorf("Classify(ErrOpen) = %q, want the class of the cause that opened the breaker", got)
+	}
 	plain, _ := breaker.New(pingTimesOut{}, breaker.Config{}, nil, nil)
 	if err := plain.Ping(context.Background()); plain.Diagnose(err) != err.Error() {
 		t.Errorf("a store that cannot diagnose: %q", plain.Diagnose(err))
+	}
+	if got := plain.Classify(breaker.ErrOpen); got != "" {
+		t.Errorf("a store that cannot classify: %q, want \"\"", got)
 	}
 }
 
