@@ -525,6 +525,11 @@ type storeDiagnoser interface {
 // slow); /readyz asks it instead of pinging.
 type readiness interface{ Ready(context.Context) error }
 
+// reachability is met by a store that can tell "gone" from "slow" better
+// than a ping (pgstore.Store without the breaker: Postgres answers even
+// while every pooled connection is busy).
+type reachability interface{ Reachable(context.Context) error }
+
 // Draining reports whether SetDraining was called.
 func (s *Server) Draining() bool { return s.draining.Load() }
 
@@ -649,8 +654,11 @@ func (s *Server) readyz(c echo.Context) error {
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: s.notReadyMessage(admin)}})
 	}
 	ping := s.store.Ping
-	if r, ok := s.store.(readiness); ok {
+	switch r := s.store.(type) {
+	case readiness:
 		ping = r.Ready
+	case reachability:
+		ping = r.Reachable
 	}
 	if err := ping(ctx); err != nil {
 		s.storeLog(err)("readyz: store unreachable", "err", err)

@@ -98,16 +98,24 @@ func TestPartitionFailsFast(t *testing.T) {
 
 // TestReadyzStaysUpWhileTheStoreIsSlow: Postgres answers but every call
 // needing the sessions table waits on a lock past the store timeout, and
-// such a call holds the whole pool (one connection here). They answer 503 registry_unavailable (and
-// open the breaker), yet /readyz stays 200: the store is reachable, every
-// instance shares it, and a balancer left with no server would answer
-// nobody. Before, /readyz pinged through the exhausted pool and failed.
+// such a call holds the whole pool (one connection here). They answer 503
+// registry_unavailable (and open the breaker), yet /readyz stays 200: the
+// store is reachable, every instance shares it, and a balancer left with no
+// server would answer nobody. Before, /readyz pinged through the exhausted
+// pool and failed. The same holds with the breaker off.
 func TestReadyzStaysUpWhileTheStoreIsSlow(t *testing.T) {
+	for _, br := range []string{"on", "off"} {
+		t.Run("breaker "+br, func(t *testing.T) { readyzWhileSlow(t, br) })
+	}
+}
+
+func readyzWhileSlow(t *testing.T, breaker string) {
 	dbURL := pgtest.Schema(t)
 	m, out := startMain(t, map[string]string{
 		"MARCONI_DATABASE_URL":          dbURL,
 		"MARCONI_STORE_TIMEOUT_SECONDS": "3",
 		"MARCONI_DATABASE_MAX_CONNS":    "1",
+		"MARCONI_STORE_BREAKER":         breaker,
 	})
 	key := devKey(t, out.String())
 	if a := post(t, m.URL()+"/v1/sessions", key, `{"session_id":"alice","surface":"claude_code"}`); a.status != 201 {
@@ -161,8 +169,10 @@ func TestReadyzStaysUpWhileTheStoreIsSlow(t *testing.T) {
 			t.Fatalf("a call that waited past the store timeout: %d, want 503", st)
 		}
 	}
-	if v := metricValue(t, m.URL(), "marconi_store_breaker_trips_total"); v < 1 {
-		t.Fatalf("marconi_store_breaker_trips_total = %v: the slow calls should have opened the breaker", v)
+	if breaker == "on" {
+		if v := metricValue(t, m.URL(), "marconi_store_breaker_trips_total"); v < 1 {
+			t.Fatalf("marconi_store_breaker_trips_total = %v: the slow calls should have opened the breaker", v)
+		}
 	}
 	if st := get(t, m.URL()+"/readyz"); st != 200 {
 		t.Fatalf("/readyz after the slow calls: %d, want 200", st)
