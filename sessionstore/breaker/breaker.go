@@ -103,7 +103,8 @@ func New(inner sessionstore.Store, cfg Config, reg prometheus.Registerer, log *s
 func (b *Store) Open() bool { return b.open.Load() }
 
 // Run probes the store while the breaker is open (Reachable where the store
-// has it, else Ping), and closes it when a probe succeeds. It returns when ctx ends.
+// has it, else Ping), and closes it when a probe succeeds. It returns when
+// ctx ends.
 func (b *Store) Run(ctx context.Context) error {
 	t := time.NewTimer(0)
 	t.Stop()
