@@ -219,9 +219,9 @@ func (c *cluster) startHub(t *testing.T, i int) {
 		"MARCONI_LOG_LEVEL=warn",
 		// The database is shared with the rest of the suite, run in
 		// parallel: a slow query under that load must not pass for a
-		// partition (the store breaker would fail /readyz and the balancer
-		// would drop every instance at once). The failover is under test
-		// here, not the store deadline.
+		// partition (the store breaker would open and refuse calls at once;
+		// /readyz stays up while the store answers). The failover is under
+		// test here, not the store deadline.
 		"MARCONI_STORE_TIMEOUT_SECONDS=10",
 		// Behind a balancer every connection comes from its address, and
 		// the agents all register at once with one key.

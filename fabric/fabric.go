@@ -135,11 +135,15 @@ func New(cfg Config, store sessionstore.Store, now func() time.Time, reg prometh
 	if err != nil {
 		return nil, err
 	}
-	return &Fabric{
+	f := &Fabric{
 		cfg: cfg, store: store, now: now, log: log, m: m, bus: NoBus{},
 		startedAt: now(), instances: map[string]sessionstore.Instance{},
 		seenConnected: map[string]time.Time{}, gone: map[string]bool{},
-	}, nil
+	}
+	if err := reg.Register(healthCollector{f}); err != nil {
+		return nil, err
+	}
+	return f, nil
 }
 
 // InstanceID is this instance's id.
@@ -195,8 +199,8 @@ func (f *Fabric) heartbeat(ctx context.Context) error {
 }
 
 // Refresh reloads the instance table and the cluster-wide counters: the
-// health view that Healthy reads, the health gauges, and the rollback of the
-// adaptive gate.
+// health view that Healthy and marconi_instance_healthy read, and the
+// rollback of the adaptive gate.
 func (f *Fabric) Refresh(ctx context.Context) error {
 	list, err := f.store.ListInstances(ctx)
 	if err != nil {
@@ -210,17 +214,6 @@ func (f *Fabric) Refresh(ctx context.Context) error {
 	f.instances, f.loaded = byID, true
 	f.mu.Unlock()
 
-	now := f.now()
-	f.m.instanceHealthy.Reset()
-	f.mu.RLock()
-	for _, in := range list {
-		v := 0.0
-		if f.healthyAt(in, now) {
-			v = 1
-		}
-		f.m.instanceHealthy.WithLabelValues(in.ID).Set(v)
-	}
-	f.mu.RUnlock()
 	c, err := f.store.Counts(ctx)
 	if err != nil {
 		return fmt.Errorf("counts: %w", err)

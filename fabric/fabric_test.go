@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/memstore"
 )
@@ -254,5 +256,80 @@ func TestConfirmHealthyProbesBeforeNamingAnInstance(t *testing.T) {
 	a.mu.Unlock()
 	if a.confirmHealthy(ctx, "b") {
 		t.Fatal("confirmHealthy named an instance whose process is gone")
+	}
+}
+
+// healthGauge reads marconi_instance_healthy{instance_id=id} from reg, and
+// whether the series exists.
+func healthGauge(t *testing.T, reg *prometheus.Registry, id string) (float64, bool) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "marconi_instance_healthy" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == id {
+				return m.GetGauge().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+// TestHealthGaugeFollowsTheProbe: marconi_instance_healthy says 0 as soon as
+// the liveness probe finds a process gone, and as soon as a heartbeat grows
+// older than DeadAfter, without waiting for the next refresh (every
+// HeartbeatEvery, 3 s); before, it changed only on the refresh.
+func TestHealthGaugeFollowsTheProbe(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	reg := prometheus.NewRegistry()
+	a, err := New(Config{InstanceID: "a", PublicURL: "http://a"}, st, clk.now, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &fakeProber{live: map[string]bool{"b": true}}
+	a.SetProber(p)
+	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := healthGauge(t, reg, "b"); ok {
+		t.Fatal("a series for b before a's first refresh")
+	}
+	if err := a.Tick(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := healthGauge(t, reg, "b"); !ok || v != 1 {
+		t.Fatalf("b after a tick: %v (present %v), want 1", v, ok)
+	}
+	if v, _ := healthGauge(t, reg, "a"); v != 1 {
+		t.Fatalf("a itself: %v, want 1", v)
+	}
+	delete(p.live, "b") // b's process is killed; its heartbeat is still fresh
+	if err := a.Probe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := healthGauge(t, reg, "b"); v != 0 {
+		t.Fatalf("b after a probe found it gone, no refresh: %v, want 0", v)
+	}
+
+	p.live["c"] = true
+	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "c", URL: "http://c", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := healthGauge(t, reg, "c"); v != 1 {
+		t.Fatalf("c after a refresh: %v, want 1", v)
+	}
+	clk.t = clk.t.Add(DefaultDeadAfter) // c's heartbeat grows old; no refresh
+	if v, _ := healthGauge(t, reg, "c"); v != 0 {
+		t.Fatalf("c with a heartbeat %v old: %v, want 0", DefaultDeadAfter, v)
 	}
 }

@@ -9,7 +9,6 @@ type metrics struct {
 	reassignments      prometheus.Counter
 	adaptivePlacements prometheus.Counter
 	mismatches         prometheus.Counter
-	instanceHealthy    *prometheus.GaugeVec
 	rolledBack         prometheus.Gauge
 	signalsDropped     *prometheus.CounterVec
 }
@@ -32,10 +31,6 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "marconi_adaptive_placement_mismatches_total",
 			Help: "Adaptive placement mismatches reported to this instance (POST /v1/placement-mismatch).",
 		}),
-		instanceHealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "marconi_instance_healthy",
-			Help: "1 when the instance is healthy as this instance sees it (fresh heartbeat, not draining), else 0; one series per row of the instance table.",
-		}, []string{"instance_id"}),
 		rolledBack: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "marconi_adaptive_placement_rolled_back",
 			Help: "1 once the adaptive gate rolled back (MARCONI_ADAPTIVE_ROLLBACK_AFTER mismatches), else 0.",
@@ -47,10 +42,37 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 	}
 	m.signalsDropped.WithLabelValues("affinity_reset")
 	for _, c := range []prometheus.Collector{m.fallbacks, m.reassignments, m.adaptivePlacements, m.mismatches,
-		m.instanceHealthy, m.rolledBack, m.signalsDropped} {
+		m.rolledBack, m.signalsDropped} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// healthCollector is marconi_instance_healthy, read from the health view at
+// each scrape: it follows the liveness probe (every ProbeEvery) and a
+// heartbeat growing old as soon as they change the view, not only the
+// refresh every HeartbeatEvery.
+type healthCollector struct{ f *Fabric }
+
+var healthDesc = prometheus.NewDesc("marconi_instance_healthy",
+	"1 when the instance is healthy as this instance sees it (fresh heartbeat, not draining, process not seen gone by the liveness probe), else 0; one series per row of the instance table.",
+	[]string{"instance_id"}, nil)
+
+// Describe implements prometheus.Collector.
+func (healthCollector) Describe(ch chan<- *prometheus.Desc) { ch <- healthDesc }
+
+// Collect implements prometheus.Collector.
+func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.f.now()
+	c.f.mu.RLock()
+	defer c.f.mu.RUnlock()
+	for id, in := range c.f.instances {
+		v := 0.0
+		if c.f.healthyAt(in, now) {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(healthDesc, prometheus.GaugeValue, v, id)
+	}
 }

@@ -302,8 +302,8 @@ type Server struct {
 	quotas        *quotaMetrics
 
 	draining      atomic.Bool
-	storeNotReady atomic.Bool            // set while the store's schema is not migrated
-	storeCause    atomic.Pointer[string] // why the store is not ready, when known
+	storeNotReady atomic.Bool                // set while the store's schema is not migrated
+	storeCause    atomic.Pointer[storeCause] // why the store is not ready, when known
 }
 
 // New builds a hub. It does not listen; serve Handler() or use Start.
@@ -486,23 +486,49 @@ func (s *Server) SetDraining() {
 // /readyz fails.
 func (s *Server) SetStoreReady(ready bool) { s.storeNotReady.Store(!ready) }
 
-// SetStoreCause says why the store is not ready ("connection refused at
-// db:5432", "migrations pending"): /readyz and the 503 answers name it.
-// An empty cause means "migrations pending".
-func (s *Server) SetStoreCause(cause string) { s.storeCause.Store(&cause) }
+// SetStoreCause says why the store is not ready: public for anyone who can
+// reach the hub ("connection refused", "schema migrations failing"), detail
+// for an operator, with the database's address ("connection refused at
+// db:5432"). The 503 answers name the public cause; /readyz names the detail
+// to a request carrying the admin token. An empty public cause means
+// "migrations pending".
+func (s *Server) SetStoreCause(public, detail string) {
+	s.storeCause.Store(&storeCause{public: public, detail: detail})
+}
 
-// notReadyMessage is the message of a 503 while the store is not ready.
-func (s *Server) notReadyMessage() string {
+// storeCause is what SetStoreCause was told.
+type storeCause struct{ public, detail string }
+
+// notReadyMessage is the message of a 503 while the store is not ready;
+// detail names the cause as an operator needs it.
+func (s *Server) notReadyMessage(detail bool) string {
 	cause := "schema migrations pending"
-	if p := s.storeCause.Load(); p != nil && *p != "" {
-		cause = *p
+	if p := s.storeCause.Load(); p != nil && p.public != "" {
+		cause = p.public
+		if detail && p.detail != "" {
+			cause = p.detail
+		}
 	}
 	return "the session registry is not ready (" + cause + ")"
 }
 
 // storeDiagnoser is met by a store that can say why a call failed
-// (pgstore.Store).
-type storeDiagnoser interface{ Diagnose(error) string }
+// (pgstore.Store, breaker.Store): Diagnose for an operator, naming the
+// database's address, user or name; Classify for anyone, naming none.
+type storeDiagnoser interface {
+	Diagnose(error) string
+	Classify(error) string
+}
+
+// readiness is met by a store that knows better than a ping whether
+// sending traffic here helps (breaker.Store: not while the store is merely
+// slow); /readyz asks it instead of pinging.
+type readiness interface{ Ready(context.Context) error }
+
+// reachability is met by a store that can tell "gone" from "slow" better
+// than a ping (pgstore.Store without the breaker: Postgres answers even
+// while every pooled connection is busy).
+type reachability interface{ Reachable(context.Context) error }
 
 // Draining reports whether SetDraining was called.
 func (s *Server) Draining() bool { return s.draining.Load() }
@@ -595,7 +621,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.storeNotReady.Load() {
-			return marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.notReadyMessage())
+			return marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.notReadyMessage(false))
 		}
 		if c.Path() == "/v1/ws" {
 			return next(c)
@@ -620,14 +646,31 @@ func (s *Server) readyz(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
+	// Who may read where the database is: the log and the banner, and a
+	// request carrying the admin token; anyone else reads the class of
+	// failure only (docs/security.md).
+	admin := s.isAdmin(c)
 	if s.storeNotReady.Load() {
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: s.notReadyMessage()}})
+		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: s.notReadyMessage(admin)}})
 	}
-	if err := s.store.Ping(ctx); err != nil {
+	ping := s.store.Ping
+	switch r := s.store.(type) {
+	case readiness:
+		ping = r.Ready
+	case reachability:
+		ping = r.Reachable
+	}
+	if err := ping(ctx); err != nil {
 		s.storeLog(err)("readyz: store unreachable", "err", err)
 		msg := "the session registry cannot be reached"
 		if d, ok := s.store.(storeDiagnoser); ok {
-			msg += " (" + d.Diagnose(err) + ")"
+			cause := d.Classify(err)
+			if admin {
+				cause = d.Diagnose(err)
+			}
+			if cause != "" {
+				msg += " (" + cause + ")"
+			}
 		}
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})
 	}

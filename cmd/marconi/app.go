@@ -176,16 +176,22 @@ func (m *Main) goMigrate(ctx context.Context, url string) string {
 			m.hub.SetStoreReady(true)
 			return ""
 		}
-		// The cause goes to /readyz and 503 answers: a migration's own
-		// error (it may quote SQL) stays in the log.
+		// The class of failure goes to 503 answers and /readyz, the full
+		// cause (the database's address) to the banner, the log and /readyz
+		// asked with the admin token; a migration's own error (it may quote
+		// SQL) stays in the log.
 		cause := "schema migrations failing; the hub's log says why"
+		public := cause
 		if perr := m.store.Ping(mctx); perr != nil {
-			cause = pgstore.Diagnose(perr)
-			if d, ok := m.store.(interface{ Diagnose(error) string }); ok {
-				cause = d.Diagnose(perr) // through the breaker: what opened it
+			public, cause = pgstore.Classify(perr), pgstore.Diagnose(perr)
+			if d, ok := m.store.(interface {
+				Diagnose(error) string
+				Classify(error) string
+			}); ok { // through the breaker: what opened it
+				public, cause = d.Classify(perr), d.Diagnose(perr)
 			}
 		}
-		m.hub.SetStoreCause(cause)
+		m.hub.SetStoreCause(public, cause)
 		if cause != last { // once per cause, not every 2 s
 			m.Logger.Warn("store not ready; retrying every 2s", "cause", cause, "err", err)
 			last = cause

@@ -24,9 +24,27 @@ type buildInfo struct {
 	Version, Revision, GoVersion string
 }
 
+// revision is the VCS revision stamped at link time, for builds that carry
+// no VCS information of their own (the Docker build, whose context has no
+// .git): go build -ldflags "-X main.revision=$(git rev-parse HEAD)".
+var revision string
+
+// unknownRevision is the revision of a build with neither VCS information
+// nor a stamped revision.
+const unknownRevision = "unknown"
+
 func readBuildInfo() buildInfo {
-	b := buildInfo{Version: "(devel)", Revision: "unknown", GoVersion: "unknown"}
 	info, ok := debug.ReadBuildInfo()
+	return buildInfoFrom(info, ok, revision)
+}
+
+// buildInfoFrom is readBuildInfo of a given build: the VCS settings win, the
+// stamped revision fills in where there are none.
+func buildInfoFrom(info *debug.BuildInfo, ok bool, stamped string) buildInfo {
+	b := buildInfo{Version: "(devel)", Revision: unknownRevision, GoVersion: "unknown"}
+	if stamped != "" {
+		b.Revision = stamped
+	}
 	if !ok {
 		return b
 	}
@@ -43,7 +61,7 @@ func readBuildInfo() buildInfo {
 			modified = s.Value == "true"
 		}
 	}
-	if modified && b.Revision != "unknown" {
+	if modified && b.Revision != unknownRevision {
 		b.Revision += "-dirty"
 	}
 	return b
@@ -55,6 +73,11 @@ func (c cli) version(args []string) error {
 	}
 	b := readBuildInfo()
 	fmt.Fprintf(c.stdout, "marconi %s (revision %s, %s)\n", b.Version, b.Revision, b.GoVersion)
+	if b.Revision == unknownRevision {
+		fmt.Fprintln(c.stdout, "  revision unknown: built without VCS information (GOFLAGS=-buildvcs=false, go run, or no .git in the build, as in Docker)")
+		fmt.Fprintln(c.stdout, `  build with go build in a git checkout, or stamp it: go build -ldflags "-X main.revision=$(git rev-parse HEAD)" ./cmd/marconi`+
+			" (Docker: --build-arg REVISION=$(git rev-parse HEAD))")
+	}
 	return nil
 }
 

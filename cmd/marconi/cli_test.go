@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -216,15 +217,20 @@ func TestStoreUnreachableNamesTheCause(t *testing.T) {
 	if banner := out.String(); !strings.Contains(banner, "store postgres, NOT READY: "+want) {
 		t.Errorf("banner does not name the cause:\n%s", banner)
 	}
-	resp, err := http.Get(m.URL() + "/readyz")
-	if err != nil {
-		t.Fatal(err)
+	// The address goes to the banner, the log and an operator holding the
+	// admin token; anyone else reads the class of failure.
+	admin := adminToken(t, out.String())
+	if st, body := readyz(t, m.URL(), admin); st != 503 || !strings.Contains(body, want) || strings.Contains(body, "migrations pending") {
+		t.Errorf("readyz with the admin token: %d %s", st, body)
 	}
-	var body bytes.Buffer
-	body.ReadFrom(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 503 || !strings.Contains(body.String(), want) || strings.Contains(body.String(), "migrations pending") {
-		t.Errorf("readyz: %d %s", resp.StatusCode, body.String())
+	for _, cred := range []string{"", "not-the-admin-token"} {
+		st, body := readyz(t, m.URL(), cred)
+		if st != 503 || !strings.Contains(body, "(connection refused)") || strings.Contains(body, addr) {
+			t.Errorf("readyz with credential %q: %d %s; want the class without the address", cred, st, body)
+		}
+	}
+	if st, body := postBody(t, m.URL()+"/v1/sessions", `{"surface":"claude_code"}`); st != 503 || strings.Contains(body, addr) || !strings.Contains(body, "connection refused") {
+		t.Errorf("a 503 answer names the database's address: %d %s", st, body)
 	}
 	code, _, stderr := runCLI(t, map[string]string{"MARCONI_DATABASE_URL": dbURL}, "", false, "config", "check")
 	if code != 1 || !strings.Contains(stderr, "MARCONI_DATABASE_URL: "+want) {
@@ -385,21 +391,58 @@ func TestFailingMigrationNamedWithoutSQL(t *testing.T) {
 // bare "cannot be reached".
 func TestReadyzNamesTheCauseAfterAnOutage(t *testing.T) {
 	dbURL, proxy := viaProxy(t, pgtest.Schema(t))
-	m, _ := startMain(t, map[string]string{"MARCONI_DATABASE_URL": dbURL, "MARCONI_STORE_TIMEOUT_SECONDS": "2"})
+	m, out := startMain(t, map[string]string{"MARCONI_DATABASE_URL": dbURL, "MARCONI_STORE_TIMEOUT_SECONDS": "2"})
 	pollUntil(t, "the hub to be ready", func() bool { return get(t, m.URL()+"/readyz") == 200 })
 	proxy.Cut()
+	var st int
 	var body string
 	pollUntil(t, "readyz to fail and name the cause", func() bool {
-		resp, err := http.Get(m.URL() + "/readyz")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		body = string(b)
-		return resp.StatusCode == 503 && strings.Contains(body, "cannot be reached (")
+		st, body = readyz(t, m.URL(), "")
+		return st == 503 && strings.Contains(body, "cannot be reached (")
 	})
-	if !strings.Contains(body, proxy.Addr()) || strings.Contains(body, "breaker") {
-		t.Errorf("readyz after the outage: %s", body)
+	if strings.Contains(body, proxy.Addr()) || strings.Contains(body, "breaker") {
+		t.Errorf("public readyz after the outage names the address or the breaker: %s", body)
 	}
+	st, body = readyz(t, m.URL(), adminToken(t, out.String()))
+	if st != 503 || !strings.Contains(body, proxy.Addr()) || strings.Contains(body, "breaker") {
+		t.Errorf("readyz after the outage, with the admin token: %d %s", st, body)
+	}
+}
+
+// readyz is GET /readyz, with the bearer cred unless it is empty.
+func readyz(t *testing.T, base, cred string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", base+"/readyz", nil)
+	if cred != "" {
+		req.Header.Set("Authorization", "Bearer "+cred)
+	}
+	resp, err := (&http.Client{Timeout: 15 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// postBody is POST without a credential: the answer's status and body.
+func postBody(t *testing.T, url, body string) (int, string) {
+	t.Helper()
+	resp, err := (&http.Client{Timeout: 15 * time.Second}).Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// adminToken is the development admin token the banner printed.
+func adminToken(t *testing.T, banner string) string {
+	t.Helper()
+	m := regexp.MustCompile(`admin token: (\S+)`).FindStringSubmatch(banner)
+	if m == nil {
+		t.Fatalf("no admin token printed:\n%s", banner)
+	}
+	return m[1]
 }

@@ -413,6 +413,40 @@ func (f *settingFlag) Set(v string) error {
 // IsBoolFlag lets a boolean setting's flag stand alone (flag.boolFlag).
 func (f *settingFlag) IsBoolFlag() bool { return f.bool }
 
+// joinBoolValues turns "--selfheal false" into "--selfheal=false": the flag
+// package reads a bare boolean flag as true and the next word as an
+// argument, yet the two-word form worked while the flag took a string, and
+// scripts use it. Only a word parseBool accepts is joined; the value of a
+// flag that is not boolean is passed over, and "--" ends the flags.
+func joinBoolValues(args []string, flags map[string]*settingFlag) []string {
+	isBool := map[string]bool{}
+	for env, f := range flags {
+		isBool[flagName(env)] = f.bool
+	}
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		out = append(out, a)
+		name := strings.TrimLeft(a, "-")
+		if a == "--" || !strings.HasPrefix(a, "-") {
+			return append(out, args[i+1:]...) // the flag package stops here too
+		}
+		if strings.Contains(name, "=") || i+1 == len(args) {
+			continue
+		}
+		boolean, known := isBool[name]
+		switch _, err := parseBool(args[i+1]); {
+		case boolean && err == nil:
+			out[len(out)-1] = a + "=" + args[i+1]
+			i++
+		case known && !boolean:
+			out = append(out, args[i+1]) // its value, whatever it looks like
+			i++
+		}
+	}
+	return out
+}
+
 // resolved is where one setting's effective value came from.
 type resolved struct {
 	setting
@@ -444,7 +478,7 @@ func LoadConfig(args []string, getenv func(string) string, out io.Writer) (Confi
 		}
 		fs.Var(f, flagName(s.env), fmt.Sprintf("%s (%senv %s, default %s)", s.help, kind, s.env, def))
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(joinBoolValues(args, flags)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(out, "usage: marconi serve [flags]\n\nEvery flag is also an environment variable (MARCONI_FOO_BAR is --foo-bar); a flag wins.")
 			fs.SetOutput(out)

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -135,5 +137,42 @@ func TestParseAPIKeys(t *testing.T) {
 	}
 	if len(c.Hub.APIKeys) != 2 || c.Hub.APIKeys["key-bbbbbbbbbbbbbbbb"].ProjectID != "ops" || c.generatedAPIKey != "" {
 		t.Fatalf("keys = %+v", c.Hub.APIKeys)
+	}
+}
+
+// TestBooleanFlagTakesItsValueAsTheNextWord: "--selfheal false" (two
+// words) worked while the flag took a string and works still, beside
+// "--selfheal=false" and a bare "--selfheal"; a word that is not a boolean
+// stays an argument, and the value of another flag is never taken for one.
+func TestBooleanFlagTakesItsValueAsTheNextWord(t *testing.T) {
+	lan := []string{"--mode", "lan", "--admin-token", "0123456789abcdef"}
+	for _, tt := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"--selfheal", "false"}, false},
+		{[]string{"-selfheal", "off"}, false},
+		{[]string{"--selfheal", "true"}, true},
+		{[]string{"--selfheal=false"}, false},
+		{[]string{"--selfheal"}, true},
+		{[]string{"--selfheal", "no", "--addr", "127.0.0.1:0"}, false},
+	} {
+		c, err := LoadConfig(append(slices.Clone(tt.args), lan...), env(nil), &bytes.Buffer{})
+		if err != nil || c.Hub.SelfHeal.Enabled != tt.want {
+			t.Errorf("%q: self-heal %v, err %v; want %v", tt.args, c.Hub.SelfHeal.Enabled, err, tt.want)
+		}
+	}
+	_, err := LoadConfig(append([]string{"--selfheal", "maybe"}, lan...), env(nil), &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), `unexpected arguments ["maybe"`) {
+		t.Errorf("--selfheal maybe: %v, want the word left as an unexpected argument", err)
+	}
+	// "false" here is the admin token's value, not a boolean for anyone.
+	if got := joinBoolValues([]string{"--admin-token", "false", "--selfheal", "0"}, map[string]*settingFlag{
+		"MARCONI_ADMIN_TOKEN": {}, "MARCONI_SELFHEAL": {bool: true},
+	}); !slices.Equal(got, []string{"--admin-token", "false", "--selfheal=0"}) {
+		t.Errorf("joinBoolValues = %q", got)
+	}
+	if got := joinBoolValues([]string{"--", "--selfheal", "false"}, map[string]*settingFlag{"MARCONI_SELFHEAL": {bool: true}}); !slices.Equal(got, []string{"--", "--selfheal", "false"}) {
+		t.Errorf("after --: %q", got)
 	}
 }

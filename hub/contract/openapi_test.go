@@ -609,6 +609,7 @@ func TestOpenAPIContract(t *testing.T) {
 	// The store unreachable: fail closed.
 	store.down.Store(true)
 	c.want(http.StatusServiceUnavailable, "registry_unavailable", "GET", a.URL+"/readyz", "", nil)
+	c.want(http.StatusServiceUnavailable, "registry_unavailable", "GET", a.URL+"/readyz", admin, nil)
 	c.want(http.StatusServiceUnavailable, "registry_unavailable", "POST", a.URL+"/v1/heartbeat", token(codex), nil)
 	c.want(http.StatusServiceUnavailable, "registry_unavailable", "POST", a.URL+"/v1/sessions", apiKey, map[string]any{"surface": "codex"})
 	store.down.Store(false)

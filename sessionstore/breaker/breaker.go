@@ -55,6 +55,10 @@ type Store struct {
 	open    atomic.Bool
 	tripped chan struct{}         // one slot: wakes the probe loop
 	cause   atomic.Pointer[error] // what opened the breaker, then the last failed probe
+	// unreachable is set, while the breaker is open, once the store was
+	// found unreachable (a call refused, or a probe that failed) rather
+	// than merely slow (a call out of time); Ready reads it.
+	unreachable atomic.Bool
 }
 
 var _ sessionstore.Store = (*Store)(nil)
@@ -98,8 +102,9 @@ func New(inner sessionstore.Store, cfg Config, reg prometheus.Registerer, log *s
 // Open reports whether the breaker is open.
 func (b *Store) Open() bool { return b.open.Load() }
 
-// Run probes the store while the breaker is open, and closes it when a
-// probe succeeds. It returns when ctx ends.
+// Run probes the store while the breaker is open (Reachable where the store
+// has it, else Ping), and closes it when a probe succeeds. It returns when
+// ctx ends.
 func (b *Store) Run(ctx context.Context) error {
 	t := time.NewTimer(0)
 	t.Stop()
@@ -112,6 +117,7 @@ func (b *Store) Run(ctx context.Context) error {
 		}
 		for b.open.Load() {
 			if b.probe(ctx) {
+				b.unreachable.Store(false)
 				b.open.Store(false)
 				b.m.open.Set(0)
 				b.log.Info("store reachable again: breaker closed")
@@ -130,26 +136,79 @@ func (b *Store) Run(ctx context.Context) error {
 func (b *Store) probe(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.ProbeTimeout)
 	defer cancel()
-	err := b.inner.Ping(ctx)
+	err := b.reach(ctx)
 	if err != nil {
 		b.cause.Store(&err)
+		b.unreachable.Store(true)
 	}
 	return err == nil
+}
+
+// reachable is met by a store that can tell "gone" from "slow" better than
+// Ping does (pgstore.Store.Reachable: Postgres answers even while every
+// pooled connection is busy).
+type reachable interface{ Reachable(context.Context) error }
+
+// reach asks the wrapped store whether it answers at all: Reachable where it
+// has one, else Ping.
+func (b *Store) reach(ctx context.Context) error {
+	if r, ok := b.inner.(reachable); ok {
+		return r.Reachable(ctx)
+	}
+	return b.inner.Ping(ctx)
+}
+
+// Ready reports whether sending traffic to this instance helps, for
+// /readyz: with the breaker closed, whether the store answers at all (see
+// reach; a failure opens the breaker as any call's would); with it open,
+// ErrOpen only once the store was found unreachable (a refused or reset
+// connection, or a failed probe). A breaker opened by a call that ran out of
+// time, and that no probe has yet found unreachable, is ready: the store may
+// be answering slowly, every instance shares it, and taking them all out of
+// a balancer at once would answer nobody (docs/operations.md).
+func (b *Store) Ready(ctx context.Context) error {
+	if !b.open.Load() {
+		err := guardErr(b, ctx, func() error { return b.reach(ctx) })
+		if err != nil && !errors.Is(err, ErrOpen) {
+			b.unreachable.Store(true) // it was a probe, and it failed
+		}
+		return err
+	}
+	if b.unreachable.Load() {
+		return ErrOpen
+	}
+	return nil
 }
 
 // Diagnose says why the store cannot be used, for an operator: the wrapped
 // store's own diagnosis (pgstore.Store.Diagnose) of err or, when err is
 // ErrOpen, of what opened the breaker or of the last failed probe.
 func (b *Store) Diagnose(err error) string {
+	if d, ok := b.inner.(interface{ Diagnose(error) string }); ok {
+		return d.Diagnose(b.underlying(err))
+	}
+	return b.underlying(err).Error()
+}
+
+// Classify is Diagnose for anyone (pgstore.Store.Classify: the class of
+// failure, without the database's address, user or name); "" when the
+// wrapped store cannot classify.
+func (b *Store) Classify(err error) string {
+	if d, ok := b.inner.(interface{ Classify(error) string }); ok {
+		return d.Classify(b.underlying(err))
+	}
+	return ""
+}
+
+// underlying is err or, when err is ErrOpen, what opened the breaker or the
+// last failed probe.
+func (b *Store) underlying(err error) error {
 	if errors.Is(err, ErrOpen) {
 		if c := b.cause.Load(); c != nil {
-			err = *c
+			return *c
 		}
 	}
-	if d, ok := b.inner.(interface{ Diagnose(error) string }); ok {
-		return d.Diagnose(err)
-	}
-	return err.Error()
+	return err
 }
 
 // before refuses the call while the breaker is open.
@@ -170,7 +229,10 @@ func (b *Store) after(ctx context.Context, err error) error {
 	if !errors.Is(err, sessionstore.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
+	// Out of time says the store is slow or gone; a refusal says it is gone.
+	slow := errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded)
 	if b.open.CompareAndSwap(false, true) {
+		b.unreachable.Store(!slow)
 		b.cause.Store(&err)
 		b.m.trips.Inc()
 		b.m.open.Set(1)
@@ -179,6 +241,8 @@ func (b *Store) after(ctx context.Context, err error) error {
 		case b.tripped <- struct{}{}:
 		default:
 		}
+	} else if !slow {
+		b.unreachable.Store(true)
 	}
 	return err
 }

@@ -215,6 +215,13 @@ func (diagnosing) Diagnose(err error) string {
 	return "unknown: " + err.Error()
 }
 
+func (diagnosing) Classify(err error) string {
+	if errors.Is(err, errRefused) {
+		return "connection refused"
+	}
+	return "unclassified"
+}
+
 // TestDiagnoseNamesWhatOpenedTheBreaker: while the breaker is open, calls
 // fail with ErrOpen, yet an operator is told the wrapped store's diagnosis
 // of what opened it, not "breaker open".
@@ -233,9 +240,15 @@ func TestDiagnoseNamesWhatOpenedTheBreaker(t *testing.T) {
 	if got := b.Diagnose(err); got != "connection refused at db:5432" {
 		t.Errorf("Diagnose(ErrOpen) = %q, want the cause that opened the breaker", got)
 	}
+	if got := b.Classify(err); got != "connection refused" {
+		t.Errorf("Classify(ErrOpen) = %q, want the class of the cause that opened the breaker", got)
+	}
 	plain, _ := breaker.New(pingTimesOut{}, breaker.Config{}, nil, nil)
 	if err := plain.Ping(context.Background()); plain.Diagnose(err) != err.Error() {
 		t.Errorf("a store that cannot diagnose: %q", plain.Diagnose(err))
+	}
+	if got := plain.Classify(breaker.ErrOpen); got != "" {
+		t.Errorf("a store that cannot classify: %q, want \"\"", got)
 	}
 }
 
@@ -277,5 +290,118 @@ func TestPruneOutOfBudgetKeepsBreakerClosed(t *testing.T) {
 	}
 	if _, _, err := b.Prune(context.Background(), time.Now(), time.Now()); err == nil || !b.Open() {
 		t.Fatalf("prune batch timed out by itself: %v, open %v; want an open breaker", err, b.Open())
+	}
+}
+
+// slowOrGone is a store whose GetSession runs out of time (slow) or is
+// refused (gone), and whose probe answers as reachable says. It counts the
+// probes that reach it.
+type slowOrGone struct {
+	sessionstore.Store
+	gone      bool        // GetSession refused rather than out of time
+	reachable atomic.Bool // what Reachable answers
+	probes    atomic.Int64
+}
+
+var errReset = fmt.Errorf("get session: %w: connection reset", sessionstore.ErrUnavailable)
+
+func (s *slowOrGone) GetSession(ctx context.Context, _ sessionstore.Key, _ time.Time) (sessionstore.Session, error) {
+	if s.gone {
+		return sessionstore.Session{}, errReset
+	}
+	<-ctx.Done()
+	return sessionstore.Session{}, fmt.Errorf("get session: %w: %w", sessionstore.ErrUnavailable, ctx.Err())
+}
+
+func (s *slowOrGone) Reachable(context.Context) error {
+	s.probes.Add(1)
+	if s.reachable.Load() {
+		return nil
+	}
+	return errRefused
+}
+
+func (s *slowOrGone) Close() error { return nil }
+
+func pollFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestReadyWhileSlowNotWhileGone: a call out of time opens the breaker (it
+// still refuses calls at once) but Ready stays nil until a probe finds the
+// store unreachable; a refused call makes Ready fail at once. The probe is
+// the store's Reachable, which tells slow from gone, not Ping.
+func TestReadyWhileSlowNotWhileGone(t *testing.T) {
+	k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "s"}
+	slow := &slowOrGone{}
+	b, err := breaker.New(slow, breaker.Config{ProbeEvery: 10 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := within(20 * time.Millisecond)
+	_, err = b.GetSession(ctx, k, time.Now())
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || !b.Open() {
+		t.Fatalf("call out of time: %v, open %v; want an open breaker", err, b.Open())
+	}
+	if _, err := b.GetSession(context.Background(), k, time.Now()); !errors.Is(err, breaker.ErrOpen) {
+		t.Fatalf("call on the open breaker: %v, want ErrOpen (still shed at once)", err)
+	}
+	if err := b.Ready(context.Background()); err != nil {
+		t.Fatalf("Ready after a call out of time, before any probe: %v; want ready (slow is not gone)", err)
+	}
+	run(t, b) // its probes find the store unreachable
+	pollFor(t, "a failed probe to make Ready fail", func() bool { return errors.Is(b.Ready(context.Background()), breaker.ErrOpen) })
+	if b.Diagnose(breaker.ErrOpen) != errRefused.Error() {
+		t.Errorf("Diagnose = %q, want the failed probe's cause", b.Diagnose(breaker.ErrOpen))
+	}
+	slow.reachable.Store(true) // answers again: the probe closes the breaker
+	pollFor(t, "the breaker to close", func() bool { return !b.Open() })
+	if err := b.Ready(context.Background()); err != nil {
+		t.Fatalf("Ready once reachable: %v", err)
+	}
+
+	gone := &slowOrGone{gone: true}
+	b, err = breaker.New(gone, breaker.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.GetSession(context.Background(), k, time.Now()); !errors.Is(err, errReset) || !b.Open() {
+		t.Fatalf("refused call: %v, open %v", err, b.Open())
+	}
+	if err := b.Ready(context.Background()); !errors.Is(err, breaker.ErrOpen) {
+		t.Fatalf("Ready after a refused call: %v, want ErrOpen at once, without a probe", err)
+	}
+	if n := gone.probes.Load(); n != 0 {
+		t.Fatalf("%d probes: Ready must not wait for one when a call was refused", n)
+	}
+}
+
+// TestReadyOnAClosedBreakerProbes: with the breaker closed, Ready asks the
+// store's Reachable (not Ping, which waits for a pooled connection), and a
+// failure opens the breaker as unreachable.
+func TestReadyOnAClosedBreakerProbes(t *testing.T) {
+	s := &slowOrGone{}
+	s.reachable.Store(true)
+	b, err := breaker.New(s, breaker.Config{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Ready(context.Background()); err != nil || s.probes.Load() != 1 {
+		t.Fatalf("Ready: %v after %d probes; want nil after 1", err, s.probes.Load())
+	}
+	s.reachable.Store(false)
+	if err := b.Ready(context.Background()); !errors.Is(err, errRefused) || !b.Open() {
+		t.Fatalf("Ready with the store gone: %v, open %v", err, b.Open())
+	}
+	if err := b.Ready(context.Background()); !errors.Is(err, breaker.ErrOpen) {
+		t.Fatalf("Ready again: %v, want ErrOpen", err)
 	}
 }

@@ -2,7 +2,8 @@
 // a store partition (packets dropped, not refused) costs one store timeout,
 // not one per call: after a call times out or finds the store unreachable,
 // every call fails at once with sessionstore.ErrUnavailable (the hub answers
-// 503 registry_unavailable, /readyz fails) until a probe of the store
-// succeeds again. cmd/marconi wraps the Postgres store in it; its probe loop
+// 503 registry_unavailable) until a probe of the store succeeds again.
+// Ready, which /readyz asks, fails only once the store is found unreachable,
+// not while it is merely slow. cmd/marconi wraps the Postgres store in it; its probe loop
 // is Run, owned by the caller (DESIGN.md: every goroutine has an owner).
 package breaker

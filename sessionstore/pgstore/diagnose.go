@@ -24,67 +24,96 @@ const (
 // knows only sessionstore.Store can ask for it; it names the database's
 // address even when err came from a connection already open.
 func (s *Store) Diagnose(err error) string {
+	_, detail := diagnose(err, s.addr())
+	return detail
+}
+
+// Classify is the package's Classify, as a method (see Diagnose).
+func (s *Store) Classify(err error) string {
+	class, _ := diagnose(err, s.addr())
+	return class
+}
+
+// addr is the database's host:port.
+func (s *Store) addr() string {
 	cfg := s.pool.Config().ConnConfig
-	return diagnose(err, net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port)))
+	return net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port))
 }
 
 // Diagnose says in a few words why err kept the store from Postgres, for an
 // operator: "connection refused at db:5432", "authentication failed for user
 // marconi", "database marconi does not exist". It never includes a password.
 // It returns "" when err is nil, and err's own text when it knows no better.
-func Diagnose(err error) string { return diagnose(err, "") }
+func Diagnose(err error) string {
+	_, detail := diagnose(err, "")
+	return detail
+}
 
-// diagnose is Diagnose with the address to name when err does not say.
-func diagnose(err error, where string) string {
+// Classify is Diagnose for anyone: the class of failure ("connection
+// refused", "authentication failed") without the database's address, user,
+// name or any text of err's own, for answers that anyone who can reach the
+// hub may read. It returns "" when err is nil.
+func Classify(err error) string {
+	class, _ := diagnose(err, "")
+	return class
+}
+
+// diagnose returns Classify's class and Diagnose's detail of err, with the
+// address to name when err does not say.
+func diagnose(err error, where string) (class, detail string) {
 	if err == nil {
-		return ""
+		return "", ""
 	}
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) && ce.Config != nil {
 		where = net.JoinHostPort(ce.Config.Host, fmt.Sprint(ce.Config.Port))
 	}
+	at := " at " + orUnknown(where)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case codeInvalidPassword, codeInvalidAuth:
 			if ce != nil {
-				return fmt.Sprintf("authentication failed for user %q at %s", ce.Config.User, where)
+				return "authentication failed", fmt.Sprintf("authentication failed for user %q at %s", ce.Config.User, where)
 			}
-			return "authentication failed"
+			return "authentication failed", "authentication failed"
 		case codeInvalidCatalog:
 			if ce != nil {
-				return fmt.Sprintf("database %q does not exist at %s", ce.Config.Database, where)
+				return "the database does not exist", fmt.Sprintf("database %q does not exist at %s", ce.Config.Database, where)
 			}
-			return "the database does not exist"
+			return "the database does not exist", "the database does not exist"
 		case codeCannotConnectNow:
-			return "Postgres is starting up or shutting down"
+			return same("Postgres is starting up or shutting down")
 		case codeTooManyConns:
-			return "Postgres has too many connections"
+			return same("Postgres has too many connections")
 		case codeUndefinedTable:
-			return "the schema is not migrated (run marconi migrate up)"
+			return same("the schema is not migrated (run marconi migrate up)")
 		case codeInsufficientPrivs:
-			return "permission denied: " + pgErr.Message
+			return "permission denied", "permission denied: " + pgErr.Message
 		}
 	}
 	var dnsErr *net.DNSError
 	var netErr net.Error
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return "connection refused at " + orUnknown(where)
+		return "connection refused", "connection refused" + at
 	case errors.As(err, &dnsErr):
-		return fmt.Sprintf("host %q not found", dnsErr.Name)
+		return "database host not found", fmt.Sprintf("host %q not found", dnsErr.Name)
 	case errors.Is(err, context.DeadlineExceeded), pgconn.Timeout(err), errors.As(err, &netErr) && netErr.Timeout():
-		return "no answer from " + orUnknown(where) + " in time"
+		return "no answer in time", "no answer from " + orUnknown(where) + " in time"
 	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
-		return "connection reset by " + orUnknown(where)
+		return "connection reset", "connection reset by " + orUnknown(where)
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return "connection closed by " + orUnknown(where) + " before Postgres answered"
+		return "connection closed before Postgres answered", "connection closed by " + orUnknown(where) + " before Postgres answered"
 	}
 	if pgErr != nil {
-		return fmt.Sprintf("Postgres error %s: %s", pgErr.Code, pgErr.Message)
+		return "Postgres error " + pgErr.Code, fmt.Sprintf("Postgres error %s: %s", pgErr.Code, pgErr.Message)
 	}
-	return err.Error()
+	return "unclassified; the hub's log says why", err.Error()
 }
+
+// same is a class that is its own detail: it names nothing private.
+func same(s string) (class, detail string) { return s, s }
 
 func orUnknown(where string) string {
 	if where == "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -28,6 +29,13 @@ func closedAddr(t *testing.T) string {
 
 func pingCause(t *testing.T, url string) string {
 	t.Helper()
+	detail, _ := pingCauses(t, url)
+	return detail
+}
+
+// pingCauses is Diagnose's and Classify's reading of a failed ping.
+func pingCauses(t *testing.T, url string) (detail, class string) {
+	t.Helper()
 	st, err := pgstore.Open(context.Background(), url, pgstore.WithQueryTimeout(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +45,40 @@ func pingCause(t *testing.T, url string) string {
 	if err == nil {
 		t.Fatalf("ping %s succeeded", url)
 	}
-	return st.Diagnose(err)
+	return st.Diagnose(err), st.Classify(err)
+}
+
+// TestClassifyNamesNothingPrivate: the class of a failure, which anyone
+// who can reach /readyz reads, names neither the database's address, nor
+// its user, nor its name; Diagnose, for operators, names them.
+func TestClassifyNamesNothingPrivate(t *testing.T) {
+	addr := closedAddr(t)
+	detail, class := pingCauses(t, "postgres://u:secret-pw@"+addr+"/db?sslmode=disable")
+	if class != "connection refused" || detail != "connection refused at "+addr {
+		t.Errorf("closed port: class %q, detail %q", class, detail)
+	}
+	if pgstore.Classify(nil) != "" {
+		t.Error("Classify(nil) is not empty")
+	}
+	base := pgtest.DatabaseURL(t)
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ url, class string }{
+		{strings.Replace(base, "postgres://postgres@", "postgres://no_such_role_cls:secret-pw@", 1), "authentication failed"},
+		{regexp.MustCompile(`/[^/?]+(\?|$)`).ReplaceAllString(base, "/no_such_db_cls$1"), "the database does not exist"},
+	} {
+		detail, class := pingCauses(t, tt.url)
+		if class != tt.class {
+			t.Errorf("%s: class %q, want %q (detail %q)", tt.url, class, tt.class, detail)
+		}
+		for _, private := range []string{u.Host, u.Hostname(), "no_such_role_cls", "no_such_db_cls", "secret-pw"} {
+			if strings.Contains(class, private) {
+				t.Errorf("class %q names %q", class, private)
+			}
+		}
+	}
 }
 
 // TestDiagnoseNamesTheCause: what an operator reads when Postgres cannot be
