@@ -65,7 +65,7 @@ func TestBusyHandlerIsNoPingTimeout(t *testing.T) {
 	b := dialConfig(t, bootstrap.Config{
 		HubURL: h.URL, APIKey: h.APIKey, SessionID: "busy-b", OnSignal: got.on,
 		Logger:       slog.New(logs),
-		PingInterval: 5 * time.Millisecond, PingTimeout: 20 * time.Millisecond,
+		PingInterval: 5 * time.Millisecond, PingTimeout: time.Second,
 	})
 	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before b's Close, which waits for OnSignal
 	// One signal in OnSignal, 64 queued, the reader waiting with the next.

@@ -6,6 +6,7 @@ import WebSocket from 'ws';
 import { Backoff } from './backoff.js';
 import { ClientClosedError, MarconiError, codes, permanent } from './errors.js';
 import { TransportError, call } from './http.js';
+import { keepalive } from './keepalive.js';
 import { Sequencer } from './sequencer.js';
 import { linked } from './signals.js';
 import { closeCodes, openSocket } from './socket.js';
@@ -16,6 +17,8 @@ export const defaults = Object.freeze({
   reconnectMaxDelayMs: 15000,
   requestTimeoutMs: 30000,
   sendAttempts: 4,
+  pingIntervalMs: 20000,
+  pingTimeoutMs: 10000,
 });
 
 const defaultHeartbeatMs = 20000;
@@ -77,7 +80,7 @@ export async function dial(config, options = {}) {
  * sessionID may be used at any time; close (or deregister) once stops it.
  */
 export class Client {
-  /** @type {Required<Pick<Config, 'reconnectBaseDelayMs' | 'reconnectMaxDelayMs' | 'requestTimeoutMs' | 'sendAttempts'>> & Config} */
+  /** @type {Required<Pick<Config, 'reconnectBaseDelayMs' | 'reconnectMaxDelayMs' | 'requestTimeoutMs' | 'sendAttempts' | 'pingIntervalMs' | 'pingTimeoutMs'>> & Config} */
   #cfg;
   /** @type {string[]} */
   #urls;
@@ -114,7 +117,7 @@ export class Client {
   #highest = 0; // highest seq handed to onSignal, for drain
   #highestEpoch = 0; // the registration #highest belongs to
 
-  #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0 };
+  #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0, pingTimeouts: 0 };
 
   /** @param {Config} config */
   constructor(config) {
@@ -144,10 +147,13 @@ export class Client {
       reconnectMaxDelayMs: config.reconnectMaxDelayMs ?? defaults.reconnectMaxDelayMs,
       requestTimeoutMs: config.requestTimeoutMs ?? defaults.requestTimeoutMs,
       sendAttempts: config.sendAttempts ?? defaults.sendAttempts,
+      pingIntervalMs: config.pingIntervalMs ?? defaults.pingIntervalMs,
+      pingTimeoutMs: config.pingTimeoutMs ?? defaults.pingTimeoutMs,
     };
-    for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'requestTimeoutMs', 'sendAttempts'])) {
+    for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'requestTimeoutMs', 'sendAttempts', 'pingTimeoutMs'])) {
       if (!Number.isFinite(cfg[k]) || cfg[k] <= 0) throw new TypeError(`marconi: ${k} must be a positive number`);
     }
+    if (!Number.isFinite(cfg.pingIntervalMs) || cfg.pingIntervalMs < 0) throw new TypeError('marconi: pingIntervalMs must be 0 (off) or a positive number');
     if (!Number.isInteger(cfg.sendAttempts)) throw new TypeError('marconi: sendAttempts must be a whole number');
     for (const k of /** @type {const} */ (['hubURL', 'apiKey', 'surface', 'sessionID', 'runtimeMode', 'clientID'])) {
       if (config[k] !== undefined && typeof config[k] !== 'string') throw new TypeError(`marconi: ${k} must be a string`);
@@ -420,7 +426,30 @@ export class Client {
       });
     }
     if (w.affinity_reset) this.#enqueue({ signals: [], epoch: a.epoch, reset: { reason: 'affinity_reset', dropped } });
+    if (this.#cfg.pingIntervalMs > 0) {
+      keepalive(ws, {
+        intervalMs: this.#cfg.pingIntervalMs,
+        timeoutMs: this.#cfg.pingTimeoutMs,
+        onDead: () => this.#pingTimedOut(conn),
+        debug: this.#log.debug,
+      });
+    }
     return conn;
+  }
+
+  /**
+   * The hub left a ping of conn unanswered: the path died silently. The
+   * socket is cut (no close handshake: nothing comes back on this path) and
+   * the supervisor redials with the usual backoff.
+   * @param {Conn} conn
+   */
+  #pingTimedOut(conn) {
+    if (this.#closing.signal.aborted) return;
+    this.#stats.pingTimeouts++;
+    this.#log.warn('marconi: no pong from the hub within pingTimeoutMs; the path is dead, reconnecting', {
+      session_id: this.#sessionID, generation: conn.gen, ping_timeout_ms: this.#cfg.pingTimeoutMs,
+    });
+    conn.ws.terminate();
   }
 
   /**
