@@ -128,8 +128,7 @@ func TestPingsDoNotTripTheFrameRateQuota(t *testing.T) {
 	}
 }
 
-// A negative PingInterval turns the keepalive off; a negative PingTimeout is
-// refused.
+// A negative PingTimeout is refused at Dial, naming the field.
 func TestPingConfig(t *testing.T) {
 	_, err := bootstrap.Dial(context.Background(), bootstrap.Config{
 		HubURL: "http://127.0.0.1:1", APIKey: "k", Surface: "claude_code", PingTimeout: -time.Second,
