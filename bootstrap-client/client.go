@@ -56,6 +56,18 @@ type Config struct {
 	// wait is uniform between zero and the ceiling (full jitter).
 	ReconnectMaxDelay time.Duration
 
+	// PingInterval is how often the client pings the hub on its WebSocket
+	// to find a path that died silently (no FIN: a NAT or balancer that
+	// dropped it, a frozen host), which otherwise goes unnoticed until the
+	// agent sends. Default 20s; negative disables the keepalive.
+	PingInterval time.Duration
+	// PingTimeout is how long the client waits for the hub's pong. A ping
+	// unanswered within it marks the connection dead: it is closed and
+	// redialed with the usual backoff (Stats.PingTimeouts). No ping is judged
+	// while OnSignal holds the reader up, since the pong then waits unread.
+	// Default 10s.
+	PingTimeout time.Duration
+
 	// SendAttempts bounds how often Send makes one send when its answer is
 	// lost (connection failed) or the hub answers 502, 503 or 504; every
 	// attempt carries the same idempotency key, so the hub stores the signal
@@ -110,7 +122,7 @@ type Client struct {
 	// signals from 1 again. Guarded by mu.
 	highest seqMark
 
-	reconnects, selfHeals, reregistrations, droppedAtReset atomic.Int64
+	reconnects, selfHeals, reregistrations, droppedAtReset, pingTimeouts atomic.Int64
 }
 
 // Close codes of the hub (docs/api.md, WebSocket).
@@ -128,8 +140,13 @@ const (
 	// attach follows.
 	maxWrongInstanceHops = 3
 	welcomeTimeout       = 15 * time.Second
-	deliveryQueue        = 64
-	defaultSendAttempts  = 4
+	// drainTimeout bounds the drain before each redial: on a path that died
+	// silently it would otherwise wait for an answer that never comes.
+	drainTimeout        = 15 * time.Second
+	deliveryQueue       = 64
+	defaultSendAttempts = 4
+	defaultPingInterval = 20 * time.Second
+	defaultPingTimeout  = 10 * time.Second
 )
 
 // errClosed is returned by calls on a closed client.
@@ -190,6 +207,15 @@ func newClient(cfg Config) (*Client, error) {
 	}
 	if cfg.SendAttempts == 0 {
 		cfg.SendAttempts = defaultSendAttempts
+	}
+	if cfg.PingTimeout < 0 {
+		return nil, errors.New("bootstrap: PingTimeout must not be negative")
+	}
+	if cfg.PingInterval == 0 {
+		cfg.PingInterval = defaultPingInterval
+	}
+	if cfg.PingTimeout == 0 {
+		cfg.PingTimeout = defaultPingTimeout
 	}
 	if cfg.ReconnectMaxDelay < cfg.ReconnectBaseDelay {
 		return nil, errors.New("bootstrap: ReconnectMaxDelay is below ReconnectBaseDelay")
@@ -277,6 +303,7 @@ func (c *Client) Stats() Stats {
 		SelfHealReconnects: int(c.selfHeals.Load()),
 		Reregistrations:    int(c.reregistrations.Load()),
 		DroppedAtReset:     int(c.droppedAtReset.Load()),
+		PingTimeouts:       int(c.pingTimeouts.Load()),
 	}
 }
 

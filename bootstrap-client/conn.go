@@ -165,17 +165,30 @@ func (c *Client) supervise(conn *websocket.Conn, gen uint64) {
 	for {
 		a := c.currentAuth()
 		readDone := make(chan error, 1)
+		hold := new(readerHold)
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			readDone <- c.readLoop(conn, a.epoch)
+			readDone <- c.readLoop(conn, a.epoch, hold)
 		}()
+		dead := make(chan struct{})
+		stopPings := c.startKeepalive(conn, hold, dead)
 		var err error
 	wait:
 		for {
 			select {
 			case err = <-readDone:
 				break wait
+			case <-dead:
+				dead = nil
+				c.pingTimeouts.Add(1)
+				c.log.Warn("marconi: no pong from the hub within PingTimeout; the path is dead, reconnecting",
+					"session_id", c.SessionID(), "generation", gen, "ping_timeout", c.cfg.PingTimeout)
+				// No close handshake: nothing comes back on this path. The
+				// idle HTTP connections most likely took the same path:
+				// a drain on one of them would wait in vain.
+				_ = conn.CloseNow()
+				c.closeIdle()
 			case <-c.heal:
 				c.mu.Lock()
 				forThis := c.healFor >= gen // not a request about a former connection
@@ -189,10 +202,12 @@ func (c *Client) supervise(conn *websocket.Conn, gen uint64) {
 			case <-c.ctx.Done():
 				_ = conn.Close(websocket.StatusNormalClosure, "client closed")
 				<-readDone
+				stopPings()
 				c.detach(gen)
 				return
 			}
 		}
+		stopPings()
 		_ = conn.CloseNow()
 		c.detach(gen)
 		if c.ctx.Err() != nil {
@@ -251,7 +266,7 @@ func (c *Client) detach(gen uint64) {
 
 // readLoop reads the hub's frames until the connection ends and hands the
 // signals to the dispatcher. It returns the error that ended the connection.
-func (c *Client) readLoop(conn *websocket.Conn, epoch uint64) error {
+func (c *Client) readLoop(conn *websocket.Conn, epoch uint64, hold *readerHold) error {
 	for {
 		// Not c.ctx: a cancelled read closes the connection abruptly; the
 		// supervisor closes it normally instead, which ends this read.
@@ -268,7 +283,16 @@ func (c *Client) readLoop(conn *websocket.Conn, epoch uint64) error {
 			c.log.Debug("marconi: ignoring frame", "type", f.Type)
 			continue
 		}
-		if !c.enqueue(c.ctx, delivery{signals: []Signal{f.Signal}, epoch: epoch}) {
+		d := delivery{signals: []Signal{f.Signal}, epoch: epoch}
+		select {
+		case c.deliveries <- d:
+			continue
+		default: // the dispatcher is busy: this read waits for it
+		}
+		hold.enter()
+		ok := c.enqueue(c.ctx, d)
+		hold.leave()
+		if !ok {
 			return c.ctx.Err()
 		}
 	}
@@ -283,7 +307,9 @@ func (c *Client) redial() (*websocket.Conn, uint64, bool) {
 		immediate := c.immediate
 		c.mu.Unlock()
 		if !immediate {
-			c.drain(c.ctx)
+			dctx, cancel := context.WithTimeout(c.ctx, drainTimeout)
+			c.drain(dctx)
+			cancel()
 			if !c.wait(c.backoff.delay(attempt)) {
 				return nil, 0, false
 			}

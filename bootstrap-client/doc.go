@@ -16,6 +16,9 @@
 //     (Config.ReconnectBaseDelay, Config.ReconnectMaxDelay); close code 1012
 //     (hub restarting) and abnormal closes included. While it is down, the
 //     client drains its signals over HTTP.
+//   - no pong within Config.PingTimeout of a keepalive ping
+//     (Config.PingInterval): the path died silently; the connection is
+//     closed and redialed with the backoff, counted in Stats.PingTimeouts.
 //   - close code 4409 (replaced by a newer connection of this session): not
 //     redialed; the client does not fight the newer connection.
 //   - 410 session_expired from any call, or close code 4410: the same

@@ -88,8 +88,12 @@ type SendResult struct {
 // registered again because the hub no longer knew it; DroppedAtReset sums the
 // welcomes' "dropped": the pending signals a hub with the disconnect policy
 // drop discarded when it took this sticky session over (affinity reset), which
-// OnSignal will never see.
-type Stats struct{ Reconnects, SelfHealReconnects, Reregistrations, DroppedAtReset int }
+// OnSignal will never see; PingTimeouts counts the connections closed because
+// the hub left a ping unanswered (Config.PingTimeout): a path that died
+// silently, each followed by a reconnect.
+type Stats struct {
+	Reconnects, SelfHealReconnects, Reregistrations, DroppedAtReset, PingTimeouts int
+}
 
 // sendRequest is the body of POST /v1/signals.
 type sendRequest struct {

@@ -52,6 +52,17 @@ export interface Config {
   requestTimeoutMs?: number;
   /** How many times one send is made when it gets no answer or a 502/503/504, always with the same idempotency key. Default 4; 1 never retries. */
   sendAttempts?: number;
+  /**
+   * How often the client pings the hub on its WebSocket, to find a path that
+   * died silently (no FIN: a NAT or balancer that forgot it). Default 20000;
+   * 0 disables the keepalive.
+   */
+  pingIntervalMs?: number;
+  /**
+   * A ping unanswered within it marks the connection dead: it is cut and
+   * redialed with the backoff (stats().pingTimeouts). Default 10000.
+   */
+  pingTimeoutMs?: number;
 }
 
 /** Why onAffinityReset was called. */
@@ -112,6 +123,8 @@ export interface Stats {
   sendRetries: number;
   /** Moves to the next hub URL after one gave no answer. */
   failovers: number;
+  /** Connections cut because the hub left a ping unanswered (a path that died silently). */
+  pingTimeouts: number;
 }
 
 /** Defaults of the optional numeric Config fields. */
@@ -120,6 +133,8 @@ export declare const defaults: Readonly<{
   reconnectMaxDelayMs: number;
   requestTimeoutMs: number;
   sendAttempts: number;
+  pingIntervalMs: number;
+  pingTimeoutMs: number;
 }>;
 
 /**

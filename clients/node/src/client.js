@@ -4,29 +4,21 @@ import { randomUUID } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
 import WebSocket from 'ws';
 import { Backoff } from './backoff.js';
+import { settle } from './config.js';
+import { Dispatcher, toSignal } from './delivery.js';
 import { ClientClosedError, MarconiError, codes, permanent } from './errors.js';
-import { TransportError, call } from './http.js';
-import { Sequencer } from './sequencer.js';
+import { TransportError } from './http.js';
+import { Hubs, unavailable } from './hubs.js';
+import { keepalive } from './keepalive.js';
 import { linked } from './signals.js';
 import { closeCodes, openSocket } from './socket.js';
 
-/** Defaults of the optional Config fields, in one place. */
-export const defaults = Object.freeze({
-  reconnectBaseDelayMs: 250,
-  reconnectMaxDelayMs: 15000,
-  requestTimeoutMs: 30000,
-  sendAttempts: 4,
-});
+export { defaults } from './config.js';
 
 const defaultHeartbeatMs = 20000;
 const welcomeTimeoutMs = 15000;
 // How many 409 wrong_instance redirects one attach follows.
 const maxWrongInstanceHops = 3;
-// The delivery queue's bound: past it the WebSocket stops being read (the
-// hub keeps the signals) and piggyback or drained signals are left on the hub.
-const deliveryQueue = 64;
-// How many deliveries may be handled before an ack is sent even though more are queued.
-const ackEvery = 32;
 const drainLimit = 50;
 // How often one session call is made when the token keeps changing under it.
 const maxCallAttempts = 3;
@@ -34,18 +26,14 @@ const maxCallAttempts = 3;
 const closeHandshakeMs = 1000;
 
 const noop = () => {};
-const silent = { debug: noop, info: noop, warn: noop, error: noop };
 
 /**
  * @typedef {import('../index.js').Config} Config
- * @typedef {import('../index.js').Signal} Signal
  * @typedef {import('../index.js').SendResult} SendResult
  * @typedef {import('../index.js').SendOptions} SendOptions
  * @typedef {import('../index.js').Stats} Stats
- * @typedef {import('../index.js').AffinityReset} AffinityReset
  * @typedef {import('./socket.js').Socket} Socket
  * @typedef {import('./socket.js').Welcome} Welcome
- * @typedef {{signals: Signal[], epoch: number, reset?: AffinityReset}} Delivery
  * @typedef {{token: string, epoch: number, gen: number}} Auth
  * @typedef {Socket & {gen: number, token: string}} Conn
  */
@@ -77,11 +65,10 @@ export async function dial(config, options = {}) {
  * sessionID may be used at any time; close (or deregister) once stops it.
  */
 export class Client {
-  /** @type {Required<Pick<Config, 'reconnectBaseDelayMs' | 'reconnectMaxDelayMs' | 'requestTimeoutMs' | 'sendAttempts'>> & Config} */
+  /** @type {import('./config.js').Settled} */
   #cfg;
-  /** @type {string[]} */
-  #urls;
-  #urlIndex = 0;
+  /** @type {Hubs} */
+  #hubs;
   /** @type {Required<import('../index.js').Logger>} */
   #log;
   #backoff;
@@ -107,61 +94,35 @@ export class Client {
   /** @type {(() => void) | null} cuts the supervisor's backoff wait short */
   #wakeSupervisor = null;
 
-  /** @type {Delivery[]} */
-  #deliveries = [];
-  /** @type {(() => void) | null} */
-  #wakeDispatcher = null;
-  #highest = 0; // highest seq handed to onSignal, for drain
-  #highestEpoch = 0; // the registration #highest belongs to
+  /** @type {Dispatcher} */
+  #delivery;
 
-  #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0 };
+  #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0, pingTimeouts: 0 };
 
   /** @param {Config} config */
   constructor(config) {
-    /** @type {string[]} */
-    const urls = [];
-    for (const u of [config.hubURL, ...(config.hubURLs ?? [])]) {
-      if (!u) continue;
-      let parsed;
-      try {
-        parsed = new URL(u);
-      } catch {
-        parsed = null;
-      }
-      if (!parsed || (parsed.protocol !== 'http:' && parsed.protocol !== 'https:')) {
-        throw new TypeError(`marconi: hub URL ${JSON.stringify(u)} is not an http(s) URL`);
-      }
-      const trimmed = u.replace(/\/+$/, '');
-      if (!urls.includes(trimmed)) urls.push(trimmed);
-    }
-    if (urls.length === 0) throw new TypeError('marconi: hubURL (or hubURLs) is required');
-    this.#urls = urls;
-    if (!config.apiKey) throw new TypeError('marconi: apiKey is required');
-    if (!config.surface) throw new TypeError('marconi: surface is required');
-    const cfg = {
-      ...config,
-      reconnectBaseDelayMs: config.reconnectBaseDelayMs ?? defaults.reconnectBaseDelayMs,
-      reconnectMaxDelayMs: config.reconnectMaxDelayMs ?? defaults.reconnectMaxDelayMs,
-      requestTimeoutMs: config.requestTimeoutMs ?? defaults.requestTimeoutMs,
-      sendAttempts: config.sendAttempts ?? defaults.sendAttempts,
-    };
-    for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'requestTimeoutMs', 'sendAttempts'])) {
-      if (!Number.isFinite(cfg[k]) || cfg[k] <= 0) throw new TypeError(`marconi: ${k} must be a positive number`);
-    }
-    if (!Number.isInteger(cfg.sendAttempts)) throw new TypeError('marconi: sendAttempts must be a whole number');
-    for (const k of /** @type {const} */ (['hubURL', 'apiKey', 'surface', 'sessionID', 'runtimeMode', 'clientID'])) {
-      if (config[k] !== undefined && typeof config[k] !== 'string') throw new TypeError(`marconi: ${k} must be a string`);
-    }
-    if (config.reconnectMaxDelayMs === undefined) cfg.reconnectMaxDelayMs = Math.max(cfg.reconnectMaxDelayMs, cfg.reconnectBaseDelayMs);
-    if (cfg.reconnectMaxDelayMs < cfg.reconnectBaseDelayMs) {
-      throw new TypeError('marconi: reconnectMaxDelayMs is below reconnectBaseDelayMs');
-    }
+    const { cfg, urls, log } = settle(config);
     this.#cfg = cfg;
-    this.#log = { ...silent, ...bindLogger(config.logger) };
+    this.#log = log;
     this.#backoff = new Backoff(cfg.reconnectBaseDelayMs, cfg.reconnectMaxDelayMs);
     this.#sessionID = config.sessionID ?? '';
     // Every call in flight listens to the close signal (and unlinks when done).
     setMaxListeners(0, this.#closing.signal);
+    this.#hubs = new Hubs(urls, {
+      close: this.#closing.signal,
+      timeoutMs: cfg.requestTimeoutMs,
+      onFailover: (from, to, err) => {
+        this.#stats.failovers++;
+        this.#log.warn('marconi: hub URL unreachable; failing over', { from, to, err: String(err) });
+      },
+    });
+    this.#delivery = new Dispatcher({
+      closing: this.#closing.signal,
+      handlers: cfg,
+      ack: (epoch, upTo) => this.#ack(epoch, upTo),
+      onRoom: () => this.#conn?.ws.resume(),
+      log,
+    });
   }
 
   /** The session's id, as the hub registered it. */
@@ -190,7 +151,7 @@ export class Client {
 
   async #shutdown() {
     this.#closing.abort(new ClientClosedError());
-    this.#wakeDispatcher?.();
+    this.#delivery.wake();
     this.#wakeSupervisor?.();
     const conn = this.#conn;
     if (conn) {
@@ -218,7 +179,7 @@ export class Client {
       for (let attempt = 1; ; attempt++) {
         const token = this.#token;
         try {
-          await this.#call('DELETE', '/v1/session', token, { signal: options.signal });
+          await this.#hubs.call('DELETE', '/v1/session', token, { signal: options.signal });
           break;
         } catch (err) {
           if (err instanceof MarconiError && err.code === codes.sessionExpired) break; // gone already
@@ -293,7 +254,7 @@ export class Client {
       idempotencyKey: key,
     };
     if (Array.isArray(data.pending) && data.pending.length > 0) {
-      this.#offer({ signals: data.pending.map(toSignal), epoch: auth.epoch });
+      this.#delivery.offer({ signals: data.pending.map(toSignal), epoch: auth.epoch });
     }
     if (res.recipientRouteStale) {
       this.#log.info('marconi: recipient route stale; it repairs on its own next send', {
@@ -308,7 +269,7 @@ export class Client {
 
   /** @param {AbortSignal | undefined} signal */
   async [start](signal) {
-    this.#loops.push(this.#dispatch());
+    this.#loops.push(this.#delivery.run());
     let conn;
     // With several hub URLs, each is tried once, in order, while they are unavailable.
     for (let i = 0; ; i++) {
@@ -316,7 +277,7 @@ export class Client {
         conn = await this.#connect(signal);
         break;
       } catch (err) {
-        if (i + 1 >= this.#urls.length || !unavailable(err) || signal?.aborted) throw err;
+        if (i + 1 >= this.#hubs.count || !unavailable(err) || signal?.aborted) throw err;
       }
     }
     this.#loops.push(this.#supervise(conn), this.#heartbeatLoop());
@@ -354,7 +315,7 @@ export class Client {
    * @returns {Promise<Conn>}
    */
   async #attach(signal) {
-    let base = this.#base();
+    let base = this.#hubs.base;
     for (let hop = 0; ; hop++) {
       const a = this.#auth();
       /** @type {{conn: Conn | null}} */
@@ -378,7 +339,7 @@ export class Client {
           continue;
         }
         if (hop === 0 && unavailable(err)) {
-          this.#failover(base, err);
+          this.#hubs.failover(base, err);
         } else if (err instanceof TransportError) {
           // Most likely the followed instance died and the hub URL's instance
           // has not yet seen it gone: every attempt starts at the hub URL
@@ -419,8 +380,31 @@ export class Client {
         session_id: w.session_id, instance_id: w.instance_id, dropped,
       });
     }
-    if (w.affinity_reset) this.#enqueue({ signals: [], epoch: a.epoch, reset: { reason: 'affinity_reset', dropped } });
+    if (w.affinity_reset) this.#delivery.enqueue({ signals: [], epoch: a.epoch, reset: { reason: 'affinity_reset', dropped } });
+    if (this.#cfg.pingIntervalMs > 0) {
+      keepalive(ws, {
+        intervalMs: this.#cfg.pingIntervalMs,
+        timeoutMs: this.#cfg.pingTimeoutMs,
+        onDead: () => this.#pingTimedOut(conn),
+        debug: this.#log.debug,
+      });
+    }
     return conn;
+  }
+
+  /**
+   * The hub left a ping of conn unanswered: the path died silently. The
+   * socket is cut (no close handshake: nothing comes back on this path) and
+   * the supervisor redials with the usual backoff.
+   * @param {Conn} conn
+   */
+  #pingTimedOut(conn) {
+    if (this.#closing.signal.aborted) return;
+    this.#stats.pingTimeouts++;
+    this.#log.warn('marconi: no pong from the hub within pingTimeoutMs; the path is dead, reconnecting', {
+      session_id: this.#sessionID, generation: conn.gen, ping_timeout_ms: this.#cfg.pingTimeoutMs,
+    });
+    conn.ws.terminate();
   }
 
   /**
@@ -432,10 +416,10 @@ export class Client {
       this.#log.debug('marconi: ignoring frame', { type: f?.type });
       return;
     }
-    this.#enqueue({ signals: [toSignal(f)], epoch });
+    this.#delivery.enqueue({ signals: [toSignal(f)], epoch });
     // Backpressure: past the queue's bound the socket stops being read; the
     // hub keeps the signals (a queue of its that fills closes with 4429).
-    if (this.#deliveries.length >= deliveryQueue) this.#conn?.ws.pause();
+    if (this.#delivery.full) this.#conn?.ws.pause();
   }
 
   // ---- supervision: reconnects ----
@@ -622,7 +606,7 @@ export class Client {
   #reregistered(id) {
     this.#stats.reregistrations++;
     this.#log.warn('marconi: session was gone, registered again', { session_id: id });
-    this.#enqueue({ signals: [], epoch: this.#epoch, reset: { reason: 'reregistered', dropped: 0 } });
+    this.#delivery.enqueue({ signals: [], epoch: this.#epoch, reset: { reason: 'reregistered', dropped: 0 } });
   }
 
   /**
@@ -638,7 +622,7 @@ export class Client {
     if (id) req.session_id = id;
     if (this.#cfg.runtimeMode) req.runtime_mode = this.#cfg.runtimeMode;
     if (this.#cfg.clientID) req.client_id = this.#cfg.clientID;
-    const r = await this.#call('POST', '/v1/sessions', this.#cfg.apiKey, { headers, body: JSON.stringify(req), signal });
+    const r = await this.#hubs.call('POST', '/v1/sessions', this.#cfg.apiKey, { headers, body: JSON.stringify(req), signal });
     if (!r.data?.token) throw new TransportError(`marconi: register answered ${r.status} without a token`);
     return r;
   }
@@ -663,41 +647,6 @@ export class Client {
 
   // ---- HTTP ----
 
-  #base() {
-    return this.#urls[this.#urlIndex];
-  }
-
-  /**
-   * Moves to the next hub URL when base (the current one) gave no answer.
-   * @param {string} base
-   * @param {unknown} err
-   */
-  #failover(base, err) {
-    if (this.#urls.length < 2 || this.#base() !== base) return;
-    this.#urlIndex = (this.#urlIndex + 1) % this.#urls.length;
-    this.#stats.failovers++;
-    this.#log.warn('marconi: hub URL unreachable; failing over', { from: base, to: this.#base(), err: String(err) });
-  }
-
-  /**
-   * One call on the current hub URL.
-   * @param {string} method
-   * @param {string} path
-   * @param {string} bearer
-   * @param {import('./http.js').CallOptions} opts
-   */
-  async #call(method, path, bearer, opts) {
-    const base = this.#base();
-    const bounds = { close: this.#closing.signal, timeoutMs: this.#cfg.requestTimeoutMs };
-    try {
-      return await call(base + path, method, bearer, opts, bounds);
-    } catch (err) {
-      if (this.#closing.signal.aborted) throw new ClientClosedError();
-      if (unavailable(err)) this.#failover(base, err);
-      throw err;
-    }
-  }
-
   /**
    * A call with the session token. When the token was rotated meanwhile by a
    * resume (401), or the session is gone (410, after which the same
@@ -712,7 +661,7 @@ export class Client {
     for (let attempt = 1; ; attempt++) {
       const a = this.#auth();
       try {
-        const r = await this.#call(method, path, a.token, opts);
+        const r = await this.#hubs.call(method, path, a.token, opts);
         return { auth: a, data: r.data };
       } catch (err) {
         if (!(err instanceof MarconiError) || attempt === maxCallAttempts) throw err;
@@ -737,7 +686,7 @@ export class Client {
         const { auth, data } = await this.#sessionCall('POST', '/v1/heartbeat');
         this.#log.debug('marconi: heartbeat', { route_state: data?.route_state });
         if (Array.isArray(data?.pending) && data.pending.length > 0) {
-          this.#offer({ signals: data.pending.map(toSignal), epoch: auth.epoch });
+          this.#delivery.offer({ signals: data.pending.map(toSignal), epoch: auth.epoch });
         }
       } catch (err) {
         if (!this.#closing.signal.aborted) this.#log.warn('marconi: heartbeat failed', { err: String(err) });
@@ -749,90 +698,17 @@ export class Client {
   async #drain() {
     try {
       // A new registration numbers afresh: its signals all come after 0.
-      const after = this.#highestEpoch === this.#epoch ? this.#highest : 0;
+      const after = this.#delivery.drainAfter(this.#epoch);
       const { auth, data } = await this.#sessionCall('GET', `/v1/signals?after_seq=${after}&limit=${drainLimit}`);
       if (Array.isArray(data?.signals) && data.signals.length > 0) {
-        this.#offer({ signals: data.signals.map(toSignal), epoch: auth.epoch });
+        this.#delivery.offer({ signals: data.signals.map(toSignal), epoch: auth.epoch });
       }
     } catch (err) {
       this.#log.debug('marconi: drain failed', { err: String(err) });
     }
   }
 
-  // ---- delivery ----
-
-  /** @param {Delivery} d */
-  #enqueue(d) {
-    this.#deliveries.push(d);
-    this.#wakeDispatcher?.();
-  }
-
-  /**
-   * Queues d when there is room and drops it when there is none: the signals
-   * stay unacknowledged on the hub and come again (piggyback, drain and the
-   * replay on attach all start from the oldest unacknowledged signal).
-   * @param {Delivery} d
-   */
-  #offer(d) {
-    if (this.#deliveries.length >= deliveryQueue) {
-      this.#log.debug('marconi: delivery queue full; signals will come again', { signals: d.signals.length });
-      return;
-    }
-    this.#enqueue(d);
-  }
-
-  /** @returns {Promise<Delivery | null>} null once the client closes */
-  async #next() {
-    while (this.#deliveries.length === 0) {
-      if (this.#closing.signal.aborted) return null;
-      await new Promise((r) => (this.#wakeDispatcher = () => r(undefined)));
-      this.#wakeDispatcher = null;
-    }
-    if (this.#closing.signal.aborted) return null;
-    const d = /** @type {Delivery} */ (this.#deliveries.shift());
-    if (this.#deliveries.length < deliveryQueue / 2) this.#conn?.ws.resume();
-    return d;
-  }
-
-  /**
-   * The one loop that calls onSignal and onAffinityReset. It acknowledges what it
-   * delivered after the handler returned: at once when no other delivery is
-   * queued, else at least every ackEvery deliveries.
-   */
-  async #dispatch() {
-    const seq = new Sequencer();
-    let unacked = 0;
-    for (let d = await this.#next(); d; d = await this.#next()) {
-      if (d.reset && d.epoch >= seq.epoch) await this.#callback('onAffinityReset', d.reset);
-      for (const s of d.signals) {
-        if (!seq.accept(d.epoch, s)) continue;
-        this.#highest = s.seq;
-        this.#highestEpoch = d.epoch;
-        await this.#callback('onSignal', s);
-      }
-      if (d.signals.length > 0 && d.epoch === seq.epoch) unacked++;
-      if (unacked > 0 && (this.#deliveries.length === 0 || unacked >= ackEvery)) {
-        await this.#ack(seq.epoch, seq.highest);
-        unacked = 0;
-      }
-    }
-  }
-
-  /**
-   * Calls a handler of the application; a throw is logged and the delivery
-   * counts as handled (a poison signal must not stop the session).
-   * @param {'onSignal' | 'onAffinityReset'} name
-   * @param {any} arg
-   */
-  async #callback(name, arg) {
-    const fn = this.#cfg[name];
-    if (!fn) return;
-    try {
-      await fn(arg);
-    } catch (err) {
-      this.#log.error(`marconi: ${name} threw`, { err: String(err) });
-    }
-  }
+  // ---- acknowledgement ----
 
   /**
    * Acknowledges every signal up to upTo: on the WebSocket when attached,
@@ -854,47 +730,4 @@ export class Client {
       if (!this.#closing.signal.aborted) this.#log.warn('marconi: ack failed', { up_to_seq: upTo, err: String(err) });
     }
   }
-}
-
-/**
- * Reports whether err says the hub URL in use could not answer: no answer at
- * all (the connection failed, so an answer, if any, is lost), or 502, 503 or
- * 504. Another instance, or the same one a little later, may answer: a send
- * is made again (same idempotency key) and the next call uses the next URL.
- * @param {unknown} err
- */
-function unavailable(err) {
-  if (err instanceof TransportError) return true;
-  return err instanceof MarconiError && [502, 503, 504].includes(err.status);
-}
-
-/**
- * @param {any} s a signal as the hub sends it
- * @returns {Signal}
- */
-function toSignal(s) {
-  return {
-    id: s.id,
-    seq: s.seq,
-    fromSession: s.from_session,
-    toSession: s.to_session,
-    kind: s.kind,
-    payload: s.payload,
-    createdAt: new Date(s.created_at),
-  };
-}
-
-/**
- * Binds the logger's methods so that console works as a logger.
- * @param {import('../index.js').Logger | undefined} l
- */
-function bindLogger(l) {
-  if (!l) return {};
-  /** @type {Record<string, (msg: string, fields: object) => void>} */
-  const out = {};
-  for (const k of /** @type {const} */ (['debug', 'info', 'warn', 'error'])) {
-    const fn = l[k];
-    if (typeof fn === 'function') out[k] = fn.bind(l);
-  }
-  return out;
 }

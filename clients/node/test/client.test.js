@@ -4,6 +4,7 @@
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import WebSocket from 'ws';
 import { ClientClosedError, MarconiError, TransportError, dial } from '@marconihub/client';
 import { Inbox, LogRecorder, apiKey, freePort, routeState, startHub, useHub, waitFor } from './support/hub.js';
 import { Proxy } from './support/proxy.js';
@@ -65,6 +66,8 @@ test('errors of the hub are MarconiError with the hub\'s code; bad config is a T
   await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', reconnectBaseDelayMs: 500, reconnectMaxDelayMs: 100 }), TypeError);
   await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sendAttempts: 1.5 }), TypeError);
   await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', requestTimeoutMs: -1 }), TypeError);
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', pingIntervalMs: -1 }), /pingIntervalMs/);
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', pingTimeoutMs: 0 }), /pingTimeoutMs/);
   await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: /** @type {any} */ (42) }), TypeError);
 });
 
@@ -84,6 +87,47 @@ test('a 429 is returned at once, not retried, with the hub\'s Retry-After', asyn
     assert.equal(err.retryAfterSeconds, 1);
   }
   assert.equal(a.stats().sendRetries, 0);
+});
+
+test('close 4409: a newer connection of the session replaces the client\'s, and the client does not fight it', async (t) => {
+  const proxy = new Proxy(env.hub.port); // to read the token off the client's handshake
+  const url = await proxy.listen();
+  t.after(() => proxy.close());
+  const logs = new LogRecorder();
+  const a = await agent('rep-a');
+  const b = await agent('rep-b', { hubURL: url, logger: logs, reconnectBaseDelayMs: 5, reconnectMaxDelayMs: 20 });
+  t.after(async () => { await a.client.close(); await b.client.close(); });
+
+  // Another process of the same session attaches with its token.
+  const token = proxy.webSocketToken;
+  assert.ok(token, 'the client attached through the proxy');
+  const newer = new WebSocket(`${env.hub.url.replace(/^http/, 'ws')}/v1/ws`, { headers: { authorization: `Bearer ${token}` } });
+  /** @type {any[]} */
+  const frames = [];
+  newer.on('message', (d) => frames.push(JSON.parse(d.toString())));
+  /** @type {number | null} */
+  let newerClosed = null;
+  newer.on('close', (code) => (newerClosed = code));
+  t.after(() => newer.terminate());
+  await waitFor('the newer connection\'s welcome', () => frames.some((f) => f.type === 'welcome'));
+  await waitFor('the client to be told it was replaced', () =>
+    logs.find('marconi: connection replaced by a newer one of this session; not redialing').length === 1);
+
+  // The newer connection holds the session: a signal to rep-b reaches it,
+  // not the client, and it stays open (a client that redialed would have
+  // replaced it in turn with 4409).
+  assert.equal((await a.client.send('rep-b', 'chat', { n: 1 })).delivery, 'pushed_to_ws');
+  await waitFor('the newer connection to get the signal', () => frames.some((f) => f.type === 'signal' && f.payload?.n === 1));
+  assert.equal(newerClosed, null, 'the newer connection was closed');
+  assert.equal(newer.readyState, WebSocket.OPEN);
+  assert.equal(b.inbox.signals.length, 0);
+  assert.equal(b.client.stats().reconnects, 0);
+  assert.equal(logs.find('marconi: WebSocket ended, reconnecting').length, 0, 'the client set out to redial');
+  assert.equal((await routeState(env.hub, 'rep-b')).route_state, 'attached');
+
+  // Sending still works while the token is valid.
+  assert.equal((await b.client.send('rep-a', 'chat', { n: 1 })).delivery, 'pushed_to_ws');
+  await waitFor('a to get b\'s signal', () => a.inbox.signals.length === 1);
 });
 
 test('replay after reconnects delivers each signal once, in order', async (t) => {

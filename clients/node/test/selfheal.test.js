@@ -1,11 +1,12 @@
 // SPEC-168 against a real hub (memory store): AC-12's client test (a
-// sender_route_stale reconnects, a bare recipient_route_stale does not) and a
-// half-open connection healed by the agent's own next send.
+// sender_route_stale reconnects, a bare recipient_route_stale does not), a
+// half-open connection healed by the agent's own next send, and a path that
+// died silently found by the keepalive.
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { dial } from '@marconihub/client';
-import { Inbox, apiKey, routeState, useHub, waitFor } from './support/hub.js';
+import { Inbox, LogRecorder, apiKey, routeState, useHub, waitFor } from './support/hub.js';
 import { Proxy } from './support/proxy.js';
 
 const env = useHub();
@@ -42,7 +43,7 @@ test('AC-12: sender_route_stale reconnects once; a bare recipient_route_stale do
   assert.equal(toB.selfhealOutcome, 'attempted');
   const again = await a.client.send('ac12-b', 'chat', { n: 2 });
   assert.equal(again.recipientRouteStale, true);
-  assert.deepEqual(a.client.stats(), { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0 });
+  assert.deepEqual(a.client.stats(), { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0, pingTimeouts: 0 });
   assert.equal((await routeState(env.hub, 'ac12-a')).route_state, 'attached');
 
   // B's own next send carries sender_route_stale: B reconnects, once.
@@ -82,4 +83,49 @@ test('a half-open connection is healed by the agent\'s own next send, and nothin
   await waitFor('b to get 4 live', () => b.inbox.signals.length === 4);
   assert.deepEqual(b.inbox.ns(), [1, 2, 3, 4]);
   await waitFor('a to get b\'s three replies', () => a.inbox.signals.length === 3);
+});
+
+const fastPings = { pingIntervalMs: 50, pingTimeoutMs: 1000, reconnectBaseDelayMs: 5, reconnectMaxDelayMs: 50 };
+
+test('a path that died silently is found by the keepalive: no pong, a reconnect, nothing lost', async (t) => {
+  const a = await agent('ka-a');
+  const b = await agent('ka-b', fastPings);
+  t.after(async () => { await a.close(); await b.close(); });
+
+  await a.client.send('ka-b', 'chat', { n: 1 });
+  await waitFor('b to get 1 live', () => b.inbox.signals.length === 1);
+
+  // The path carries nothing any more, and neither end is told: the hub
+  // still sees b attached, and b's socket just stays quiet.
+  assert.equal(b.proxy.stallWebSockets(), 1);
+  assert.equal((await a.client.send('ka-b', 'chat', { n: 2 })).delivery, 'pushed_to_ws', 'the hub cannot tell yet');
+  await waitFor('b to find the path dead and reattach', () => b.client.stats().pingTimeouts >= 1 && b.client.stats().reconnects >= 1);
+  await a.client.send('ka-b', 'chat', { n: 3 });
+  await waitFor('b to get 2 (replayed) and 3', () => b.inbox.signals.length === 3);
+  assert.deepEqual(b.inbox.ns(), [1, 2, 3]);
+  assert.equal(b.client.stats().selfHealReconnects, 0, 'b never sent: the keepalive alone repaired the route');
+});
+
+test('a busy onSignal that holds the socket paused is no ping timeout', async (t) => {
+  /** @type {() => void} */
+  let release = () => {};
+  const gate = new Promise((r) => (release = () => r(undefined)));
+  const logs = new LogRecorder();
+  let handled = 0;
+  const a = await agent('busy-a');
+  const b = await agent('busy-b', {
+    ...fastPings, pingIntervalMs: 5, pingTimeoutMs: 1000, logger: logs,
+    onSignal: async () => { await gate; handled++; },
+  });
+  t.after(async () => { release(); await a.close(); await b.close(); });
+
+  // One signal in onSignal, 64 queued: the socket is paused past that.
+  const n = 70;
+  for (let i = 1; i <= n; i++) await a.client.send('busy-b', 'chat', { n: i });
+  await waitFor('a ping to go unanswered behind the busy handler', () =>
+    logs.find('marconi: ping unanswered while onSignal held the socket paused; not judged').length > 0);
+  release();
+  await waitFor('b to handle every signal', () => handled === n);
+  assert.equal(b.client.stats().pingTimeouts, 0, 'a busy handler was taken for a dead path');
+  assert.equal(b.client.stats().reconnects, 0);
 });

@@ -1,10 +1,14 @@
-// The client's pure parts: backoff, the sequencer, the error decoder, linked signals.
+// The client's pure parts: backoff, the sequencer, the delivery loop, the hub
+// URLs' failover, the error decoder, linked signals.
 
 import assert from 'node:assert/strict';
 import { getEventListeners } from 'node:events';
 import { test } from 'node:test';
 import { Backoff } from '../src/backoff.js';
+import { Dispatcher } from '../src/delivery.js';
 import { decodeError, permanent } from '../src/errors.js';
+import { TransportError } from '../src/http.js';
+import { Hubs } from '../src/hubs.js';
 import { Sequencer } from '../src/sequencer.js';
 import { linked } from '../src/signals.js';
 
@@ -86,4 +90,59 @@ test('linked signals follow their sources and leave nothing on them once done', 
   close.abort();
   assert.equal(c.signal.aborted, false, 'unlinked: a later close no longer reaches it');
   assert.equal(linked([close.signal]).signal.aborted, true, 'an aborted source aborts at once');
+});
+
+test('the delivery loop: each signal once, a throwing handler logged, acks every 32 and when the queue empties, a bounded offer', async () => {
+  const closing = new AbortController();
+  /** @type {number[]} */
+  const got = [];
+  /** @type {[number, number][]} */
+  const acks = [];
+  /** @type {string[]} */
+  const errors = [];
+  let rooms = 0;
+  const noop = () => {};
+  const d = new Dispatcher({
+    closing: closing.signal,
+    handlers: {
+      onSignal: (s) => {
+        got.push(s.seq);
+        if (s.seq === 2) throw new Error('poison');
+      },
+    },
+    ack: async (epoch, upTo) => { acks.push([epoch, upTo]); },
+    onRoom: () => rooms++,
+    log: { debug: noop, info: noop, warn: noop, error: (msg) => errors.push(msg) },
+  });
+  const sig = (/** @type {number} */ seq) => ({ id: `s${seq}`, seq, fromSession: 'a', toSession: 'b', kind: 'k', payload: null, createdAt: new Date(0) });
+  for (let i = 0; i < 64; i++) d.enqueue({ signals: [sig(i < 3 ? i + 1 : 3)], epoch: 1 });
+  assert.equal(d.full, true);
+  d.offer({ signals: [sig(4)], epoch: 1 }); // dropped: it comes again from the hub
+  const loop = d.run();
+  // The loop runs until the queue is empty; then it waits.
+  for (let i = 0; i < 1000 && acks.length < 2; i++) await new Promise((r) => setImmediate(r));
+  assert.deepEqual(got, [1, 2, 3], 'duplicates dropped, the offer past the bound dropped, the poison signal handled');
+  assert.deepEqual(errors, ['marconi: onSignal threw']);
+  assert.deepEqual(acks, [[1, 3], [1, 3]], 'an ack after 32 deliveries while more were queued, and one once the queue is empty');
+  assert.equal(d.drainAfter(1), 3);
+  assert.equal(d.drainAfter(2), 0, 'a new registration drains from the start');
+  assert.ok(rooms > 0, 'the WebSocket is told there is room again');
+  closing.abort();
+  d.wake();
+  await loop;
+});
+
+test('hub URLs: a failover moves round the list once per failed URL', () => {
+  /** @type {string[]} */
+  const moves = [];
+  const hubs = new Hubs(['http://a', 'http://b'], {
+    close: new AbortController().signal, timeoutMs: 1000, onFailover: (from, to) => moves.push(`${from}>${to}`),
+  });
+  assert.equal(hubs.base, 'http://a');
+  hubs.failover('http://a', new TransportError('refused'));
+  hubs.failover('http://a', new TransportError('refused')); // a second call that failed on a: moved already
+  assert.equal(hubs.base, 'http://b');
+  hubs.failover('http://b', new TransportError('refused'));
+  assert.equal(hubs.base, 'http://a');
+  assert.deepEqual(moves, ['http://a>http://b', 'http://b>http://a']);
 });

@@ -9,6 +9,7 @@ import net from 'node:net';
  * @property {net.Socket} upstream
  * @property {boolean} ws the connection carries a WebSocket
  * @property {boolean} frozen the hub's side is cut; the client's side stays open and silent
+ * @property {boolean} stalled nothing is forwarded either way; both sides stay open (a path that died silently)
  * @property {boolean} dropAnswer the next bytes from the hub are lost and the connection cut
  */
 
@@ -20,6 +21,8 @@ export class Proxy {
   #loseAnswerTo = null;
   #lost = 0;
   #refuseWS = false;
+  /** @type {string | null} */
+  #wsToken = null;
 
   /** @param {number} targetPort */
   constructor(targetPort) {
@@ -39,18 +42,22 @@ export class Proxy {
   #serve(client) {
     const upstream = net.connect(this.targetPort, '127.0.0.1');
     /** @type {Piped} */
-    const p = { client, upstream, ws: false, frozen: false, dropAnswer: false };
+    const p = { client, upstream, ws: false, frozen: false, stalled: false, dropAnswer: false };
     this.#conns.add(p);
     let first = true;
     client.on('data', (chunk) => {
-      if (first) p.ws = chunk.toString('latin1').startsWith('GET /v1/ws');
+      if (first) {
+        const head = chunk.toString('latin1');
+        p.ws = head.startsWith('GET /v1/ws');
+        if (p.ws) this.#wsToken = /^authorization: Bearer (\S+)\r$/im.exec(head)?.[1] ?? null;
+      }
       first = false;
       if (p.ws && this.#refuseWS) {
         client.destroy();
         upstream.destroy();
         return;
       }
-      if (p.frozen) return; // swallowed: the hub's side is gone
+      if (p.frozen || p.stalled) return; // swallowed: the hub's side is gone, or the path is dead
       const head = chunk.toString('latin1', 0, 64);
       if (this.#loseAnswerTo && head.startsWith(this.#loseAnswerTo)) {
         this.#loseAnswerTo = null;
@@ -59,6 +66,7 @@ export class Proxy {
       upstream.write(chunk);
     });
     upstream.on('data', (chunk) => {
+      if (p.stalled) return;
       if (p.dropAnswer) {
         this.#lost++;
         client.destroy();
@@ -96,6 +104,27 @@ export class Proxy {
       }
     }
     return n;
+  }
+
+  /**
+   * Stops every WebSocket through the proxy from carrying anything, either
+   * way, and keeps both of its sides open: a path that died silently (a NAT
+   * or balancer that forgot it). Neither end gets a FIN. New connections pass.
+   */
+  stallWebSockets() {
+    let n = 0;
+    for (const p of this.#conns) {
+      if (p.ws && !p.stalled && !p.frozen) {
+        p.stalled = true;
+        n++;
+      }
+    }
+    return n;
+  }
+
+  /** The session token of the last WebSocket handshake through the proxy (from its Authorization header). */
+  get webSocketToken() {
+    return this.#wsToken;
   }
 
   /**

@@ -1,0 +1,94 @@
+// The client's configuration: the defaults in one place, every field checked once.
+
+/** Defaults of the optional Config fields, in one place. */
+export const defaults = Object.freeze({
+  reconnectBaseDelayMs: 250,
+  reconnectMaxDelayMs: 15000,
+  requestTimeoutMs: 30000,
+  sendAttempts: 4,
+  pingIntervalMs: 20000,
+  pingTimeoutMs: 10000,
+});
+
+/**
+ * @typedef {import('../index.js').Config} Config
+ * @typedef {Required<Pick<Config, keyof typeof defaults>> & Config} Settled a Config with every default filled in
+ */
+
+const noop = () => {};
+const silent = { debug: noop, info: noop, warn: noop, error: noop };
+
+/**
+ * Checks config and fills in its defaults. Returns it with the hub URLs it
+ * names (hubURL, then hubURLs, each once, without trailing slashes) and its
+ * logger with every level present. A bad field throws a TypeError naming it.
+ * @param {Config} config
+ * @returns {{cfg: Settled, urls: string[], log: Required<import('../index.js').Logger>}}
+ */
+export function settle(config) {
+  const urls = hubURLs(config);
+  if (!config.apiKey) throw new TypeError('marconi: apiKey is required');
+  if (!config.surface) throw new TypeError('marconi: surface is required');
+  const cfg = {
+    ...config,
+    reconnectBaseDelayMs: config.reconnectBaseDelayMs ?? defaults.reconnectBaseDelayMs,
+    reconnectMaxDelayMs: config.reconnectMaxDelayMs ?? defaults.reconnectMaxDelayMs,
+    requestTimeoutMs: config.requestTimeoutMs ?? defaults.requestTimeoutMs,
+    sendAttempts: config.sendAttempts ?? defaults.sendAttempts,
+    pingIntervalMs: config.pingIntervalMs ?? defaults.pingIntervalMs,
+    pingTimeoutMs: config.pingTimeoutMs ?? defaults.pingTimeoutMs,
+  };
+  for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'requestTimeoutMs', 'sendAttempts', 'pingTimeoutMs'])) {
+    if (!Number.isFinite(cfg[k]) || cfg[k] <= 0) throw new TypeError(`marconi: ${k} must be a positive number`);
+  }
+  if (!Number.isFinite(cfg.pingIntervalMs) || cfg.pingIntervalMs < 0) throw new TypeError('marconi: pingIntervalMs must be 0 (off) or a positive number');
+  if (!Number.isInteger(cfg.sendAttempts)) throw new TypeError('marconi: sendAttempts must be a whole number');
+  for (const k of /** @type {const} */ (['hubURL', 'apiKey', 'surface', 'sessionID', 'runtimeMode', 'clientID'])) {
+    if (config[k] !== undefined && typeof config[k] !== 'string') throw new TypeError(`marconi: ${k} must be a string`);
+  }
+  if (config.reconnectMaxDelayMs === undefined) cfg.reconnectMaxDelayMs = Math.max(cfg.reconnectMaxDelayMs, cfg.reconnectBaseDelayMs);
+  if (cfg.reconnectMaxDelayMs < cfg.reconnectBaseDelayMs) {
+    throw new TypeError('marconi: reconnectMaxDelayMs is below reconnectBaseDelayMs');
+  }
+  return { cfg, urls, log: { ...silent, ...bindLogger(config.logger) } };
+}
+
+/**
+ * @param {Config} config
+ * @returns {string[]}
+ */
+function hubURLs(config) {
+  /** @type {string[]} */
+  const urls = [];
+  for (const u of [config.hubURL, ...(config.hubURLs ?? [])]) {
+    if (!u) continue;
+    let parsed;
+    try {
+      parsed = new URL(u);
+    } catch {
+      parsed = null;
+    }
+    if (!parsed || (parsed.protocol !== 'http:' && parsed.protocol !== 'https:')) {
+      throw new TypeError(`marconi: hub URL ${JSON.stringify(u)} is not an http(s) URL`);
+    }
+    const trimmed = u.replace(/\/+$/, '');
+    if (!urls.includes(trimmed)) urls.push(trimmed);
+  }
+  if (urls.length === 0) throw new TypeError('marconi: hubURL (or hubURLs) is required');
+  return urls;
+}
+
+/**
+ * Binds the logger's methods so that console works as a logger.
+ * @param {import('../index.js').Logger | undefined} l
+ */
+function bindLogger(l) {
+  if (!l) return {};
+  /** @type {Record<string, (msg: string, fields: object) => void>} */
+  const out = {};
+  for (const k of /** @type {const} */ (['debug', 'info', 'warn', 'error'])) {
+    const fn = l[k];
+    if (typeof fn === 'function') out[k] = fn.bind(l);
+  }
+  return out;
+}

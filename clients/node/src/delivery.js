@@ -1,0 +1,162 @@
+// Delivery: one bounded queue and one loop that hands each signal to onSignal
+// once, in seq order, and acknowledges it after.
+
+import { Sequencer } from './sequencer.js';
+
+/**
+ * The delivery queue's bound: past it the WebSocket stops being read (the
+ * hub keeps the signals) and piggyback or drained signals are left on the hub.
+ */
+const deliveryQueue = 64;
+// How many deliveries may be handled before an ack is sent even though more are queued.
+const ackEvery = 32;
+
+/**
+ * @typedef {import('../index.js').Signal} Signal
+ * @typedef {import('../index.js').AffinityReset} AffinityReset
+ * @typedef {{signals: Signal[], epoch: number, reset?: AffinityReset}} Delivery
+ *   signals received under registration epoch, possibly preceded by an affinity reset
+ */
+
+/**
+ * @typedef {object} DispatcherOptions
+ * @property {AbortSignal} closing ends the loop at the client's close
+ * @property {Pick<import('../index.js').Config, 'onSignal' | 'onAffinityReset'>} handlers the application's
+ * @property {(epoch: number, upTo: number) => Promise<void>} ack acknowledges every signal up to upTo; never rejects
+ * @property {() => void} onRoom the queue has room again: the WebSocket may be read
+ * @property {Required<import('../index.js').Logger>} log
+ */
+
+/**
+ * The delivery queue and its one loop (run), which calls onSignal and
+ * onAffinityReset. Signals come from the WebSocket, from piggyback and from
+ * drain; the Sequencer drops any already delivered.
+ */
+export class Dispatcher {
+  /** @type {Delivery[]} */
+  #queue = [];
+  /** @type {(() => void) | null} */
+  #wake = null;
+  #highest = 0; // highest seq handed to onSignal, for drain
+  #highestEpoch = 0; // the registration #highest belongs to
+  #o;
+
+  /** @param {DispatcherOptions} o */
+  constructor(o) {
+    this.#o = o;
+  }
+
+  /** The queue is at its bound: whoever can stop reading should. */
+  get full() {
+    return this.#queue.length >= deliveryQueue;
+  }
+
+  /**
+   * Queues d whatever the bound (the WebSocket's frames, resets: the caller
+   * pauses its reading when full).
+   * @param {Delivery} d
+   */
+  enqueue(d) {
+    this.#queue.push(d);
+    this.#wake?.();
+  }
+
+  /**
+   * Queues d when there is room and drops it when there is none: the signals
+   * stay unacknowledged on the hub and come again (piggyback, drain and the
+   * replay on attach all start from the oldest unacknowledged signal).
+   * @param {Delivery} d
+   */
+  offer(d) {
+    if (this.full) {
+      this.#o.log.debug('marconi: delivery queue full; signals will come again', { signals: d.signals.length });
+      return;
+    }
+    this.enqueue(d);
+  }
+
+  /** Wakes the loop, so that it ends once the client is closing. */
+  wake() {
+    this.#wake?.();
+  }
+
+  /**
+   * The seq a drain asks for signals after: the highest one handed to
+   * onSignal, or 0 when that was under an earlier registration than epoch
+   * (a new registration numbers its signals afresh).
+   * @param {number} epoch
+   */
+  drainAfter(epoch) {
+    return this.#highestEpoch === epoch ? this.#highest : 0;
+  }
+
+  /** @returns {Promise<Delivery | null>} null once the client closes */
+  async #next() {
+    while (this.#queue.length === 0) {
+      if (this.#o.closing.aborted) return null;
+      await new Promise((r) => (this.#wake = () => r(undefined)));
+      this.#wake = null;
+    }
+    if (this.#o.closing.aborted) return null;
+    const d = /** @type {Delivery} */ (this.#queue.shift());
+    if (this.#queue.length < deliveryQueue / 2) this.#o.onRoom();
+    return d;
+  }
+
+  /**
+   * The one loop that calls onSignal and onAffinityReset, until the client
+   * closes. It acknowledges what it delivered after the handler returned: at
+   * once when no other delivery is queued, else at least every ackEvery
+   * deliveries.
+   */
+  async run() {
+    const seq = new Sequencer();
+    let unacked = 0;
+    for (let d = await this.#next(); d; d = await this.#next()) {
+      if (d.reset && d.epoch >= seq.epoch) await this.#callback('onAffinityReset', d.reset);
+      for (const s of d.signals) {
+        if (!seq.accept(d.epoch, s)) continue;
+        this.#highest = s.seq;
+        this.#highestEpoch = d.epoch;
+        await this.#callback('onSignal', s);
+      }
+      if (d.signals.length > 0 && d.epoch === seq.epoch) unacked++;
+      if (unacked > 0 && (this.#queue.length === 0 || unacked >= ackEvery)) {
+        await this.#o.ack(seq.epoch, seq.highest);
+        unacked = 0;
+      }
+    }
+  }
+
+  /**
+   * Calls a handler of the application; a throw is logged and the delivery
+   * counts as handled (a poison signal must not stop the session).
+   * @param {'onSignal' | 'onAffinityReset'} name
+   * @param {any} arg
+   */
+  async #callback(name, arg) {
+    const fn = this.#o.handlers[name];
+    if (!fn) return;
+    try {
+      await fn(arg);
+    } catch (err) {
+      this.#o.log.error(`marconi: ${name} threw`, { err: String(err) });
+    }
+  }
+}
+
+/**
+ * @param {any} s a signal as the hub sends it
+ * @returns {Signal}
+ */
+export function toSignal(s) {
+  return {
+    id: s.id,
+    seq: s.seq,
+    fromSession: s.from_session,
+    toSession: s.to_session,
+    kind: s.kind,
+    payload: s.payload,
+    createdAt: new Date(s.created_at),
+  };
+}
