@@ -139,7 +139,6 @@ const (
 	// maxWrongInstanceHops bounds how many 409 wrong_instance redirects one
 	// attach follows.
 	maxWrongInstanceHops = 3
-	welcomeTimeout       = 15 * time.Second
 	// drainTimeout bounds the drain before each redial: on a path that died
 	// silently it would otherwise wait for an answer that never comes.
 	drainTimeout        = 15 * time.Second
@@ -148,6 +147,10 @@ const (
 	defaultPingInterval = 20 * time.Second
 	defaultPingTimeout  = 10 * time.Second
 )
+
+// welcomeTimeout bounds an attach's upgrade request and, again, the wait for
+// its welcome. A variable so that tests can shorten it.
+var welcomeTimeout = 15 * time.Second
 
 // errClosed is returned by calls on a closed client.
 var errClosed = fmt.Errorf("bootstrap: client closed: %w", net.ErrClosed)

@@ -61,10 +61,14 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 	base, idx := c.hub()
 	for hop := 0; ; hop++ {
 		a := c.currentAuth()
-		conn, resp, err := websocket.Dial(ctx, base+"/v1/ws", &websocket.DialOptions{
+		// The upgrade is bounded as the welcome is: a request that lands on a
+		// pooled connection whose path died silently would wait forever.
+		dctx, cancel := context.WithTimeout(ctx, welcomeTimeout)
+		conn, resp, err := websocket.Dial(dctx, base+"/v1/ws", &websocket.DialOptions{
 			HTTPClient: c.http,
 			HTTPHeader: http.Header{"Authorization": {"Bearer " + a.token}},
 		})
+		cancel() // the connection outlives the dial's context
 		if err != nil {
 			if resp == nil || resp.StatusCode == http.StatusSwitchingProtocols {
 				if hop == 0 && ctx.Err() == nil {

@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -48,6 +49,7 @@ type fakeHub struct {
 	heartbeats    int
 	httpAcks      []int64
 	wsRefused     bool     // /v1/ws answers 503
+	wsStalled     bool     // /v1/ws never answers the upgrade
 	drainedAfter  []string // after_seq of each GET /v1/signals
 }
 
@@ -165,10 +167,14 @@ func (h *fakeHub) ws(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.mu.Lock()
-	refused := h.wsRefused
+	refused, stalled := h.wsRefused, h.wsStalled
 	h.mu.Unlock()
 	if refused {
 		hubError(w, 503, "draining")
+		return
+	}
+	if stalled { // as a path that died silently: the request goes nowhere
+		<-r.Context().Done()
 		return
 	}
 	conn, err := websocket.Accept(w, r, nil)
@@ -458,6 +464,21 @@ func TestFakeDrainAfterReregistrationStartsAtZero(t *testing.T) {
 		if after != "0" {
 			t.Fatalf("drains after the re-registration asked after_seq=%v, want 0 each time", h.drainedAfter)
 		}
+	}
+}
+
+// TestFakeStalledUpgradeIsBounded: an upgrade request that is never answered
+// (a pooled connection whose path died silently) fails after the attach
+// timeout instead of holding Dial, or a redial, forever.
+func TestFakeStalledUpgradeIsBounded(t *testing.T) {
+	h := newFakeHub(t)
+	defer h.close()
+	h.wsStalled = true
+	defer func(d time.Duration) { welcomeTimeout = d }(welcomeTimeout)
+	welcomeTimeout = 200 * time.Millisecond
+	_, err := Dial(context.Background(), Config{HubURL: h.srv.URL, APIKey: "key", Surface: "claude_code"})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Dial against an upgrade never answered = %v, want the attach timeout", err)
 	}
 }
 
