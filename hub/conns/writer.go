@@ -3,6 +3,7 @@ package conns
 import (
 	"context"
 	"encoding/json"
+	"runtime"
 
 	"github.com/coder/websocket"
 
@@ -14,17 +15,32 @@ const catchUpPage = 100
 
 // wake makes sure a writer runs while there is something to write: it
 // starts one unless one runs (that one sees what was queued before wake,
-// since it checks for work under c.mu before it stops).
-func (c *Conn) wake() {
+// since it checks for work under c.mu before it stops). It reports whether
+// it started one.
+func (c *Conn) wake() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.writing || c.ended {
-		return
+		return false
 	}
 	c.writing = true
 	c.wg.Add(1)
 	go c.writeRun()
+	return true
 }
+
+// pushFirst lets a writer that the calling goroutine has just started write
+// before the caller goes on. The runtime puts a new goroutine in its parent's
+// slot for the next run on the same processor, and another processor takes it
+// from there only after a pause (tens of µs): without the yield, a send's
+// push waited in 99.7 % of sends until its handler had answered the HTTP
+// request and blocked (docs/benchmarks.md, issue 10). With it, the handler
+// goes to the global run queue, where an idle processor picks it up at once,
+// and the push and the answer are written side by side. The caller never
+// waits on what the writer waits for: at worst it resumes once the writer
+// blocks or ends, and a write to a full socket (a slow consumer) or a store
+// read parks the writer, not the sender.
+func pushFirst() { runtime.Gosched() }
 
 // enqueue adds it to the outgoing queue unless the queue is full.
 func (c *Conn) enqueue(it queueItem) bool {
