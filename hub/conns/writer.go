@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"runtime"
+	"sync"
 
 	"github.com/coder/websocket"
 
@@ -213,8 +214,24 @@ func (c *Conn) closeKicked() error {
 	return errConnEnded
 }
 
+// frameBufs holds the buffers signal frames are encoded into: a push
+// allocates none. Buffers past maxPooledFrame (a large payload's) are left
+// to the GC rather than kept.
+var frameBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+const maxPooledFrame = 16 << 10
+
 func (c *Conn) writeSignal(ctx context.Context, sig sessionstore.Signal) error {
-	return c.writeJSON(ctx, signalFrame{Type: "signal", Signal: WireSignal(sig)})
+	bp := frameBufs.Get().(*[]byte)
+	b, err := appendSignalFrame((*bp)[:0], sig)
+	if err == nil {
+		err = c.write(ctx, b) // the library keeps nothing of b once it returns
+	}
+	if cap(b) <= maxPooledFrame {
+		*bp = b[:0]
+		frameBufs.Put(bp)
+	}
+	return err
 }
 
 func (c *Conn) writeJSON(ctx context.Context, v any) error {
