@@ -31,16 +31,12 @@ func (c *Conn) wake() bool {
 }
 
 // pushFirst lets a writer that the calling goroutine has just started write
-// before the caller goes on. The runtime puts a new goroutine in its parent's
-// slot for the next run on the same processor, and another processor takes it
-// from there only after a pause (tens of µs): without the yield, a send's
-// push waited in 99.7 % of sends until its handler had answered the HTTP
-// request and blocked (docs/benchmarks.md, issue 10). With it, the handler
-// goes to the global run queue, where an idle processor picks it up at once,
-// and the push and the answer are written side by side. The caller never
-// waits on what the writer waits for: at worst it resumes once the writer
-// blocks or ends, and a write to a full socket (a slow consumer) or a store
-// read parks the writer, not the sender.
+// first. A new goroutine waits in its parent's next-run slot until the parent
+// blocks (after the HTTP answer) or, after a pause, another processor steals
+// it; the yield puts the caller on the global run queue instead. The caller
+// never waits on what the writer waits for: a full socket (a slow consumer)
+// or a store read parks the writer, not the sender. Measured in
+// docs/benchmarks.md (issue 10, branch push).
 func pushFirst() { runtime.Gosched() }
 
 // enqueue adds it to the outgoing queue unless the queue is full.
