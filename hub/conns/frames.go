@@ -1,8 +1,11 @@
 package conns
 
 import (
+	"bytes"
 	"encoding/json"
+	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/marconihub/marconi/sessionstore"
 )
@@ -51,3 +54,83 @@ type errorFrame struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 }
+
+// appendSignalFrame appends sig's "signal" frame to dst: the bytes
+// json.Marshal makes of signalFrame, without its reflection and its copy.
+// It writes only what it can write byte for byte as json.Marshal would
+// (strings of plain printable ASCII, a payload that compacts without
+// anything to escape, a time json can encode) and hands anything else to
+// json.Marshal itself; frames_test.go holds the two to the same bytes.
+func appendSignalFrame(dst []byte, sig sessionstore.Signal) ([]byte, error) {
+	start := len(dst)
+	dst = append(dst, `{"type":"signal","id":`...)
+	ok := true
+	dst, ok = appendPlainString(dst, sig.ID, ok)
+	dst = append(dst, `,"seq":`...)
+	dst = strconv.AppendInt(dst, sig.Seq, 10)
+	dst = append(dst, `,"from_session":`...)
+	dst, ok = appendPlainString(dst, sig.FromSession, ok)
+	dst = append(dst, `,"to_session":`...)
+	dst, ok = appendPlainString(dst, sig.To.SessionID, ok)
+	dst = append(dst, `,"kind":`...)
+	dst, ok = appendPlainString(dst, sig.Kind, ok)
+	dst = append(dst, `,"payload":`...)
+	if ok {
+		dst, ok = appendPlainJSON(dst, sig.Payload)
+	}
+	if ok {
+		dst = append(dst, `,"created_at":"`...)
+		if t, err := sig.CreatedAt.UTC().AppendText(dst); err == nil {
+			dst = append(t, `"}`...)
+		} else {
+			ok = false // a year json cannot write: json.Marshal says so
+		}
+	}
+	if ok {
+		return dst, nil
+	}
+	b, err := json.Marshal(signalFrame{Type: "signal", Signal: WireSignal(sig)})
+	return append(dst[:start], b...), err
+}
+
+// appendPlainString appends s quoted when json.Marshal would write it
+// unescaped (printable ASCII without '"', '\\', '<', '>' or '&'); ok
+// reports whether it did (and stays false once false).
+func appendPlainString(dst []byte, s string, ok bool) ([]byte, bool) {
+	if !ok {
+		return dst, false
+	}
+	for i := 0; i < len(s); i++ {
+		if b := s[i]; b < 0x20 || b >= utf8.RuneSelf || b == '"' || b == '\\' || b == '<' || b == '>' || b == '&' {
+			return dst, false
+		}
+	}
+	dst = append(dst, '"')
+	dst = append(dst, s...)
+	return append(dst, '"'), true
+}
+
+// appendPlainJSON appends raw compacted when json.Marshal would write it so
+// (valid JSON with nothing json escapes for HTML: '<', '>', '&', U+2028,
+// U+2029); ok reports whether it did. A nil raw is "null", as json.Marshal
+// writes it.
+func appendPlainJSON(dst []byte, raw json.RawMessage) ([]byte, bool) {
+	if raw == nil {
+		return append(dst, "null"...), true
+	}
+	buf := bytes.NewBuffer(dst)
+	if err := json.Compact(buf, raw); err != nil {
+		return dst, false
+	}
+	out := buf.Bytes()
+	added := out[len(dst):]
+	if bytes.ContainsAny(added, "<>&") || bytes.Contains(added, lineSep) || bytes.Contains(added, paraSep) {
+		return dst, false
+	}
+	return out, true
+}
+
+var (
+	lineSep = []byte("\u2028")
+	paraSep = []byte("\u2029")
+)

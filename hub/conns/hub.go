@@ -250,20 +250,20 @@ func (h *Hub) reconcile(c *Conn, sess sessionstore.Session) {
 
 // offer puts an item on c's queue without blocking. A full queue means a
 // slow consumer: its connection is closed with 4429; the signals stay in the
-// store and are replayed on the next attach.
-func (h *Hub) offer(c *Conn, it queueItem) bool {
+// store and are replayed on the next attach. It reports whether c took the
+// item (or was closed for it), and whether a writer was started for it.
+func (h *Hub) offer(c *Conn, it queueItem) (taken, started bool) {
 	if c == nil || c.closing() {
 		// A closing connection writes nothing more: the signal waits in the
 		// store for the next attach, like any offline one (no drop).
-		return false
+		return false, false
 	}
 	if c.enqueue(it) {
-		c.wake()
-		return true
+		return true, c.wake()
 	}
 	h.metrics.queueDrops.WithLabelValues("slow_consumer").Inc()
 	c.kick(DisconnectSlowConsumer)
-	return true
+	return true, false
 }
 
 // Route implements signals.Router: a queue in the local registry is attached
@@ -287,12 +287,17 @@ func (h *Hub) Route(ctx context.Context, sess sessionstore.Session) signals.Rout
 }
 
 // Deliver implements signals.Router. A local connection that to (the store
-// row) shows superseded is closed on the way.
+// row) shows superseded is closed on the way. When it starts the
+// connection's writer, it lets that writer run before the caller goes on
+// (see pushFirst).
 func (h *Hub) Deliver(ctx context.Context, to sessionstore.Session, sig sessionstore.Signal) {
 	if c := h.registry.get(to.Key); c != nil {
 		h.reconcile(c, to)
 	}
-	if h.offer(h.queueOf(to), queueItem{sig: &sig}) {
+	if taken, started := h.offer(h.queueOf(to), queueItem{sig: &sig}); taken {
+		if started {
+			pushFirst()
+		}
 		return
 	}
 	if to.QueueInstance != "" && to.QueueInstance != h.cfg.InstanceID {

@@ -3,6 +3,8 @@ package conns
 import (
 	"context"
 	"encoding/json"
+	"runtime"
+	"sync"
 
 	"github.com/coder/websocket"
 
@@ -14,17 +16,28 @@ const catchUpPage = 100
 
 // wake makes sure a writer runs while there is something to write: it
 // starts one unless one runs (that one sees what was queued before wake,
-// since it checks for work under c.mu before it stops).
-func (c *Conn) wake() {
+// since it checks for work under c.mu before it stops). It reports whether
+// it started one.
+func (c *Conn) wake() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.writing || c.ended {
-		return
+		return false
 	}
 	c.writing = true
 	c.wg.Add(1)
 	go c.writeRun()
+	return true
 }
+
+// pushFirst lets a writer that the calling goroutine has just started write
+// first. A new goroutine waits in its parent's next-run slot until the parent
+// blocks (after the HTTP answer) or, after a pause, another processor steals
+// it; the yield puts the caller on the global run queue instead. The caller
+// never waits on what the writer waits for: a full socket (a slow consumer)
+// or a store read parks the writer, not the sender. Measured in
+// docs/benchmarks.md (issue 10, branch push).
+func pushFirst() { runtime.Gosched() }
 
 // enqueue adds it to the outgoing queue unless the queue is full.
 func (c *Conn) enqueue(it queueItem) bool {
@@ -197,8 +210,24 @@ func (c *Conn) closeKicked() error {
 	return errConnEnded
 }
 
+// frameBufs holds the buffers signal frames are encoded into: a push
+// allocates none. Buffers past maxPooledFrame (a large payload's) are left
+// to the GC rather than kept.
+var frameBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+const maxPooledFrame = 16 << 10
+
 func (c *Conn) writeSignal(ctx context.Context, sig sessionstore.Signal) error {
-	return c.writeJSON(ctx, signalFrame{Type: "signal", Signal: WireSignal(sig)})
+	bp := frameBufs.Get().(*[]byte)
+	b, err := appendSignalFrame((*bp)[:0], sig)
+	if err == nil {
+		err = c.write(ctx, b) // the library keeps nothing of b once it returns
+	}
+	if cap(b) <= maxPooledFrame {
+		*bp = b[:0]
+		frameBufs.Put(bp)
+	}
+	return err
 }
 
 func (c *Conn) writeJSON(ctx context.Context, v any) error {
