@@ -104,6 +104,9 @@ type Config struct {
 	// history the dashboard reads (GET /v1/ops/selfheal/history); the
 	// history keeps the last 20.
 	SelfhealHistoryBucket time.Duration
+	// Pprof is MARCONI_PPROF (off): serve Go's runtime profiles under
+	// /debug/pprof/ to a request carrying the admin token.
+	Pprof bool
 }
 
 // Retention is how long the store keeps what is done with.
@@ -446,6 +449,11 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	ops.POST("/sessions/:tenant/:project/:session/disconnect", s.opsDisconnect)
 	ops.DELETE("/sessions/:tenant/:project/:session", s.opsDeregister)
 	ops.GET("/selfheal/history", s.opsSelfhealHistory)
+
+	if s.cfg.Pprof {
+		dbg := e.Group("/debug/pprof", s.adminAuth)
+		dbg.GET("/*", echo.WrapHandler(http.HandlerFunc(servePprof)))
+	}
 
 	// The operator dashboard: static files, no credential (the page asks for
 	// the admin token and sends it on its own /v1/ops calls).

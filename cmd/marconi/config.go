@@ -264,6 +264,11 @@ func settings(c *Config) []setting {
 			c.Hub.AdminToken = v
 			return nil
 		}},
+		{"MARCONI_PPROF", "off", "serve Go's runtime profiles (CPU, heap, goroutines, trace) under /debug/pprof/ to the admin token: on or off", func(c *Config, v string) error {
+			b, err := parseBool(v)
+			c.Hub.Pprof = b
+			return err
+		}},
 		{"MARCONI_DEV_CREDENTIALS_FILE", "", "where development mode keeps its generated API key and admin token under Postgres (default: $XDG_STATE_HOME/marconi/dev-credentials)", nil},
 		{"MARCONI_MAX_PAYLOAD_BYTES", strconv.Itoa(signals.DefaultMaxPayloadBytes), "largest encoded payload of one signal", positiveInt(&h.MaxPayloadBytes)},
 		{"MARCONI_WS_PING_SECONDS", secs(hub.DefaultWSPingInterval), "WebSocket ping interval; a pong later than one more interval drops the peer", seconds(&h.WSPingInterval)},
