@@ -194,7 +194,7 @@ func (s *Server) retryRegistration(c echo.Context, k sessionstore.Key, keyHash [
 	sess, err := s.store.RetryRegistration(c.Request().Context(), k, keyHash, since, hashSecret(token),
 		sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)
 	switch {
-	case errors.Is(err, sessionstore.ErrNotFound), errors.Is(err, sessionstore.ErrTokenMismatch):
+	case errors.Is(err, sessionstore.ErrNotFound):
 		return false, nil
 	case err != nil:
 		return true, err

@@ -219,11 +219,11 @@ type Store interface {
 	ResumeSession(ctx context.Context, k Key, oldHash, newHash []byte, t Touch, now time.Time) (Session, error)
 	// RetryRegistration answers the retry of a registration whose answer was
 	// lost: it swaps the token hash of the live session k to newHash and
-	// applies t, when the session's RegistrationKeyHash is keyHash and it
-	// was registered at or after since. Returns ErrNotFound when no live
-	// session has the key, ErrTokenMismatch when its registration key is
-	// absent or another, or it was registered before since; ErrConflict
-	// when newHash is another session's.
+	// applies t, when the session's RegistrationKeyHash is keyHash (not
+	// empty) and it was registered at or after since. Returns ErrNotFound
+	// otherwise (no live session, no key or another, registered before
+	// since, resumed since): one lookup either way, since a registration
+	// tries it before creating. ErrConflict when newHash is another session's.
 	RetryRegistration(ctx context.Context, k Key, keyHash []byte, since time.Time, newHash []byte, t Touch, now time.Time) (Session, error)
 	// SessionByToken returns the live session whose token hash is h.
 	// Returns ErrNotFound when none.

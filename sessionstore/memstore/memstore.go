@@ -337,7 +337,7 @@ func (m *Store) RetryRegistration(ctx context.Context, k sessionstore.Key, keyHa
 		return sessionstore.Session{}, err
 	}
 	if len(keyHash) == 0 || !bytes.Equal(s.s.RegistrationKeyHash, keyHash) || s.s.RegisteredAt.Before(since) {
-		return sessionstore.Session{}, fmt.Errorf("memstore: retry registration %v: %w", k, sessionstore.ErrTokenMismatch)
+		return sessionstore.Session{}, fmt.Errorf("memstore: retry registration %v: %w", k, sessionstore.ErrNotFound)
 	}
 	if err := m.swapToken(s, newHash, t); err != nil {
 		return sessionstore.Session{}, err

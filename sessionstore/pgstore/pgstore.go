@@ -250,7 +250,15 @@ func (s *Store) ResumeSession(ctx context.Context, k sessionstore.Key, oldHash, 
 			return sessionstore.ErrTokenMismatch
 		}
 		var err error
-		out, err = swapToken(ctx, tx, k, newHash, t, true)
+		out, err = scanSession(tx.QueryRow(ctx, `UPDATE sessions SET
+				token_hash   = $4,
+				last_seen_at = GREATEST(last_seen_at, $5::timestamptz),
+				last_verb_at = GREATEST(last_verb_at, $6::timestamptz),
+				expires_at   = GREATEST(expires_at, $7::timestamptz),
+				registration_key_hash = NULL -- the token is the resume's now
+			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
+			RETURNING `+sessionCols,
+			k.TenantID, k.ProjectID, k.SessionID, newHash, toNull(t.SeenAt), toNull(t.VerbAt), toNull(t.ExpiresAt)))
 		return err
 	})
 	if err != nil {
@@ -259,49 +267,31 @@ func (s *Store) ResumeSession(ctx context.Context, k sessionstore.Key, oldHash, 
 	return out, nil
 }
 
-// RetryRegistration implements sessionstore.Store.
+// RetryRegistration implements sessionstore.Store. One statement: a
+// registration tries it before creating, so a miss must cost one lookup.
 func (s *Store) RetryRegistration(ctx context.Context, k sessionstore.Key, keyHash []byte, since time.Time, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error) {
+	if len(keyHash) == 0 {
+		return sessionstore.Session{}, fmt.Errorf("pgstore: retry registration without a key: %w", sessionstore.ErrNotFound)
+	}
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
 	if err != nil {
 		return sessionstore.Session{}, wrap("retry registration", err)
 	}
-	var out sessionstore.Session
-	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		var (
-			current    []byte
-			registered time.Time
-		)
-		if err := tx.QueryRow(ctx, `SELECT registration_key_hash, registered_at FROM sessions
-			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $4
-			FOR UPDATE`, k.TenantID, k.ProjectID, k.SessionID, now).Scan(&current, &registered); err != nil {
-			return err
-		}
-		if len(keyHash) == 0 || string(current) != string(keyHash) || registered.Before(since) {
-			return sessionstore.ErrTokenMismatch
-		}
-		var err error
-		out, err = swapToken(ctx, tx, k, newHash, t, false)
-		return err
-	})
+	out, err := scanSession(s.pool.QueryRow(ctx, `UPDATE sessions SET
+			token_hash   = $4,
+			last_seen_at = GREATEST(last_seen_at, $5::timestamptz),
+			last_verb_at = GREATEST(last_verb_at, $6::timestamptz),
+			expires_at   = GREATEST(expires_at, $7::timestamptz)
+		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $8
+			AND registration_key_hash = $9 AND registered_at >= $10
+		RETURNING `+sessionCols,
+		k.TenantID, k.ProjectID, k.SessionID, newHash, toNull(t.SeenAt), toNull(t.VerbAt), toNull(t.ExpiresAt),
+		now, keyHash, since))
 	if err != nil {
 		return sessionstore.Session{}, wrap("retry registration", err)
 	}
 	return out, nil
-}
-
-// swapToken sets the token hash of session k, the row locked by the
-// caller, applies t, and with clearKey forgets its registration key.
-func swapToken(ctx context.Context, tx pgx.Tx, k sessionstore.Key, newHash []byte, t sessionstore.Touch, clearKey bool) (sessionstore.Session, error) {
-	return scanSession(tx.QueryRow(ctx, `UPDATE sessions SET
-			token_hash   = $4,
-			last_seen_at = GREATEST(last_seen_at, $5::timestamptz),
-			last_verb_at = GREATEST(last_verb_at, $6::timestamptz),
-			expires_at   = GREATEST(expires_at, $7::timestamptz),
-			registration_key_hash = CASE WHEN $8 THEN NULL ELSE registration_key_hash END
-		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
-		RETURNING `+sessionCols,
-		k.TenantID, k.ProjectID, k.SessionID, newHash, toNull(t.SeenAt), toNull(t.VerbAt), toNull(t.ExpiresAt), clearKey))
 }
 
 // SessionByToken implements sessionstore.Store.

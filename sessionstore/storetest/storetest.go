@@ -60,7 +60,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"ResumeSession/unknown or expired is ErrNotFound", testResumeNotFound},
 		{"ResumeSession/forgets the registration key", testResumeForgetsRegistrationKey},
 		{"RetryRegistration/same key swaps the token, again and again", testRetryRegistrationSwap},
-		{"RetryRegistration/another, no or too old a key is ErrTokenMismatch and changes nothing", testRetryRegistrationMismatch},
+		{"RetryRegistration/another, no or too old a key is ErrNotFound and changes nothing", testRetryRegistrationMismatch},
 		{"RetryRegistration/unknown, expired or another tenant's is ErrNotFound", testRetryRegistrationNotFound},
 		{"Expired sessions are invisible to reads and touches", testExpiredInvisible},
 		{"TouchSession/never moves a time backwards and extends expiry", testTouch},
@@ -555,7 +555,7 @@ func testResumeForgetsRegistrationKey(t *testing.T, s sessionstore.Store) {
 	wantSession(t, "ResumeSession result", got, want)
 	// The token is the resume's now: the registration's key no longer retries.
 	_, err = s.RetryRegistration(ctx, k, hash("reg"), t0, hash("h3"), sessionstore.Touch{}, t0)
-	wantErr(t, "RetryRegistration after a resume", err, sessionstore.ErrTokenMismatch)
+	wantErr(t, "RetryRegistration after a resume", err, sessionstore.ErrNotFound)
 }
 
 func testRetryRegistrationSwap(t *testing.T, s sessionstore.Store) {
@@ -601,13 +601,13 @@ func testRetryRegistrationMismatch(t *testing.T, s sessionstore.Store) {
 	touch := sessionstore.Touch{VerbAt: now, ExpiresAt: at(3 * time.Hour)}
 
 	_, err := s.RetryRegistration(ctx, k, hash("other"), t0, hash("h2"), touch, now)
-	wantErr(t, "RetryRegistration with another key", err, sessionstore.ErrTokenMismatch)
+	wantErr(t, "RetryRegistration with another key", err, sessionstore.ErrNotFound)
 	_, err = s.RetryRegistration(ctx, k, nil, t0, hash("h2"), touch, now)
-	wantErr(t, "RetryRegistration with no key", err, sessionstore.ErrTokenMismatch)
+	wantErr(t, "RetryRegistration with no key", err, sessionstore.ErrNotFound)
 	_, err = s.RetryRegistration(ctx, k, hash("reg"), t0.Add(time.Second), hash("h2"), touch, now)
-	wantErr(t, "RetryRegistration of a registration before since", err, sessionstore.ErrTokenMismatch)
+	wantErr(t, "RetryRegistration of a registration before since", err, sessionstore.ErrNotFound)
 	_, err = s.RetryRegistration(ctx, unkeyed, nil, t0, hash("b2"), touch, now)
-	wantErr(t, "RetryRegistration of a session registered without a key", err, sessionstore.ErrTokenMismatch)
+	wantErr(t, "RetryRegistration of a session registered without a key", err, sessionstore.ErrNotFound)
 
 	got, err := s.GetSession(ctx, k, now)
 	noErr(t, "GetSession", err)
