@@ -72,7 +72,9 @@ type Config struct {
 	// lost (connection failed) or the hub answers 502, 503 or 504; every
 	// attempt carries the same idempotency key, so the hub stores the signal
 	// once. Default 4; 1 never retries. The waits between attempts follow
-	// the reconnect backoff; ctx bounds them all.
+	// the reconnect backoff; ctx bounds them all. A registration is retried
+	// the same way, with an Idempotency-Key of its own, so that one whose
+	// answer was lost is answered with a new token instead of 403.
 	SendAttempts int
 
 	// HTTPClient, when set, carries every HTTP call and WebSocket dial of the
@@ -104,6 +106,9 @@ type Client struct {
 	deliveries chan delivery // to the dispatcher; bounded
 	heal       chan struct{} // cap 1: wakes the supervisor for a self-heal reconnect
 	regMu      sync.Mutex    // serializes (re)registrations
+	// regKey is the Idempotency-Key of the registration under way, reused by
+	// its retries and cleared once one is answered; guarded by regMu.
+	regKey string
 
 	mu        sync.Mutex
 	sessionID string

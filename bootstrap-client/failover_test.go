@@ -64,39 +64,56 @@ func TestDialSkipsDeadURL(t *testing.T) {
 	_ = c.Close()
 }
 
-// lossyProxy forwards to a hub and, for the first n sends, drops the answer
-// after the hub has acted on the request: the client sees a dead connection.
+// lossyProxy forwards to a hub and, for the first n POSTs to its path (the
+// sends, unless newLossyPathProxy says otherwise), drops the answer after the
+// hub has acted on the request: the client sees a dead connection.
 type lossyProxy struct {
-	rp    *httputil.ReverseProxy
-	drop  atomic.Int64
-	mu    sync.Mutex
-	keys  []string
-	sends atomic.Int64
+	URL  string
+	path string
+	rp   *httputil.ReverseProxy
+	drop atomic.Int64
+	mu   sync.Mutex
+	keys []string // Idempotency-Key headers of the requests whose answer was dropped
 }
 
-func newLossyProxy(t *testing.T, target string, drop int64) *httptest.Server {
+func newLossyProxy(t *testing.T, target string, drop int64) *lossyProxy {
+	return newLossyPathProxy(t, target, "/v1/signals", drop)
+}
+
+func newLossyPathProxy(t *testing.T, target, path string, drop int64) *lossyProxy {
 	u, err := url.Parse(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &lossyProxy{rp: httputil.NewSingleHostReverseProxy(u)}
+	p := &lossyProxy{path: path, rp: httputil.NewSingleHostReverseProxy(u)}
 	p.drop.Store(drop)
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
-	return srv
+	p.URL = srv.URL
+	return p
 }
 
 func (p *lossyProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost || r.URL.Path != "/v1/signals" || p.drop.Add(-1) < 0 {
+	if r.Method != http.MethodPost || r.URL.Path != p.path || p.drop.Add(-1) < 0 {
 		p.rp.ServeHTTP(w, r)
 		return
 	}
+	p.mu.Lock()
+	p.keys = append(p.keys, r.Header.Get("Idempotency-Key"))
+	p.mu.Unlock()
 	rec := httptest.NewRecorder()
-	p.rp.ServeHTTP(rec, r) // the hub stores the signal ...
+	p.rp.ServeHTTP(rec, r) // the hub acts on the request ...
 	conn, _, err := http.NewResponseController(w).Hijack()
 	if err == nil {
 		_ = conn.Close() // ... and the answer is lost
 	}
+}
+
+// droppedKeys returns the Idempotency-Key of every request whose answer was dropped.
+func (p *lossyProxy) droppedKeys() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.keys)
 }
 
 // A send whose answer is lost is sent again with the same idempotency key:

@@ -194,24 +194,50 @@ func (c *Client) reregister(ctx context.Context, stale string) error {
 	return nil
 }
 
+// postRegister makes one registration. Its attempts carry one
+// Idempotency-Key, kept until a registration is answered (adopt), and when an
+// answer is lost or the hub answers 502, 503 or 504 it registers again with
+// it, through the next hub URL, up to Config.SendAttempts times: the hub
+// answers a retry of a registration it made with a new token. The caller
+// holds regMu.
 func (c *Client) postRegister(ctx context.Context, id, token string) (registerResponse, int, error) {
-	var h http.Header
+	if c.regKey == "" {
+		c.regKey = newIdempotencyKey()
+	}
+	h := http.Header{"Idempotency-Key": {c.regKey}}
 	if token != "" {
-		h = http.Header{"X-Marconi-Session-Token": {token}}
+		h.Set("X-Marconi-Session-Token", token)
 	}
 	req := registerRequest{SessionID: id, Surface: c.cfg.Surface, RuntimeMode: c.cfg.RuntimeMode, ClientID: c.cfg.ClientID}
-	var res registerResponse
-	status, err := c.do(ctx, http.MethodPost, "/v1/sessions", c.cfg.APIKey, h, req, &res)
-	if err == nil && res.Token == "" {
-		err = fmt.Errorf("bootstrap: register answered %d without a token", status)
+	for attempt := 0; ; attempt++ {
+		var res registerResponse
+		status, err := c.do(ctx, http.MethodPost, "/v1/sessions", c.cfg.APIKey, h, req, &res)
+		if err == nil && res.Token == "" {
+			err = fmt.Errorf("bootstrap: register answered %d without a token", status)
+		}
+		if err == nil || attempt+1 >= c.cfg.SendAttempts || !unavailable(err) {
+			return res, status, err
+		}
+		c.log.Info("marconi: registration got no answer; registering again with the same idempotency key",
+			"session_id", id, "attempt", attempt+1, "err", err)
+		t := time.NewTimer(c.backoff.delay(attempt))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return registerResponse{}, 0, errors.Join(err, ctx.Err())
+		case <-c.ctx.Done():
+			t.Stop()
+			return registerResponse{}, 0, errClosed
+		case <-t.C:
+		}
 	}
-	return res, status, err
 }
 
 // adopt takes a registration answer as the client's current session. A new
 // registration (created) starts a new epoch: the hub numbers its signals
-// afresh.
+// afresh. The caller holds regMu.
 func (c *Client) adopt(res registerResponse, created bool) {
+	c.regKey = "" // answered: the next registration is another one
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sessionID = res.SessionID

@@ -17,7 +17,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		}),
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "marconi_registrations_total",
-			Help: "Session registrations by result (created, resumed).",
+			Help: "Session registrations by result (created, resumed, retried).",
 		}, []string{"result"}),
 		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "marconi_pruned_total",
@@ -33,5 +33,6 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 	}
 	m.registrations.WithLabelValues("created")
 	m.registrations.WithLabelValues("resumed")
+	m.registrations.WithLabelValues("retried")
 	return m, nil
 }

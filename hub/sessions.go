@@ -47,6 +47,11 @@ type sessionResponse struct {
 
 var clientIDRe = regexp.MustCompile(`^[\x21-\x7e]{1,128}$`)
 
+// headerIdempotencyKey names the registration's optional idempotency key: a
+// retry of a registration whose answer was lost presents the same key and is
+// answered with a new token instead of 403 (docs/api.md).
+const headerIdempotencyKey = "Idempotency-Key"
+
 // register is POST /v1/sessions: create, or resume with the current token.
 func (s *Server) register(c echo.Context) error {
 	if s.Draining() {
@@ -80,9 +85,19 @@ func (s *Server) register(c echo.Context) error {
 			return marconi.Errorf(marconi.CodeInvalidRuntimeMode, "runtime_mode %q is unknown; use stateless or sticky", req.RuntimeMode)
 		}
 	}
+	regKey := c.Request().Header.Get(headerIdempotencyKey)
+	if !signals.ValidText(regKey, signals.MaxIdempotencyKeyBytes) {
+		return marconi.Errorf(marconi.CodeInvalidField, "%s must be UTF-8 text of at most %d bytes without control characters",
+			headerIdempotencyKey, signals.MaxIdempotencyKeyBytes)
+	}
+	var regKeyHash []byte
+	if regKey != "" {
+		regKeyHash = hashSecret(regKey)
+	}
 	ctx := c.Request().Context()
 	now := s.now()
 	token := NewSecret(prefixSessionToken)
+	gone := false // the resume found no live session: nothing to retry
 
 	if old := c.Request().Header.Get("X-Marconi-Session-Token"); old != "" && req.SessionID != "" {
 		k := sessionstore.Key{TenantID: owner.TenantID, ProjectID: owner.ProjectID, SessionID: req.SessionID}
@@ -95,11 +110,22 @@ func (s *Server) register(c echo.Context) error {
 			s.log.Info("session resumed", keyAttrs(sess.Key), "surface", sess.Surface, "runtime_mode", sess.RuntimeMode)
 			return c.JSON(http.StatusOK, s.sessionResponse(sess, token))
 		case errors.Is(err, sessionstore.ErrTokenMismatch):
+			if done, err := s.retryRegistration(c, k, regKeyHash, token, now); done {
+				return err
+			}
 			return marconi.Errorf(marconi.CodeForbidden, "session %q is live and this is not its current token", req.SessionID)
 		case !errors.Is(err, sessionstore.ErrNotFound):
 			return err
 		}
 		// Expired or deleted: the id is free again; register anew.
+		gone = true
+	}
+	if req.SessionID != "" && !gone {
+		// Before the quota: the session of a lost answer is already counted.
+		k := sessionstore.Key{TenantID: owner.TenantID, ProjectID: owner.ProjectID, SessionID: req.SessionID}
+		if done, err := s.retryRegistration(c, k, regKeyHash, token, now); done {
+			return err
+		}
 	}
 
 	id := req.SessionID
@@ -114,8 +140,10 @@ func (s *Server) register(c echo.Context) error {
 		RuntimeModeSource: string(source),
 		ClientID:          req.ClientID,
 		TokenHash:         hashSecret(token),
-		RegisteredAt:      now,
-		ExpiresAt:         now.Add(s.cfg.SessionTTL),
+		// The key's hash, never the key: it is a secret that can mint a token.
+		RegistrationKeyHash: regKeyHash,
+		RegisteredAt:        now,
+		ExpiresAt:           now.Add(s.cfg.SessionTTL),
 	}
 	// Count and create under the project's lock, so that this instance's
 	// concurrent registrations cannot pass the quota together.
@@ -148,6 +176,33 @@ func (s *Server) register(c echo.Context) error {
 	s.log.Info("session registered", keyAttrs(sess.Key), "surface", sess.Surface, "runtime_mode", sess.RuntimeMode,
 		"runtime_mode_source", sess.RuntimeModeSource, "assigned_instance", sess.AssignedInstance)
 	return c.JSON(http.StatusCreated, s.sessionResponse(sess, token))
+}
+
+// retryRegistration answers a registration of the live session k that
+// carries the Idempotency-Key of the registration that made its current
+// token, within the idempotency window: the retry of a registration whose
+// answer was lost. The lost token was never seen and is stored only hashed,
+// so it cannot be sent again: the session gets token instead, the lost one
+// stops working, and the answer is the registration's (201). done is false,
+// and nothing changed, when this is not such a retry (no key, another key,
+// too old, no live session).
+func (s *Server) retryRegistration(c echo.Context, k sessionstore.Key, keyHash []byte, token string, now time.Time) (done bool, err error) {
+	if keyHash == nil {
+		return false, nil
+	}
+	since := now.Add(-s.signals.Config().IdempotencyWindow)
+	sess, err := s.store.RetryRegistration(c.Request().Context(), k, keyHash, since, hashSecret(token),
+		sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)
+	switch {
+	case errors.Is(err, sessionstore.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return true, err
+	}
+	s.metrics.registrations.WithLabelValues("retried").Inc()
+	s.log.Info("session registration retried after a lost answer", keyAttrs(sess.Key), "surface", sess.Surface,
+		"runtime_mode", sess.RuntimeMode)
+	return true, c.JSON(http.StatusCreated, s.sessionResponse(sess, token))
 }
 
 func (s *Server) sessionResponse(sess sessionstore.Session, token string) sessionResponse {

@@ -22,11 +22,16 @@ type Session struct {
 	RuntimeModeSource string // a fabric.ModeSource
 	ClientID          string
 	// TokenHash is the SHA-256 of the session token; the token itself is never stored.
-	TokenHash    []byte
-	RegisteredAt time.Time
-	LastSeenAt   time.Time // heartbeats and WebSocket activity; zero when never seen
-	LastVerbAt   time.Time // any authenticated session call; zero when none yet
-	ExpiresAt    time.Time
+	TokenHash []byte
+	// RegistrationKeyHash is the SHA-256 of the Idempotency-Key of the
+	// registration that created the session and made its current token;
+	// nil when it had none, and cleared by a resume (the resume made the
+	// token). RetryRegistration matches it.
+	RegistrationKeyHash []byte
+	RegisteredAt        time.Time
+	LastSeenAt          time.Time // heartbeats and WebSocket activity; zero when never seen
+	LastVerbAt          time.Time // any authenticated session call; zero when none yet
+	ExpiresAt           time.Time
 	// AssignedInstance is the instance a sticky session is placed on; empty for stateless.
 	AssignedInstance string
 	// QueueInstance is the instance holding the session's WebSocket queue; empty when none.
@@ -209,7 +214,17 @@ type Store interface {
 	// ResumeSession swaps the token hash of a live session from oldHash to
 	// newHash and applies t. Returns ErrNotFound when no live session has the
 	// key, ErrTokenMismatch when oldHash is not its current hash.
+	// A resume clears RegistrationKeyHash: the token is no longer the one
+	// that registration made.
 	ResumeSession(ctx context.Context, k Key, oldHash, newHash []byte, t Touch, now time.Time) (Session, error)
+	// RetryRegistration answers the retry of a registration whose answer was
+	// lost: it swaps the token hash of the live session k to newHash and
+	// applies t, when the session's RegistrationKeyHash is keyHash (not
+	// empty) and it was registered at or after since. Returns ErrNotFound
+	// otherwise (no live session, no key or another, registered before
+	// since, resumed since): one lookup either way, since a registration
+	// tries it before creating. ErrConflict when newHash is another session's.
+	RetryRegistration(ctx context.Context, k Key, keyHash []byte, since time.Time, newHash []byte, t Touch, now time.Time) (Session, error)
 	// SessionByToken returns the live session whose token hash is h.
 	// Returns ErrNotFound when none.
 	SessionByToken(ctx context.Context, h []byte, now time.Time) (Session, error)

@@ -50,7 +50,7 @@ export interface Config {
   reconnectMaxDelayMs?: number;
   /** Bound on each HTTP call to the hub. Default 30000. */
   requestTimeoutMs?: number;
-  /** How many times one send is made when it gets no answer or a 502/503/504, always with the same idempotency key. Default 4; 1 never retries. */
+  /** How many times one send, or one registration, is made when it gets no answer or a 502/503/504, always with the same idempotency key (a registration's is its own, sent as the Idempotency-Key header). Default 4; 1 never retries. */
   sendAttempts?: number;
   /**
    * How often the client pings the hub on its WebSocket, to find a path that

@@ -404,9 +404,17 @@ func TestOpenAPIContract(t *testing.T) {
 		map[string]any{"session_id": "bob", "surface": "headless_cc"}, "X-Marconi-Session-Token", token(bob))
 	bob = resumed
 	register(a, "", "claude_code", nil) // the hub names it
+	// A registration whose answer was lost, retried with its Idempotency-Key.
+	c.want(http.StatusCreated, "", "POST", a.URL+"/v1/sessions", apiKey,
+		map[string]any{"session_id": "heidi", "surface": "claude_code"}, "Idempotency-Key", "reg-heidi")
+	c.want(http.StatusCreated, "", "POST", a.URL+"/v1/sessions", apiKey,
+		map[string]any{"session_id": "heidi", "surface": "claude_code"}, "Idempotency-Key", "reg-heidi")
 
 	// Registration errors.
 	c.want(http.StatusForbidden, "forbidden", "POST", a.URL+"/v1/sessions", apiKey, map[string]any{"session_id": "alice", "surface": "claude_code"})
+	c.want(http.StatusForbidden, "forbidden", "POST", a.URL+"/v1/sessions", apiKey, map[string]any{"session_id": "heidi", "surface": "claude_code"}, "Idempotency-Key", "reg-other")
+	c.wantBad(http.StatusBadRequest, "invalid_field", "POST", a.URL+"/v1/sessions", apiKey,
+		map[string]any{"session_id": "grace", "surface": "codex"}, "Idempotency-Key", strings.Repeat("k", 257))
 	c.wantBad(http.StatusBadRequest, "invalid_json", "POST", a.URL+"/v1/sessions", apiKey, `{"surface": "claude_code"} trailing`)
 	c.wantBad(http.StatusBadRequest, "invalid_surface", "POST", a.URL+"/v1/sessions", apiKey, map[string]any{"surface": "console_"})
 	c.wantBad(http.StatusBadRequest, "invalid_field", "POST", a.URL+"/v1/sessions", apiKey, map[string]any{"surface": 7})

@@ -30,6 +30,13 @@ func (b *Store) ResumeSession(ctx context.Context, k sessionstore.Key, oldHash, 
 	})
 }
 
+// RetryRegistration implements sessionstore.Store.
+func (b *Store) RetryRegistration(ctx context.Context, k sessionstore.Key, keyHash []byte, since time.Time, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error) {
+	return guard(b, ctx, func() (sessionstore.Session, error) {
+		return b.inner.RetryRegistration(ctx, k, keyHash, since, newHash, t, now)
+	})
+}
+
 // SessionByToken implements sessionstore.Store.
 func (b *Store) SessionByToken(ctx context.Context, h []byte, now time.Time) (sessionstore.Session, error) {
 	return guard(b, ctx, func() (sessionstore.Session, error) { return b.inner.SessionByToken(ctx, h, now) })

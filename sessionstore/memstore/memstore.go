@@ -151,6 +151,7 @@ func live(s *session, now time.Time) bool { return !s.s.ExpiresAt.Before(now) }
 
 func cloneSession(s sessionstore.Session) sessionstore.Session {
 	s.TokenHash = bytes.Clone(s.TokenHash)
+	s.RegistrationKeyHash = bytes.Clone(s.RegistrationKeyHash)
 	return s
 }
 
@@ -318,14 +319,43 @@ func (m *Store) ResumeSession(ctx context.Context, k sessionstore.Key, oldHash, 
 	if !bytes.Equal(s.s.TokenHash, oldHash) {
 		return sessionstore.Session{}, fmt.Errorf("memstore: resume %v: %w", k, sessionstore.ErrTokenMismatch)
 	}
-	if holder, ok := m.byToken[string(newHash)]; ok && holder != k {
-		return sessionstore.Session{}, fmt.Errorf("memstore: token hash in use: %w", sessionstore.ErrConflict)
+	if err := m.swapToken(s, newHash, t); err != nil {
+		return sessionstore.Session{}, err
+	}
+	s.s.RegistrationKeyHash = nil
+	return cloneSession(s.s), nil
+}
+
+// RetryRegistration implements sessionstore.Store.
+func (m *Store) RetryRegistration(ctx context.Context, k sessionstore.Key, keyHash []byte, since time.Time, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error) {
+	if err := m.lock(); err != nil {
+		return sessionstore.Session{}, err
+	}
+	defer m.mu.Unlock()
+	s, err := m.liveSession(k, now)
+	if err != nil {
+		return sessionstore.Session{}, err
+	}
+	if len(keyHash) == 0 || !bytes.Equal(s.s.RegistrationKeyHash, keyHash) || s.s.RegisteredAt.Before(since) {
+		return sessionstore.Session{}, fmt.Errorf("memstore: retry registration %v: %w", k, sessionstore.ErrNotFound)
+	}
+	if err := m.swapToken(s, newHash, t); err != nil {
+		return sessionstore.Session{}, err
+	}
+	return cloneSession(s.s), nil
+}
+
+// swapToken gives s the token hash newHash and applies t. A hash held by
+// another session is ErrConflict. The caller holds the mutex.
+func (m *Store) swapToken(s *session, newHash []byte, t sessionstore.Touch) error {
+	if holder, ok := m.byToken[string(newHash)]; ok && holder != s.s.Key {
+		return fmt.Errorf("memstore: token hash in use: %w", sessionstore.ErrConflict)
 	}
 	delete(m.byToken, string(s.s.TokenHash))
 	s.s.TokenHash = bytes.Clone(newHash)
-	m.byToken[string(newHash)] = k
+	m.byToken[string(newHash)] = s.s.Key
 	s.touch(t)
-	return cloneSession(s.s), nil
+	return nil
 }
 
 // SessionByToken implements sessionstore.Store.

@@ -58,6 +58,10 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"ResumeSession/swaps the token and applies the touch", testResumeSwap},
 		{"ResumeSession/wrong old hash is ErrTokenMismatch and changes nothing", testResumeMismatch},
 		{"ResumeSession/unknown or expired is ErrNotFound", testResumeNotFound},
+		{"ResumeSession/forgets the registration key", testResumeForgetsRegistrationKey},
+		{"RetryRegistration/same key swaps the token, again and again", testRetryRegistrationSwap},
+		{"RetryRegistration/another, no or too old a key is ErrNotFound and changes nothing", testRetryRegistrationMismatch},
+		{"RetryRegistration/unknown, expired or another tenant's is ErrNotFound", testRetryRegistrationNotFound},
 		{"Expired sessions are invisible to reads and touches", testExpiredInvisible},
 		{"TouchSession/never moves a time backwards and extends expiry", testTouch},
 		{"ListSessions and CountSessions/filter, order and limit", testListSessions},
@@ -227,6 +231,9 @@ func wantSession(t *testing.T, what string, got, want sessionstore.Session) {
 	str("ClientID", got.ClientID, want.ClientID)
 	if !bytes.Equal(got.TokenHash, want.TokenHash) {
 		diffs = append(diffs, fmt.Sprintf("TokenHash = %x, want %x", got.TokenHash, want.TokenHash))
+	}
+	if !bytes.Equal(got.RegistrationKeyHash, want.RegistrationKeyHash) {
+		diffs = append(diffs, fmt.Sprintf("RegistrationKeyHash = %x, want %x", got.RegistrationKeyHash, want.RegistrationKeyHash))
 	}
 	tm("RegisteredAt", got.RegisteredAt, want.RegisteredAt)
 	tm("LastSeenAt", got.LastSeenAt, want.LastSeenAt)
@@ -525,6 +532,103 @@ func testResumeNotFound(t *testing.T, s sessionstore.Store) {
 	// Wrong key in another tenant with the right hash is not found either.
 	_, err = s.ResumeSession(ctx, key("other", "p", "alice"), hash("h1"), hash("h2"), sessionstore.Touch{}, t0)
 	wantErr(t, "ResumeSession(other tenant)", err, sessionstore.ErrNotFound)
+}
+
+// newKeyedSession is newSession registered with the Idempotency-Key hash
+// hash(regKey).
+func newKeyedSession(k sessionstore.Key, tokenHash []byte, regKey string, expires time.Time) sessionstore.Session {
+	sess := newSession(k, tokenHash, expires)
+	sess.RegistrationKeyHash = hash(regKey)
+	return sess
+}
+
+func testResumeForgetsRegistrationKey(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k := key("t", "p", "alice")
+	orig := mustCreateSession(t, s, newKeyedSession(k, hash("h1"), "reg", at(time.Hour)))
+	wantSession(t, "CreateSession result", orig, newKeyedSession(k, hash("h1"), "reg", at(time.Hour)))
+
+	got, err := s.ResumeSession(ctx, k, hash("h1"), hash("h2"), sessionstore.Touch{}, t0)
+	noErr(t, "ResumeSession", err)
+	want := orig
+	want.TokenHash, want.RegistrationKeyHash = hash("h2"), nil
+	wantSession(t, "ResumeSession result", got, want)
+	// The token is the resume's now: the registration's key no longer retries.
+	_, err = s.RetryRegistration(ctx, k, hash("reg"), t0, hash("h3"), sessionstore.Touch{}, t0)
+	wantErr(t, "RetryRegistration after a resume", err, sessionstore.ErrNotFound)
+}
+
+func testRetryRegistrationSwap(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k := key("t", "p", "alice")
+	orig := mustCreateSession(t, s, newKeyedSession(k, hash("h1"), "reg", at(time.Hour)))
+
+	now := at(time.Minute)
+	touch := sessionstore.Touch{VerbAt: now, ExpiresAt: at(2 * time.Hour)}
+	got, err := s.RetryRegistration(ctx, k, hash("reg"), t0, hash("h2"), touch, now)
+	noErr(t, "RetryRegistration", err)
+	want := orig
+	want.TokenHash = hash("h2")
+	want.LastVerbAt, want.ExpiresAt = touch.VerbAt, touch.ExpiresAt
+	wantSession(t, "RetryRegistration result", got, want)
+	_, err = s.SessionByToken(ctx, hash("h1"), now)
+	wantErr(t, "SessionByToken(lost hash)", err, sessionstore.ErrNotFound)
+	got, err = s.SessionByToken(ctx, hash("h2"), now)
+	noErr(t, "SessionByToken(new hash)", err)
+	wantSession(t, "SessionByToken(new hash)", got, want)
+
+	// A retry whose answer was lost too is retried again with the same key.
+	got, err = s.RetryRegistration(ctx, k, hash("reg"), t0, hash("h3"), sessionstore.Touch{}, now)
+	noErr(t, "second RetryRegistration", err)
+	want.TokenHash = hash("h3")
+	wantSession(t, "second RetryRegistration result", got, want)
+	_, err = s.SessionByToken(ctx, hash("h2"), now)
+	wantErr(t, "SessionByToken(second lost hash)", err, sessionstore.ErrNotFound)
+
+	// Another session's token hash is not taken.
+	mustCreateSession(t, s, newSession(key("t", "p", "bob"), hash("bob"), at(time.Hour)))
+	_, err = s.RetryRegistration(ctx, k, hash("reg"), t0, hash("bob"), sessionstore.Touch{}, now)
+	wantErr(t, "RetryRegistration to a hash in use", err, sessionstore.ErrConflict)
+}
+
+func testRetryRegistrationMismatch(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k := key("t", "p", "alice")
+	orig := mustCreateSession(t, s, newKeyedSession(k, hash("h1"), "reg", at(time.Hour)))
+	unkeyed := key("t", "p", "bob")
+	mustCreateSession(t, s, newSession(unkeyed, hash("b1"), at(time.Hour)))
+	now := at(time.Minute)
+	touch := sessionstore.Touch{VerbAt: now, ExpiresAt: at(3 * time.Hour)}
+
+	_, err := s.RetryRegistration(ctx, k, hash("other"), t0, hash("h2"), touch, now)
+	wantErr(t, "RetryRegistration with another key", err, sessionstore.ErrNotFound)
+	_, err = s.RetryRegistration(ctx, k, nil, t0, hash("h2"), touch, now)
+	wantErr(t, "RetryRegistration with no key", err, sessionstore.ErrNotFound)
+	_, err = s.RetryRegistration(ctx, k, hash("reg"), t0.Add(time.Second), hash("h2"), touch, now)
+	wantErr(t, "RetryRegistration of a registration before since", err, sessionstore.ErrNotFound)
+	_, err = s.RetryRegistration(ctx, unkeyed, nil, t0, hash("b2"), touch, now)
+	wantErr(t, "RetryRegistration of a session registered without a key", err, sessionstore.ErrNotFound)
+
+	got, err := s.GetSession(ctx, k, now)
+	noErr(t, "GetSession", err)
+	wantSession(t, "session after the mismatches", got, orig)
+	for _, h := range []string{"h2", "b2"} {
+		_, err = s.SessionByToken(ctx, hash(h), now)
+		wantErr(t, "SessionByToken("+h+")", err, sessionstore.ErrNotFound)
+	}
+}
+
+func testRetryRegistrationNotFound(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	_, err := s.RetryRegistration(ctx, key("t", "p", "nobody"), hash("reg"), t0, hash("h2"), sessionstore.Touch{}, t0)
+	wantErr(t, "RetryRegistration(unknown)", err, sessionstore.ErrNotFound)
+
+	k := key("t", "p", "alice")
+	mustCreateSession(t, s, newKeyedSession(k, hash("h1"), "reg", at(time.Minute)))
+	_, err = s.RetryRegistration(ctx, k, hash("reg"), t0, hash("h2"), sessionstore.Touch{ExpiresAt: at(time.Hour)}, at(2*time.Minute))
+	wantErr(t, "RetryRegistration(expired)", err, sessionstore.ErrNotFound)
+	_, err = s.RetryRegistration(ctx, key("other", "p", "alice"), hash("reg"), t0, hash("h2"), sessionstore.Touch{}, t0)
+	wantErr(t, "RetryRegistration(other tenant)", err, sessionstore.ErrNotFound)
 }
 
 func testExpiredInvisible(t *testing.T, s sessionstore.Store) {

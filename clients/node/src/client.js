@@ -1,6 +1,6 @@
 // The Marconi client: one registered, attached session.
 
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
 import WebSocket from 'ws';
 import { Backoff } from './backoff.js';
@@ -91,6 +91,8 @@ export class Client {
   #ending = false; // deregister is under way: the session is being ended on purpose
   /** @type {Promise<void>} serializes (re)registrations */
   #registering = Promise.resolve();
+  /** the Idempotency-Key of the registration under way, kept by its retries; '' once answered */
+  #regKey = '';
   /** @type {(() => void) | null} cuts the supervisor's backoff wait short */
   #wakeSupervisor = null;
 
@@ -615,16 +617,32 @@ export class Client {
    * @param {AbortSignal} [signal]
    */
   async #postRegister(id, token, signal) {
+    // One key for every attempt of this registration, kept until an answer is
+    // adopted: the hub answers a retry of a registration it made (its answer
+    // lost) with a new token instead of 403. The key is a secret: never logged.
+    if (!this.#regKey) this.#regKey = randomBytes(16).toString('base64url');
     /** @type {Record<string, string>} */
-    const headers = token ? { 'x-marconi-session-token': token } : {};
+    const headers = { 'idempotency-key': this.#regKey };
+    if (token) headers['x-marconi-session-token'] = token;
     /** @type {Record<string, string>} */
     const req = { surface: this.#cfg.surface };
     if (id) req.session_id = id;
     if (this.#cfg.runtimeMode) req.runtime_mode = this.#cfg.runtimeMode;
     if (this.#cfg.clientID) req.client_id = this.#cfg.clientID;
-    const r = await this.#hubs.call('POST', '/v1/sessions', this.#cfg.apiKey, { headers, body: JSON.stringify(req), signal });
-    if (!r.data?.token) throw new TransportError(`marconi: register answered ${r.status} without a token`);
-    return r;
+    const body = JSON.stringify(req);
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const r = await this.#hubs.call('POST', '/v1/sessions', this.#cfg.apiKey, { headers, body, signal });
+        if (!r.data?.token) throw new TransportError(`marconi: register answered ${r.status} without a token`);
+        return r;
+      } catch (err) {
+        if (!unavailable(err) || attempt + 1 >= this.#cfg.sendAttempts || this.#closed || signal?.aborted) throw err;
+        this.#log.warn('marconi: registration got no usable answer; registering again with the same idempotency key', {
+          session_id: id, attempt, err: String(err),
+        });
+        await this.#sleep(this.#backoff.delay(attempt), signal);
+      }
+    }
   }
 
   /**
@@ -634,6 +652,7 @@ export class Client {
    * @param {boolean} created
    */
   #adopt(data, created) {
+    this.#regKey = ''; // answered: the next registration is another one
     this.#sessionID = data.session_id;
     this.#token = data.token;
     if (created) this.#epoch++;

@@ -235,6 +235,34 @@ test('sendAttempts 1: a lost answer is the caller\'s TransportError, and its own
   assert.deepEqual(b.inbox.ns(), [1, 2]);
 });
 
+test('a registration whose answer was lost is retried with its idempotency key: the client gets the session, another key still 403', async (t) => {
+  const proxy = new Proxy(env.hub.port);
+  const url = await proxy.listen();
+  t.after(() => proxy.close());
+  const log = new LogRecorder();
+  // The hub registers lost-reg, but its answer never reaches the client.
+  proxy.loseNextAnswer('POST /v1/sessions ');
+  const a = await agent('lost-reg', { hubURL: url, logger: log });
+  const b = await agent('lost-reg-peer');
+  t.after(async () => { await a.client.close(); await b.client.close(); });
+  assert.equal(proxy.lost, 1, 'the answer was lost on the way');
+  const retried = log.find('marconi: registration got no usable answer; registering again with the same idempotency key');
+  assert.equal(retried.length, 1);
+  assert.deepEqual(Object.keys(retried[0].fields).sort(), ['attempt', 'err', 'session_id'], 'the registration key (a secret) is not logged');
+
+  await b.client.send('lost-reg', 'chat', { n: 1 });
+  await waitFor('lost-reg to receive', () => a.inbox.signals.length === 1);
+  await a.client.send('lost-reg-peer', 'chat', { n: 1 });
+
+  // No hijack: another client claiming the id has a key of its own.
+  await assert.rejects(
+    dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: 'lost-reg' }),
+    (err) => err instanceof MarconiError && err.code === 'forbidden',
+  );
+  await a.client.send('lost-reg-peer', 'chat', { n: 2 });
+  await waitFor('the peer to get both', () => b.inbox.signals.length === 2);
+});
+
 test('dial fails over from a hub URL that does not answer to the next', async (t) => {
   const dead = `http://127.0.0.1:${await freePort()}`;
   const log = new LogRecorder();

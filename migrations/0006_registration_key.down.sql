@@ -1,0 +1,1 @@
+ALTER TABLE sessions DROP COLUMN registration_key_hash;
