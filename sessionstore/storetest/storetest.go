@@ -66,6 +66,8 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"Tenant isolation/same session id in two tenants or projects", testTenantIsolation},
 		{"SetQueue and ClearQueue/a newer attach elsewhere wins", testQueue},
 		{"SetQueue and ClearQueue/compare-and-set: a late write of an older attach changes nothing", testQueueCompareAndSet},
+		{"AttachQueue/compare-and-set and touch in one step; a session not live is ErrNotFound and changes nothing", testAttachQueue},
+		{"SetQueue, AttachQueue and TouchSession/many at once each get their own answer", testRowWritesConcurrent},
 		{"AssignInstance", testAssignInstance},
 		{"ReassignInstance/moves only from the assignment it names", testReassignInstance},
 		{"ReassignInstance/of racing takeovers exactly one wins", testReassignConcurrent},
