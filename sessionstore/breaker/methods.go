@@ -66,8 +66,8 @@ func (b *Store) SetQueue(ctx context.Context, k sessionstore.Key, instance strin
 }
 
 // AttachQueue implements sessionstore.Store.
-func (b *Store) AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) error {
-	return guardErr(b, ctx, func() error { return b.inner.AttachQueue(ctx, k, instance, at, t, now) })
+func (b *Store) AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) (int, error) {
+	return guard(b, ctx, func() (int, error) { return b.inner.AttachQueue(ctx, k, instance, at, t, now) })
 }
 
 // ClearQueue implements sessionstore.Store.

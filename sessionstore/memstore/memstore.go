@@ -505,20 +505,20 @@ func (s *session) setQueue(instance string, at time.Time) {
 	s.latestAttach = at
 }
 
-// AttachQueue implements sessionstore.Store: SetQueue and TouchSession
-// under one lock.
-func (m *Store) AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) error {
+// AttachQueue implements sessionstore.Store: SetQueue, TouchSession and
+// CountPending under one lock.
+func (m *Store) AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) (int, error) {
 	if err := m.lock(); err != nil {
-		return err
+		return 0, err
 	}
 	defer m.mu.Unlock()
 	s, err := m.liveSession(k, now)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	s.setQueue(instance, at)
 	s.touch(t)
-	return nil
+	return len(s.pending()), nil
 }
 
 // ClearQueue implements sessionstore.Store. An unknown key clears nothing.

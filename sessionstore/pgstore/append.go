@@ -133,7 +133,9 @@ type appendOutcome struct {
 	sig   sessionstore.Signal
 	dup   bool
 	acked int // for an acknowledgement
-	err   error
+	// pending is the session's unacknowledged signals after a row write.
+	pending int
+	err     error
 }
 
 // AppendSignal implements sessionstore.Store. With group commit on (the

@@ -474,9 +474,15 @@ func (s *Store) SetQueue(ctx context.Context, k sessionstore.Key, instance strin
 }
 
 // AttachQueue implements sessionstore.Store: SetQueue's compare-and-set and
-// the touch in one statement of the next batch (rows.go).
-func (s *Store) AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) error {
-	return wrap("attach queue", s.writeRow(ctx, &rowReq{k: k, touch: t, live: now, queue: &queuePlacement{instance: instance, at: at}}))
+// the touch in one statement of the next batch (rows.go), which also
+// returns the pending count (last_seq - acked_seq: acks are cumulative and
+// seqs gap-free, so it is CountPending's count without its read).
+func (s *Store) AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) (int, error) {
+	r := &appendReq{row: &rowReq{k: k, touch: t, live: now, queue: &queuePlacement{instance: instance, at: at}}}
+	if err := s.commit(ctx, r); err != nil {
+		return 0, wrap("attach queue", err)
+	}
+	return r.out.pending, nil
 }
 
 // ClearQueue implements sessionstore.Store.

@@ -42,8 +42,8 @@ const queueCAS = `(x.inst IS NOT NULL AND (s.queue_latest_attach IS NULL OR s.qu
 	OR (s.queue_latest_attach = x.at AND s.queue_instance <> '')))`
 
 // sessionRowsSQL applies one layer of row writes (each session at most once)
-// in one statement, and returns the index of each row it found: a row not
-// returned is ErrNotFound. Every row found is written, a refused
+// in one statement, and returns the index of each row it found, with its
+// pending count (last_seq - acked_seq): a row not returned is ErrNotFound. Every row found is written, a refused
 // compare-and-set as a no-op, so that found and written are one thing.
 //
 // $1 index, $2 tenant, $3 project, $4 session, $5 seen, $6 verb, $7 expires
@@ -61,7 +61,7 @@ FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6
 	AS x(i, t, p, sid, seen, verb, exp, live, inst, at)
 WHERE s.tenant_id = x.t AND s.project_id = x.p AND s.session_id = x.sid
   AND (x.live IS NULL OR s.expires_at >= x.live)
-RETURNING x.i`
+RETURNING x.i, s.last_seq - s.acked_seq`
 
 // writeRow runs w in the next batch (group commit on) or in a transaction
 // of its own, and returns ErrNotFound when its session was not there.
@@ -115,23 +115,27 @@ func queueRows(b *pgx.Batch, batch []*appendReq, layers [][]int) {
 	}
 }
 
-// readRows reads the outcome of each layer into outs: ErrNotFound for every
-// row write whose session was not found.
+// readRows reads the outcome of each layer into outs: the pending count of
+// every row write whose session was found, ErrNotFound for the others.
 func readRows(br pgx.BatchResults, layers [][]int, outs []appendOutcome) error {
 	for _, layer := range layers {
+		for _, i := range layer {
+			outs[i] = appendOutcome{err: sessionstore.ErrNotFound}
+		}
 		rows, err := br.Query()
 		if err != nil {
 			return err
 		}
-		found := make(map[int32]bool, len(layer))
-		var i int32
-		if _, err := pgx.ForEachRow(rows, []any{&i}, func() error { found[i] = true; return nil }); err != nil {
+		var (
+			i       int32
+			pending int64
+		)
+		_, err = pgx.ForEachRow(rows, []any{&i, &pending}, func() error {
+			outs[i] = appendOutcome{pending: int(pending)}
+			return nil
+		})
+		if err != nil {
 			return err
-		}
-		for _, i := range layer {
-			if !found[int32(i)] {
-				outs[i] = appendOutcome{err: sessionstore.ErrNotFound}
-			}
 		}
 	}
 	return nil

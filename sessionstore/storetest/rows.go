@@ -16,16 +16,23 @@ func testAttachQueue(t *testing.T, s sessionstore.Store) {
 	ctx := t.Context()
 	k, want, check := queueFixture(t, s)
 
-	noErr(t, "AttachQueue(hub-1, 1s)", s.AttachQueue(ctx, k, "hub-1", at(time.Second),
-		sessionstore.Touch{SeenAt: at(time.Second), ExpiresAt: at(48 * time.Hour)}, at(time.Second)))
+	// It counts the pending signals as CountPending does.
+	appendN(t, s, k, 3)
+	_, err := s.AckSignals(ctx, k, 1, t0)
+	noErr(t, "AckSignals", err)
+	pending, err := s.AttachQueue(ctx, k, "hub-1", at(time.Second),
+		sessionstore.Touch{SeenAt: at(time.Second), ExpiresAt: at(48 * time.Hour)}, at(time.Second))
+	noErr(t, "AttachQueue(hub-1, 1s)", err)
+	wantInt(t, "AttachQueue's pending count", pending, 2)
 	want.QueueInstance, want.QueueAttachedAt = "hub-1", at(time.Second)
 	want.LastSeenAt, want.ExpiresAt = at(time.Second), at(48*time.Hour)
 	check("after AttachQueue(hub-1)")
 
 	// An older attach elsewhere lands late: the queue stays, the touch
 	// applies.
-	noErr(t, "late AttachQueue(hub-2, 0.5s)", s.AttachQueue(ctx, k, "hub-2", at(500*time.Millisecond),
-		sessionstore.Touch{SeenAt: at(2 * time.Second)}, at(2*time.Second)))
+	_, err = s.AttachQueue(ctx, k, "hub-2", at(500*time.Millisecond),
+		sessionstore.Touch{SeenAt: at(2 * time.Second)}, at(2*time.Second))
+	noErr(t, "late AttachQueue(hub-2, 0.5s)", err)
 	want.LastSeenAt = at(2 * time.Second)
 	check("after a late AttachQueue of an older attach")
 
@@ -35,8 +42,9 @@ func testAttachQueue(t *testing.T, s sessionstore.Store) {
 	if !ok {
 		t.Fatal("ClearQueue(hub-1) = false, want true")
 	}
-	noErr(t, "AttachQueue after its detach", s.AttachQueue(ctx, k, "hub-1", at(time.Second),
-		sessionstore.Touch{SeenAt: at(4 * time.Second)}, at(4*time.Second)))
+	_, err = s.AttachQueue(ctx, k, "hub-1", at(time.Second),
+		sessionstore.Touch{SeenAt: at(4 * time.Second)}, at(4*time.Second))
+	noErr(t, "AttachQueue after its detach", err)
 	want.QueueInstance, want.QueueAttachedAt, want.QueueDetachedAt = "", time.Time{}, at(3*time.Second)
 	want.LastSeenAt = at(4 * time.Second)
 	check("after an AttachQueue that arrived after its own detach")
@@ -44,14 +52,14 @@ func testAttachQueue(t *testing.T, s sessionstore.Store) {
 	// A session that is not live at now: ErrNotFound, nothing written.
 	bob := key("t", "p", "bob")
 	wantBob := mustCreateSession(t, s, newSession(bob, hash("bob"), at(time.Minute)))
-	err = s.AttachQueue(ctx, bob, "hub-1", at(2*time.Minute),
+	_, err = s.AttachQueue(ctx, bob, "hub-1", at(2*time.Minute),
 		sessionstore.Touch{SeenAt: at(2 * time.Minute), ExpiresAt: at(time.Hour)}, at(2*time.Minute))
 	wantErr(t, "AttachQueue(expired)", err, sessionstore.ErrNotFound)
 	got, err := s.GetSession(ctx, bob, at(30*time.Second))
 	noErr(t, "GetSession(bob)", err)
 	wantSession(t, "bob after a refused AttachQueue", got, wantBob)
 
-	err = s.AttachQueue(ctx, key("t", "p", "nobody"), "hub-1", t0, sessionstore.Touch{SeenAt: t0}, t0)
+	_, err = s.AttachQueue(ctx, key("t", "p", "nobody"), "hub-1", t0, sessionstore.Touch{SeenAt: t0}, t0)
 	wantErr(t, "AttachQueue(unknown)", err, sessionstore.ErrNotFound)
 }
 
@@ -68,9 +76,12 @@ func testRowWritesConcurrent(t *testing.T, s sessionstore.Store) {
 	mustCreateSession(t, s, newSession(expired, hash("expired"), at(30*time.Second)))
 	unknown := key("t", "p", "unknown")
 	keys := []sessionstore.Key{expired, unknown}
+	pendingOf := map[sessionstore.Key]int{}
 	for i := range n {
 		k := key("t", "p", fmt.Sprintf("s%02d", i))
 		mustCreate(t, s, k)
+		appendN(t, s, k, i%3)
+		pendingOf[k] = i % 3
 		keys = append(keys, k)
 	}
 	type call struct {
@@ -78,12 +89,20 @@ func testRowWritesConcurrent(t *testing.T, s sessionstore.Store) {
 		what string
 		fn   func() error
 	}
-	var calls []call
+	var (
+		calls    []call
+		pmu      sync.Mutex
+		attached = map[sessionstore.Key]int{} // AttachQueue's pending counts
+	)
 	for i, k := range keys {
 		attach := at(time.Duration(i+1) * time.Millisecond)
 		calls = append(calls,
 			call{k, "AttachQueue", func() error {
-				return s.AttachQueue(ctx, k, "hub-a", attach, sessionstore.Touch{SeenAt: at(10 * time.Second)}, now)
+				p, err := s.AttachQueue(ctx, k, "hub-a", attach, sessionstore.Touch{SeenAt: at(10 * time.Second)}, now)
+				pmu.Lock()
+				attached[k] = p
+				pmu.Unlock()
+				return err
 			}},
 			call{k, "SetQueue(older)", func() error { return s.SetQueue(ctx, k, "hub-old", attach.Add(-time.Microsecond)) }},
 			call{k, "SetQueue(newer)", func() error { return s.SetQueue(ctx, k, "hub-b", attach.Add(time.Millisecond)) }},
@@ -118,6 +137,7 @@ func testRowWritesConcurrent(t *testing.T, s sessionstore.Store) {
 		}
 	}
 	for i, k := range keys[2:] {
+		wantInt(t, k.SessionID+": AttachQueue's pending count", attached[k], pendingOf[k])
 		got, err := s.GetSession(ctx, k, now)
 		noErr(t, "GetSession", err)
 		what := k.SessionID + " after the concurrent writes"
