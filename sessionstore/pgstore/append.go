@@ -135,6 +135,7 @@ type appendOutcome struct {
 	acked int // for an acknowledgement
 	// pending is the session's unacknowledged signals after a row write.
 	pending int
+	cleared bool // for a ClearQueue
 	err     error
 }
 
@@ -246,7 +247,7 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 	outs := make([]appendOutcome, len(batch))
 	err := readBatch(br, batch, len(keys) > 0, len(tenants) > 0, outs)
 	if err == nil {
-		err = readRows(br, layers, outs)
+		err = readRows(br, batch, layers, outs)
 	}
 	if err == nil && len(instances) > 0 {
 		_, err = br.Exec() // the NOTIFY

@@ -485,22 +485,14 @@ func (s *Store) AttachQueue(ctx context.Context, k sessionstore.Key, instance st
 	return r.out.pending, nil
 }
 
-// ClearQueue implements sessionstore.Store.
+// ClearQueue implements sessionstore.Store: clearRowsSQL in the next batch
+// (rows.go).
 func (s *Store) ClearQueue(ctx context.Context, k sessionstore.Key, instance string, attachedAt, at time.Time) (bool, error) {
-	ctx, cancel, err := s.call(ctx)
-	defer cancel()
-	if err != nil {
+	r := &appendReq{row: &rowReq{k: k, clear: &queueClear{instance: instance, attachedAt: attachedAt, at: at}}}
+	if err := s.commit(ctx, r); err != nil {
 		return false, wrap("clear queue", err)
 	}
-	tag, err := s.pool.Exec(ctx, `UPDATE sessions
-		SET queue_instance = '', queue_attached_at = NULL, queue_detached_at = $6
-		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
-		  AND queue_instance = $4 AND queue_instance <> '' AND queue_attached_at = $5`,
-		k.TenantID, k.ProjectID, k.SessionID, instance, attachedAt.Truncate(time.Microsecond), at)
-	if err != nil {
-		return false, wrap("clear queue", err)
-	}
-	return tag.RowsAffected() > 0, nil
+	return r.out.cleared, nil
 }
 
 // AssignInstance implements sessionstore.Store.

@@ -10,10 +10,11 @@ import (
 )
 
 // Session-row writes in the group commit. A touch (TouchSession), a queue
-// placement (SetQueue) and an attach (AttachQueue: both at once) ride the
-// same batches as appends and acks: during a reconnect storm every attach
-// and every heartbeat is one of these, and one commit per batch instead of
-// one per write is what lets the reattach outrun the WAL flush rate.
+// placement (SetQueue), an attach (AttachQueue: both at once) and a detach
+// (ClearQueue) ride the same batches as appends and acks: during a
+// reconnect storm every detach, attach and heartbeat is one of these, and
+// one commit per batch instead of one per write is what lets the stop and
+// the reattach outrun the WAL flush rate.
 
 // rowReq is a write to one session row: a proof of life, a queue placement,
 // or both.
@@ -25,7 +26,28 @@ type rowReq struct {
 	// (SetQueue).
 	live  time.Time
 	queue *queuePlacement // nil: the queue is left alone
+	// clear, when set, makes this a ClearQueue (nothing else is set).
+	clear *queueClear
 }
+
+// queueClear is ClearQueue's: the queue detached at at, while the
+// attachment is still instance's of attachedAt.
+type queueClear struct {
+	instance       string
+	attachedAt, at time.Time
+}
+
+// clearRowsSQL applies one layer of ClearQueues and returns the index of
+// each one that cleared.
+//
+// $1 index, $2 tenant, $3 project, $4 session, $5 instance, $6 attached
+// at, $7 detached at.
+const clearRowsSQL = `UPDATE sessions AS s SET queue_instance = '', queue_attached_at = NULL, queue_detached_at = x.at
+FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[], $7::timestamptz[])
+	AS x(i, t, p, sid, inst, attached, at)
+WHERE s.tenant_id = x.t AND s.project_id = x.p AND s.session_id = x.sid
+  AND s.queue_instance = x.inst AND s.queue_instance <> '' AND s.queue_attached_at = x.attached
+RETURNING x.i`
 
 // queuePlacement is SetQueue's compare-and-set: instance holds the queue
 // since at.
@@ -91,52 +113,105 @@ func rowLayers(batch []*appendReq) [][]int {
 	return layers
 }
 
-// queueRows queues one sessionRowsSQL per layer on b.
+// splitLayer splits a layer into its writes (sessionRowsSQL) and its
+// clears (clearRowsSQL): each session is in one of them at most, so their
+// order within the layer does not matter.
+func splitLayer(batch []*appendReq, layer []int) (writes, clears []int) {
+	for _, i := range layer {
+		if batch[i].row.clear != nil {
+			clears = append(clears, i)
+		} else {
+			writes = append(writes, i)
+		}
+	}
+	return writes, clears
+}
+
+// queueRows queues each layer's statements on b: a sessionRowsSQL for its
+// writes and a clearRowsSQL for its clears, each only when it has any.
 func queueRows(b *pgx.Batch, batch []*appendReq, layers [][]int) {
 	for _, layer := range layers {
-		n := len(layer)
-		var (
-			idx                    = make([]int32, n)
-			tenants, projects, ids = make([]string, n), make([]string, n), make([]string, n)
-			seen, verb, exp, live  = make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n)
-			inst                   = make([]*string, n)
-			at                     = make([]*time.Time, n)
-		)
-		for j, i := range layer {
-			w := batch[i].row
-			idx[j] = int32(i)
-			tenants[j], projects[j], ids[j] = w.k.TenantID, w.k.ProjectID, w.k.SessionID
-			seen[j], verb[j], exp[j], live[j] = toNull(w.touch.SeenAt), toNull(w.touch.VerbAt), toNull(w.touch.ExpiresAt), toNull(w.live)
-			if q := w.queue; q != nil {
-				inst[j], at[j] = &q.instance, toNull(q.at.Truncate(time.Microsecond))
-			}
+		writes, clears := splitLayer(batch, layer)
+		if len(writes) > 0 {
+			queueWrites(b, batch, writes)
 		}
-		b.Queue(sessionRowsSQL, idx, tenants, projects, ids, seen, verb, exp, live, inst, at)
+		if len(clears) > 0 {
+			queueClears(b, batch, clears)
+		}
 	}
 }
 
-// readRows reads the outcome of each layer into outs: the pending count of
-// every row write whose session was found, ErrNotFound for the others.
-func readRows(br pgx.BatchResults, layers [][]int, outs []appendOutcome) error {
+func queueWrites(b *pgx.Batch, batch []*appendReq, writes []int) {
+	n := len(writes)
+	var (
+		idx                    = make([]int32, n)
+		tenants, projects, ids = make([]string, n), make([]string, n), make([]string, n)
+		seen, verb, exp, live  = make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n)
+		inst                   = make([]*string, n)
+		at                     = make([]*time.Time, n)
+	)
+	for j, i := range writes {
+		w := batch[i].row
+		idx[j] = int32(i)
+		tenants[j], projects[j], ids[j] = w.k.TenantID, w.k.ProjectID, w.k.SessionID
+		seen[j], verb[j], exp[j], live[j] = toNull(w.touch.SeenAt), toNull(w.touch.VerbAt), toNull(w.touch.ExpiresAt), toNull(w.live)
+		if q := w.queue; q != nil {
+			inst[j], at[j] = &q.instance, toNull(q.at.Truncate(time.Microsecond))
+		}
+	}
+	b.Queue(sessionRowsSQL, idx, tenants, projects, ids, seen, verb, exp, live, inst, at)
+}
+
+func queueClears(b *pgx.Batch, batch []*appendReq, clears []int) {
+	n := len(clears)
+	var (
+		idx                    = make([]int32, n)
+		tenants, projects, ids = make([]string, n), make([]string, n), make([]string, n)
+		inst                   = make([]string, n)
+		attached, at           = make([]time.Time, n), make([]time.Time, n)
+	)
+	for j, i := range clears {
+		w := batch[i].row
+		idx[j] = int32(i)
+		tenants[j], projects[j], ids[j] = w.k.TenantID, w.k.ProjectID, w.k.SessionID
+		inst[j], attached[j], at[j] = w.clear.instance, w.clear.attachedAt.Truncate(time.Microsecond), w.clear.at
+	}
+	b.Queue(clearRowsSQL, idx, tenants, projects, ids, inst, attached, at)
+}
+
+// readRows reads the outcome of each layer into outs: for a write, the
+// pending count of its session, or ErrNotFound when it was not found; for a
+// clear, whether it cleared.
+func readRows(br pgx.BatchResults, batch []*appendReq, layers [][]int, outs []appendOutcome) error {
 	for _, layer := range layers {
-		for _, i := range layer {
-			outs[i] = appendOutcome{err: sessionstore.ErrNotFound}
+		writes, clears := splitLayer(batch, layer)
+		if len(writes) > 0 {
+			for _, i := range writes {
+				outs[i] = appendOutcome{err: sessionstore.ErrNotFound}
+			}
+			var i int32
+			var pending int64
+			if err := forEachRow(br, []any{&i, &pending}, func() { outs[i] = appendOutcome{pending: int(pending)} }); err != nil {
+				return err
+			}
 		}
-		rows, err := br.Query()
-		if err != nil {
-			return err
-		}
-		var (
-			i       int32
-			pending int64
-		)
-		_, err = pgx.ForEachRow(rows, []any{&i, &pending}, func() error {
-			outs[i] = appendOutcome{pending: int(pending)}
-			return nil
-		})
-		if err != nil {
-			return err
+		if len(clears) > 0 {
+			var i int32
+			if err := forEachRow(br, []any{&i}, func() { outs[i] = appendOutcome{cleared: true} }); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// forEachRow scans each row of the batch's next result into dest and
+// calls fn.
+func forEachRow(br pgx.BatchResults, dest []any, fn func()) error {
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	_, err = pgx.ForEachRow(rows, dest, func() error { fn(); return nil })
+	return err
 }

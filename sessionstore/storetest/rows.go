@@ -158,3 +158,67 @@ func testRowWritesConcurrent(t *testing.T, s sessionstore.Store) {
 			got.QueueInstance, got.LastSeenAt, got.LastVerbAt, got.ExpiresAt)
 	}
 }
+
+func testClearQueueConcurrent(t *testing.T, s sessionstore.Store) {
+	// Many detaches at once, as a hub's shutdown makes them: each clears
+	// its own session's queue; a stale one (an older attach) and one of an
+	// unknown session clear nothing; of two identical ones exactly one
+	// clears.
+	ctx := t.Context()
+	const n = 24
+	var keys []sessionstore.Key
+	for i := range n {
+		k := key("t", "p", fmt.Sprintf("s%02d", i))
+		mustCreate(t, s, k)
+		noErr(t, "SetQueue", s.SetQueue(ctx, k, "hub-1", at(time.Second)))
+		keys = append(keys, k)
+	}
+	type result struct {
+		k       sessionstore.Key
+		what    string
+		cleared bool
+		err     error
+	}
+	var (
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+		mu      sync.Mutex
+		results []result
+	)
+	detach := func(k sessionstore.Key, what, instance string, attachedAt time.Time) {
+		wg.Go(func() {
+			<-start
+			ok, err := s.ClearQueue(ctx, k, instance, attachedAt, at(2*time.Second))
+			mu.Lock()
+			results = append(results, result{k, what, ok, err})
+			mu.Unlock()
+		})
+	}
+	for _, k := range keys {
+		detach(k, "holder", "hub-1", at(time.Second))
+		detach(k, "holder again", "hub-1", at(time.Second))
+		detach(k, "older attach", "hub-1", at(time.Millisecond))
+		detach(k, "other instance", "hub-2", at(time.Second))
+	}
+	detach(key("t", "p", "unknown"), "unknown", "hub-1", at(time.Second))
+	close(start)
+	wg.Wait()
+	clearedBy := map[sessionstore.Key]int{}
+	for _, r := range results {
+		noErr(t, "ClearQueue("+r.what+") of "+r.k.SessionID, r.err)
+		switch {
+		case r.cleared && (r.what == "holder" || r.what == "holder again"):
+			clearedBy[r.k]++
+		case r.cleared:
+			t.Fatalf("ClearQueue(%s) of %s cleared; want false", r.what, r.k.SessionID)
+		}
+	}
+	for _, k := range keys {
+		wantInt(t, "ClearQueues of "+k.SessionID+" that cleared", clearedBy[k], 1)
+		got, err := s.GetSession(ctx, k, t0)
+		noErr(t, "GetSession", err)
+		if got.QueueInstance != "" || !got.QueueDetachedAt.Equal(at(2*time.Second)) {
+			t.Fatalf("%s after its detach: queue %q, detached at %v; want none since 2s", k.SessionID, got.QueueInstance, got.QueueDetachedAt)
+		}
+	}
+}

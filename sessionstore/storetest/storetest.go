@@ -68,6 +68,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"SetQueue and ClearQueue/compare-and-set: a late write of an older attach changes nothing", testQueueCompareAndSet},
 		{"AttachQueue/compare-and-set and touch in one step; a session not live is ErrNotFound and changes nothing", testAttachQueue},
 		{"SetQueue, AttachQueue and TouchSession/many at once each get their own answer", testRowWritesConcurrent},
+		{"ClearQueue/many at once: each clears only its own attach, once", testClearQueueConcurrent},
 		{"AssignInstance", testAssignInstance},
 		{"ReassignInstance/moves only from the assignment it names", testReassignInstance},
 		{"ReassignInstance/of racing takeovers exactly one wins", testReassignConcurrent},
