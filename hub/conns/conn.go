@@ -149,7 +149,7 @@ func (h *Hub) start(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 		c.fail(err)
 		return c
 	}
-	h.log.Info("websocket attached", KeyAttrs(sess.Key), "resumed", welcome.Resumed, "affinity_reset", c.welcome.AffinityReset, "replayed", c.welcome.Replayed)
+	h.log.Info("websocket attached", KeyAttrs(sess.Key), "resumed", c.welcome.Resumed, "affinity_reset", c.welcome.AffinityReset, "replayed", c.welcome.Replayed)
 	if h.isClosing() {
 		// Shutdown began between accept and registration: close with 1012 too.
 		c.kick(DisconnectShutdown)

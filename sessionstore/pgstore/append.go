@@ -210,8 +210,8 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 	// Row locks in one global order (by recipient), so that batches of two
 	// instances (one appending to A then B, the other acknowledging B then
 	// A) cannot deadlock; the sort is stable, so each recipient's appends
-	// and acks keep their arrival order. The row writes (touches and queue
-	// placements) come after the appends, in statements of their own, each
+	// and acks keep their arrival order. The row writes (touches, queue
+	// placements and detaches) come after the appends, in statements of their own, each
 	// in key order: should another instance's batch lock the same rows in
 	// an order that deadlocks, Postgres aborts one, and runBatch runs its
 	// members again one by one.
