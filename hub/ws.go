@@ -43,9 +43,6 @@ func (s *Server) prepareAttach(c echo.Context) (sessionstore.Session, conns.Welc
 		return sess, conns.Welcome{}, err
 	}
 	welcome, err := s.place(ctx, sess)
-	if err != nil {
-		return sess, welcome, err
-	}
-	welcome.Replayed, err = s.store.CountPending(ctx, sess.Key)
+	// welcome.Replayed is counted when the attach is recorded (conns).
 	return sess, welcome, err
 }

@@ -251,6 +251,13 @@ type Store interface {
 	// late write from an older attach never leaves the store naming the
 	// wrong instance. Returns ErrNotFound when no session has the key.
 	SetQueue(ctx context.Context, k Key, instance string, at time.Time) error
+	// AttachQueue records an attach in one step: SetQueue's compare-and-set
+	// of instance's queue since at, and the attach's proof of life t, as
+	// TouchSession records it. It returns how many signals of k are
+	// unacknowledged then (as CountPending), for the attach's welcome.
+	// Returns ErrNotFound when no live session has the key at now; nothing
+	// changes then.
+	AttachQueue(ctx context.Context, k Key, instance string, at time.Time, t Touch, now time.Time) (pending int, err error)
 	// ClearQueue records that the queue detached at at, but only while the
 	// attachment is still the one instance recorded at attachedAt (the at of
 	// its SetQueue): a newer attach, elsewhere or on the same instance, wins.

@@ -233,10 +233,15 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("restart: %w", err)
 	}
 	up := time.Now()
-	back, all := reattached(ctx, hubURL, n, time.Minute)
+	back, all, marks := reattached(ctx, hubURL, n, time.Minute)
 	fmt.Fprintf(stdout, "hub stopped in %s, restarted (ready) in %s; %v of %d sessions attached again %s after it was ready (%s after the drop)\n",
 		restarted.Sub(down).Round(time.Millisecond), up.Sub(restarted).Round(time.Millisecond), back, len(clients),
 		all.Sub(up).Round(time.Millisecond), all.Sub(down).Round(time.Millisecond))
+	for i, f := range reattachMarks {
+		if !marks[i].IsZero() {
+			fmt.Fprintf(stdout, "  %g %% attached again %s after ready\n", 100*f, marks[i].Sub(up).Round(time.Millisecond))
+		}
+	}
 
 	if err := sendAll("after"); err != nil {
 		return err
@@ -264,19 +269,31 @@ func storm(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 }
 
+// reattachMarks are the shares of the sessions whose return reattached
+// times, so that the tail (the clients' backoff) shows apart from the bulk
+// (the hub's attach rate).
+var reattachMarks = []float64{0.5, 0.9, 0.99}
+
 // reattached polls the hub's marconi_ws_connections for up to within, until
-// it is n, and returns the most it saw and when it first saw that many.
-func reattached(ctx context.Context, hubURL string, n float64, within time.Duration) (float64, time.Time) {
+// it is n, and returns the most it saw, when it first saw that many, and
+// when it first saw each of reattachMarks's shares of n (zero if never).
+func reattached(ctx context.Context, hubURL string, n float64, within time.Duration) (float64, time.Time, []time.Time) {
 	deadline := time.Now().Add(within)
 	var most float64
 	var at time.Time
+	marks := make([]time.Time, len(reattachMarks))
 	for time.Now().Before(deadline) && most < n {
 		if m, err := scrape(ctx, hubURL); err == nil && m["marconi_ws_connections"] > most {
 			most, at = m["marconi_ws_connections"], time.Now()
+			for i, f := range reattachMarks {
+				if marks[i].IsZero() && most >= f*n {
+					marks[i] = at
+				}
+			}
 		}
 		sleepCtx(ctx, 20*time.Millisecond)
 	}
-	return most, at
+	return most, at, marks
 }
 
 // waitConnections polls the hub's marconi_ws_connections until it is n.

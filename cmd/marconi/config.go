@@ -328,12 +328,12 @@ func settings(c *Config) []setting {
 			c.DatabaseMaxConns = n
 			return nil
 		}},
-		{"MARCONI_GROUP_COMMIT", "on", "gather concurrent durable sends into one Postgres transaction (off: one per send, for comparison)", func(c *Config, v string) error {
+		{"MARCONI_GROUP_COMMIT", "on", "gather concurrent durable sends, acks, heartbeats and attaches into one Postgres transaction (off: one per write, for comparison)", func(c *Config, v string) error {
 			b, err := parseBool(v)
 			c.GroupCommit = b
 			return err
 		}},
-		{"MARCONI_GROUP_COMMIT_MAX_BATCH", strconv.Itoa(pgstore.DefaultMaxBatch), "most sends one group commit carries (eight times as many may wait)", positiveInt(&c.GroupCommitMaxBatch)},
+		{"MARCONI_GROUP_COMMIT_MAX_BATCH", strconv.Itoa(pgstore.DefaultMaxBatch), "most writes one group commit carries (eight times as many may wait)", positiveInt(&c.GroupCommitMaxBatch)},
 	}
 }
 

@@ -142,8 +142,14 @@ func (h *Hub) start(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 		}
 	}
 	h.metrics.connections.Inc()
-	h.log.Info("websocket attached", KeyAttrs(sess.Key), "resumed", welcome.Resumed, "affinity_reset", welcome.AffinityReset, "replayed", welcome.Replayed)
-	h.recordAttach(c, now)
+	if err := h.recordAttach(c, now); err != nil {
+		// The store failed: end the connection, as a failed catch-up
+		// would; the client reconnects later and nothing is lost.
+		h.log.Warn("record queue attach", KeyAttrs(c.key), "err", err)
+		c.fail(err)
+		return c
+	}
+	h.log.Info("websocket attached", KeyAttrs(sess.Key), "resumed", c.welcome.Resumed, "affinity_reset", c.welcome.AffinityReset, "replayed", c.welcome.Replayed)
 	if h.isClosing() {
 		// Shutdown began between accept and registration: close with 1012 too.
 		c.kick(DisconnectShutdown)
@@ -190,16 +196,22 @@ func (h *Hub) end(c *Conn) {
 	h.recordDetach(c)
 }
 
-// recordAttach writes the queue placement and the attach as proof of life.
-func (h *Hub) recordAttach(c *Conn, now time.Time) {
+// recordAttach writes the queue placement and the attach as proof of life,
+// in one store write (one statement of a group commit on Postgres), which
+// also counts the signals the welcome announces as replayed. A session
+// gone meanwhile is not an error here: the reconciliation (Sweep) closes
+// its connection with 4410, as it closes any other.
+func (h *Hub) recordAttach(c *Conn, now time.Time) error {
 	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.StoreTimeout)
 	defer cancel()
-	if err := h.store.SetQueue(ctx, c.key, h.cfg.InstanceID, c.attachedAt); err != nil {
-		h.log.Warn("record queue attach", KeyAttrs(c.key), "err", err)
+	t := sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(h.cfg.SessionTTL)}
+	n, err := h.store.AttachQueue(ctx, c.key, h.cfg.InstanceID, c.attachedAt, t, now)
+	if errors.Is(err, sessionstore.ErrNotFound) {
+		h.log.Debug("record queue attach: the session is gone", KeyAttrs(c.key))
+		return nil
 	}
-	if err := h.store.TouchSession(ctx, c.key, sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(h.cfg.SessionTTL)}, now); err != nil {
-		h.log.Debug("touch on attach", KeyAttrs(c.key), "err", err)
-	}
+	c.welcome.Replayed = n
+	return err
 }
 
 // recordDetach removes the connection from the registry and, when it was

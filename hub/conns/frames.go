@@ -35,7 +35,7 @@ type Welcome struct {
 	InstanceID    string `json:"instance_id"`
 	Resumed       bool   `json:"resumed"`
 	AffinityReset bool   `json:"affinity_reset"`
-	Replayed      int    `json:"replayed"`
+	Replayed      int    `json:"replayed"` // counted by the hub when it records the attach
 	Dropped       *int   `json:"dropped,omitempty"`
 }
 

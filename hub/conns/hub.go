@@ -134,7 +134,8 @@ func New(cfg Config, d Deps) (*Hub, error) {
 // Attach upgrades the request to a WebSocket and serves it as sess's queue
 // until it ends: the welcome, every unacknowledged signal in seq order, then
 // live ones. The caller has authenticated sess and placed it here, and
-// release (from Admit) is called when the connection ends.
+// release (from Admit) is called when the connection ends. The welcome's
+// Replayed is counted here, by the store write that records the attach.
 //
 // Attach returns once the upgrade is done and the connection registered:
 // it is then read by a goroutine of its own, which starts with a small

@@ -72,6 +72,11 @@ func (b *Store) SetQueue(ctx context.Context, k sessionstore.Key, instance strin
 	return guardErr(b, ctx, func() error { return b.inner.SetQueue(ctx, k, instance, at) })
 }
 
+// AttachQueue implements sessionstore.Store.
+func (b *Store) AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) (int, error) {
+	return guard(b, ctx, func() (int, error) { return b.inner.AttachQueue(ctx, k, instance, at, t, now) })
+}
+
 // ClearQueue implements sessionstore.Store.
 func (b *Store) ClearQueue(ctx context.Context, k sessionstore.Key, instance string, attachedAt, at time.Time) (bool, error) {
 	return guard(b, ctx, func() (bool, error) { return b.inner.ClearQueue(ctx, k, instance, attachedAt, at) })

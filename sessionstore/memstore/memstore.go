@@ -520,14 +520,35 @@ func (m *Store) SetQueue(ctx context.Context, k sessionstore.Key, instance strin
 	if err != nil {
 		return err
 	}
+	s.setQueue(instance, at)
+	return nil
+}
+
+// setQueue is SetQueue's compare-and-set on s.
+func (s *session) setQueue(instance string, at time.Time) {
 	at = ts(at)
 	if s.latestAttach.After(at) || (s.latestAttach.Equal(at) && s.s.QueueInstance == "") {
-		return nil // a newer attach won, or this one was already cleared
+		return // a newer attach won, or this one was already cleared
 	}
 	s.s.QueueInstance = instance
 	s.s.QueueAttachedAt = at
 	s.latestAttach = at
-	return nil
+}
+
+// AttachQueue implements sessionstore.Store: SetQueue, TouchSession and
+// CountPending under one lock.
+func (m *Store) AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) (int, error) {
+	if err := m.lock(); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	s, err := m.liveSession(k, now)
+	if err != nil {
+		return 0, err
+	}
+	s.setQueue(instance, at)
+	s.touch(t)
+	return len(s.pending()), nil
 }
 
 // ClearQueue implements sessionstore.Store. An unknown key clears nothing.

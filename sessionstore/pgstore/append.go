@@ -93,13 +93,14 @@ SELECT auth.ok, bump.last_seq, bump.queue_instance, rcpt.pending, rcpt.project_b
 	dup.payload, dup.created_at, dup.idempotency_key, dup.delivery, dup.route_state
 FROM auth LEFT JOIN bump ON true LEFT JOIN rcpt ON true LEFT JOIN dup ON true`
 
-// appendReq is one AppendSignal, or one acknowledgement, waiting for its
-// batch.
+// appendReq is one AppendSignal, or one acknowledgement, wake-up or
+// session-row write, waiting for its batch.
 type appendReq struct {
 	ns   sessionstore.NewSignal
 	now  time.Time
 	ack  *ackReq  // set for an acknowledgement instead of an append
 	wake *wakeReq // set for a wake-up instead of an append
+	row  *rowReq  // set for a session-row write instead of an append (rows.go)
 	out  appendOutcome
 	// turn receives true when out is set, false when this request is to
 	// lead the next batch.
@@ -132,7 +133,10 @@ type appendOutcome struct {
 	sig   sessionstore.Signal
 	dup   bool
 	acked int // for an acknowledgement
-	err   error
+	// pending is the session's unacknowledged signals after a row write.
+	pending int
+	cleared bool // for a ClearQueue
+	err     error
 }
 
 // AppendSignal implements sessionstore.Store. With group commit on (the
@@ -206,7 +210,11 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 	// Row locks in one global order (by recipient), so that batches of two
 	// instances (one appending to A then B, the other acknowledging B then
 	// A) cannot deadlock; the sort is stable, so each recipient's appends
-	// and acks keep their arrival order.
+	// and acks keep their arrival order. The row writes (touches, queue
+	// placements and detaches) come after the appends, in statements of their own, each
+	// in key order: should another instance's batch lock the same rows in
+	// an order that deadlocks, Postgres aborts one, and runBatch runs its
+	// members again one by one.
 	batch = slices.Clone(batch)
 	slices.SortStableFunc(batch, func(a, b *appendReq) int { return compareKeys(a.recipient(), b.recipient()) })
 	b := &pgx.Batch{}
@@ -225,16 +233,25 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 			a := r.ack
 			b.Queue(ackSeqSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo)
 			b.Queue(ackSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.at)
-		case r.wake == nil:
+		case r.isAppend():
 			b.Queue(appendSQL, appendArgs(r.ns, r.now)...)
 		}
 	}
-	if instances, payloads := batchWakes(batch); len(instances) > 0 {
+	layers := rowLayers(batch)
+	queueRows(b, batch, layers)
+	instances, payloads := batchWakes(batch)
+	if len(instances) > 0 {
 		b.Queue(notifySQL, instances, payloads)
 	}
 	br := s.pool.SendBatch(ctx, b)
 	outs := make([]appendOutcome, len(batch))
 	err := readBatch(br, batch, len(keys) > 0, len(tenants) > 0, outs)
+	if err == nil {
+		err = readRows(br, batch, layers, outs)
+	}
+	if err == nil && len(instances) > 0 {
+		_, err = br.Exec() // the NOTIFY
+	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -260,11 +277,8 @@ func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys, lockedProjec
 			return err
 		}
 	}
-	wakes := false
 	for i, r := range batch {
 		switch {
-		case r.wake != nil:
-			wakes = true
 		case r.ack != nil:
 			if _, err := br.Exec(); err != nil {
 				return err
@@ -272,17 +286,12 @@ func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys, lockedProjec
 			if err := br.QueryRow().Scan(&outs[i].acked); err != nil {
 				return err
 			}
-		default:
+		case r.isAppend():
 			out, err := scanAppend(br.QueryRow(), r.ns)
 			if err != nil {
 				return err
 			}
 			outs[i] = out
-		}
-	}
-	if wakes {
-		if _, err := br.Exec(); err != nil {
-			return err
 		}
 	}
 	return nil
@@ -327,6 +336,10 @@ func batchWakes(batch []*appendReq) (instances, payloads []string) {
 	return instances, payloads
 }
 
+// isAppend reports whether r is an AppendSignal (not an ack, a wake-up or
+// a row write).
+func (r *appendReq) isAppend() bool { return r.ack == nil && r.wake == nil && r.row == nil }
+
 // recipient is the session whose row r locks.
 func (r *appendReq) recipient() sessionstore.Key {
 	switch {
@@ -334,6 +347,8 @@ func (r *appendReq) recipient() sessionstore.Key {
 		return r.ack.k
 	case r.wake != nil:
 		return r.wake.k
+	case r.row != nil:
+		return r.row.k
 	}
 	return r.ns.To
 }
@@ -431,7 +446,7 @@ func deref(s *string) string {
 func idempotencyLockKeys(batch []*appendReq) []string {
 	var keys []string
 	for _, r := range batch {
-		if ns := r.ns; r.ack == nil && r.wake == nil && ns.IdempotencyKey != "" {
+		if ns := r.ns; r.isAppend() && ns.IdempotencyKey != "" {
 			keys = append(keys, strings.Join([]string{"marconi.idem", ns.To.TenantID, ns.To.ProjectID, ns.FromSession, ns.IdempotencyKey}, "\x1f"))
 		}
 	}
@@ -443,7 +458,7 @@ func batchProjects(batch []*appendReq) (tenants, projects []string) {
 	type tp struct{ t, p string }
 	var seen []tp
 	for _, r := range batch {
-		if r.ack != nil || r.wake != nil {
+		if !r.isAppend() {
 			continue
 		}
 		k := tp{r.ns.To.TenantID, r.ns.To.ProjectID}

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"slices"
 	"sync"
 )
 
@@ -29,8 +30,9 @@ func newCommitter(maxBatch, maxQueued int, run func([]*appendReq)) *committer {
 }
 
 // do runs r in a batch and returns once r's outcome is set. It returns an
-// error only when ctx ends before r was queued; once queued, r is answered
-// (batches are bounded by the store's query timeout).
+// error, and r runs in no batch, when ctx ends before r was queued or while
+// it waits in the queue; once a batch took r, r is answered (batches are
+// bounded by the store's query timeout).
 func (c *committer) do(ctx context.Context, r *appendReq) error {
 	select {
 	case c.slots <- struct{}{}:
@@ -44,11 +46,39 @@ func (c *committer) do(ctx context.Context, r *appendReq) error {
 	lead := !c.busy
 	c.busy = true
 	c.mu.Unlock()
-	if !lead && <-r.turn {
-		return nil // answered by another leader's batch
+	if lead {
+		c.lead()
+		return nil
 	}
-	c.lead()
+	select {
+	case answered := <-r.turn:
+		if !answered {
+			c.lead()
+		}
+		return nil
+	case <-ctx.Done():
+		if c.withdraw(r) {
+			return ctx.Err()
+		}
+	}
+	// A batch took r, or r was handed the lead: as if ctx had not ended.
+	if !<-r.turn {
+		c.lead()
+	}
 	return nil
+}
+
+// withdraw takes r off the queue, unless a batch took it or it was handed
+// the lead (both happen under c.mu, so its turn says which).
+func (c *committer) withdraw(r *appendReq) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := slices.Index(c.queue, r)
+	if i < 0 || len(r.turn) > 0 {
+		return false
+	}
+	c.queue = slices.Delete(c.queue, i, i+1)
+	return true
 }
 
 // lead runs one batch from the head of the queue, which holds the caller.

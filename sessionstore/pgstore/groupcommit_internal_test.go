@@ -95,3 +95,69 @@ func TestCommitterBatches(t *testing.T) {
 		t.Fatalf("after all answers: busy %v, %d queued; want idle and empty", c.busy, len(c.queue))
 	}
 }
+
+// TestCommitterWithdrawsOnContextEnd: a caller whose context ends while it
+// waits in the queue gets its error at once and runs in no batch; the
+// callers queued beside it are answered as before.
+func TestCommitterWithdrawsOnContextEnd(t *testing.T) {
+	var (
+		ran          sync.Map
+		release      = make(chan struct{})
+		firstRunning = make(chan struct{})
+		once         sync.Once
+	)
+	c := newCommitter(8, 32, func(batch []*appendReq) {
+		once.Do(func() { close(firstRunning); <-release })
+		for _, r := range batch {
+			ran.Store(r, true)
+			r.out.acked = 1
+		}
+	})
+	queued := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			c.mu.Lock()
+			got := len(c.queue)
+			c.mu.Unlock()
+			if got == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d requests queued, want %d", got, n)
+			}
+			runtime.Gosched()
+		}
+	}
+	first, gone, kept := &appendReq{}, &appendReq{}, &appendReq{}
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = c.do(context.Background(), first) })
+	<-firstRunning
+	ctx, cancel := context.WithCancel(context.Background())
+	goneErr := make(chan error, 1)
+	wg.Go(func() { goneErr <- c.do(ctx, gone) })
+	queued(1)
+	wg.Go(func() { _ = c.do(context.Background(), kept) })
+	queued(2)
+	cancel()
+	select {
+	case err := <-goneErr:
+		if err == nil {
+			t.Fatal("do whose context ended in the queue returned nil")
+		}
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("do whose context ended in the queue still waits for its batch")
+	}
+	close(release)
+	wg.Wait()
+	if _, ok := ran.Load(gone); ok {
+		t.Fatal("a withdrawn request ran")
+	}
+	if first.out.acked != 1 || kept.out.acked != 1 {
+		t.Fatal("a request queued beside the withdrawn one was not answered")
+	}
+	if c.busy || len(c.queue) != 0 || len(c.slots) != 0 {
+		t.Fatalf("after all answers: busy %v, %d queued, %d slots held; want idle", c.busy, len(c.queue), len(c.slots))
+	}
+}

@@ -456,20 +456,10 @@ func (s *Store) SessionStats(ctx context.Context, now time.Time) (sessionstore.S
 	return out, nil
 }
 
-// TouchSession implements sessionstore.Store.
+// TouchSession implements sessionstore.Store. With group commit on (the
+// default) it joins the next batch (rows.go): heartbeats then share commits.
 func (s *Store) TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error {
-	ctx, cancel, err := s.call(ctx)
-	defer cancel()
-	if err != nil {
-		return wrap("touch session", err)
-	}
-	tag, err := s.pool.Exec(ctx, `UPDATE sessions SET
-			last_seen_at = GREATEST(last_seen_at, $4::timestamptz),
-			last_verb_at = GREATEST(last_verb_at, $5::timestamptz),
-			expires_at   = GREATEST(expires_at, $6::timestamptz)
-		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $7`,
-		k.TenantID, k.ProjectID, k.SessionID, toNull(t.SeenAt), toNull(t.VerbAt), toNull(t.ExpiresAt), now)
-	return wrap("touch session", affected(tag.RowsAffected(), err))
+	return wrap("touch session", s.writeRow(ctx, &rowReq{k: k, touch: t, live: now}))
 }
 
 // deleteSessionSQL deletes a session (its signals go by ON DELETE CASCADE)
@@ -507,49 +497,32 @@ func (s *Store) DeleteSession(ctx context.Context, k sessionstore.Key) error {
 	return wrap("delete session", affected(int64(n), err))
 }
 
-// SetQueue implements sessionstore.Store. The WHERE is the compare against
-// queue_latest_attach, the newest attach ever recorded (kept after a
-// detach): an older attach is refused, and so is this attach again once it
-// was cleared. Under READ COMMITTED a racing write is judged on the row the
-// other wrote. The EXISTS tells ErrNotFound from a refused compare.
+// SetQueue implements sessionstore.Store: queueCAS in the next batch
+// (rows.go).
 func (s *Store) SetQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) error {
-	ctx, cancel, err := s.call(ctx)
-	defer cancel()
-	if err != nil {
-		return wrap("set queue", err)
-	}
-	var exists bool
-	err = s.pool.QueryRow(ctx, `WITH set AS (
-			UPDATE sessions SET queue_instance = $4, queue_attached_at = $5, queue_latest_attach = $5
-			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
-			  AND (queue_latest_attach IS NULL OR queue_latest_attach < $5
-			       OR (queue_latest_attach = $5 AND queue_instance <> ''))
-			RETURNING 1)
-		SELECT EXISTS (SELECT 1 FROM set) OR EXISTS (SELECT 1 FROM sessions
-			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3)`,
-		k.TenantID, k.ProjectID, k.SessionID, instance, at.Truncate(time.Microsecond)).Scan(&exists)
-	if err == nil && !exists {
-		err = sessionstore.ErrNotFound
-	}
-	return wrap("set queue", err)
+	return wrap("set queue", s.writeRow(ctx, &rowReq{k: k, queue: &queuePlacement{instance: instance, at: at}}))
 }
 
-// ClearQueue implements sessionstore.Store.
+// AttachQueue implements sessionstore.Store: SetQueue's compare-and-set and
+// the touch in one statement of the next batch (rows.go), which also
+// returns the pending count (last_seq - acked_seq: acks are cumulative and
+// seqs gap-free, so it is CountPending's count without its read).
+func (s *Store) AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) (int, error) {
+	r := &appendReq{row: &rowReq{k: k, touch: t, live: now, queue: &queuePlacement{instance: instance, at: at}}}
+	if err := s.commit(ctx, r); err != nil {
+		return 0, wrap("attach queue", err)
+	}
+	return r.out.pending, nil
+}
+
+// ClearQueue implements sessionstore.Store: clearRowsSQL in the next batch
+// (rows.go).
 func (s *Store) ClearQueue(ctx context.Context, k sessionstore.Key, instance string, attachedAt, at time.Time) (bool, error) {
-	ctx, cancel, err := s.call(ctx)
-	defer cancel()
-	if err != nil {
+	r := &appendReq{row: &rowReq{k: k, clear: &queueClear{instance: instance, attachedAt: attachedAt, at: at}}}
+	if err := s.commit(ctx, r); err != nil {
 		return false, wrap("clear queue", err)
 	}
-	tag, err := s.pool.Exec(ctx, `UPDATE sessions
-		SET queue_instance = '', queue_attached_at = NULL, queue_detached_at = $6
-		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
-		  AND queue_instance = $4 AND queue_instance <> '' AND queue_attached_at = $5`,
-		k.TenantID, k.ProjectID, k.SessionID, instance, attachedAt.Truncate(time.Microsecond), at)
-	if err != nil {
-		return false, wrap("clear queue", err)
-	}
-	return tag.RowsAffected() > 0, nil
+	return r.out.cleared, nil
 }
 
 // AssignInstance implements sessionstore.Store.
