@@ -4,8 +4,9 @@ import "time"
 
 // Default reconnect backoff, used when Config leaves the knobs at zero.
 const (
-	defaultReconnectBaseDelay = 250 * time.Millisecond
-	defaultReconnectMaxDelay  = 15 * time.Second
+	defaultReconnectBaseDelay       = 250 * time.Millisecond
+	defaultReconnectMaxDelay        = 15 * time.Second
+	defaultReconnectRestartMaxDelay = 4 * time.Second
 )
 
 // backoff is exponential backoff with full jitter: the wait before attempt n
@@ -36,4 +37,10 @@ func (b backoff) delay(attempt int) time.Duration {
 		return 0
 	}
 	return time.Duration(b.int63n(int64(c)))
+}
+
+// capped is b with its ceiling capped at most max.
+func (b backoff) capped(max time.Duration) backoff {
+	b.max = min(b.max, max)
+	return b
 }

@@ -64,3 +64,20 @@ func TestBackoffZeroCeiling(t *testing.T) {
 		t.Errorf("delay = %v, want 0", got)
 	}
 }
+
+func TestBackoffCapped(t *testing.T) {
+	b := backoff{base: 250 * time.Millisecond, max: 15 * time.Second}
+	r := b.capped(4 * time.Second)
+	if got := r.ceiling(10); got != 4*time.Second {
+		t.Errorf("capped ceiling(10) = %v, want 4s", got)
+	}
+	if got := r.ceiling(1); got != 500*time.Millisecond {
+		t.Errorf("capped ceiling(1) = %v, want 500ms: the cap changes only the top", got)
+	}
+	if got := b.ceiling(10); got != 15*time.Second {
+		t.Errorf("the original's ceiling(10) = %v, want 15s: capped is a copy", got)
+	}
+	if got := b.capped(time.Minute).ceiling(10); got != 15*time.Second {
+		t.Errorf("capped above max: ceiling(10) = %v, want max (15s)", got)
+	}
+}

@@ -55,6 +55,12 @@ type Config struct {
 	// ReconnectMaxDelay caps the backoff ceiling. Default 15s. The actual
 	// wait is uniform between zero and the ceiling (full jitter).
 	ReconnectMaxDelay time.Duration
+	// ReconnectRestartMaxDelay caps the backoff ceiling instead while the
+	// hub restarts: from a close with 1012 (service restart) until the next
+	// attach. The hub said it is coming back, so waiting for a ceiling of
+	// 15 s only lengthens the outage; full jitter still spreads its clients
+	// over the window. Default 4s, and never above ReconnectMaxDelay.
+	ReconnectRestartMaxDelay time.Duration
 
 	// PingInterval is how often the client pings the hub on its WebSocket
 	// to find a path that died silently (no FIN: a NAT or balancer that
@@ -201,7 +207,7 @@ func newClient(cfg Config) (*Client, error) {
 	if cfg.Surface == "" {
 		return nil, errors.New("bootstrap: Surface is required")
 	}
-	if cfg.ReconnectBaseDelay < 0 || cfg.ReconnectMaxDelay < 0 {
+	if cfg.ReconnectBaseDelay < 0 || cfg.ReconnectMaxDelay < 0 || cfg.ReconnectRestartMaxDelay < 0 {
 		return nil, errors.New("bootstrap: reconnect delays must not be negative")
 	}
 	if cfg.ReconnectBaseDelay == 0 {
@@ -210,6 +216,10 @@ func newClient(cfg Config) (*Client, error) {
 	if cfg.ReconnectMaxDelay == 0 {
 		cfg.ReconnectMaxDelay = max(defaultReconnectMaxDelay, cfg.ReconnectBaseDelay)
 	}
+	if cfg.ReconnectRestartMaxDelay == 0 {
+		cfg.ReconnectRestartMaxDelay = max(defaultReconnectRestartMaxDelay, cfg.ReconnectBaseDelay)
+	}
+	cfg.ReconnectRestartMaxDelay = min(cfg.ReconnectRestartMaxDelay, cfg.ReconnectMaxDelay)
 	if cfg.SendAttempts < 0 {
 		return nil, errors.New("bootstrap: SendAttempts must not be negative")
 	}

@@ -19,17 +19,21 @@ func TestNewClientConfig(t *testing.T) {
 	if c.backoff.base != 250*time.Millisecond || c.backoff.max != 15*time.Second {
 		t.Errorf("default backoff %v..%v, want 250ms..15s", c.backoff.base, c.backoff.max)
 	}
+	if c.cfg.ReconnectRestartMaxDelay != 4*time.Second {
+		t.Errorf("default restart cap %v, want 4s", c.cfg.ReconnectRestartMaxDelay)
+	}
 	if c.log == nil {
 		t.Error("nil logger not replaced by a discard logger")
 	}
 
 	bad := map[string]Config{
-		"no URL":         {APIKey: "k", Surface: "claude_code"},
-		"ws scheme":      {HubURL: "ws://h", APIKey: "k", Surface: "claude_code"},
-		"no key":         {HubURL: "http://h", Surface: "claude_code"},
-		"no surface":     {HubURL: "http://h", APIKey: "k"},
-		"negative":       {HubURL: "http://h", APIKey: "k", Surface: "codex", ReconnectBaseDelay: -1},
-		"max below base": {HubURL: "http://h", APIKey: "k", Surface: "codex", ReconnectBaseDelay: time.Second, ReconnectMaxDelay: time.Millisecond},
+		"no URL":               {APIKey: "k", Surface: "claude_code"},
+		"ws scheme":            {HubURL: "ws://h", APIKey: "k", Surface: "claude_code"},
+		"no key":               {HubURL: "http://h", Surface: "claude_code"},
+		"no surface":           {HubURL: "http://h", APIKey: "k"},
+		"negative":             {HubURL: "http://h", APIKey: "k", Surface: "codex", ReconnectBaseDelay: -1},
+		"negative restart cap": {HubURL: "http://h", APIKey: "k", Surface: "codex", ReconnectRestartMaxDelay: -1},
+		"max below base":       {HubURL: "http://h", APIKey: "k", Surface: "codex", ReconnectBaseDelay: time.Second, ReconnectMaxDelay: time.Millisecond},
 	}
 	for name, cfg := range bad {
 		if _, err := newClient(cfg); err == nil {
@@ -43,6 +47,17 @@ func TestNewClientConfig(t *testing.T) {
 	defer big.cancel()
 	if big.backoff.max != time.Minute {
 		t.Errorf("cap = %v, want raised to the base", big.backoff.max)
+	}
+	if big.cfg.ReconnectRestartMaxDelay != time.Minute {
+		t.Errorf("restart cap = %v, want raised to the base", big.cfg.ReconnectRestartMaxDelay)
+	}
+	low, err := newClient(Config{HubURL: "http://h", APIKey: "k", Surface: "codex", ReconnectMaxDelay: time.Second, ReconnectRestartMaxDelay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer low.cancel()
+	if low.cfg.ReconnectRestartMaxDelay != time.Second {
+		t.Errorf("restart cap = %v, want never above ReconnectMaxDelay (1s)", low.cfg.ReconnectRestartMaxDelay)
 	}
 }
 

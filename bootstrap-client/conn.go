@@ -238,7 +238,7 @@ func (c *Client) supervise(conn *websocket.Conn, gen uint64) {
 		}
 		c.log.Info("marconi: WebSocket ended, reconnecting", "status", int(status), "err", err, "immediate", immediate)
 		var ok bool
-		if conn, gen, ok = c.redial(); !ok {
+		if conn, gen, ok = c.redial(status == websocket.StatusServiceRestart); !ok {
 			c.stop()
 			return
 		}
@@ -304,8 +304,13 @@ func (c *Client) readLoop(conn *websocket.Conn, epoch uint64, hold *readerHold) 
 
 // redial attaches again, waiting between attempts with backoff and draining
 // while the WebSocket is down, until it is attached (true), the client
-// closes, or the hub refuses for good (false).
-func (c *Client) redial() (*websocket.Conn, uint64, bool) {
+// closes, or the hub refuses for good (false). After a restart the hub
+// announced (1012), the backoff's ceiling is ReconnectRestartMaxDelay.
+func (c *Client) redial(restart bool) (*websocket.Conn, uint64, bool) {
+	b := c.backoff
+	if restart {
+		b = b.capped(c.cfg.ReconnectRestartMaxDelay)
+	}
 	for attempt := 0; ; attempt++ {
 		c.mu.Lock()
 		immediate := c.immediate
@@ -314,7 +319,7 @@ func (c *Client) redial() (*websocket.Conn, uint64, bool) {
 			dctx, cancel := context.WithTimeout(c.ctx, drainTimeout)
 			c.drain(dctx)
 			cancel()
-			if !c.wait(c.backoff.delay(attempt)) {
+			if !c.wait(b.delay(attempt)) {
 				return nil, 0, false
 			}
 		}

@@ -50,6 +50,7 @@ type fakeHub struct {
 	httpAcks      []int64
 	wsRefused     bool     // /v1/ws answers 503
 	wsStalled     bool     // /v1/ws never answers the upgrade
+	wsRefusals    int      // /v1/ws answers refused with 503
 	drainedAfter  []string // after_seq of each GET /v1/signals
 }
 
@@ -170,6 +171,9 @@ func (h *fakeHub) ws(w http.ResponseWriter, r *http.Request) {
 	refused, stalled := h.wsRefused, h.wsStalled
 	h.mu.Unlock()
 	if refused {
+		h.mu.Lock()
+		h.wsRefusals++
+		h.mu.Unlock()
 		hubError(w, 503, "draining")
 		return
 	}
@@ -265,7 +269,10 @@ func dialFake(t *testing.T, url string, cfg Config) *Client {
 	if testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	cfg.ReconnectBaseDelay, cfg.ReconnectMaxDelay = time.Millisecond, 10*time.Millisecond
+	cfg.ReconnectBaseDelay = time.Millisecond
+	if cfg.ReconnectMaxDelay == 0 {
+		cfg.ReconnectMaxDelay = 10 * time.Millisecond
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	c, err := Dial(ctx, cfg)
@@ -465,6 +472,37 @@ func TestFakeDrainAfterReregistrationStartsAtZero(t *testing.T) {
 			t.Fatalf("drains after the re-registration asked after_seq=%v, want 0 each time", h.drainedAfter)
 		}
 	}
+}
+
+// TestFakeRestartCapsTheBackoff: after a close with 1012 the hub is
+// restarting, and the redial's backoff ceiling is ReconnectRestartMaxDelay,
+// not ReconnectMaxDelay. With an hour's cap, the 30 refused attempts here
+// would reach ceilings of minutes (1 ms doubled 30 times); capped at 5 ms
+// they take well under the test's deadline.
+func TestFakeRestartCapsTheBackoff(t *testing.T) {
+	h := newFakeHub(t)
+	defer h.close()
+	c := dialFake(t, h.srv.URL, Config{ReconnectMaxDelay: time.Hour, ReconnectRestartMaxDelay: 5 * time.Millisecond})
+	defer c.Close()
+	const refusals = 30
+	h.mu.Lock()
+	h.wsRefused = true
+	conn := h.conn
+	h.mu.Unlock()
+	_ = conn.Close(websocket.StatusServiceRestart, "restarting")
+	eventually(t, "the refused redials", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.wsRefusals >= refusals {
+			h.wsRefused = false
+		}
+		return !h.wsRefused
+	})
+	eventually(t, "the attach after the restart", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.attaches == 2
+	})
 }
 
 // TestFakeStalledUpgradeIsBounded: an upgrade request that is never answered

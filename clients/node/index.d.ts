@@ -48,6 +48,8 @@ export interface Config {
   reconnectBaseDelayMs?: number;
   /** Cap of the backoff ceiling (full jitter: the wait is uniform below it). Default 15000. */
   reconnectMaxDelayMs?: number;
+  /** Cap of the backoff ceiling instead while the hub restarts: from a close with 1012 until the next attach. Default 4000 (raised to the base, never above reconnectMaxDelayMs). */
+  reconnectRestartMaxDelayMs?: number;
   /** Bound on each HTTP call to the hub. Default 30000. */
   requestTimeoutMs?: number;
   /** How many times one send, or one registration, is made when it gets no answer or a 502/503/504, always with the same idempotency key (a registration's is its own, sent as the Idempotency-Key header). Default 4; 1 never retries. */
@@ -131,6 +133,7 @@ export interface Stats {
 export declare const defaults: Readonly<{
   reconnectBaseDelayMs: number;
   reconnectMaxDelayMs: number;
+  reconnectRestartMaxDelayMs: number;
   requestTimeoutMs: number;
   sendAttempts: number;
   pingIntervalMs: number;

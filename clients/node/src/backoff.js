@@ -24,6 +24,14 @@ export class Backoff {
     return Math.min(d, this.maxMs);
   }
 
+  /**
+   * This backoff with its ceiling capped at maxMs (a copy).
+   * @param {number} maxMs
+   */
+  capped(maxMs) {
+    return new Backoff(this.baseMs, Math.min(this.maxMs, maxMs), this.random);
+  }
+
   /** @param {number} attempt */
   delay(attempt) {
     return Math.floor(this.random() * this.ceiling(attempt));

@@ -447,7 +447,7 @@ export class Client {
         }
       }
       this.#log.info('marconi: WebSocket ended, reconnecting', { status: code, reason, immediate: this.#immediate });
-      const next = await this.#redial();
+      const next = await this.#redial(code === closeCodes.serviceRestart);
       if (!next) {
         this.#stopped = true;
         return;
@@ -459,13 +459,17 @@ export class Client {
   /**
    * Attaches again, waiting between attempts with backoff and draining while
    * the WebSocket is down, until attached, closed, or refused for good (null).
+   * After a restart the hub announced (1012) the backoff's ceiling is
+   * reconnectRestartMaxDelayMs.
+   * @param {boolean} restart
    * @returns {Promise<Conn | null>}
    */
-  async #redial() {
+  async #redial(restart) {
+    const backoff = restart ? this.#backoff.capped(this.#cfg.reconnectRestartMaxDelayMs) : this.#backoff;
     for (let attempt = 0; ; attempt++) {
       if (!this.#immediate) {
         await this.#drain();
-        if (!(await this.#waitOrHeal(this.#backoff.delay(attempt)))) return null;
+        if (!(await this.#waitOrHeal(backoff.delay(attempt)))) return null;
       }
       try {
         const conn = await this.#connect();

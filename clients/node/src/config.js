@@ -4,6 +4,7 @@
 export const defaults = Object.freeze({
   reconnectBaseDelayMs: 250,
   reconnectMaxDelayMs: 15000,
+  reconnectRestartMaxDelayMs: 4000,
   requestTimeoutMs: 30000,
   sendAttempts: 4,
   pingIntervalMs: 20000,
@@ -33,12 +34,13 @@ export function settle(config) {
     ...config,
     reconnectBaseDelayMs: config.reconnectBaseDelayMs ?? defaults.reconnectBaseDelayMs,
     reconnectMaxDelayMs: config.reconnectMaxDelayMs ?? defaults.reconnectMaxDelayMs,
+    reconnectRestartMaxDelayMs: config.reconnectRestartMaxDelayMs ?? defaults.reconnectRestartMaxDelayMs,
     requestTimeoutMs: config.requestTimeoutMs ?? defaults.requestTimeoutMs,
     sendAttempts: config.sendAttempts ?? defaults.sendAttempts,
     pingIntervalMs: config.pingIntervalMs ?? defaults.pingIntervalMs,
     pingTimeoutMs: config.pingTimeoutMs ?? defaults.pingTimeoutMs,
   };
-  for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'requestTimeoutMs', 'sendAttempts', 'pingTimeoutMs'])) {
+  for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'reconnectRestartMaxDelayMs', 'requestTimeoutMs', 'sendAttempts', 'pingTimeoutMs'])) {
     if (!Number.isFinite(cfg[k]) || cfg[k] <= 0) throw new TypeError(`marconi: ${k} must be a positive number`);
   }
   if (!Number.isFinite(cfg.pingIntervalMs) || cfg.pingIntervalMs < 0) throw new TypeError('marconi: pingIntervalMs must be 0 (off) or a positive number');
@@ -50,6 +52,9 @@ export function settle(config) {
   if (cfg.reconnectMaxDelayMs < cfg.reconnectBaseDelayMs) {
     throw new TypeError('marconi: reconnectMaxDelayMs is below reconnectBaseDelayMs');
   }
+  // After a 1012 the ceiling is this one, raised to the base, never above the max.
+  if (config.reconnectRestartMaxDelayMs === undefined) cfg.reconnectRestartMaxDelayMs = Math.max(cfg.reconnectRestartMaxDelayMs, cfg.reconnectBaseDelayMs);
+  cfg.reconnectRestartMaxDelayMs = Math.min(cfg.reconnectRestartMaxDelayMs, cfg.reconnectMaxDelayMs);
   return { cfg, urls, log: { ...silent, ...bindLogger(config.logger) } };
 }
 

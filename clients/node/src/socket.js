@@ -8,7 +8,7 @@ import { TransportError } from './http.js';
 export const readLimitBytes = 4 << 20;
 
 /** Close codes of the hub (docs/api.md, WebSocket). */
-export const closeCodes = Object.freeze({ normal: 1000, replaced: 4409, sessionExpired: 4410 });
+export const closeCodes = Object.freeze({ normal: 1000, serviceRestart: 1012, replaced: 4409, sessionExpired: 4410 });
 
 /**
  * @typedef {object} Welcome

@@ -319,6 +319,26 @@ test('a hub restart on the memory store: the session is registered again, draine
   assert.equal(resets.length, 1);
 });
 
+test('after a 1012 the redial backoff is capped at reconnectRestartMaxDelayMs, not reconnectMaxDelayMs', async (t) => {
+  // Its own hub, stopped gracefully (1012) and kept down while the client
+  // fails 20 times. With an hour's cap those failures would reach ceilings
+  // of hours (5 ms doubled 20 times); capped at 50 ms they take about a second.
+  const own = await startHub(env.bins.marconi);
+  /** @type {import('./support/hub.js').Hub} */
+  let current = own;
+  t.after(() => current.stop());
+  const logs = new LogRecorder();
+  const c = await dial({
+    hubURL: own.url, apiKey, surface: 'claude_code', sessionID: 'restart-cap', logger: logs,
+    reconnectBaseDelayMs: 5, reconnectMaxDelayMs: 3_600_000, reconnectRestartMaxDelayMs: 50,
+  });
+  t.after(() => c.close());
+  await own.stop();
+  await waitFor('20 failed redials while the hub is down', () => logs.find('marconi: reconnect failed').length >= 20, { timeoutMs: 15000 });
+  current = await startHub(env.bins.marconi, { port: own.port });
+  await waitFor('attached to the hub that came back', () => c.stats().reconnects === 1, { timeoutMs: 15000 });
+});
+
 test('a session that expired on the hub is registered again under its id, and the app is told', async (t) => {
   // Its own hub, with sessions that expire three seconds after their last proof of life.
   const short = await startHub(env.bins.marconi, {

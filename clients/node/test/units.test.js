@@ -5,6 +5,7 @@ import assert from 'node:assert/strict';
 import { getEventListeners } from 'node:events';
 import { test } from 'node:test';
 import { Backoff } from '../src/backoff.js';
+import { settle } from '../src/config.js';
 import { Dispatcher } from '../src/delivery.js';
 import { decodeError, permanent } from '../src/errors.js';
 import { TransportError } from '../src/http.js';
@@ -15,6 +16,23 @@ import { linked } from '../src/signals.js';
 test('backoff ceilings double from the base and stop at the cap', () => {
   const b = new Backoff(250, 15000);
   assert.deepEqual([0, 1, 2, 3, 4, 5, 6, 7, 50].map((n) => b.ceiling(n)), [250, 500, 1000, 2000, 4000, 8000, 15000, 15000, 15000]);
+});
+
+test('a capped backoff keeps its base and random source, and only lowers the cap', () => {
+  const b = new Backoff(250, 15000, () => 0.5);
+  const r = b.capped(4000);
+  assert.deepEqual([0, 1, 4, 5, 50].map((n) => r.ceiling(n)), [250, 500, 4000, 4000, 4000]);
+  assert.equal(r.delay(10), 2000);
+  assert.equal(b.ceiling(50), 15000, 'capped is a copy');
+  assert.equal(b.capped(60000).ceiling(50), 15000, 'a cap above the max changes nothing');
+});
+
+test('settle: the restart cap defaults to 4000, is raised to the base, never above the max', () => {
+  const base = { hubURL: 'http://h', apiKey: 'k', surface: 'codex' };
+  assert.equal(settle(base).cfg.reconnectRestartMaxDelayMs, 4000);
+  assert.equal(settle({ ...base, reconnectBaseDelayMs: 60000 }).cfg.reconnectRestartMaxDelayMs, 60000);
+  assert.equal(settle({ ...base, reconnectMaxDelayMs: 1000 }).cfg.reconnectRestartMaxDelayMs, 1000);
+  assert.throws(() => settle({ ...base, reconnectRestartMaxDelayMs: -1 }), TypeError);
 });
 
 test('backoff is full jitter: uniform from zero up to (not including) the ceiling', () => {
