@@ -123,3 +123,27 @@ func TestRegisterIdempotencyKeyBadInput(t *testing.T) {
 		t.Fatalf("256-byte key: %d %v", st, r)
 	}
 }
+
+// TestIdempotencyWindowIsConfigurable: MARCONI_IDEMPOTENCY_WINDOW_SECONDS
+// bounds the registration retry (and the send's key, signals.Config).
+func TestIdempotencyWindowIsConfigurable(t *testing.T) {
+	clock := hubtest.NewClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	h := hubtest.Start(t, hubtest.Options{Now: clock.Now, Config: hub.Config{IdempotencyWindow: time.Hour, SessionTTL: 48 * time.Hour}})
+	reg := func(id string) (int, map[string]any) {
+		t.Helper()
+		return call(t, "POST", h.URL+"/v1/sessions", h.APIKey, map[string]any{"session_id": id, "surface": "claude_code"}, "Idempotency-Key", "k-"+id)
+	}
+	for _, id := range []string{"within", "past"} {
+		if st, r := reg(id); st != http.StatusCreated {
+			t.Fatalf("register %s: %d %v", id, st, r)
+		}
+	}
+	clock.Advance(30 * time.Minute)
+	if st, r := reg("within"); st != http.StatusCreated {
+		t.Errorf("retry 30 min later with a 1 h window: %d %v, want 201", st, r)
+	}
+	clock.Advance(time.Hour)
+	if st, r := reg("past"); st != http.StatusForbidden {
+		t.Errorf("retry 90 min later with a 1 h window: %d %v, want 403", st, r)
+	}
+}

@@ -104,6 +104,10 @@ type Config struct {
 	// history the dashboard reads (GET /v1/ops/selfheal/history); the
 	// history keeps the last 20.
 	SelfhealHistoryBucket time.Duration
+	// IdempotencyWindow is MARCONI_IDEMPOTENCY_WINDOW_SECONDS (86400): how
+	// long a send's idempotency key and a registration's Idempotency-Key
+	// are remembered (signals.Config).
+	IdempotencyWindow time.Duration
 	// Pprof is MARCONI_PPROF (off): serve Go's runtime profiles under
 	// /debug/pprof/ to a request carrying the admin token.
 	Pprof bool
@@ -405,9 +409,10 @@ func New(cfg Config, d Deps) (*Server, error) {
 		s.fabric.SetProber(p)
 	}
 	s.signals, err = signals.New(signals.Config{
-		MaxPayloadBytes: cfg.MaxPayloadBytes,
-		Freshness:       cfg.SelfHeal.Freshness,
-		Quotas:          cfg.StoreQuotas,
+		MaxPayloadBytes:   cfg.MaxPayloadBytes,
+		IdempotencyWindow: cfg.IdempotencyWindow,
+		Freshness:         cfg.SelfHeal.Freshness,
+		Quotas:            cfg.StoreQuotas,
 	}, d.Store, s.conns, s.selfheal, d.Now, d.Registry, d.Logger)
 	if err != nil {
 		return nil, err

@@ -24,7 +24,9 @@ type Config struct {
 	// MaxPayloadBytes is MARCONI_MAX_PAYLOAD_BYTES (65536): the largest
 	// encoded payload of one signal.
 	MaxPayloadBytes int
-	// IdempotencyWindow is how long an idempotency key is remembered (24 h).
+	// IdempotencyWindow is MARCONI_IDEMPOTENCY_WINDOW_SECONDS (86400): how
+	// long a send's idempotency key, and a registration's Idempotency-Key,
+	// is remembered.
 	IdempotencyWindow time.Duration
 	// Freshness is the route-state freshness window,
 	// MARCONI_SELFHEAL_FRESHNESS_SECONDS (300), whether or not self-heal is on.
@@ -43,6 +45,7 @@ type Config struct {
 // Defaults of Config.
 const (
 	DefaultMaxPayloadBytes             = 65536
+	DefaultIdempotencyWindow           = 24 * time.Hour
 	DefaultQuotaPendingPerRecipient    = 10000
 	DefaultQuotaPendingBytesPerProject = 256 << 20
 )
@@ -52,7 +55,7 @@ func (c *Config) setDefaults() {
 		c.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
 	if c.IdempotencyWindow == 0 {
-		c.IdempotencyWindow = 24 * time.Hour
+		c.IdempotencyWindow = DefaultIdempotencyWindow
 	}
 	if c.Freshness == 0 {
 		c.Freshness = selfheal.DefaultFreshness
