@@ -220,16 +220,25 @@ func (c *Client) postRegister(ctx context.Context, id, token string) (registerRe
 		}
 		c.log.Info("marconi: registration got no answer; registering again with the same idempotency key",
 			"session_id", id, "attempt", attempt+1, "err", err)
-		t := time.NewTimer(c.backoff.delay(attempt))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return registerResponse{}, 0, errors.Join(err, ctx.Err())
-		case <-c.ctx.Done():
-			t.Stop()
-			return registerResponse{}, 0, errClosed
-		case <-t.C:
+		if werr := c.retryWait(ctx, attempt, err); werr != nil {
+			return registerResponse{}, 0, werr
 		}
+	}
+}
+
+// retryWait waits the backoff before the attempt after attempt of a call
+// whose answer was lost (err): nil once waited, err joined with ctx's error
+// when ctx ends, errClosed when the client closes.
+func (c *Client) retryWait(ctx context.Context, attempt int, err error) error {
+	t := time.NewTimer(c.backoff.delay(attempt))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return errors.Join(err, ctx.Err())
+	case <-c.ctx.Done():
+		return errClosed
+	case <-t.C:
+		return nil
 	}
 }
 
@@ -303,15 +312,8 @@ func (c *Client) Send(ctx context.Context, to, kind string, payload any, opts ..
 		}
 		c.log.Info("marconi: send got no answer; sending again with the same idempotency key",
 			"to_session", to, "attempt", attempt+1, "err", err)
-		t := time.NewTimer(c.backoff.delay(attempt))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return SendResult{}, errors.Join(err, ctx.Err())
-		case <-c.ctx.Done():
-			t.Stop()
-			return SendResult{}, errClosed
-		case <-t.C:
+		if werr := c.retryWait(ctx, attempt, err); werr != nil {
+			return SendResult{}, werr
 		}
 	}
 	if err != nil {
