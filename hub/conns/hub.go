@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -102,6 +103,10 @@ type Hub struct {
 	mu      sync.Mutex
 	closing bool
 	wg      sync.WaitGroup // attached connections (hijacked: the HTTP server does not wait for them)
+	// writers counts the connections' writer goroutines running now; a
+	// send yields to the writer it starts only when that one is alone
+	// (see pushFirst).
+	writers atomic.Int64
 }
 
 var _ signals.Router = (*Hub)(nil)
@@ -289,14 +294,14 @@ func (h *Hub) Route(ctx context.Context, sess sessionstore.Session) signals.Rout
 
 // Deliver implements signals.Router. A local connection that to (the store
 // row) shows superseded is closed on the way. When it starts the
-// connection's writer, it lets that writer run before the caller goes on
-// (see pushFirst).
+// connection's writer and no other writer runs, it lets that writer run
+// before the caller goes on (see pushFirst).
 func (h *Hub) Deliver(ctx context.Context, to sessionstore.Session, sig sessionstore.Signal) {
 	if c := h.registry.get(to.Key); c != nil {
 		h.reconcile(c, to)
 	}
 	if taken, started := h.offer(h.queueOf(to), queueItem{sig: &sig}); taken {
-		if started {
+		if started && h.writers.Load() == 1 {
 			pushFirst()
 		}
 		return

@@ -26,6 +26,7 @@ func (c *Conn) wake() bool {
 	}
 	c.writing = true
 	c.wg.Add(1)
+	c.h.writers.Add(1)
 	go c.writeRun()
 	return true
 }
@@ -35,8 +36,11 @@ func (c *Conn) wake() bool {
 // blocks (after the HTTP answer) or, after a pause, another processor steals
 // it; the yield puts the caller on the global run queue instead. The caller
 // never waits on what the writer waits for: a full socket (a slow consumer)
-// or a store read parks the writer, not the sender. Measured in
-// docs/benchmarks.md (issue 10, branch push).
+// or a store read parks the writer, not the sender. Deliver yields only when
+// the writer it started is the only one running: with other writers busy
+// the processors are too, and the yield would only cost the sender a trip
+// through the run queue (about a sixth of the throughput of eight
+// concurrent senders). Measured in docs/benchmarks.md (issue 10).
 func pushFirst() { runtime.Gosched() }
 
 // enqueue adds it to the outgoing queue unless the queue is full.
@@ -71,6 +75,7 @@ func (c *Conn) dequeue() (queueItem, bool) {
 // when there is nothing left to write, or when a write ends the connection.
 func (c *Conn) writeRun() {
 	defer c.wg.Done()
+	defer c.h.writers.Add(-1)
 	for {
 		if err := c.writeSome(c.ctx); err != nil {
 			c.fail(err) // the connection ends; writing stays set, so no writer starts again
