@@ -1048,10 +1048,9 @@ func TestReservedModesRejectedEverywhere(t *testing.T) {
 		if rs := routeState(t, h, "r-"+m); rs["route_state"] != "not_registered" {
 			t.Fatalf("%s stored something: %v", m, rs)
 		}
-		for _, cfg := range []hub.Config{{DefaultRuntimeMode: fabric.Mode(m)}, {Fabric: fabric.Config{Placement: fabric.PlacementConfig{DefaultMode: fabric.Mode(m)}}}} {
-			if _, err := hub.New(cfg, hub.Deps{Store: memstore.New()}); err == nil {
-				t.Fatalf("hub.New with default runtime mode %s: no error", m)
-			}
+		cfg := hub.Config{Fabric: fabric.Config{Placement: fabric.PlacementConfig{DefaultMode: fabric.Mode(m)}}}
+		if _, err := hub.New(cfg, hub.Deps{Store: memstore.New()}); err == nil {
+			t.Fatalf("hub.New with default runtime mode %s: no error", m)
 		}
 	}
 	if st, body := call(t, "POST", h.URL+"/v1/sessions", h.APIKey, map[string]any{"surface": "claude_code", "runtime_mode": "roaming"}); st != http.StatusBadRequest || errCode(body) != "invalid_runtime_mode" {

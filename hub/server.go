@@ -82,8 +82,6 @@ type Config struct {
 	// MaxConnectionsPerAddress is MARCONI_MAX_CONNECTIONS_PER_ADDRESS
 	// (25000): WebSockets open from one client address.
 	MaxConnectionsPerAddress int
-	// DefaultRuntimeMode applies when a registration names none.
-	DefaultRuntimeMode fabric.Mode
 	// DevAPIKeys maps API key to tenant/project, from MARCONI_API_KEYS.
 	APIKeys map[string]TenantProject
 	// AdminToken guards /v1/ops/*.
@@ -223,9 +221,6 @@ func (c *Config) setDefaults() {
 	if c.MaxConnectionsPerAddress == 0 {
 		c.MaxConnectionsPerAddress = DefaultMaxConnectionsPerAddress
 	}
-	if c.DefaultRuntimeMode == "" {
-		c.DefaultRuntimeMode = fabric.DefaultRuntimeMode
-	}
 	// A zero SelfHeal is "the defaults for this mode"; otherwise only zero
 	// knobs take their defaults and Enabled is as given.
 	def := selfheal.DefaultConfig()
@@ -262,9 +257,6 @@ func (c *Config) setDefaults() {
 	}
 	c.Fabric.InstanceID = c.InstanceID
 	c.Fabric.PublicURL = c.PublicURL
-	if c.Fabric.Placement.DefaultMode == "" {
-		c.Fabric.Placement.DefaultMode = c.DefaultRuntimeMode
-	}
 }
 
 // Deps are the collaborators the hub is wired with.

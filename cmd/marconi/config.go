@@ -248,7 +248,7 @@ func settings(c *Config) []setting {
 			if err != nil {
 				return err
 			}
-			c.Hub.DefaultRuntimeMode = m
+			c.Hub.Fabric.Placement.DefaultMode = m
 			return nil
 		}},
 		{"MARCONI_DISCONNECT_POLICY", fabric.DefaultDisconnectPolicy, "retain or drop a sticky session's pending signals at an affinity reset", oneOf(&h.Fabric.DisconnectPolicy, fabric.PolicyRetain, fabric.PolicyDrop)},

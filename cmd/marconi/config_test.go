@@ -25,7 +25,7 @@ func TestConfigDefaults(t *testing.T) {
 	if h.SessionTTL != time.Hour || h.SelfHeal.Freshness != 300*time.Second || h.SelfHeal.SenderStaleThreshold != 600*time.Second ||
 		h.SelfHeal.MaxAttempts != 3 || h.SelfHeal.RefillPeriod != time.Minute || h.Fabric.Grace != time.Minute ||
 		h.Fabric.DeadAfter != 10*time.Second || h.MaxPayloadBytes != 65536 || h.WSPingInterval != 20*time.Second ||
-		h.WSReadLimit != 32768 || h.SendRatePerSecond != 200 || h.DefaultRuntimeMode != "stateless" ||
+		h.WSReadLimit != 32768 || h.SendRatePerSecond != 200 || h.Fabric.Placement.DefaultMode != "stateless" ||
 		h.Fabric.DisconnectPolicy != "retain" || h.Fabric.Placement.Adaptive {
 		t.Errorf("defaults differ from docs/operations.md: %+v", h)
 	}
