@@ -35,21 +35,43 @@ func TestKeyedMutex(t *testing.T) {
 	again()
 }
 
-// A full project is remembered until its recount is due, then swept.
-func TestProjectMemo(t *testing.T) {
-	m := newProjectMemo()
+// What a count found is used until the recount is due, then swept: a full
+// project is refused, one with room takes exactly that many from memory and
+// then asks for a count; forget asks for a count at once.
+func TestProjectRooms(t *testing.T) {
+	m := newProjectRooms()
 	now := time.Now()
-	tp := TenantProject{TenantID: "t", ProjectID: "p"}
-	m.add(tp, now.Add(time.Second))
-	if !m.has(tp, now) || m.has(tp, now.Add(time.Second)) {
-		t.Fatal("the memo does not hold exactly until its time")
+	full, room := TenantProject{TenantID: "t", ProjectID: "full"}, TenantProject{TenantID: "t", ProjectID: "room"}
+	if got := m.spend(room, now); got != roomCount {
+		t.Fatalf("nothing remembered: %v, want a count", got)
 	}
+	m.set(full, true, 0, now.Add(time.Second))
+	m.set(room, false, 2, now.Add(time.Second))
+	if got := m.spend(full, now); got != roomFull {
+		t.Fatalf("a project counted full: %v, want refused from memory", got)
+	}
+	for i := range 2 {
+		if got := m.spend(room, now); got != roomSpent {
+			t.Fatalf("place %d of 2 remembered: %v, want taken from memory", i+1, got)
+		}
+	}
+	if got := m.spend(room, now); got != roomCount {
+		t.Fatalf("the remembered room used up: %v, want a count", got)
+	}
+	if got := m.spend(full, now.Add(time.Second)); got != roomCount {
+		t.Fatalf("past the recount: %v, want a count", got)
+	}
+	m.forget(full)
+	if got := m.spend(full, now); got != roomCount {
+		t.Fatalf("after forget: %v, want a count", got)
+	}
+	m.set(full, true, 0, now.Add(time.Second))
 	m.sweep(now)
-	if len(m.until) != 1 {
+	if len(m.rooms) != 2 {
 		t.Fatal("sweep forgot a project before its time")
 	}
 	m.sweep(now.Add(time.Second))
-	if len(m.until) != 0 {
+	if len(m.rooms) != 0 {
 		t.Fatal("sweep kept a project past its time")
 	}
 }

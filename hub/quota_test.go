@@ -61,6 +61,44 @@ func secondProjectKey(t *testing.T, h *hubtest.Hub) string {
 	return r["api_key"].(string)
 }
 
+// TestSessionsQuotaCountsOncePerRoom: a count of the project's sessions
+// leaves room for up to a tenth of the quota that the next registrations of
+// this instance take from memory (counting scans the project, under its
+// lock: at every registration it held a fleet starting at once to about a
+// hundred registrations a second), and the quota stays exact on one
+// instance.
+func TestSessionsQuotaCountsOncePerRoom(t *testing.T) {
+	clock := hubtest.NewClock(time.Now()) // stands still: the registrations are within one recount
+	for _, tc := range []struct {
+		quota, register, created, counts int
+	}{
+		{quota: 1000, register: 100, created: 100, counts: 1}, // room for 100 (a tenth) after one count
+		{quota: 1000, register: 101, created: 101, counts: 2}, // the 101st counts again
+		{quota: 20, register: 25, created: 20, counts: 11},    // room for 2 per count; refused at 20 (counted: 10 + 1)
+	} {
+		st := &countingStore{Store: memstore.New()}
+		h := hubtest.Start(t, hubtest.Options{Store: st, Now: clock.Now, Config: hub.Config{
+			QuotaSessionsPerProject: tc.quota, QuotaRegistrationsPerSecond: 1e6,
+		}})
+		created := 0
+		for i := range tc.register {
+			switch code, _, _ := registerRaw(t, h, h.APIKey, fmt.Sprintf("s%d", i)); code {
+			case 201:
+				created++
+			case 429:
+			default:
+				t.Fatalf("quota %d, registration %d: %d", tc.quota, i, code)
+			}
+		}
+		if got := st.counts.Load(); got != int64(tc.counts) {
+			t.Errorf("quota %d, %d registered: %d counts of the project, want %d", tc.quota, tc.register, got, tc.counts)
+		}
+		if stored := countSessions(t, h, "t1", "p1"); created != tc.created || stored != tc.created {
+			t.Errorf("quota %d, %d registered: %d created, %d stored; want %d", tc.quota, tc.register, created, stored, tc.created)
+		}
+	}
+}
+
 // TestSessionsPerProjectQuota: past the quota a registration is refused with
 // 429 quota_exceeded naming sessions_per_project, without Retry-After
 // (waiting does not help), nothing is stored, other projects still register,

@@ -297,7 +297,7 @@ type Server struct {
 	// serialises the count-then-create of one project's new sessions.
 	registrations *rateLimiter[[32]byte]
 	newSessions   *keyedMutex[TenantProject]
-	fullProjects  *projectMemo
+	projectRooms  *projectRooms
 	quotas        *quotaMetrics
 
 	draining      atomic.Bool
@@ -341,7 +341,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 
 		registrations: newRateLimiter[[32]byte](cfg.QuotaRegistrationsPerSecond, d.Now),
 		newSessions:   newKeyedMutex[TenantProject](),
-		fullProjects:  newProjectMemo(),
+		projectRooms:  newProjectRooms(),
 		quotas:        qm,
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
@@ -571,7 +571,7 @@ func (s *Server) Run(ctx context.Context) error {
 			s.selfheal.Sweep()
 			s.limits.sweep()
 			s.registrations.sweep()
-			s.fullProjects.sweep(s.now())
+			s.projectRooms.sweep(s.now())
 		})
 		return nil
 	})

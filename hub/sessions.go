@@ -269,7 +269,7 @@ func (s *Server) deregister(c echo.Context) error {
 	}
 	s.tokens.drop(tokenHash(c))
 	// A place is free again in this project: no need to wait for a recount.
-	s.fullProjects.forget(TenantProject{TenantID: sess.TenantID, ProjectID: sess.ProjectID})
+	s.projectRooms.forget(TenantProject{TenantID: sess.TenantID, ProjectID: sess.ProjectID})
 	s.conns.Kick(sess.Key, conns.DisconnectDeregistered)
 	s.log.Info("session deregistered", keyAttrs(sess.Key))
 	return c.NoContent(http.StatusNoContent)
