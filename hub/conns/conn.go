@@ -50,6 +50,7 @@ type Conn struct {
 	queue     []queueItem // outgoing, at most QueueSize; nil when empty, so an idle connection holds none
 	ctrl      [][]byte    // frames the reader asks the writer to send (errors), at most maxCtrl; nil when empty
 	ended     bool        // the handler is done: start nothing more
+	started   bool        // start has recorded the attach: the welcome is complete, a writer may run
 	writing   bool        // a writer goroutine runs
 	welcomed  bool        // the welcome and the first catch-up are written
 	last      int64
@@ -155,6 +156,16 @@ func (h *Hub) start(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 		c.kick(DisconnectShutdown)
 	}
 
+	// From here a wake starts the writer. Before, the connection was
+	// already in the registry (a send, a sweep or a wake-up could find it)
+	// while recordAttach was still counting the welcome's replayed: a
+	// writer started then wrote the welcome with 0. Wakes before this one
+	// start nothing, and need not: this writer writes the welcome, catches
+	// up from the store (which holds whatever they were about) and
+	// closes a connection kicked meanwhile.
+	c.mu.Lock()
+	c.started = true
+	c.mu.Unlock()
 	c.wake() // the welcome and the replay
 	c.armPing()
 	return c

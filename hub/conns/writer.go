@@ -16,12 +16,13 @@ const catchUpPage = 100
 
 // wake makes sure a writer runs while there is something to write: it
 // starts one unless one runs (that one sees what was queued before wake,
-// since it checks for work under c.mu before it stops). It reports whether
+// since it checks for work under c.mu before it stops), or start has not
+// yet finished (its own wake covers what came before). It reports whether
 // it started one.
 func (c *Conn) wake() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.writing || c.ended {
+	if c.writing || c.ended || !c.started {
 		return false
 	}
 	c.writing = true
