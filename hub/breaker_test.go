@@ -121,3 +121,22 @@ func errMessage(r map[string]any) string {
 	m, _ := e["message"].(string)
 	return m
 }
+
+// refusingCause is privateCause whose session lookups are refused too, as
+// every call is in an outage.
+type refusingCause struct{ privateCause }
+
+func (refusingCause) SessionByToken(context.Context, []byte, time.Time) (sessionstore.Session, error) {
+	return sessionstore.Session{}, fmt.Errorf("session by token: %w: connection refused", sessionstore.ErrUnavailable)
+}
+
+// TestUnavailableNamesTheClassNotTheAddress: a call that the store could not
+// serve answers 503 registry_unavailable naming the class of the failure,
+// never where the database is.
+func TestUnavailableNamesTheClassNotTheAddress(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{Store: refusingCause{privateCause{memstore.New()}}})
+	st, r := call(t, "POST", h.URL+"/v1/heartbeat", "mst_"+strings.Repeat("a", 43), nil)
+	if msg := errMessage(r); st != 503 || errCode(r) != "registry_unavailable" || !strings.Contains(msg, "(connection refused)") || strings.Contains(msg, "db.internal") {
+		t.Fatalf("heartbeat in an outage: %d %v; want 503 registry_unavailable naming the class, not the address", st, r)
+	}
+}

@@ -91,6 +91,9 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		return
 	}
 	pe := publicError(err)
+	if pe.Code == marconi.CodeRegistryUnavailable {
+		pe = s.withStoreClass(pe, err)
+	}
 	status := statusByCode[pe.Code]
 	if status == 0 {
 		status = http.StatusInternalServerError
@@ -142,3 +145,23 @@ func (s *Server) storeLog(err error) func(msg string, args ...any) {
 
 // logAttrs is a small helper for structured logs of a session key.
 func keyAttrs(k sessionstore.Key) slog.Attr { return conns.KeyAttrs(k) }
+
+// withStoreClass names, in a 503 registry_unavailable that a store error
+// caused, the class of that failure ("connection refused", "no answer in
+// time"; never the database's address, which only the log, the banner and
+// the admin's /readyz carry), so that one answer tells a client or an
+// operator what kind of outage it is, the breaker's fast refusals included.
+func (s *Server) withStoreClass(pe *marconi.Error, err error) *marconi.Error {
+	d, ok := s.store.(storeDiagnoser)
+	if !ok {
+		return pe
+	}
+	if _, public := errors.AsType[*marconi.Error](err); public {
+		return pe // the hub's own message already
+	}
+	cause := d.Classify(err)
+	if cause == "" {
+		return pe
+	}
+	return marconi.Errorf(marconi.CodeRegistryUnavailable, "the session registry cannot be reached (%s); try again shortly", cause)
+}
