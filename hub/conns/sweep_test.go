@@ -40,8 +40,6 @@ func (s *sweepReads) PendingSignals(ctx context.Context, k sessionstore.Key, aft
 	return s.Store.PendingSignals(ctx, k, after, limit)
 }
 
-func (s *sweepReads) total() int64 { return s.heads.Load() + s.perConn.Load() }
-
 // sweeps reads marconi_pending_sweeps_total.
 func sweeps(tb testing.TB, h *hubtest.Hub) int64 {
 	tb.Helper()
