@@ -243,8 +243,8 @@ type Store interface {
 	// GetSession returns the live session with key k. Returns ErrNotFound when none.
 	GetSession(ctx context.Context, k Key, now time.Time) (Session, error)
 	// SessionHeads returns the heads of the sessions among keys live at now,
-	// by key, in one read: a key with no live session is absent. It is the
-	// pending sweep's one read for every connection of an instance.
+	// by key, in one read (the pending sweep's, for a batch of connections).
+	// A key with no live session is absent from the map, not an error.
 	SessionHeads(ctx context.Context, keys []Key, now time.Time) (map[Key]SessionHead, error)
 	// ListSessions returns live sessions matching f, ordered by tenant,
 	// project and session id.

@@ -396,8 +396,8 @@ func (m *Store) SessionHeads(ctx context.Context, keys []sessionstore.Key, now t
 	defer m.mu.Unlock()
 	out := make(map[sessionstore.Key]sessionstore.SessionHead, len(keys))
 	for _, k := range keys {
-		s, err := m.liveSession(k, now)
-		if err != nil {
+		s, ok := m.sessions[k]
+		if !ok || !live(s, now) {
 			continue
 		}
 		// Pending signals are the tail of signals, gap-free up to lastSeq.
