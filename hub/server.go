@@ -95,8 +95,9 @@ type Config struct {
 	// Retention configures the pruning loop.
 	Retention Retention
 	// PendingSweep is MARCONI_PENDING_SWEEP_SECONDS (5): how often every
-	// queue attached here catches up from the store, so that a lost
-	// cross-instance wake-up delays a signal by at most this long.
+	// queue attached here is checked against the store and woken when it
+	// has signals left to write, so that a lost cross-instance wake-up
+	// delays a signal by at most this long.
 	PendingSweep time.Duration
 	// SelfhealHistoryBucket is the width of one bucket of the self-heal
 	// history the dashboard reads (GET /v1/ops/selfheal/history); the

@@ -14,6 +14,18 @@ type Key struct {
 	SessionID string
 }
 
+// SessionHead is a session's row with how far its signals go: what the
+// pending sweep needs to reconcile a connection and to tell whether it has
+// anything to write.
+type SessionHead struct {
+	Session
+	// LastSeq is the seq of the session's latest signal, 0 when none.
+	LastSeq int64
+	// AckedSeq is the session's highest acknowledged seq: its pending
+	// signals are those with seq in (AckedSeq, LastSeq].
+	AckedSeq int64
+}
+
 // Session is one registered agent session as the store keeps it.
 type Session struct {
 	Key
@@ -230,6 +242,10 @@ type Store interface {
 	SessionByToken(ctx context.Context, h []byte, now time.Time) (Session, error)
 	// GetSession returns the live session with key k. Returns ErrNotFound when none.
 	GetSession(ctx context.Context, k Key, now time.Time) (Session, error)
+	// SessionHeads returns the heads of the sessions among keys live at now,
+	// by key, in one read (the pending sweep's, for a batch of connections).
+	// A key with no live session is absent from the map, not an error.
+	SessionHeads(ctx context.Context, keys []Key, now time.Time) (map[Key]SessionHead, error)
 	// ListSessions returns live sessions matching f, ordered by tenant,
 	// project and session id.
 	ListSessions(ctx context.Context, f SessionFilter, now time.Time) ([]Session, error)

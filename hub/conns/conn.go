@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -53,10 +54,14 @@ type Conn struct {
 	started   bool        // start has recorded the attach: the welcome is complete, a writer may run
 	writing   bool        // a writer goroutine runs
 	welcomed  bool        // the welcome and the first catch-up are written
-	last      int64
+	last      int64       // the seq of the last signal written; the writer's alone
 	pingTimer *time.Timer
 	err       error          // the first error that ended the connection
 	wg        sync.WaitGroup // the writer and the ping, while they run
+
+	// written is last, for the pending sweep to read: it wakes only the
+	// connections whose session has a signal past it.
+	written atomic.Int64
 
 	kickMu sync.Mutex
 	kicked chan struct{} // closed by the first kick, after kickBy is set

@@ -36,7 +36,7 @@ func (s *countingStore) AckSignals(ctx context.Context, k sessionstore.Key, upTo
 }
 
 // post does one JSON call and decodes the answer.
-func post(t *testing.T, url, cred string, body any) map[string]any {
+func post(t testing.TB, url, cred string, body any) map[string]any {
 	t.Helper()
 	raw, _ := json.Marshal(body)
 	req, _ := http.NewRequest("POST", url, bytes.NewReader(raw))
@@ -54,12 +54,12 @@ func post(t *testing.T, url, cred string, body any) map[string]any {
 	return out
 }
 
-func register(t *testing.T, h *hubtest.Hub, id string) string {
+func register(t testing.TB, h *hubtest.Hub, id string) string {
 	t.Helper()
 	return post(t, h.URL+"/v1/sessions", h.APIKey, map[string]any{"session_id": id, "surface": "claude_code"})["token"].(string)
 }
 
-func dial(t *testing.T, h *hubtest.Hub, token string) *websocket.Conn {
+func dial(t testing.TB, h *hubtest.Hub, token string) *websocket.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -71,7 +71,7 @@ func dial(t *testing.T, h *hubtest.Hub, token string) *websocket.Conn {
 	return c
 }
 
-func read(t *testing.T, c *websocket.Conn) map[string]any {
+func read(t testing.TB, c *websocket.Conn) map[string]any {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -94,7 +94,7 @@ func write(t *testing.T, c *websocket.Conn, v any) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {

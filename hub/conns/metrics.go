@@ -36,7 +36,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		}),
 		sweeps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "marconi_pending_sweeps_total",
-			Help: "Runs of the pending sweep, which wakes every queue attached to this instance.",
+			Help: "Runs of the pending sweep, which checks every queue attached to this instance against the store and wakes those with signals left to write.",
 		}),
 	}
 	for _, l := range disconnectLabels {

@@ -2,7 +2,6 @@ package conns
 
 import (
 	"context"
-	"errors"
 
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/sessionstore"
@@ -11,8 +10,10 @@ import (
 // Cross-instance delivery. A send that stores a signal for a queue held by
 // another instance publishes a wake-up on the bus (Deliver → fabric.Wake →
 // Bus.Publish); the holder's listener hands it to WakeLocal and the queue's
-// writer catches up from the store. The pending sweep wakes every local
-// queue on a slow timer, so a lost wake-up delays a signal, never loses it.
+// writer catches up from the store. The pending sweep reads, on a slow
+// timer, how far every local queue's session has signals (one store read
+// per batch of queues) and wakes each queue that has not written them all,
+// so a lost wake-up delays a signal, never loses it.
 //
 // The same sweep reconciles every local connection with its session's store
 // row, which is how a change made on another instance reaches a WebSocket
@@ -63,43 +64,72 @@ func (h *Hub) WakeLocal(k sessionstore.Key) {
 	h.offer(h.registry.get(k), queueItem{})
 }
 
-// Sweep is one run of the pending sweep: reconcile, then wake.
+// sweepBatch is how many connections one store read of the pending sweep
+// covers, so that each read stays small under StoreTimeout.
+const sweepBatch = 1000
+
+// Sweep is one run of the pending sweep: for every connection attached
+// here it reads the session's row and seqs, a batch of connections per
+// store read (SessionHeads), closes those the row shows superseded, and
+// wakes those whose session has a signal past what they have written. A
+// failed read ends this run; the next sweep starts over.
 func (h *Hub) Sweep(ctx context.Context) {
 	h.metrics.sweeps.Inc()
-	h.reconcileAll(ctx)
-	h.wakeAll()
-}
-
-// reconcileAll checks every connection attached here against its session's
-// store row, one read each, and closes those the row shows superseded. A
-// failed read ends this run; the next sweep starts over.
-func (h *Hub) reconcileAll(ctx context.Context) {
-	for _, c := range h.registry.all() {
-		if c.closing() {
-			continue
-		}
-		rctx, cancel := context.WithTimeout(ctx, h.cfg.StoreTimeout)
-		sess, err := h.store.GetSession(rctx, c.key, h.now())
-		cancel()
-		switch {
-		case errors.Is(err, sessionstore.ErrNotFound):
-			c.kick(DisconnectSessionGone)
-		case err != nil:
+	cs := h.registry.all()
+	for len(cs) > 0 {
+		n := min(len(cs), sweepBatch)
+		if err := h.sweep(ctx, cs[:n]); err != nil {
 			// Most likely the store is unreachable: stop here rather than
-			// wait out a timeout per connection; the next sweep starts over.
+			// wait out a timeout per batch; the next sweep starts over.
 			if ctx.Err() == nil {
-				h.log.Debug("reconcile connections with their sessions", KeyAttrs(c.key), "err", err)
+				h.log.Debug("sweep connections", "connections", len(cs), "err", err)
 			}
 			return
-		default:
-			h.reconcile(c, sess)
 		}
+		cs = cs[n:]
 	}
 }
 
-// wakeAll asks every queue attached here to catch up from the store. Unlike
-// a send, it never closes a full queue: a full queue's writer is busy with
-// queued work, and the next sweep comes back to it.
+// sweep reconciles and wakes cs with one store read.
+func (h *Hub) sweep(ctx context.Context, cs []*Conn) error {
+	open := make([]*Conn, 0, len(cs))
+	keys := make([]sessionstore.Key, 0, len(cs))
+	for _, c := range cs {
+		if !c.closing() {
+			open = append(open, c)
+			keys = append(keys, c.key)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, h.cfg.StoreTimeout)
+	heads, err := h.store.SessionHeads(rctx, keys, h.now())
+	cancel()
+	if err != nil {
+		return err
+	}
+	for _, c := range open {
+		head, ok := heads[c.key]
+		if !ok {
+			c.kick(DisconnectSessionGone)
+			continue
+		}
+		h.reconcile(c, head.Session)
+		// Written is read after the row: a signal written since the read
+		// only makes the wake-up one the writer finds nothing for.
+		if !c.closing() && head.LastSeq > max(head.AckedSeq, c.written.Load()) && c.enqueue(queueItem{}) {
+			c.wake()
+		}
+	}
+	return nil
+}
+
+// wakeAll asks every queue attached here to catch up from the store, as
+// the bus listener does when it (re)connects, having maybe missed
+// wake-ups. Unlike a send, it never closes a full queue: a full queue's
+// writer is busy with queued work, and the next sweep comes back to it
+// (Sweep wakes the same way).
 func (h *Hub) wakeAll() {
 	for _, c := range h.registry.all() {
 		if c.enqueue(queueItem{}) {

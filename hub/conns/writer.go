@@ -99,7 +99,7 @@ func (c *Conn) writeSome(ctx context.Context) error {
 		if err := c.writeJSON(ctx, c.welcome); err != nil {
 			return err
 		}
-		if err := c.catchUp(ctx, &c.last); err != nil {
+		if err := c.catchUp(ctx); err != nil {
 			return err
 		}
 		c.mu.Lock()
@@ -140,23 +140,29 @@ func (c *Conn) writeItem(ctx context.Context, it queueItem) error {
 		if err := c.writeSignal(ctx, *it.sig); err != nil {
 			return err
 		}
-		c.last = it.sig.Seq
+		c.wrote(it.sig.Seq)
 		return nil
 	default:
 		// A gap (a concurrent send overtook this one) or a wake-up: the
 		// store has every signal in order.
-		return c.catchUp(ctx, &c.last)
+		return c.catchUp(ctx)
 	}
 }
 
-// catchUp writes every stored unacknowledged signal after *last, in seq
+// wrote records that the signal seq is written.
+func (c *Conn) wrote(seq int64) {
+	c.last = seq
+	c.written.Store(seq)
+}
+
+// catchUp writes every stored unacknowledged signal after c.last, in seq
 // order, once it has checked that they are the signals of c's session
 // incarnation (stillCurrent). The store holds them all, so queue items are
 // redundant while it runs: it drops them as it goes (a live send racing a
 // long replay must not fill the queue and close a healthy consumer with
 // 4429), and reads once more when it dropped any, so none is left for the
 // next wake-up.
-func (c *Conn) catchUp(ctx context.Context, last *int64) error {
+func (c *Conn) catchUp(ctx context.Context) error {
 	dropQueued := func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -170,7 +176,7 @@ func (c *Conn) catchUp(ctx context.Context, last *int64) error {
 		dropQueued()
 		dropped := false
 		rctx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
-		sigs, err := c.h.store.PendingSignals(rctx, c.key, *last, catchUpPage)
+		sigs, err := c.h.store.PendingSignals(rctx, c.key, c.last, catchUpPage)
 		cancel()
 		if err == nil && len(sigs) > 0 {
 			// The store keys signals by session key only: those just read
@@ -199,7 +205,7 @@ func (c *Conn) catchUp(ctx context.Context, last *int64) error {
 			if err := c.writeSignal(ctx, sig); err != nil {
 				return err
 			}
-			*last = sig.Seq
+			c.wrote(sig.Seq)
 			dropped = dropQueued() || dropped
 		}
 		if len(sigs) < catchUpPage && !dropped {

@@ -47,6 +47,13 @@ func (b *Store) GetSession(ctx context.Context, k sessionstore.Key, now time.Tim
 	return guard(b, ctx, func() (sessionstore.Session, error) { return b.inner.GetSession(ctx, k, now) })
 }
 
+// SessionHeads implements sessionstore.Store.
+func (b *Store) SessionHeads(ctx context.Context, keys []sessionstore.Key, now time.Time) (map[sessionstore.Key]sessionstore.SessionHead, error) {
+	return guard(b, ctx, func() (map[sessionstore.Key]sessionstore.SessionHead, error) {
+		return b.inner.SessionHeads(ctx, keys, now)
+	})
+}
+
 // ListSessions implements sessionstore.Store.
 func (b *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) ([]sessionstore.Session, error) {
 	return guard(b, ctx, func() ([]sessionstore.Session, error) { return b.inner.ListSessions(ctx, f, now) })

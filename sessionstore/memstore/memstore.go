@@ -388,6 +388,24 @@ func (m *Store) GetSession(ctx context.Context, k sessionstore.Key, now time.Tim
 	return cloneSession(s.s), nil
 }
 
+// SessionHeads implements sessionstore.Store.
+func (m *Store) SessionHeads(ctx context.Context, keys []sessionstore.Key, now time.Time) (map[sessionstore.Key]sessionstore.SessionHead, error) {
+	if err := m.lock(); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	out := make(map[sessionstore.Key]sessionstore.SessionHead, len(keys))
+	for _, k := range keys {
+		s, ok := m.sessions[k]
+		if !ok || !live(s, now) {
+			continue
+		}
+		// Pending signals are the tail of signals, gap-free up to lastSeq.
+		out[k] = sessionstore.SessionHead{Session: cloneSession(s.s), LastSeq: s.lastSeq, AckedSeq: s.lastSeq - int64(len(s.pending()))}
+	}
+	return out, nil
+}
+
 // ListSessions implements sessionstore.Store.
 func (m *Store) ListSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) ([]sessionstore.Session, error) {
 	if err := m.lock(); err != nil {

@@ -65,6 +65,8 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"Expired sessions are invisible to reads and touches", testExpiredInvisible},
 		{"TouchSession/never moves a time backwards and extends expiry", testTouch},
 		{"ListSessions and CountSessions/filter, order and limit", testListSessions},
+		{"SessionHeads/live sessions only, with their last and acked seqs", testSessionHeads},
+		{"SessionHeads/many keys in one read", testSessionHeadsMany},
 		{"DeleteSession/removes the session and its signals", testDelete},
 		{"DeleteSession/removes an expired row too (ErrNotFound only when no row)", testDeleteExpired},
 		{"Tenant isolation/same session id in two tenants or projects", testTenantIsolation},
