@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,8 +11,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/marconihub/marconi/internal/pgtest"
 )
@@ -122,20 +119,7 @@ func readyzWhileSlow(t *testing.T, breaker string) {
 		t.Fatalf("register before the lock: %+v", a)
 	}
 
-	ctx := context.Background()
-	locker, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Close(ctx)
-	tx, err := locker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // released at the end or here
-	if _, err := tx.Exec(ctx, "LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	lock := pgtest.LockTable(t, dbURL, "sessions")
 
 	const calls = 2 // twice the pool
 	statuses := make(chan int, calls)
@@ -154,11 +138,7 @@ func readyzWhileSlow(t *testing.T, breaker string) {
 			statuses <- resp.StatusCode
 		})
 	}
-	pollUntil(t, "the pooled connection to wait on the lock", func() bool {
-		var n int
-		err := locker.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'sessions'::regclass").Scan(&n)
-		return err == nil && n >= 1
-	})
+	lock.WaitForWaiter(t)
 	if st := get(t, m.URL()+"/readyz"); st != 200 {
 		t.Fatalf("/readyz with the pool held by slow calls: %d, want 200", st)
 	}
@@ -177,9 +157,7 @@ func readyzWhileSlow(t *testing.T, breaker string) {
 	if st := get(t, m.URL()+"/readyz"); st != 200 {
 		t.Fatalf("/readyz after the slow calls: %d, want 200", st)
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	lock.Release(t)
 	pollUntil(t, "a register once the lock is gone", func() bool {
 		return post(t, m.URL()+"/v1/sessions", key, `{"session_id":"bob","surface":"claude_code"}`).status == 201
 	})

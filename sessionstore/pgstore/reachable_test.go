@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
@@ -29,19 +27,7 @@ func TestReachableWhileThePoolIsHeld(t *testing.T) {
 		t.Fatalf("Reachable with the pool free: %v", err)
 	}
 
-	locker, err := pgx.Connect(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Close(ctx)
-	tx, err := locker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // ends the lock
-	if _, err := tx.Exec(ctx, "LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	lock := pgtest.LockTable(t, u, "sessions")
 	held := make(chan error, 1)
 	go func() {
 		cctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -49,18 +35,7 @@ func TestReachableWhileThePoolIsHeld(t *testing.T) {
 		_, err := st.GetSession(cctx, sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "s"}, time.Now())
 		held <- err
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var n int
-		err := locker.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'sessions'::regclass").Scan(&n)
-		if err == nil && n >= 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the pooled connection never waited on the lock: %d, %v", n, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	lock.WaitForWaiter(t)
 	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	err = st.Ping(pctx)
 	cancel()
@@ -70,9 +45,7 @@ func TestReachableWhileThePoolIsHeld(t *testing.T) {
 	if err := st.Reachable(ctx); err != nil {
 		t.Fatalf("Reachable with the pool held: %v, want nil (Postgres answers)", err)
 	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	lock.Release(t)
 	if err := <-held; !errors.Is(err, sessionstore.ErrNotFound) {
 		t.Fatalf("the held call: %v, want not found once the lock is gone", err)
 	}
