@@ -400,7 +400,9 @@ func newRegistrationKey() string {
 // idempotency key (WithIdempotencyKey, else generated), and when its answer
 // is lost or the hub answers 502, 503 or 504 the client sends it again with
 // the same key, through the next hub URL, up to Config.SendAttempts times:
-// the hub stores it once. The answer is returned as a SendResult; a retry
+// the hub stores it once. A 429 (the session's send rate, a project quota)
+// is waited out for its Retry-After and the send made again, within
+// Config.RateLimitWait and ctx. The answer is returned as a SendResult; a retry
 // that finds its earlier attempt stored says Duplicate. Signals waiting for
 // this session that came with it (piggyback) go to OnSignal. When the hub
 // says sender_route_stale, Send has already started the reconnect when it
