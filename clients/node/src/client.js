@@ -2,7 +2,9 @@
 
 import { randomBytes, randomUUID } from 'node:crypto';
 import { EventEmitter, setMaxListeners } from 'node:events';
-import WebSocket from 'ws';
+import WebSocket from './ws.js';
+
+/** @typedef {import('ws').default} WebSocket the type of ws's sockets (./ws.js exports only the class) */
 import { Backoff } from './backoff.js';
 import { settle } from './config.js';
 import { Dispatcher, toSignal } from './delivery.js';
