@@ -37,7 +37,6 @@
 //     when the assigned instance dies, that URL's instance takes the session
 //     over once it sees the dead one gone (within about half a second of a
 //     kill with Postgres).
-//
 //   - 429 to a registration or a send: waited out for its Retry-After (the
 //     backoff when the header is missing or unreadable) and made again,
 //     within Config.RateLimitWait and ctx; a longer wait returns the 429.
