@@ -7,13 +7,17 @@
 // work: a copy (--install-links, or the packed tarball) or the folder's own
 // dependencies installed.
 
+import { createRequire } from 'node:module';
+
 /** @type {typeof import('ws').default} */
 let WebSocket;
 try {
-  WebSocket = (await import('ws')).default;
+  // require, not a static import: a missing package is caught here and
+  // explained; and not a top-level await, which would keep require(esm) of
+  // this package from working where Node supports it.
+  WebSocket = createRequire(import.meta.url)('ws');
 } catch (err) {
-  const code = /** @type {NodeJS.ErrnoException} */ (err).code;
-  if (code !== 'ERR_MODULE_NOT_FOUND') throw err;
+  if (/** @type {NodeJS.ErrnoException} */ (err).code !== 'MODULE_NOT_FOUND') throw err;
   throw new Error(
     "@marconihub/client: its dependency 'ws' is not installed where the client's files are " +
       `(${new URL('..', import.meta.url).pathname}). A folder install is a symlink: install with ` +
