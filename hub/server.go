@@ -104,6 +104,10 @@ type Config struct {
 	// history the dashboard reads (GET /v1/ops/selfheal/history); the
 	// history keeps the last 20.
 	SelfhealHistoryBucket time.Duration
+	// NoTakeover is MARCONI_ALLOW_TAKEOVER=false: a registration with
+	// "takeover": true of a live session is refused (403) as any other
+	// registration of a live id without its token.
+	NoTakeover bool
 	// IdempotencyWindow is MARCONI_IDEMPOTENCY_WINDOW_SECONDS (86400): how
 	// long a send's idempotency key and a registration's Idempotency-Key
 	// are remembered (signals.Config).
@@ -408,6 +412,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		QuotaSessionsPerProject:     cfg.QuotaSessionsPerProject,
 		QuotaRegistrationsPerSecond: cfg.QuotaRegistrationsPerSecond,
 		RetryWindow:                 s.signals.Config().IdempotencyWindow,
+		AllowTakeover:               !cfg.NoTakeover,
 	}, sessions.Deps{Store: d.Store, Placer: s.fabric, Revoker: revoker{s}, Registry: d.Registry, Logger: d.Logger, Now: d.Now})
 	if err != nil {
 		return nil, err

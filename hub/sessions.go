@@ -24,6 +24,7 @@ type registerRequest struct {
 	Surface     string `json:"surface"`
 	RuntimeMode string `json:"runtime_mode"`
 	ClientID    string `json:"client_id"`
+	Takeover    bool   `json:"takeover"`
 	Hints       struct {
 		LocalState  bool `json:"local_state"`
 		SideEffects bool `json:"side_effects"`
@@ -43,6 +44,9 @@ type sessionResponse struct {
 	RegisteredAt             time.Time `json:"registered_at"`
 	ExpiresAt                time.Time `json:"expires_at"`
 	HeartbeatIntervalSeconds int       `json:"heartbeat_interval_seconds"`
+	// TakenOver says the registration took the live session over by its
+	// project's API key; false in every other answer.
+	TakenOver bool `json:"taken_over"`
 }
 
 // Registration headers: the registration's optional idempotency key (a
@@ -81,6 +85,7 @@ func (s *Server) register(c echo.Context) error {
 		Token:       h.Get(headerSessionToken),
 
 		IdempotencyKey: h.Get(headerIdempotencyKey),
+		Takeover:       req.Takeover,
 	})
 	if err != nil {
 		return err
@@ -100,6 +105,7 @@ func (s *Server) sessionResponse(reg sessions.Registration) sessionResponse {
 		InstanceID:   s.cfg.InstanceID,
 		RegisteredAt: sess.RegisteredAt.UTC(), ExpiresAt: sess.ExpiresAt.UTC(),
 		HeartbeatIntervalSeconds: int(s.cfg.HeartbeatInterval / time.Second),
+		TakenOver:                reg.Outcome == sessions.OutcomeTakenOver,
 	}
 	if fabric.Mode(sess.RuntimeMode) == fabric.ModeSticky && sess.AssignedInstance != "" {
 		r.InstanceID = sess.AssignedInstance

@@ -30,6 +30,10 @@ type RegisterRequest struct {
 	Token string
 	// IdempotencyKey is the registration's Idempotency-Key, empty for none.
 	IdempotencyKey string
+	// Takeover asks to resume the live session SessionID without its
+	// token, on the authority of its project's API key; ignored when the
+	// service does not allow takeovers.
+	Takeover bool
 }
 
 // Hints are what the client says of its work, for the adaptive classifier.
@@ -49,6 +53,9 @@ const (
 	OutcomeResumed Outcome = "resumed"
 	// OutcomeRetried: the retry of a registration whose answer was lost (201).
 	OutcomeRetried Outcome = "retried"
+	// OutcomeTakenOver: a live session resumed without its token, by its
+	// project's API key (200, taken_over).
+	OutcomeTakenOver Outcome = "taken_over"
 )
 
 // Registration is the result of Register: the session as stored and its
@@ -117,7 +124,10 @@ func (s *Service) Register(ctx context.Context, req RegisterRequest) (Registrati
 			if r, done, err := s.retry(ctx, k, reg); done {
 				return r, err
 			}
-			return Registration{}, errLive(req.SessionID)
+			if r, done, err := s.takeOver(ctx, k, reg); done {
+				return r, err
+			}
+			return Registration{}, s.errLive(req.SessionID)
 		case !errors.Is(err, sessionstore.ErrNotFound):
 			return Registration{}, err
 		}
@@ -127,6 +137,10 @@ func (s *Service) Register(ctx context.Context, req RegisterRequest) (Registrati
 	if req.SessionID != "" && !gone {
 		// Before the quota: the session of a lost answer is already counted.
 		if r, done, err := s.retry(ctx, k, reg); done {
+			return r, err
+		}
+		// A takeover of an id that is not live is an ordinary registration.
+		if r, done, err := s.takeOver(ctx, k, reg); done {
 			return r, err
 		}
 	}
@@ -146,9 +160,52 @@ func (r registration) touch(ttl time.Duration) sessionstore.Touch {
 }
 
 // errLive is the refusal of a registration of the live session id without
-// its current token.
-func errLive(id string) error {
-	return marconi.Errorf(marconi.CodeForbidden, "session %q is live; present its current token in X-Marconi-Session-Token to resume it", id)
+// its current token: it says what to do instead.
+func (s *Service) errLive(id string) error {
+	if s.cfg.AllowTakeover {
+		return marconi.Errorf(marconi.CodeForbidden, "session %q is live; present its current token (X-Marconi-Session-Token) or register with \"takeover\": true", id)
+	}
+	return marconi.Errorf(marconi.CodeForbidden, "session %q is live; present its current token (X-Marconi-Session-Token)", id)
+}
+
+// takeOverAttempts bounds how often a takeover reads the session's token
+// again when a resume or another takeover changed it in between.
+const takeOverAttempts = 3
+
+// takeOver resumes the live session k without its token, when the request
+// asks for it and takeovers are allowed: its token is swapped for a new one
+// (compare-and-set on the token read just before, so that a racing resume
+// or takeover is never undone silently), the old token stops working, and
+// its signals stay. done is false, and nothing changed, when this is not a
+// takeover (not asked, not allowed, or no live session k).
+func (s *Service) takeOver(ctx context.Context, k sessionstore.Key, reg registration) (r Registration, done bool, err error) {
+	if !reg.Takeover || !s.cfg.AllowTakeover {
+		return Registration{}, false, nil
+	}
+	for range takeOverAttempts {
+		cur, err := s.store.GetSession(ctx, k, reg.now)
+		if errors.Is(err, sessionstore.ErrNotFound) {
+			return Registration{}, false, nil
+		}
+		if err != nil {
+			return Registration{}, true, err
+		}
+		sess, err := s.store.ResumeSession(ctx, k, cur.TokenHash, HashToken(reg.token), reg.touch(s.cfg.SessionTTL), reg.now)
+		switch {
+		case errors.Is(err, sessionstore.ErrTokenMismatch):
+			continue // resumed or taken over meanwhile: read it again
+		case errors.Is(err, sessionstore.ErrNotFound):
+			return Registration{}, false, nil
+		case err != nil:
+			return Registration{}, true, err
+		}
+		s.revoker.Replaced(ctx, sess, cur.TokenHash)
+		s.metrics.takeovers.Inc()
+		s.log.Info("session taken over by its project's API key", keyAttrs(sess.Key), "surface", sess.Surface, "runtime_mode", sess.RuntimeMode)
+		return Registration{Session: sess, Token: reg.token, Outcome: OutcomeTakenOver}, true, nil
+	}
+	return Registration{}, true, marconi.Errorf(marconi.CodeForbidden,
+		"session %q changed hands %d times during this takeover; try again", k.SessionID, takeOverAttempts)
 }
 
 // resume swaps the presented token of the live session k for a new one.
@@ -230,7 +287,7 @@ func (s *Service) create(ctx context.Context, reg registration) (Registration, e
 	}
 	sess, err = s.store.CreateSession(ctx, sess, reg.now)
 	if errors.Is(err, sessionstore.ErrConflict) {
-		return Registration{}, errLive(id)
+		return Registration{}, s.errLive(id)
 	}
 	if err != nil {
 		return Registration{}, err

@@ -61,6 +61,10 @@ type Config struct {
 	// RetryWindow is how long after a registration its Idempotency-Key
 	// still retries it.
 	RetryWindow time.Duration
+	// AllowTakeover is MARCONI_ALLOW_TAKEOVER: a registration with
+	// takeover true and an API key of the session's project resumes a live
+	// session without its token.
+	AllowTakeover bool
 }
 
 func (c Config) validate() error {
