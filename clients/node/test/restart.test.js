@@ -90,3 +90,21 @@ test('an agent killed with -9 and started again with its token file resumes and 
   assert.deepEqual(again.lines.filter((l) => l.signal).map((l) => l.signal.n), [1, 2]);
   assert.deepEqual(again.lines.filter((l) => l.reset), []);
 });
+
+test('an agent killed with -9 that kept no token comes back under its name with takeover, told its state is gone', async (t) => {
+  const sender = await dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: 'takeover-sender' });
+  t.after(() => sender.close());
+  const first = startAgent(t, 'lafonda', {});
+  await first.waitLine('the first agent up', (l) => l.up);
+  await first.kill();
+  await sender.send('lafonda', 'chat', { n: 1 });
+  await sender.send('lafonda', 'chat', { n: 2 });
+
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: 'lafonda' }), { status: 403 });
+  const again = startAgent(t, 'lafonda', { takeover: true });
+  const up = await again.waitLine('the agent up again', (l) => l.up);
+  assert.equal(up.up.takeovers, 1);
+  await again.waitLine('the agent to get 2', (l) => l.signal?.n === 2);
+  const events = again.lines.filter((l) => !l.up);
+  assert.deepEqual(events, [{ reset: 'taken_over' }, { signal: { n: 1 } }, { signal: { n: 2 } }]);
+});
