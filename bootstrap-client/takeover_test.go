@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
+	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
 )
 
@@ -71,5 +72,19 @@ func TestTakeoverReplacesALiveHolder(t *testing.T) {
 	}
 	if _, err := second.Send(t.Context(), "lafonda", "", 2); err != nil {
 		t.Errorf("the new holder's send: %v", err)
+	}
+}
+
+// TestTakeoverRefusedWhenTheHubForbidsIt: with MARCONI_ALLOW_TAKEOVER=false
+// the takeover is refused as any registration of a live id: Dial returns the
+// hub's 403 and the live holder keeps its session.
+func TestTakeoverRefusedWhenTheHubForbidsIt(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{Config: hub.Config{NoTakeover: true}})
+	var f fatals
+	holder := dialConfig(t, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "kept-by-policy", OnFatal: f.on})
+	_, err := bootstrap.Dial(t.Context(), bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "kept-by-policy", Surface: "claude_code", Takeover: true})
+	wantHubError(t, err, 403, "forbidden")
+	if _, err := holder.Send(t.Context(), "kept-by-policy", "", 1); err != nil || len(f.get()) != 0 {
+		t.Errorf("the holder after a refused takeover: send %v, OnFatal %v; want it untouched", err, f.get())
 	}
 }
