@@ -116,8 +116,9 @@ type Config struct {
 	// returns the last one: each 429 is waited out for its Retry-After
 	// (with a little jitter), or with the reconnect backoff when the header
 	// is missing or unusable, and the call made again; a Retry-After that
-	// would outlast what is left of this bound or of ctx's deadline is
-	// returned at once. Default 1m; negative never waits.
+	// would outlast what is left of this bound or of ctx's deadline, and a
+	// quota_exceeded without one (the hub's way of saying waiting does not
+	// help), are returned at once. Default 1m; negative never waits.
 	RateLimitWait time.Duration
 
 	// HTTPClient, when set, carries every HTTP call and WebSocket dial of the

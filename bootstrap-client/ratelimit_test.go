@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -66,9 +67,9 @@ func TestFleetOnOneKeyComesUp(t *testing.T) {
 }
 
 // limitingProxy stands in front of a hub and answers the first n
-// registrations 429 with the given Retry-After header (none when empty),
-// passing everything else (WebSockets included) to the hub.
-func limitingProxy(t *testing.T, hubURL string, n int, retryAfter string) *atomic.Int64 {
+// registrations 429 with the given code and Retry-After header (none when
+// empty), passing everything else (WebSockets included) to the hub.
+func limitingProxy(t *testing.T, hubURL string, n int, code, retryAfter string) *atomic.Int64 {
 	t.Helper()
 	target, err := url.Parse(hubURL)
 	if err != nil {
@@ -84,7 +85,7 @@ func limitingProxy(t *testing.T, hubURL string, n int, retryAfter string) *atomi
 			}
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusTooManyRequests)
-			_, _ = w.Write([]byte(`{"error":{"code":"quota_exceeded","message":"registrations per second"}}`))
+			_, _ = fmt.Fprintf(w, `{"error":{"code":%q,"message":"refused by the test's proxy"}}`, code)
 			return
 		}
 		rp.ServeHTTP(w, r)
@@ -102,13 +103,13 @@ func proxyURL(refused *atomic.Int64) string {
 	return u.(string)
 }
 
-// TestRateLimitWithoutUsableRetryAfter: a 429 whose Retry-After is missing or
-// unreadable is waited out with the bounded backoff, and the registration
-// made again.
+// TestRateLimitWithoutUsableRetryAfter: a 429 too_many_requests whose
+// Retry-After is missing or unreadable is waited out with the bounded
+// backoff, and the registration made again.
 func TestRateLimitWithoutUsableRetryAfter(t *testing.T) {
 	h := hubtest.Start(t, hubtest.Options{})
 	for _, header := range []string{"", "soon", "-3"} {
-		refused := limitingProxy(t, h.URL, 2, header)
+		refused := limitingProxy(t, h.URL, 2, "too_many_requests", header)
 		c := dialConfig(t, bootstrap.Config{HubURL: proxyURL(refused), APIKey: h.APIKey, SessionID: "unusable-retry-after"})
 		if got := c.Stats().RateLimited; got != 2 || refused.Load() != 2 {
 			t.Errorf("Retry-After %q: waited out %d 429s of %d, want 2", header, got, refused.Load())
@@ -119,14 +120,16 @@ func TestRateLimitWithoutUsableRetryAfter(t *testing.T) {
 
 // TestRateLimitBeyondTheBudgetIsReturned: a Retry-After longer than the
 // client may wait (Config.RateLimitWait, or ctx's deadline) is returned at
-// once as the hub's 429, and a negative RateLimitWait never waits.
+// once as the hub's 429, a negative RateLimitWait never waits, and a
+// quota_exceeded without Retry-After (the hub's way of saying waiting does
+// not help) is not waited for.
 func TestRateLimitBeyondTheBudgetIsReturned(t *testing.T) {
 	h := hubtest.Start(t, hubtest.Options{})
 	for _, tt := range []struct {
-		retryAfter string
-		wait       time.Duration
-	}{{"3600", 0}, {"1", -1}} {
-		refused := limitingProxy(t, h.URL, 1, tt.retryAfter)
+		code, retryAfter string
+		wait             time.Duration
+	}{{"quota_exceeded", "3600", 0}, {"too_many_requests", "1", -1}, {"quota_exceeded", "", 0}} {
+		refused := limitingProxy(t, h.URL, 1, tt.code, tt.retryAfter)
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		_, err := bootstrap.Dial(ctx, bootstrap.Config{
 			HubURL: proxyURL(refused), APIKey: h.APIKey, Surface: "claude_code", RateLimitWait: tt.wait,
@@ -134,8 +137,8 @@ func TestRateLimitBeyondTheBudgetIsReturned(t *testing.T) {
 		expired := ctx.Err()
 		cancel()
 		var he *bootstrap.Error
-		if !errors.As(err, &he) || he.Status != http.StatusTooManyRequests || he.RetryAfter <= 0 || expired != nil {
-			t.Errorf("Retry-After %s, RateLimitWait %v: Dial = %v; want the 429 at once, with its RetryAfter", tt.retryAfter, tt.wait, err)
+		if !errors.As(err, &he) || he.Status != http.StatusTooManyRequests || (he.RetryAfter > 0) != (tt.retryAfter != "") || expired != nil {
+			t.Errorf("%s, Retry-After %q, RateLimitWait %v: Dial = %v; want the 429 at once, with its RetryAfter", tt.code, tt.retryAfter, tt.wait, err)
 		}
 	}
 }
@@ -183,5 +186,21 @@ func TestRegistrationKeyCarries128Bits(t *testing.T) {
 	key := <-keys
 	if !regexp.MustCompile(`^[A-Za-z0-9_-]{22,}$`).MatchString(key) {
 		t.Errorf("registration Idempotency-Key %q: want 22 or more base64url characters", key)
+	}
+}
+
+// TestSessionQuotaIsNotWaitedFor: a project at its live-session quota is
+// answered 429 quota_exceeded with no Retry-After (waiting does not help);
+// Dial returns it at once instead of waiting out RateLimitWait.
+func TestSessionQuotaIsNotWaitedFor(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{Config: hub.Config{QuotaSessionsPerProject: 1}})
+	dial(t, h.URL, h.APIKey, "quota-first", nil)
+	logs := &logRecorder{}
+	_, err := bootstrap.Dial(t.Context(), bootstrap.Config{
+		HubURL: h.URL, APIKey: h.APIKey, SessionID: "quota-second", Surface: "claude_code", Logger: slog.New(logs),
+	})
+	wantHubError(t, err, http.StatusTooManyRequests, "quota_exceeded")
+	if waits := logs.find("marconi: hub asks to wait (429); retrying after it"); len(waits) != 0 {
+		t.Errorf("Dial waited %d times for a quota that waiting cannot free", len(waits))
 	}
 }

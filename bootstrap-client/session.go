@@ -269,7 +269,8 @@ type rateLimit struct {
 // of the call's budget (Config.RateLimitWait) and of ctx's deadline: the wait
 // is the Retry-After with up to a quarter more of jitter (callers the same
 // second refused come back spread), or the reconnect backoff when the header
-// is missing or unreadable. retry says the call is to be made again; stop is
+// is missing or unreadable, except on quota_exceeded, where the hub sends
+// none when waiting does not help (live sessions per project). retry says the call is to be made again; stop is
 // set when ctx ended (joined with err) or the client closed while waiting.
 func (c *Client) waitRateLimit(ctx context.Context, l *rateLimit, err error) (retry bool, stop error) {
 	var he *Error
@@ -281,6 +282,9 @@ func (c *Client) waitRateLimit(ctx context.Context, l *rateLimit, err error) (re
 		left = min(left, time.Until(dl))
 	}
 	d := he.RetryAfter
+	if d <= 0 && he.Code == codeQuotaExceeded {
+		return false, nil // a quota with no Retry-After: the hub says waiting does not help
+	}
 	if d <= 0 {
 		d = c.backoff.ceiling(l.waits)/2 + c.backoff.delay(l.waits)/2
 	} else if d <= left {

@@ -61,6 +61,7 @@ const maxRetryAfterSeconds = 86400
 const (
 	codeSessionExpired = "session_expired"
 	codeWrongInstance  = "wrong_instance"
+	codeQuotaExceeded  = "quota_exceeded"
 	// codeUnexpected is the code of an *Error built from an answer that did not
 	// carry the hub's error body (a proxy's page, an empty body).
 	codeUnexpected = "unexpected_response"

@@ -100,7 +100,8 @@ export interface Config {
    * How long one registration or send waits in all for 429 answers: each is
    * waited out for its Retry-After (plus up to a quarter of jitter), or the
    * reconnect backoff when the header is missing or unreadable, and the call
-   * made again; a Retry-After beyond what is left is returned at once.
+   * made again; a Retry-After beyond what is left, and a quota_exceeded
+   * without one (waiting does not help), are returned at once.
    * Default 60000; 0 never waits.
    */
   rateLimitWaitMs?: number;

@@ -566,9 +566,10 @@ export class Client extends EventEmitter {
    * call's budget (rateLimitWaitMs, limit.spentMs spent so far): the
    * Retry-After with up to a quarter more of jitter (callers refused the same
    * second come back spread), or the reconnect backoff when the header is
-   * missing or unreadable. Resolves true when waited (make the call again),
-   * false when err is to be thrown: not a 429, a wait beyond the budget, or
-   * the client closed or signal aborted meanwhile.
+   * missing or unreadable (but not on quota_exceeded, whose missing
+   * Retry-After means waiting does not help). Resolves true when waited (make
+   * the call again), false when err is to be thrown: not a 429, a wait beyond
+   * the budget, or the client closed or signal aborted meanwhile.
    * @param {unknown} err
    * @param {{waits: number, spentMs: number}} limit
    * @param {AbortSignal} [signal]
@@ -577,6 +578,8 @@ export class Client extends EventEmitter {
     if (!(err instanceof MarconiError) || err.status !== 429) return false;
     const left = this.#cfg.rateLimitWaitMs - limit.spentMs;
     let ms;
+    // A quota with no Retry-After: the hub says waiting does not help (live sessions per project).
+    if (err.retryAfterSeconds === undefined && err.code === codes.quotaExceeded) return false;
     if (err.retryAfterSeconds === undefined) {
       ms = this.#backoff.ceiling(limit.waits) / 2 + this.#backoff.delay(limit.waits) / 2;
     } else {

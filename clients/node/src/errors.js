@@ -39,6 +39,7 @@ export class ClientClosedError extends Error {
 export const codes = Object.freeze({
   sessionExpired: 'session_expired',
   wrongInstance: 'wrong_instance',
+  quotaExceeded: 'quota_exceeded',
   // The code of a MarconiError built from an answer that did not carry the
   // hub's error body (a proxy's page, an empty body).
   unexpected: 'unexpected_response',

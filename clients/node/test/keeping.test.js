@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { test } from 'node:test';
 import { MarconiError, ReplacedError, dial, fileTokenStore } from '@marconihub/client';
-import { Inbox, apiKey, startHub, useHub, waitFor } from './support/hub.js';
+import { Inbox, LogRecorder, apiKey, startHub, useHub, waitFor } from './support/hub.js';
 
 const env = useHub();
 
@@ -135,4 +135,19 @@ test('150 agents started at once on one API key all come up (the hub\'s default 
   assert.equal(new Set(clients.map((c) => c.sessionID)).size, 150);
   const limited = clients.reduce((n, c) => n + c.stats().rateLimited, 0);
   assert.ok(limited > 0, 'the fleet met the quota this test is about');
+});
+
+test('a project at its live-session quota gets 429 quota_exceeded with no Retry-After: returned at once, not waited for', async (t) => {
+  const hub = await startHub(env.bins.marconi, { env: { MARCONI_QUOTA_SESSIONS_PER_PROJECT: '1' } });
+  t.after(() => hub.stop());
+  const first = await dial({ hubURL: hub.url, apiKey, surface: 'claude_code', sessionID: 'quota-first' });
+  t.after(() => first.close());
+  const logs = new LogRecorder();
+  await assert.rejects(dial({ hubURL: hub.url, apiKey, surface: 'claude_code', sessionID: 'quota-second', logger: logs }), (err) => {
+    assert.ok(err instanceof MarconiError);
+    assert.equal(err.code, 'quota_exceeded');
+    assert.equal(err.retryAfterSeconds, undefined);
+    return true;
+  });
+  assert.deepEqual(logs.find('marconi: hub asks to wait (429); retrying after it'), []);
 });
