@@ -146,6 +146,7 @@ type Client struct {
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup // every goroutine the client started
 	closeOnce sync.Once
+	fatalOnce sync.Once // Config.OnFatal is called once
 
 	deliveries chan delivery // to the dispatcher; bounded
 	heal       chan struct{} // cap 1: wakes the supervisor for a self-heal reconnect
@@ -167,8 +168,7 @@ type Client struct {
 	healFor   uint64 // generation for which a self-heal reconnect was requested
 	immediate bool   // the next redial skips the backoff wait
 	stopped   bool   // the supervisor gave up: replaced (4409) or refused by the hub
-	fatalOnce sync.Once
-	ending    bool // Deregister is under way: the session is being ended on purpose
+	ending    bool   // Deregister is under way: the session is being ended on purpose
 
 	// highest is the highest seq handed to OnSignal and the registration
 	// (epoch) it belongs to, for drain: a new registration numbers its
