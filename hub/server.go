@@ -17,6 +17,7 @@ import (
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub/conns"
+	"github.com/marconihub/marconi/sessions"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 	"github.com/marconihub/marconi/signals/selfheal"
@@ -103,6 +104,10 @@ type Config struct {
 	// history the dashboard reads (GET /v1/ops/selfheal/history); the
 	// history keeps the last 20.
 	SelfhealHistoryBucket time.Duration
+	// NoTakeover is MARCONI_ALLOW_TAKEOVER=false: a registration with
+	// "takeover": true of a live session is refused (403) as any other
+	// registration of a live id without its token.
+	NoTakeover bool
 	// IdempotencyWindow is MARCONI_IDEMPOTENCY_WINDOW_SECONDS (86400): how
 	// long a send's idempotency key and a registration's Idempotency-Key
 	// are remembered (signals.Config).
@@ -291,15 +296,11 @@ type Server struct {
 	placer   *fabric.Fabric
 	bus      fabric.Bus // counted by the connection hub
 
-	cluster *clusterGauges
-	http    *httpMetrics
-	history *selfhealHistory // nil without a Gatherer
-	// registrations is the per-API-key registration quota; newSessions
-	// serialises the count-then-create of one project's new sessions.
-	registrations *rateLimiter[[32]byte]
-	newSessions   *keyedMutex[TenantProject]
-	projectRooms  *projectRooms
-	quotas        *quotaMetrics
+	cluster  *clusterGauges
+	http     *httpMetrics
+	history  *selfhealHistory // nil without a Gatherer
+	sessions *sessions.Service
+	quotas   *quotaMetrics
 
 	draining      atomic.Bool
 	storeNotReady atomic.Bool                // set while the store's schema is not migrated
@@ -339,11 +340,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		creds:   newCredentials(cfg.APIKeys, cfg.AdminToken),
 		limits:  newSendLimiter(cfg.SendRatePerSecond, d.Now),
 		tokens:  newTokenCache(cfg.TokenCacheSize, cfg.TouchInterval),
-
-		registrations: newRateLimiter[[32]byte](cfg.QuotaRegistrationsPerSecond, d.Now),
-		newSessions:   newKeyedMutex[TenantProject](),
-		projectRooms:  newProjectRooms(),
-		quotas:        qm,
+		quotas:  qm,
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
 	if err != nil {
@@ -407,6 +404,16 @@ func New(cfg Config, d Deps) (*Server, error) {
 		Freshness:         cfg.SelfHeal.Freshness,
 		Quotas:            cfg.StoreQuotas,
 	}, d.Store, s.conns, s.selfheal, d.Now, d.Registry, d.Logger)
+	if err != nil {
+		return nil, err
+	}
+	s.sessions, err = sessions.New(sessions.Config{
+		SessionTTL:                  cfg.SessionTTL,
+		QuotaSessionsPerProject:     cfg.QuotaSessionsPerProject,
+		QuotaRegistrationsPerSecond: cfg.QuotaRegistrationsPerSecond,
+		RetryWindow:                 s.signals.Config().IdempotencyWindow,
+		AllowTakeover:               !cfg.NoTakeover,
+	}, sessions.Deps{Store: d.Store, Placer: s.fabric, Revoker: revoker{s}, Registry: d.Registry, Logger: d.Logger, Now: d.Now})
 	if err != nil {
 		return nil, err
 	}
@@ -570,9 +577,8 @@ func (s *Server) Run(ctx context.Context) error {
 	g.Go(func() error {
 		s.every(ctx, 30*time.Second, func(context.Context) {
 			s.selfheal.Sweep()
-			s.limits.sweep()
-			s.registrations.sweep()
-			s.projectRooms.sweep(s.now())
+			s.limits.Sweep()
+			s.sessions.Sweep()
 		})
 		return nil
 	})
