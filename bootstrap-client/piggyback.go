@@ -11,10 +11,15 @@ import (
 // cfg.SessionID) without attaching a WebSocket, for a surface the hub serves
 // by drain and piggyback only (codex). The client heartbeats, hands the
 // signals of heartbeat and send answers (pending) to OnSignal, and Drain
-// fetches the rest on demand. Send, Ack, Stats and Close work as with Dial.
+// fetches the rest on demand. Config.TokenStore and Config.Takeover work as
+// with Dial, and so do Send, Ack, Stats and Close.
 func DialPiggyback(ctx context.Context, cfg Config) (*Client, error) {
 	c, err := newClient(cfg)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.loadToken(ctx); err != nil {
+		c.closeIdle()
 		return nil, err
 	}
 	c.wg.Add(1)
