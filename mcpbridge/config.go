@@ -73,6 +73,10 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Validate reports the first bad value of c, once its defaults are filled,
+// naming its flag and variable. New checks the same.
+func (c Config) Validate() error { return c.withDefaults().validate() }
+
 // validate names the setting (flag and variable) of the first bad value.
 func (c Config) validate() error {
 	switch {

@@ -95,13 +95,14 @@ func (c cli) loadMCPConfig(args []string) (mcpbridge.Config, error) {
 	fs.SetOutput(io.Discard)
 	values := make(map[string]*string, len(mcpSettings))
 	for _, s := range mcpSettings {
-		v := c.getenv(s.env)
-		values[s.env] = &v
+		// The flag's default stays empty: -h must not print a variable's
+		// value (the API key is one).
+		values[s.env] = new(string)
 		usage := fmt.Sprintf("%s (env %s)", s.help, s.env)
 		if s.bool {
 			fs.Var(boolText{values[s.env]}, s.flag, usage)
 		} else {
-			fs.StringVar(values[s.env], s.flag, v, usage)
+			fs.StringVar(values[s.env], s.flag, "", usage)
 		}
 	}
 	if err := fs.Parse(args); err != nil {
@@ -115,6 +116,13 @@ func (c cli) loadMCPConfig(args []string) (mcpbridge.Config, error) {
 	}
 	if fs.NArg() > 0 {
 		return mcpbridge.Config{}, usagef("unexpected arguments %q (run 'marconi mcp -h')", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, s := range mcpSettings {
+		if !set[s.flag] {
+			*values[s.env] = c.getenv(s.env) // a flag wins over its variable
+		}
 	}
 	get := func(env string) string { return strings.TrimSpace(*values[env]) }
 	cfg := mcpbridge.Config{
@@ -142,6 +150,9 @@ func (c cli) loadMCPConfig(args []string) (mcpbridge.Config, error) {
 		}
 	}
 	cfg.StateDir = stateDir(get("MARCONI_STATE_DIR"), cfg.SessionID, c.getenv)
+	if err := cfg.Validate(); err != nil {
+		return cfg, usageError{err.Error()}
+	}
 	return cfg, nil
 }
 
