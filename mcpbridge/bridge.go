@@ -97,6 +97,9 @@ func (b *Bridge) clientConfig() bootstrap.Config {
 		OnAffinityReset: func() {
 			b.log.Warn("marconi: the session's runtime-local state is gone (affinity reset or registered again)")
 		},
+		OnFatal: func(err error) {
+			b.log.Error("marconi: the client stopped for good; this server receives no more signals (restart it)", "err", err)
+		},
 		Logger: b.log,
 	}
 	return withState(c, b.cfg)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/marconihub/marconi/bootstrap-client"
@@ -37,15 +38,14 @@ func (b *Bridge) newServer() *mcp.Server {
 		&mcp.ServerOptions{
 			Instructions: "Marconi connects you to other agents. send_signal sends one a message by its session id; " +
 				"read_signals returns the messages sent to you (each once); whoami shows your own session id.",
-			Logger:             b.cfg.Logger,
+			Logger:             slog.New(minLevel{b.cfg.Logger.Handler(), slog.LevelWarn}), // the SDK's info is noise
 			SubscribeHandler:   b.subscribe,
 			UnsubscribeHandler: func(context.Context, *mcp.UnsubscribeRequest) error { return nil },
 		})
 	s.AddTool(&mcp.Tool{Name: "send_signal", Title: "Send a signal to another agent", Description: sendDescription,
 		InputSchema: sendInputSchema, OutputSchema: sendOutputSchema}, b.sendSignal)
 	s.AddTool(&mcp.Tool{Name: "read_signals", Title: "Read the signals sent to you", Description: readDescription,
-		InputSchema: readInputSchema, OutputSchema: readOutputSchema,
-		Annotations: &mcp.ToolAnnotations{OpenWorldHint: new(true)}}, b.readSignals)
+		InputSchema: readInputSchema, OutputSchema: readOutputSchema}, b.readSignals)
 	s.AddTool(&mcp.Tool{Name: "whoami", Title: "Show your session on the hub", Description: whoamiDescription,
 		InputSchema: whoamiInputSchema, OutputSchema: whoamiOutputSchema,
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, b.whoami)
