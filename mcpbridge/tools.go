@@ -202,9 +202,15 @@ func (b *Bridge) sendSignal(ctx context.Context, req *mcp.CallToolRequest) (*mcp
 	}
 	b.logSelfHeal(*a.To, res)
 	if b.cfg.piggybackOnly() {
-		b.drainSettled(ctx)
+		_ = b.drainSettled(ctx) // best effort: what it misses waits for the next read
 	}
-	sigs, token, _ := b.inbox.take(receivedMax)
+	var (
+		sigs  []bootstrap.Signal
+		token uint64
+	)
+	if ctx.Err() == nil { // cancelled: no answer will carry signals taken now
+		sigs, token, _ = b.inbox.take(receivedMax)
+	}
 	out := sendOut{
 		SignalID: res.SignalID, Seq: res.Seq, Delivery: res.Delivery, RecipientRouteState: res.RecipientRouteState,
 		RecipientRouteStale: res.RecipientRouteStale, SenderRouteStale: res.SenderRouteStale,
@@ -266,6 +272,9 @@ func (b *Bridge) readSignals(ctx context.Context, req *mcp.CallToolRequest) (*mc
 	}
 	if err := b.awaitSignal(ctx, wait); err != nil {
 		return hubError(err), nil
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err() // cancelled: no answer will carry signals taken now
 	}
 	sigs, token, more := b.inbox.take(max)
 	sentence := "No signals."
