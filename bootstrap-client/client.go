@@ -46,6 +46,11 @@ type Config struct {
 	// or the client had to register the session again (the hub no longer
 	// knew it: TTL, deregistration, a store that lost it). Rehydrate it.
 	OnAffinityReset func()
+	// DeferAck leaves acknowledging to the application: a signal handed to
+	// OnSignal is acknowledged only by Client.Ack (deferack.go), so one
+	// the application holds but has not yet passed on is delivered again
+	// to the session's next client. Default false: acked after OnSignal.
+	DeferAck bool
 	// Logger receives the client's diagnostics; nil discards them.
 	Logger *slog.Logger
 
@@ -174,6 +179,12 @@ type Client struct {
 	// (epoch) it belongs to, for drain: a new registration numbers its
 	// signals from 1 again. Guarded by mu.
 	highest seqMark
+	// held records, with Config.DeferAck, the registration of each signal
+	// handed to OnSignal and not yet acknowledged by Client.Ack.
+	held heldSignals
+	// registration is what the hub said of the session at its last
+	// registration or resume. Guarded by mu.
+	registration Registration
 
 	reconnects, selfHeals, reregistrations, droppedAtReset, pingTimeouts, takeovers, rateLimited atomic.Int64
 }

@@ -447,6 +447,9 @@ func (c *Client) dispatch() {
 			c.mu.Lock()
 			c.highest = seqMark{epoch: d.epoch, seq: s.Seq}
 			c.mu.Unlock()
+			if c.cfg.DeferAck {
+				c.held.hold(d.epoch, s)
+			}
 			if c.cfg.OnSignal != nil {
 				c.cfg.OnSignal(s)
 			}
@@ -454,7 +457,7 @@ func (c *Client) dispatch() {
 		if len(d.signals) > 0 && d.epoch == seq.epoch {
 			unacked++
 		}
-		if unacked > 0 && (len(c.deliveries) == 0 || unacked >= ackEvery) {
+		if unacked > 0 && !c.cfg.DeferAck && (len(c.deliveries) == 0 || unacked >= ackEvery) {
 			c.ack(seq.epoch, seq.highest)
 			unacked = 0
 		}

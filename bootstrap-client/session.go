@@ -335,6 +335,7 @@ func (c *Client) adopt(res registerResponse, created bool) {
 	defer c.mu.Unlock()
 	c.sessionID = res.SessionID
 	c.token = res.Token
+	c.registration = res.registration()
 	if created || c.epoch == 0 {
 		c.epoch++
 	}

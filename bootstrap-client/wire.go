@@ -181,6 +181,10 @@ type registerRequest struct {
 type registerResponse struct {
 	SessionID                string `json:"session_id"`
 	Token                    string `json:"token"`
+	TenantID                 string `json:"tenant_id"`
+	ProjectID                string `json:"project_id"`
+	Surface                  string `json:"surface"`
+	RuntimeMode              string `json:"runtime_mode"`
 	HeartbeatIntervalSeconds int    `json:"heartbeat_interval_seconds"`
 	TakenOver                bool   `json:"taken_over"`
 }

@@ -7,6 +7,7 @@
 //	marconi demo                     tell the SPEC-168 self-heal story with two agents
 //	marconi attach URL TOKEN         hold a session's WebSocket, print and ack its signals
 //	marconi healthcheck URL          exit 0 when URL answers 200 (container health checks)
+//	marconi mcp [flags]              an MCP server for one agent (docs/mcp.md)
 //
 // Every setting is an environment variable and a flag: MARCONI_FOO_BAR is
 // --foo-bar. See docs/operations.md.
@@ -70,6 +71,7 @@ var commands = []struct{ name, args, help string }{
 	{"demo", "", "the SPEC-168 self-heal story with two agents, in one process"},
 	{"attach", "HUB_URL SESSION_TOKEN", "hold a session's WebSocket; print and ack its signals"},
 	{"healthcheck", "URL", "exit 0 when URL answers 200 (container health checks)"},
+	{"mcp", "[flags]", "an MCP server (stdio) that puts one agent on the hub: docs/mcp.md"},
 }
 
 func usage(w io.Writer) {
@@ -108,6 +110,8 @@ func (c cli) run(ctx context.Context, args []string) int {
 		err = attach(ctx, args, c.stdout)
 	case "healthcheck":
 		err = healthcheck(ctx, args)
+	case "mcp":
+		err = c.mcpCommand(ctx, args)
 	case "help":
 		usage(c.stdout)
 		return 0
