@@ -299,7 +299,7 @@ func TestMigrateDownStepsAndConfirms(t *testing.T) {
 	}
 }
 
-func TestDevCredentialsKeptUnderPostgres(t *testing.T) {
+func TestDevCredentialsKeptInTheFile(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "state", "dev-credentials")
 	kv := map[string]string{"MARCONI_DATABASE_URL": "postgres://x@127.0.0.1:1/x", "XDG_STATE_HOME": dir}
@@ -336,19 +336,14 @@ func TestDevCredentialsKeptUnderPostgres(t *testing.T) {
 	if err := keepDevCredentials(&c, env(kv)); err == nil || !strings.Contains(err.Error(), "chmod 600") {
 		t.Errorf("a world-readable credentials file: err %v", err)
 	}
-	// Configured credentials and the in-memory store write nothing.
+	// Configured credentials write nothing, on either store.
 	other := filepath.Join(dir, "other")
-	for _, extra := range []map[string]string{
-		{"MARCONI_DATABASE_URL": ""},
-		{"MARCONI_API_KEYS": "key-aaaaaaaaaaaaaaaa=t/p", "MARCONI_ADMIN_TOKEN": "0123456789abcdef"},
-	} {
-		kv2 := map[string]string{"MARCONI_DATABASE_URL": "postgres://x@127.0.0.1:1/x", "MARCONI_DEV_CREDENTIALS_FILE": other}
-		for k, v := range extra {
-			kv2[k] = v
-		}
+	for _, db := range []string{"", "postgres://x@127.0.0.1:1/x"} {
+		kv2 := map[string]string{"MARCONI_DATABASE_URL": db, "MARCONI_DEV_CREDENTIALS_FILE": other,
+			"MARCONI_API_KEYS": "key-aaaaaaaaaaaaaaaa=t/p", "MARCONI_ADMIN_TOKEN": "0123456789abcdef"}
 		c, _ := LoadConfig(nil, env(kv2), &bytes.Buffer{})
 		if err := keepDevCredentials(&c, env(kv2)); err != nil || c.devCredentialsFile != "" {
-			t.Errorf("%v: file %q err %v", extra, c.devCredentialsFile, err)
+			t.Errorf("store %q: file %q err %v", db, c.devCredentialsFile, err)
 		}
 	}
 	if _, err := os.Stat(other); !os.IsNotExist(err) {

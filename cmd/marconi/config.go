@@ -48,8 +48,8 @@ type Config struct {
 	// made them; they are printed once at start.
 	generatedAPIKey     string
 	generatedAdminToken string
-	// devCredentialsFile is where development credentials are kept under
-	// a durable store (see devcreds.go); empty when they are not kept.
+	// devCredentialsFile is where generated development credentials are
+	// kept (see devcreds.go); empty when none were generated.
 	devCredentialsFile string
 	// resolved is every setting's effective value and its source, for
 	// `marconi config`.
@@ -269,7 +269,7 @@ func settings(c *Config) []setting {
 			c.Hub.Pprof = b
 			return err
 		}},
-		{"MARCONI_DEV_CREDENTIALS_FILE", "", "where development mode keeps its generated API key and admin token under Postgres (default: $XDG_STATE_HOME/marconi/dev-credentials)", nil},
+		{"MARCONI_DEV_CREDENTIALS_FILE", "", "where development mode keeps its generated API key and admin token, reused at every start (default: $XDG_STATE_HOME/marconi/dev-credentials)", nil},
 		{"MARCONI_MAX_PAYLOAD_BYTES", strconv.Itoa(signals.DefaultMaxPayloadBytes), "largest encoded payload of one signal", positiveInt(&h.MaxPayloadBytes)},
 		{"MARCONI_WS_PING_SECONDS", secs(hub.DefaultWSPingInterval), "WebSocket ping interval; a pong later than one more interval drops the peer", seconds(&h.WSPingInterval)},
 		{"MARCONI_WS_READ_LIMIT_BYTES", strconv.Itoa(hub.DefaultWSReadLimit), "largest frame read from a client (1009 past it)", func(c *Config, v string) error {
