@@ -271,7 +271,18 @@ type Deps struct {
 	// Bus carries wake-ups between instances sharing the store; nil means
 	// none (a lone instance on the in-memory store).
 	Bus fabric.Bus
+	// Schema, when set, says whether the store's schema is the one this
+	// binary needs: nil when it is, else a *SchemaMismatch that /readyz
+	// reports. nil means the store has no schema to check (memory).
+	Schema func(context.Context) error
 }
+
+// SchemaMismatch is why the store's schema is not the one this binary
+// needs. Class is for anyone ("schema behind this binary"); Detail, with the
+// versions and what to run, is for a request carrying the admin token.
+type SchemaMismatch struct{ Class, Detail string }
+
+func (e *SchemaMismatch) Error() string { return e.Detail }
 
 // Server is one hub instance's HTTP server. It is safe for concurrent use.
 type Server struct {
@@ -292,6 +303,10 @@ type Server struct {
 	bus      fabric.Bus // counted by the connection hub
 
 	cluster *clusterGauges
+	schema  func(context.Context) error // nil: nothing to check
+	// schemaOff is the last schema check's mismatch; nil when the schema
+	// matched or was not read (a slow store is not an unready one).
+	schemaOff atomic.Pointer[SchemaMismatch]
 	http    *httpMetrics
 	history *selfhealHistory // nil without a Gatherer
 	// registrations is the per-API-key registration quota; newSessions
@@ -333,6 +348,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s := &Server{
 		cfg:     cfg,
 		store:   d.Store,
+		schema:  d.Schema,
 		log:     d.Logger,
 		now:     d.Now,
 		metrics: m,
@@ -490,7 +506,13 @@ func (s *Server) SetDraining() {
 // A hub starts ready; cmd/marconi marks it not ready until migrations apply.
 // Not ready, every store-backed call answers 503 registry_unavailable and
 // /readyz fails.
-func (s *Server) SetStoreReady(ready bool) { s.storeNotReady.Store(!ready) }
+// Ready after migrations this binary applied, the schema is its own.
+func (s *Server) SetStoreReady(ready bool) {
+	if ready {
+		s.schemaOff.Store(nil)
+	}
+	s.storeNotReady.Store(!ready)
+}
 
 // SetStoreCause says why the store is not ready: public for anyone who can
 // reach the hub ("connection refused", "schema migrations failing"), detail
@@ -536,6 +558,40 @@ type readiness interface{ Ready(context.Context) error }
 // while every pooled connection is busy).
 type reachability interface{ Reachable(context.Context) error }
 
+// schemaMismatch is /readyz's message when the last schema check found the
+// store's schema not the one this binary needs (behind, ahead or dirty), or "".
+func (s *Server) schemaMismatch(admin bool) string {
+	sm := s.schemaOff.Load()
+	if sm == nil {
+		return ""
+	}
+	cause := sm.Class
+	if admin {
+		cause = sm.Detail
+	}
+	return "the session registry is not ready (" + cause + ")"
+}
+
+// checkSchema runs Deps.Schema once and keeps its verdict for /readyz. It
+// runs off the request path, so a slow store never makes /readyz slow or
+// unready; a check that fails for another reason keeps the last verdict.
+func (s *Server) checkSchema(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	defer cancel()
+	err := s.schema(ctx)
+	var sm *SchemaMismatch
+	switch {
+	case err == nil:
+		s.schemaOff.Store(nil)
+	case errors.As(err, &sm):
+		if s.schemaOff.Swap(sm) == nil {
+			s.log.Warn("schema is not this binary's; /readyz fails until it is", "cause", sm.Detail)
+		}
+	case ctx.Err() == nil:
+		s.log.Warn("read the schema version", "err", err)
+	}
+}
+
 // Draining reports whether SetDraining was called.
 func (s *Server) Draining() bool { return s.draining.Load() }
 
@@ -566,6 +622,17 @@ func (s *Server) Run(ctx context.Context) error {
 		})
 	}
 	g.Go(func() error { s.every(ctx, s.cfg.Retention.Every, s.prune); return nil })
+	if s.schema != nil {
+		g.Go(func() error {
+			every := s.cfg.Fabric.HeartbeatEvery
+			if every <= 0 {
+				every = fabric.DefaultHeartbeatEvery
+			}
+			s.checkSchema(ctx)
+			s.every(ctx, every, s.checkSchema)
+			return nil
+		})
+	}
 	g.Go(func() error { return s.fabric.Run(ctx) })
 	g.Go(func() error {
 		s.every(ctx, 30*time.Second, func(context.Context) {
@@ -678,6 +745,9 @@ func (s *Server) readyz(c echo.Context) error {
 				msg += " (" + cause + ")"
 			}
 		}
+		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})
+	}
+	if msg := s.schemaMismatch(admin); msg != "" {
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ready", "instance_id": s.cfg.InstanceID})

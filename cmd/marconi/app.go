@@ -62,7 +62,8 @@ func (m *Main) Run(ctx context.Context) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge(readBuildInfo()))
 
 	storeName := "memory (nothing is durable; one instance only)"
-	var bus fabric.Bus // nil: one instance, nobody to wake
+	var bus fabric.Bus                     // nil: one instance, nobody to wake
+	var schema func(context.Context) error // nil: the memory store has no schema
 	if cfg.DatabaseURL == "" {
 		m.store = memstore.New()
 	} else {
@@ -74,6 +75,7 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		m.store = st
 		bus = pgstore.NewBus(st, m.Logger)
+		schema = schemaCheck(st)
 		storeName = "postgres"
 		if cfg.StoreBreaker {
 			br, err := breaker.New(st, breaker.Config{ProbeEvery: cfg.StoreProbeEvery, ProbeTimeout: cfg.Hub.StoreTimeout}, reg, m.Logger)
@@ -89,7 +91,7 @@ func (m *Main) Run(ctx context.Context) error {
 			}()
 		}
 	}
-	h, err := hub.New(cfg.Hub, hub.Deps{Store: m.store, Registry: reg, Gatherer: reg, Logger: m.Logger, Bus: bus})
+	h, err := hub.New(cfg.Hub, hub.Deps{Store: m.store, Registry: reg, Gatherer: reg, Logger: m.Logger, Bus: bus, Schema: schema})
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"
@@ -217,4 +218,38 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// parseInterleaved parses fs's flags wherever they stand among the
+// positional arguments (`migrate down 2 --yes` as `migrate down --yes 2`),
+// and returns the positional arguments in order. On an error, those read so
+// far are returned with it (so -h knows which subcommand it was asked of).
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return positional, err
+		}
+		if fs.NArg() == 0 {
+			return positional, nil
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// flagError adds a did-you-mean to an unknown flag's error when one of fs's
+// flags is near it.
+func flagError(fs *flag.FlagSet, err error) error {
+	const prefix = "flag provided but not defined: -"
+	msg := err.Error()
+	if !strings.HasPrefix(msg, prefix) {
+		return err
+	}
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	if s := closest(strings.TrimLeft(strings.TrimPrefix(msg, prefix), "-"), names); s != "" {
+		return fmt.Errorf("%w (did you mean --%s?)", err, s)
+	}
+	return err
 }

@@ -260,28 +260,47 @@ func TestStoreCauseAuthAndMissingDatabase(t *testing.T) {
 
 func TestMigrateDownStepsAndConfirms(t *testing.T) {
 	dbURL := pgtest.Schema(t)
-	latest, _, err := migrations.Version(dbURL)
-	if err != nil || latest < 3 {
-		t.Fatalf("version %d, %v", latest, err)
+	latest := migrations.Latest()
+	if v, _, err := migrations.Version(dbURL); err != nil || v != latest || latest < 3 {
+		t.Fatalf("version %d of %d, %v", v, latest, err)
 	}
 	kv := map[string]string{"MARCONI_DATABASE_URL": dbURL}
-	step := func(want uint, args ...string) {
+	step := func(want uint, args ...string) string {
 		t.Helper()
 		code, stdout, stderr := runCLI(t, kv, "", false, args...)
-		if code != 0 || stdout != fmt.Sprintf("schema version %d (dirty false)\n", want) {
+		if code != 0 || !strings.HasSuffix(stdout, fmt.Sprintf("schema version %d (dirty false)\n", want)) {
 			t.Fatalf("%v: exit %d, %q %q; want version %d", args, code, stdout, stderr, want)
 		}
+		return stdout
 	}
-	step(latest-1, "migrate", "down")
-	step(latest-3, "migrate", "down", "2")
-	step(latest, "migrate", "up")
+	all := migrations.All()
+	name := func(v uint) string { return all[v-1].String() }
+	out := step(latest-1, "migrate", "down", "--yes")
+	if !strings.Contains(out, "reverted "+name(latest)+"\n") || strings.Contains(out, "reverted "+name(latest-1)) {
+		t.Errorf("down prints each step reverted, and only those:\n%s", out)
+	}
+	out = step(latest-3, "migrate", "down", "2", "--yes")
+	if !strings.Contains(out, "from schema version "+fmt.Sprint(latest-1)+" to "+fmt.Sprint(latest-3)) ||
+		!strings.Contains(out, "reverted "+name(latest-1)+"\nreverted "+name(latest-2)+"\n") {
+		t.Errorf("down 2 output:\n%s", out)
+	}
+	out = step(latest, "migrate", "up")
+	for v := latest - 2; v <= latest; v++ {
+		if !strings.Contains(out, "applied "+name(v)+"\n") {
+			t.Errorf("up does not print %s applied:\n%s", name(v), out)
+		}
+	}
+	if strings.Contains(out, "applied "+name(latest-3)) {
+		t.Errorf("up printed a step it did not apply:\n%s", out)
+	}
 
-	for _, bad := range [][]string{{"migrate", "down", "0"}, {"migrate", "down", "x"}, {"migrate", "down", "--all"}, {"migrate", "down", "--all", "2", "--yes"}} {
+	for _, bad := range [][]string{{"migrate", "down", "0"}, {"migrate", "down", "x"}, {"migrate", "down", "--all"},
+		{"migrate", "down", "--all", "2", "--yes"}, {"migrate", "down"}, {"migrate", "up", "--yes"}} {
 		if code, _, stderr := runCLI(t, kv, "", false, bad...); code != 2 {
 			t.Errorf("%v: exit %d (%s), want 2", bad, code, stderr)
 		}
 	}
-	if code, _, stderr := runCLI(t, kv, "", false, "migrate", "down", fmt.Sprint(latest+1)); code != 1 || !strings.Contains(stderr, "only") {
+	if code, _, stderr := runCLI(t, kv, "", false, "migrate", "down", fmt.Sprint(latest+1), "--yes"); code != 1 || !strings.Contains(stderr, "only") {
 		t.Errorf("stepping back past zero: exit %d %q", code, stderr)
 	}
 	// On a terminal, anything but "yes" keeps the schema.
@@ -296,6 +315,39 @@ func TestMigrateDownStepsAndConfirms(t *testing.T) {
 	code, stdout, _ := runCLI(t, kv, "yes\n", true, "migrate", "down", "--all")
 	if code != 0 || !strings.Contains(stdout, `Type "yes"`) || !strings.HasSuffix(stdout, "schema version 0 (dirty false)\n") {
 		t.Errorf("confirmed down --all: exit %d, %q", code, stdout)
+	}
+}
+
+// TestMigrateDownSaysWhatItDropsAndWaitsForTheHubs: with a hub running on
+// the schema, `migrate down` lists what each step drops and refuses; the
+// list is printed before any refusal, and nothing changes until --force.
+func TestMigrateDownSaysWhatItDropsAndWaitsForTheHubs(t *testing.T) {
+	dbURL := pgtest.Schema(t)
+	latest := migrations.Latest()
+	m, _ := startMain(t, map[string]string{"MARCONI_DATABASE_URL": dbURL, "MARCONI_INSTANCE_ID": "hub-live"})
+	pollUntil(t, "the hub to be ready", func() bool { return get(t, m.URL()+"/readyz") == 200 })
+	kv := map[string]string{"MARCONI_DATABASE_URL": dbURL}
+	n := fmt.Sprint(latest - 1) // down to 0001: the signals table (0002) goes too
+	code, stdout, stderr := runCLI(t, kv, "", false, "migrate", "down", n, "--yes")
+	if code != 1 || !strings.Contains(stderr, "hub-live (") || !strings.Contains(stderr, "--force") {
+		t.Errorf("down with a hub running: exit %d, stderr %q", code, stderr)
+	}
+	if !strings.Contains(stdout, "0002_signals drops: table signals\n") ||
+		!strings.Contains(stdout, "0004_signals_payload_json drops: column signals.payload converted to jsonb\n") {
+		t.Errorf("down does not list what each step drops:\n%s", stdout)
+	}
+	// Not on a terminal and no --yes: refused even with --force.
+	if code, _, stderr := runCLI(t, kv, "", false, "migrate", "down", "--force"); code != 2 || !strings.Contains(stderr, "--yes") {
+		t.Errorf("down --force without a terminal: exit %d %q", code, stderr)
+	}
+	if v, _, _ := migrations.Version(dbURL); v != latest {
+		t.Fatalf("a refused down changed the schema: version %d", v)
+	}
+	if code, _, stderr := runCLI(t, kv, "", false, "migrate", "down", "--yes", "--force"); code != 0 {
+		t.Fatalf("down --force: exit %d %q", code, stderr)
+	}
+	if v, _, _ := migrations.Version(dbURL); v != latest-1 {
+		t.Fatalf("down --force: version %d, want %d", v, latest-1)
 	}
 }
 

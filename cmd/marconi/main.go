@@ -64,7 +64,7 @@ func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(forma
 // commands lists the subcommands, in the order usage shows them.
 var commands = []struct{ name, args, help string }{
 	{"serve", "[flags]", "run the hub (the default command)"},
-	{"migrate", "up|down [N|--all [--yes]]|version", "apply, step back or show the Postgres schema"},
+	{"migrate", "up|down [N|--all]|version", "apply, step back (listing what it drops) or show the Postgres schema"},
 	{"config", "[check] [flags]", "print the effective configuration (secrets masked), or validate it"},
 	{"version", "", "print the version and build information"},
 	{"demo", "", "the SPEC-168 self-heal story with two agents, in one process"},
