@@ -130,26 +130,39 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 	}()
 
+	m.printBanner(storeName)
+	return nil
+}
+
+// printBanner prints what the hub is and where, the credentials it made,
+// and, in development, what to do next.
+func (m *Main) printBanner(storeName string) {
+	cfg, w := m.Config, m.Stdout
 	selfHeal := "off"
 	if cfg.Hub.SelfHeal.Enabled {
 		selfHeal = "on"
 	}
-	fmt.Fprintf(m.Stdout, "Marconi hub listening on %s (instance %s, store %s, mode %s, self-heal %s)\n",
+	fmt.Fprintf(w, "Marconi hub listening on %s (instance %s, store %s, mode %s, self-heal %s)\n",
 		m.URL(), cfg.Hub.InstanceID, storeName, cfg.Hub.Mode, selfHeal)
 	if cfg.generatedAPIKey != "" {
-		fmt.Fprintf(m.Stdout, "  dev API key (tenant dev, project dev): %s\n", cfg.generatedAPIKey)
+		fmt.Fprintf(w, "  dev API key (tenant dev, project dev): %s\n", cfg.generatedAPIKey)
 	}
 	if cfg.generatedAdminToken != "" {
-		fmt.Fprintf(m.Stdout, "  admin token: %s\n", cfg.generatedAdminToken)
+		fmt.Fprintf(w, "  admin token: %s\n", cfg.generatedAdminToken)
 	}
 	if cfg.devCredentialsFile != "" {
-		fmt.Fprintf(m.Stdout, "  (development credentials kept in %s and reused at every start; delete it for new ones)\n", cfg.devCredentialsFile)
+		fmt.Fprintf(w, "  (development credentials kept in %s and reused at every start; delete it for new ones)\n", cfg.devCredentialsFile)
 	}
 	if host, _, err := net.SplitHostPort(cfg.Addr); err == nil && cfg.Hub.Mode == "development" && (host == "127.0.0.1" || host == "localhost" || host == "::1") {
-		fmt.Fprintln(m.Stdout, "  listening on loopback only (development mode); MARCONI_ADDR=:8080 listens on every interface")
+		fmt.Fprintln(w, "  listening on loopback only (development mode); MARCONI_ADDR=:8080 listens on every interface")
 	}
-	fmt.Fprintf(m.Stdout, "  dashboard: %s/\n", m.URL())
-	return nil
+	fmt.Fprintf(w, "  dashboard: %s/ (sign in with the admin token)\n", m.URL())
+	if cfg.Hub.Mode != "development" {
+		return
+	}
+	fmt.Fprintln(w, "Next steps:")
+	fmt.Fprintln(w, "  marconi demo   the self-heal story with two agents, in one process (go run ./cmd/marconi demo)")
+	fmt.Fprintf(w, "  agents         connect them to %s with the API key above: docs/client.md (Go and Node)\n", m.URL())
 }
 
 // buildInfoGauge is marconi_build_info: always 1, its labels say what runs.
