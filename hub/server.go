@@ -621,7 +621,11 @@ func (s *Server) Run(ctx context.Context) error {
 			return nil
 		})
 	}
-	g.Go(func() error { s.every(ctx, s.cfg.Retention.Every, s.prune); return nil })
+	g.Go(func() error {
+		s.sampleClusterNow(ctx) // exported from the start, not after the first prune
+		s.every(ctx, s.cfg.Retention.Every, s.prune)
+		return nil
+	})
 	if s.schema != nil {
 		g.Go(func() error {
 			every := s.cfg.Fabric.HeartbeatEvery
