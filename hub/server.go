@@ -303,10 +303,6 @@ type Server struct {
 	bus      fabric.Bus // counted by the connection hub
 
 	cluster *clusterGauges
-	schema  func(context.Context) error // nil: nothing to check
-	// schemaOff is the last schema check's mismatch; nil when the schema
-	// matched or was not read (a slow store is not an unready one).
-	schemaOff atomic.Pointer[SchemaMismatch]
 	http    *httpMetrics
 	history *selfhealHistory // nil without a Gatherer
 	// registrations is the per-API-key registration quota; newSessions
@@ -319,6 +315,12 @@ type Server struct {
 	draining      atomic.Bool
 	storeNotReady atomic.Bool                // set while the store's schema is not migrated
 	storeCause    atomic.Pointer[storeCause] // why the store is not ready, when known
+
+	// schema is Deps.Schema (nil: nothing to check); schemaOff is its last
+	// mismatch, nil when the schema matched or was not read (a slow store
+	// is not an unready one).
+	schema    func(context.Context) error
+	schemaOff atomic.Pointer[SchemaMismatch]
 }
 
 // New builds a hub. It does not listen; serve Handler() or use Start.

@@ -28,6 +28,14 @@ type options struct {
 	progress func(Migration, Direction)
 }
 
+func newOptions(opts []Option) options {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
 // Direction says whether a migration was applied (Up) or reverted (Down).
 type Direction string
 
@@ -47,9 +55,16 @@ func WithProgress(fn func(Migration, Direction)) Option {
 // is already at the latest version. A schema ahead of this binary (migrated
 // by a newer one) is an error that says so.
 func Up(ctx context.Context, databaseURL string, opts ...Option) error {
+	reporting := newOptions(opts).progress != nil
 	return run(ctx, databaseURL, "up", opts, func(m *migrate.Migrate, at uint, step func(int) error) error {
 		if at > Latest() {
 			return fmt.Errorf("schema version %d is ahead of this binary (it knows up to %d): run the newer binary", at, Latest())
+		}
+		if !reporting { // one lock and one pass, as the hub does at every start
+			if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+				return err
+			}
+			return nil
 		}
 		for _, mig := range All() {
 			if mig.Version > at {
@@ -92,10 +107,7 @@ func Version(databaseURL string) (version uint, dirty bool, err error) {
 // goroutine (a data race under -race), so a migration in progress runs to its
 // end.
 func run(ctx context.Context, databaseURL, name string, opts []Option, plan func(m *migrate.Migrate, at uint, step func(int) error) error) (err error) {
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
+	o := newOptions(opts)
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("migrations: %s: %w", name, err)
 	}
