@@ -97,7 +97,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	m.hub = h
 	if cfg.DatabaseURL != "" {
-		if cause := m.goMigrate(bg, cfg.DatabaseURL); cause != "" {
+		if cause := m.goMigrate(bg, cfg.DatabaseURL, schema); cause != "" {
 			storeName = "postgres, NOT READY: " + cause + " (retrying every 2s; /readyz answers 503 until then)"
 		}
 	}
@@ -180,8 +180,9 @@ func buildInfoGauge(b buildInfo) prometheus.Collector {
 // fail (Postgres unreachable, a dirty schema): until they are applied the hub
 // answers 503 registry_unavailable and /readyz fails, naming the cause,
 // rather than serving on a schema that is not there. It returns the cause of
-// the first attempt's failure, or "" when the store is ready.
-func (m *Main) goMigrate(ctx context.Context, url string) string {
+// the first attempt's failure, or "" when the store is ready. schema names a
+// schema that no migration of this binary can fix (ahead of it, dirty).
+func (m *Main) goMigrate(ctx context.Context, url string, schema func(context.Context) error) string {
 	last := ""
 	attempt := func() string {
 		mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -205,6 +206,8 @@ func (m *Main) goMigrate(ctx context.Context, url string) string {
 			}); ok { // through the breaker: what opened it
 				public, cause = d.Classify(perr), d.Diagnose(perr)
 			}
+		} else if sm := unfixable(mctx, schema); sm != nil {
+			public, cause = sm.Class, sm.Detail
 		}
 		m.hub.SetStoreCause(public, cause)
 		if cause != last { // once per cause, not every 2 s

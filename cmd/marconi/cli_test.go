@@ -404,8 +404,9 @@ func TestDevCredentialsKeptInTheFile(t *testing.T) {
 }
 
 // TestFailingMigrationNamedWithoutSQL: Postgres answers but a migration
-// fails (a conflicting table): /readyz says so and points at the log; the
-// migration's own error, which may quote SQL, stays in the log.
+// fails (a conflicting table), leaving the schema dirty: the banner and
+// /readyz say so and point at the log; the migration's own error, which may
+// quote SQL, stays in the log.
 func TestFailingMigrationNamedWithoutSQL(t *testing.T) {
 	dbURL := pgtest.EmptySchema(t)
 	conn, err := pgx.Connect(t.Context(), dbURL)
@@ -417,7 +418,7 @@ func TestFailingMigrationNamedWithoutSQL(t *testing.T) {
 	}
 	conn.Close(t.Context())
 	m, out := startMain(t, map[string]string{"MARCONI_DATABASE_URL": dbURL})
-	if !strings.Contains(out.String(), "NOT READY: schema migrations failing") {
+	if !strings.Contains(out.String(), "NOT READY: schema dirty at version 1: a migration failed halfway (the hub's log says why)") {
 		t.Errorf("banner:\n%s", out.String())
 	}
 	resp, err := http.Get(m.URL() + "/readyz")
@@ -427,7 +428,7 @@ func TestFailingMigrationNamedWithoutSQL(t *testing.T) {
 	var body bytes.Buffer
 	body.ReadFrom(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 503 || !strings.Contains(body.String(), "schema migrations failing") ||
+	if resp.StatusCode != 503 || !strings.Contains(body.String(), "(schema dirty)") ||
 		strings.Contains(strings.ToUpper(body.String()), "CREATE") || strings.Contains(body.String(), "sessions") {
 		t.Errorf("readyz: %d %s", resp.StatusCode, body.String())
 	}

@@ -11,8 +11,9 @@
 // Every setting is an environment variable and a flag: MARCONI_FOO_BAR is
 // --foo-bar. See docs/operations.md.
 //
-// Exit codes: 0 success (and -h), 1 a failure at run time, 2 a usage error
-// (bad flag, unknown command, bad configuration value).
+// Exit codes: 0 success (and -h on every command), 1 a failure or a refusal
+// at run time, 2 a usage error (bad flag, unknown command, bad configuration
+// value, a migrate down unconfirmed without a terminal).
 package main
 
 import (
@@ -127,7 +128,8 @@ func usage(w io.Writer) {
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-12s %-36s %s\n", c.name, c.args, c.help)
 	}
-	fmt.Fprintln(w, "\nEvery setting is an environment variable MARCONI_FOO and a flag --foo: run 'marconi serve -h'.")
+	fmt.Fprintln(w, "\n'marconi help CMD' or 'marconi CMD -h' prints a command's own usage.")
+	fmt.Fprintln(w, "Every setting is an environment variable MARCONI_FOO and a flag --foo: run 'marconi serve -h'.")
 }
 
 func (c cli) run(ctx context.Context, args []string) int {

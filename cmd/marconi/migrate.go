@@ -211,7 +211,12 @@ func downPlan(v uint, n int) ([]migrations.Migration, error) {
 }
 
 func (c cli) printDownPlan(v uint, plan []migrations.Migration) error {
-	to := plan[len(plan)-1].Version - 1
+	to := uint(0) // the version before the oldest step reverted
+	for _, m := range migrations.All() {
+		if m.Version < plan[len(plan)-1].Version {
+			to = m.Version
+		}
+	}
 	fmt.Fprintf(c.stdout, "migrate down: from schema version %d to %d, reverting:\n", v, to)
 	for _, m := range plan {
 		drops, err := m.Drops()
@@ -287,14 +292,27 @@ func schemaCheck(st *pgstore.Store) func(context.Context) error {
 	}
 }
 
+// unfixable is the mismatch of a schema that applying this binary's
+// migrations cannot fix (ahead of the binary, or dirty), or nil.
+func unfixable(ctx context.Context, schema func(context.Context) error) *hub.SchemaMismatch {
+	var sm *hub.SchemaMismatch
+	if schema == nil || !errors.As(schema(ctx), &sm) || sm.Class == classBehind {
+		return nil
+	}
+	return sm
+}
+
+// classBehind is the public class of a schema behind the binary.
+const classBehind = "schema behind this binary"
+
 // schemaVerdict compares the schema's version with the one the binary needs.
 func schemaVerdict(v uint, dirty bool, latest uint) error {
 	switch {
 	case dirty:
 		return &hub.SchemaMismatch{Class: "schema dirty",
-			Detail: fmt.Sprintf("schema dirty at version %d: a migration failed halfway; repair it by hand (docs/operations.md, Migrations)", v)}
+			Detail: fmt.Sprintf("schema dirty at version %d: a migration failed halfway (the hub's log says why); repair it by hand (docs/operations.md, Migrations)", v)}
 	case v < latest:
-		return &hub.SchemaMismatch{Class: "schema behind this binary",
+		return &hub.SchemaMismatch{Class: classBehind,
 			Detail: fmt.Sprintf("schema at version %d, this binary needs %d: run marconi migrate up, or restart the hub", v, latest)}
 	case v > latest:
 		return &hub.SchemaMismatch{Class: "schema ahead of this binary",

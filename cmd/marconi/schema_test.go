@@ -66,3 +66,41 @@ func TestReadyzFailsOnASchemaNotTheBinarys(t *testing.T) {
 	set(latest, false)
 	pollUntil(t, "readyz with the schema put right", func() bool { st, _ := readyz(t, m.URL(), ""); return st == 200 })
 }
+
+// TestStartOnASchemaNoMigrationFixes: a hub started on a schema a newer
+// binary migrated, or one left dirty, is not ready and says why in its
+// banner and /readyz, not just "migrations failing".
+func TestStartOnASchemaNoMigrationFixes(t *testing.T) {
+	latest := migrations.Latest()
+	for _, tt := range []struct {
+		name          string
+		version       uint
+		dirty         bool
+		class, detail string
+	}{
+		{"ahead", latest + 1, false, "schema ahead of this binary", fmt.Sprintf("schema at version %d, this binary knows up to %d", latest+1, latest)},
+		{"dirty", latest, true, "schema dirty", fmt.Sprintf("schema dirty at version %d", latest)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dbURL := pgtest.Schema(t)
+			conn, err := pgx.Connect(t.Context(), dbURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(t.Context())
+			if _, err := conn.Exec(t.Context(), `UPDATE schema_migrations SET version = $1, dirty = $2`, int64(tt.version), tt.dirty); err != nil {
+				t.Fatal(err)
+			}
+			m, out := startMain(t, map[string]string{"MARCONI_DATABASE_URL": dbURL})
+			if !strings.Contains(out.String(), "NOT READY: "+tt.detail) {
+				t.Errorf("banner does not name the schema:\n%s", out.String())
+			}
+			if st, body := readyz(t, m.URL(), ""); st != 503 || !strings.Contains(body, "("+tt.class+")") {
+				t.Errorf("public readyz: %d %s", st, body)
+			}
+			if st, body := readyz(t, m.URL(), adminToken(t, out.String())); st != 503 || !strings.Contains(body, tt.detail) {
+				t.Errorf("admin readyz: %d %s", st, body)
+			}
+		})
+	}
+}
