@@ -82,7 +82,8 @@ var commandAbout = map[string]string{
 		"masked. 'marconi config check' validates instead. Takes the same flags as serve.",
 	"config check": "Validates the configuration as serve would read it, and fails on what would bite at run time:\n" +
 		"lan or cloud with no API key or no admin token, a MARCONI_* variable one edit (a letter added,\n" +
-		"dropped, changed, or two swapped) away from a setting's name. With MARCONI_DATABASE_URL it reaches the database and names what is wrong.",
+		"dropped, changed, or two swapped) away from a setting's name. With MARCONI_DATABASE_URL it\n" +
+		"reaches the database and names what is wrong.",
 	"version": "Prints the module version, VCS revision and Go version the binary was built from.",
 	"demo": "Tells SPEC-168's self-heal story step by step: an in-memory hub and two agents (the Go client)\n" +
 		"in one process. Needs nothing else and changes nothing outside the process.",
