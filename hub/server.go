@@ -280,7 +280,12 @@ type Deps struct {
 // SchemaMismatch is why the store's schema is not the one this binary
 // needs. Class is for anyone ("schema behind this binary"); Detail, with the
 // versions and what to run, is for a request carrying the admin token.
-type SchemaMismatch struct{ Class, Detail string }
+// Refuse says the schema lacks what this binary uses (behind, dirty): every
+// store-backed call answers 503 registry_unavailable rather than fail on it.
+type SchemaMismatch struct {
+	Class, Detail string
+	Refuse        bool
+}
 
 func (e *SchemaMismatch) Error() string { return e.Detail }
 
@@ -701,6 +706,9 @@ func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.storeNotReady.Load() {
 			return marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.notReadyMessage(false))
+		}
+		if sm := s.schemaOff.Load(); sm != nil && sm.Refuse {
+			return marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.schemaMismatch(false))
 		}
 		if c.Path() == "/v1/ws" {
 			return next(c)

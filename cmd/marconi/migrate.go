@@ -309,10 +309,10 @@ const classBehind = "schema behind this binary"
 func schemaVerdict(v uint, dirty bool, latest uint) error {
 	switch {
 	case dirty:
-		return &hub.SchemaMismatch{Class: "schema dirty",
+		return &hub.SchemaMismatch{Class: "schema dirty", Refuse: true,
 			Detail: fmt.Sprintf("schema dirty at version %d: a migration failed halfway (the hub's log says why); repair it by hand (docs/operations.md, Migrations)", v)}
 	case v < latest:
-		return &hub.SchemaMismatch{Class: classBehind,
+		return &hub.SchemaMismatch{Class: classBehind, Refuse: true,
 			Detail: fmt.Sprintf("schema at version %d, this binary needs %d: run marconi migrate up, or restart the hub", v, latest)}
 	case v > latest:
 		return &hub.SchemaMismatch{Class: "schema ahead of this binary",

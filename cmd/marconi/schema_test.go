@@ -43,6 +43,11 @@ func TestReadyzFailsOnASchemaNotTheBinarys(t *testing.T) {
 		t.Fatalf("migrate down: exit %d %s", code, stderr)
 	}
 	expect("schema behind this binary", fmt.Sprintf("schema at version %d, this binary needs %d", latest-1, latest))
+	// Calls on a schema that lacks what the binary uses answer 503, not 500.
+	key := devKey(t, out.String())
+	if a := post(t, m.URL()+"/v1/sessions", key, `{"session_id":"alice","surface":"claude_code"}`); a.status != 503 || a.code != "registry_unavailable" {
+		t.Errorf("register on a schema behind the binary: %+v, want 503 registry_unavailable", a)
+	}
 	if code, _, stderr := runCLI(t, kv, "", false, "migrate", "up"); code != 0 {
 		t.Fatalf("migrate up: exit %d %s", code, stderr)
 	}
@@ -61,6 +66,10 @@ func TestReadyzFailsOnASchemaNotTheBinarys(t *testing.T) {
 	}
 	set(latest+1, false) // a newer binary migrated it
 	expect("schema ahead of this binary", fmt.Sprintf("schema at version %d, this binary knows up to %d", latest+1, latest))
+	// Its calls still work: a newer schema keeps what this binary uses.
+	if a := post(t, m.URL()+"/v1/sessions", key, `{"session_id":"bob","surface":"claude_code"}`); a.status != 201 {
+		t.Errorf("register on a schema ahead of the binary: %+v, want 201", a)
+	}
 	set(latest, true) // a migration failed halfway
 	expect("schema dirty", fmt.Sprintf("schema dirty at version %d", latest))
 	set(latest, false)
