@@ -45,7 +45,7 @@ func Latest() uint {
 	return all[len(all)-1].Version
 }
 
-// Down returns the SQL that reverts m.
+// downSQL returns the SQL that reverts m.
 func (m Migration) downSQL() (string, error) {
 	b, err := files.ReadFile(m.String() + ".down.sql")
 	return string(b), err
