@@ -277,18 +277,6 @@ type Deps struct {
 	Schema func(context.Context) error
 }
 
-// SchemaMismatch is why the store's schema is not the one this binary
-// needs. Class is for anyone ("schema behind this binary"); Detail, with the
-// versions and what to run, is for a request carrying the admin token.
-// Refuse says the schema lacks what this binary uses (behind, dirty): every
-// store-backed call answers 503 registry_unavailable rather than fail on it.
-type SchemaMismatch struct {
-	Class, Detail string
-	Refuse        bool
-}
-
-func (e *SchemaMismatch) Error() string { return e.Detail }
-
 // Server is one hub instance's HTTP server. It is safe for concurrent use.
 type Server struct {
 	cfg      Config
@@ -513,7 +501,8 @@ func (s *Server) SetDraining() {
 // A hub starts ready; cmd/marconi marks it not ready until migrations apply.
 // Not ready, every store-backed call answers 503 registry_unavailable and
 // /readyz fails.
-// Ready after migrations this binary applied, the schema is its own.
+// Marked ready after migrations this binary applied, the schema is its own:
+// a schema mismatch seen before is forgotten.
 func (s *Server) SetStoreReady(ready bool) {
 	if ready {
 		s.schemaOff.Store(nil)
@@ -565,40 +554,6 @@ type readiness interface{ Ready(context.Context) error }
 // while every pooled connection is busy).
 type reachability interface{ Reachable(context.Context) error }
 
-// schemaMismatch is /readyz's message when the last schema check found the
-// store's schema not the one this binary needs (behind, ahead or dirty), or "".
-func (s *Server) schemaMismatch(admin bool) string {
-	sm := s.schemaOff.Load()
-	if sm == nil {
-		return ""
-	}
-	cause := sm.Class
-	if admin {
-		cause = sm.Detail
-	}
-	return "the session registry is not ready (" + cause + ")"
-}
-
-// checkSchema runs Deps.Schema once and keeps its verdict for /readyz. It
-// runs off the request path, so a slow store never makes /readyz slow or
-// unready; a check that fails for another reason keeps the last verdict.
-func (s *Server) checkSchema(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-	defer cancel()
-	err := s.schema(ctx)
-	var sm *SchemaMismatch
-	switch {
-	case err == nil:
-		s.schemaOff.Store(nil)
-	case errors.As(err, &sm):
-		if s.schemaOff.Swap(sm) == nil {
-			s.log.Warn("schema is not this binary's; /readyz fails until it is", "cause", sm.Detail)
-		}
-	default: // the store is down or slow: /readyz and the breaker say so already
-		s.log.Debug("read the schema version", "err", err)
-	}
-}
-
 // Draining reports whether SetDraining was called.
 func (s *Server) Draining() bool { return s.draining.Load() }
 
@@ -634,15 +589,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return nil
 	})
 	if s.schema != nil {
-		g.Go(func() error {
-			every := s.cfg.Fabric.HeartbeatEvery
-			if every <= 0 {
-				every = fabric.DefaultHeartbeatEvery
-			}
-			s.checkSchema(ctx)
-			s.every(ctx, every, s.checkSchema)
-			return nil
-		})
+		g.Go(func() error { s.watchSchema(ctx); return nil })
 	}
 	g.Go(func() error { return s.fabric.Run(ctx) })
 	g.Go(func() error {
