@@ -276,6 +276,10 @@ type Deps struct {
 	// Bus carries wake-ups between instances sharing the store; nil means
 	// none (a lone instance on the in-memory store).
 	Bus fabric.Bus
+	// Schema, when set, says whether the store's schema is the one this
+	// binary needs: nil when it is, else a *SchemaMismatch that /readyz
+	// reports. nil means the store has no schema to check (memory).
+	Schema func(context.Context) error
 }
 
 // Server is one hub instance's HTTP server. It is safe for concurrent use.
@@ -305,6 +309,12 @@ type Server struct {
 	draining      atomic.Bool
 	storeNotReady atomic.Bool                // set while the store's schema is not migrated
 	storeCause    atomic.Pointer[storeCause] // why the store is not ready, when known
+
+	// schema is Deps.Schema (nil: nothing to check); schemaOff is its last
+	// mismatch, nil when the schema matched or was not read (a slow store
+	// is not an unready one).
+	schema    func(context.Context) error
+	schemaOff atomic.Pointer[SchemaMismatch]
 }
 
 // New builds a hub. It does not listen; serve Handler() or use Start.
@@ -334,6 +344,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s := &Server{
 		cfg:     cfg,
 		store:   d.Store,
+		schema:  d.Schema,
 		log:     d.Logger,
 		now:     d.Now,
 		metrics: m,
@@ -497,7 +508,14 @@ func (s *Server) SetDraining() {
 // A hub starts ready; cmd/marconi marks it not ready until migrations apply.
 // Not ready, every store-backed call answers 503 registry_unavailable and
 // /readyz fails.
-func (s *Server) SetStoreReady(ready bool) { s.storeNotReady.Store(!ready) }
+// Marked ready after migrations this binary applied, the schema is its own:
+// a schema mismatch seen before is forgotten.
+func (s *Server) SetStoreReady(ready bool) {
+	if ready {
+		s.schemaOff.Store(nil)
+	}
+	s.storeNotReady.Store(!ready)
+}
 
 // SetStoreCause says why the store is not ready: public for anyone who can
 // reach the hub ("connection refused", "schema migrations failing"), detail
@@ -572,7 +590,14 @@ func (s *Server) Run(ctx context.Context) error {
 			return nil
 		})
 	}
-	g.Go(func() error { s.every(ctx, s.cfg.Retention.Every, s.prune); return nil })
+	g.Go(func() error {
+		s.sampleClusterNow(ctx) // exported from the start, not after the first prune
+		s.every(ctx, s.cfg.Retention.Every, s.prune)
+		return nil
+	})
+	if s.schema != nil {
+		g.Go(func() error { s.watchSchema(ctx); return nil })
+	}
 	g.Go(func() error { return s.fabric.Run(ctx) })
 	g.Go(func() error {
 		s.every(ctx, 30*time.Second, func(context.Context) {
@@ -635,6 +660,9 @@ func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 		if s.storeNotReady.Load() {
 			return marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.notReadyMessage(false))
 		}
+		if sm := s.schemaOff.Load(); sm != nil && sm.Refuse {
+			return marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.schemaMismatch(false))
+		}
 		if c.Path() == "/v1/ws" {
 			return next(c)
 		}
@@ -684,6 +712,9 @@ func (s *Server) readyz(c echo.Context) error {
 				msg += " (" + cause + ")"
 			}
 		}
+		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})
+	}
+	if msg := s.schemaMismatch(admin); msg != "" {
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ready", "instance_id": s.cfg.InstanceID})
