@@ -382,7 +382,7 @@ func BenchmarkSendToFrame(b *testing.B) {
 // goroutine stacks per connection after a GC, and goroutines per connection,
 // split into the hub's and the in-process client's. ns/op is the time of one
 // attach (welcome read), registration excluded. The heap and stack figures
-// include the client end of each connection; docs/benchmarks.md has the
+// include the client end of each connection; docs/benchmarks-history.md has the
 // hub-only figure measured across processes with cmd/marconi-bench.
 func BenchmarkIdleWebSocket(b *testing.B) {
 	const maxConns = 5000
