@@ -130,7 +130,8 @@ func (c *Client) sessionCall(ctx context.Context, method, path string, in, out a
 // client has read the answer.
 func (c *Client) tokenRotated(token string) bool {
 	c.regMu.Lock()
-	c.regMu.Unlock() // only waits for a registration in flight
+	//lint:ignore SA2001 the lock is taken only to wait for a registration in flight
+	c.regMu.Unlock()
 	return c.currentAuth().token != token
 }
 
