@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/marconihub/marconi"
 )
 
 // maxAnswer bounds how much of one HTTP answer the client reads: a drain or
@@ -114,7 +116,7 @@ func (c *Client) sessionCall(ctx context.Context, method, path string, in, out a
 		switch {
 		case he.Status == http.StatusUnauthorized && c.tokenRotated(a.token):
 			continue
-		case he.Code == codeSessionExpired && !reregistered:
+		case he.Code == marconi.CodeSessionExpired && !reregistered:
 			reregistered = true
 			if rerr := c.reregister(ctx, a.token); rerr != nil {
 				return a, errors.Join(err, rerr)
@@ -150,7 +152,7 @@ func (c *Client) register(ctx context.Context) error {
 	c.mu.Unlock()
 	res, status, err := c.postRegister(ctx, id, token)
 	var he *Error
-	if token != "" && errors.As(err, &he) && he.Code == codeSessionExpired {
+	if token != "" && errors.As(err, &he) && he.Code == marconi.CodeSessionExpired {
 		res, status, err = c.postRegister(ctx, id, "")
 	}
 	if err != nil {
@@ -205,9 +207,9 @@ func (c *Client) postRegister(ctx context.Context, id, token string) (registerRe
 	if c.regKey == "" {
 		c.regKey = newIdempotencyKey()
 	}
-	h := http.Header{"Idempotency-Key": {c.regKey}}
+	h := http.Header{marconi.HeaderIdempotencyKey: {c.regKey}}
 	if token != "" {
-		h.Set("X-Marconi-Session-Token", token)
+		h.Set(marconi.HeaderSessionToken, token)
 	}
 	req := registerRequest{SessionID: id, Surface: c.cfg.Surface, RuntimeMode: c.cfg.RuntimeMode, ClientID: c.cfg.ClientID}
 	for attempt := 0; ; attempt++ {
@@ -355,7 +357,7 @@ func (c *Client) Deregister(ctx context.Context) error {
 		if !errors.As(err, &he) {
 			break
 		}
-		if he.Code == codeSessionExpired {
+		if he.Code == marconi.CodeSessionExpired {
 			err = nil // gone already
 			break
 		}

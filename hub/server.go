@@ -27,7 +27,7 @@ import (
 // environment; zero durations and sizes mean the documented defaults.
 type Config struct {
 	// Mode is development, lan or cloud.
-	Mode string
+	Mode marconi.DeploymentMode
 	// InstanceID names this hub instance in the shared registry.
 	InstanceID string
 	// PublicURL is where clients reach this instance (sticky placement).
@@ -132,7 +132,7 @@ type TenantProject struct {
 // Defaults of Config's zero fields, each set here only (the send path's,
 // self-heal's and the fabric's are set in their packages).
 const (
-	DefaultMode              = "development"
+	DefaultMode              = marconi.Development
 	DefaultSessionTTL        = time.Hour
 	DefaultHeartbeatInterval = 20 * time.Second
 	DefaultTouchInterval     = 5 * time.Second
@@ -648,7 +648,8 @@ func (s *Server) healthz(c echo.Context) error {
 
 func (s *Server) readyz(c echo.Context) error {
 	if s.Draining() {
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "draining", Message: "this instance is draining"}})
+		s.writeError(c, marconi.Errorf(marconi.CodeDraining, "this instance is draining"))
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
@@ -657,7 +658,8 @@ func (s *Server) readyz(c echo.Context) error {
 	// failure only (docs/security.md).
 	admin := s.isAdmin(c)
 	if s.storeNotReady.Load() {
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: s.notReadyMessage(admin)}})
+		s.writeError(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s", s.notReadyMessage(admin)))
+		return nil
 	}
 	ping := s.store.Ping
 	switch r := s.store.(type) {
@@ -678,7 +680,8 @@ func (s *Server) readyz(c echo.Context) error {
 				msg += " (" + cause + ")"
 			}
 		}
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})
+		s.writeError(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s", msg))
+		return nil
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ready", "instance_id": s.cfg.InstanceID})
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
-	"github.com/marconihub/marconi/signals/selfheal"
 )
 
 // registerBodyLimit bounds a registration body.
@@ -47,11 +46,6 @@ type sessionResponse struct {
 
 var clientIDRe = regexp.MustCompile(`^[\x21-\x7e]{1,128}$`)
 
-// headerIdempotencyKey names the registration's optional idempotency key: a
-// retry of a registration whose answer was lost presents the same key and is
-// answered with a new token instead of 403 (docs/api.md).
-const headerIdempotencyKey = "Idempotency-Key"
-
 // register is POST /v1/sessions: create, or resume with the current token.
 func (s *Server) register(c echo.Context) error {
 	if s.Draining() {
@@ -71,8 +65,8 @@ func (s *Server) register(c echo.Context) error {
 	if req.SessionID != "" && !signals.ValidSessionID(req.SessionID) {
 		return marconi.Errorf(marconi.CodeInvalidField, "session_id must match [A-Za-z0-9._-]{1,128}")
 	}
-	if !selfheal.Surface(req.Surface).Valid() {
-		return marconi.Errorf(marconi.CodeInvalidSurface, "surface %q is not one of %s", req.Surface, selfheal.SurfaceNames)
+	if !marconi.Surface(req.Surface).Valid() {
+		return marconi.Errorf(marconi.CodeInvalidSurface, "surface %q is not one of %s", req.Surface, marconi.SurfaceNames)
 	}
 	if req.ClientID != "" && !clientIDRe.MatchString(req.ClientID) {
 		return marconi.Errorf(marconi.CodeInvalidField, "client_id must be 1 to 128 printable ASCII characters")
@@ -85,10 +79,10 @@ func (s *Server) register(c echo.Context) error {
 			return marconi.Errorf(marconi.CodeInvalidRuntimeMode, "runtime_mode %q is unknown; use stateless or sticky", req.RuntimeMode)
 		}
 	}
-	regKey := c.Request().Header.Get(headerIdempotencyKey)
+	regKey := c.Request().Header.Get(marconi.HeaderIdempotencyKey)
 	if !signals.ValidText(regKey, signals.MaxIdempotencyKeyBytes) {
 		return marconi.Errorf(marconi.CodeInvalidField, "%s must be UTF-8 text of at most %d bytes without control characters",
-			headerIdempotencyKey, signals.MaxIdempotencyKeyBytes)
+			marconi.HeaderIdempotencyKey, signals.MaxIdempotencyKeyBytes)
 	}
 	var regKeyHash []byte
 	if regKey != "" {
@@ -99,7 +93,7 @@ func (s *Server) register(c echo.Context) error {
 	token := NewSecret(prefixSessionToken)
 	gone := false // the resume found no live session: nothing to retry
 
-	if old := c.Request().Header.Get("X-Marconi-Session-Token"); old != "" && req.SessionID != "" {
+	if old := c.Request().Header.Get(marconi.HeaderSessionToken); old != "" && req.SessionID != "" {
 		k := sessionstore.Key{TenantID: owner.TenantID, ProjectID: owner.ProjectID, SessionID: req.SessionID}
 		sess, err := s.store.ResumeSession(ctx, k, hashSecret(old), hashSecret(token),
 			sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)

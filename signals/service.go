@@ -120,8 +120,8 @@ type SendRequest struct {
 // SendResult is the answer to a send.
 type SendResult struct {
 	Signal     sessionstore.Signal
-	Delivery   Delivery
-	RouteState RouteState
+	Delivery   marconi.Delivery
+	RouteState marconi.RouteState
 	Duplicate  bool
 	SelfHeal   selfheal.Result
 	// Pending are the sender's own unacknowledged signals when it has no
@@ -183,8 +183,8 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 		CreatedAt:        start,
 		IdempotencyKey:   req.IdempotencyKey,
 		IdempotencySince: start.Add(-s.cfg.IdempotencyWindow),
-		Delivery:         string(DeliveryFor(state)),
-		RouteState:       string(state),
+		Delivery:         DeliveryFor(state),
+		RouteState:       state,
 		Limits:           s.cfg.Quotas,
 		SenderTokenHash:  req.SenderTokenHash,
 	}, start)
@@ -197,7 +197,7 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 	if err != nil {
 		return SendResult{}, fmt.Errorf("append signal: %w", err)
 	}
-	res := SendResult{Signal: sig, Delivery: Delivery(sig.Delivery), RouteState: RouteState(sig.RouteState), Duplicate: dup}
+	res := SendResult{Signal: sig, Delivery: sig.Delivery, RouteState: sig.RouteState, Duplicate: dup}
 	if dup {
 		// The first send's answer; nothing new is stored, delivered or counted.
 		s.metrics.duplicates.Inc()
@@ -235,7 +235,7 @@ func (s *Service) piggyback(ctx context.Context, sender sessionstore.Session, r 
 func party(sess sessionstore.Session, r Route) selfheal.Party {
 	return selfheal.Party{
 		TenantID: sess.TenantID, ProjectID: sess.ProjectID, SessionID: sess.SessionID,
-		Surface: selfheal.Surface(sess.Surface), ProofOfLife: sess.FreshestProofOfLife(), HasQueue: r.Attached,
+		Surface: marconi.Surface(sess.Surface), ProofOfLife: sess.FreshestProofOfLife(), HasQueue: r.Attached,
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/migrations"
@@ -143,7 +144,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if cfg.devCredentialsFile != "" {
 		fmt.Fprintf(m.Stdout, "  (development credentials kept in %s and reused at every start; delete it for new ones)\n", cfg.devCredentialsFile)
 	}
-	if host, _, err := net.SplitHostPort(cfg.Addr); err == nil && cfg.Hub.Mode == "development" && (host == "127.0.0.1" || host == "localhost" || host == "::1") {
+	if host, _, err := net.SplitHostPort(cfg.Addr); err == nil && cfg.Hub.Mode == marconi.Development && (host == "127.0.0.1" || host == "localhost" || host == "::1") {
 		fmt.Fprintln(m.Stdout, "  listening on loopback only (development mode); MARCONI_ADDR=:8080 listens on every interface")
 	}
 	fmt.Fprintf(m.Stdout, "  dashboard: %s/\n", m.URL())

@@ -14,6 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/marconihub/marconi"
 )
 
 // fakeClock is a settable clock, safe for concurrent use.
@@ -104,7 +106,7 @@ func (h *harness) counts(t *testing.T) map[Outcome]float64 {
 func (h *harness) wantCounts(t *testing.T, want map[Outcome]float64) {
 	t.Helper()
 	got := h.counts(t)
-	for _, o := range AllOutcomes() {
+	for _, o := range marconi.Outcomes {
 		if got[o] != want[o] {
 			t.Errorf("%s{outcome=%q} = %v, want %v (all: %v)", MetricName, o, got[o], want[o], got)
 		}
@@ -114,11 +116,11 @@ func (h *harness) wantCounts(t *testing.T, want map[Outcome]float64) {
 func TestAC1_RecipientRouteStaleAttempted(t *testing.T) {
 	h := newHarness(t, nil)
 	r := h.ev.Evaluate(h.party("t1", "p1", "lafonda"), h.attached("donna"))
-	want := Result{Recipient: OutcomeAttempted, RecipientRouteStale: true, Outcome: OutcomeAttempted}
+	want := Result{Recipient: marconi.OutcomeAttempted, RecipientRouteStale: true, Outcome: marconi.OutcomeAttempted}
 	if r != want {
 		t.Fatalf("Evaluate = %+v, want %+v", r, want)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 1})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeAttempted: 1})
 	if got := h.ev.Tokens(SideRecipient, "t1", "p1", "lafonda"); got != 2 {
 		t.Errorf("recipient tokens after one attempt = %v, want 2", got)
 	}
@@ -147,15 +149,15 @@ func TestAC5_FourSendsIn60s_ThreeAttemptedFourthRateLimited(t *testing.T) {
 		h.clock.Advance(time.Second)
 	}
 	for i, r := range got[:3] {
-		if r.Recipient != OutcomeAttempted || !r.RecipientRouteStale || r.Outcome != OutcomeAttempted {
+		if r.Recipient != marconi.OutcomeAttempted || !r.RecipientRouteStale || r.Outcome != marconi.OutcomeAttempted {
 			t.Errorf("send %d = %+v, want attempted with recipient_route_stale", i+1, r)
 		}
 	}
-	want4 := Result{Recipient: OutcomeRateLimited, Outcome: OutcomeRateLimited}
+	want4 := Result{Recipient: marconi.OutcomeRateLimited, Outcome: marconi.OutcomeRateLimited}
 	if got[3] != want4 {
 		t.Errorf("send 4 = %+v, want %+v", got[3], want4)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 3, OutcomeRateLimited: 1})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeAttempted: 3, marconi.OutcomeRateLimited: 1})
 }
 
 // Test scenario 3 of the SPEC: five sends in quick succession give three
@@ -166,9 +168,9 @@ func TestScenario3_FiveSendsThreeAttemptedTwoRateLimited(t *testing.T) {
 	for i := range 5 {
 		r := h.ev.Evaluate(h.party("t1", "p1", "lafonda"), h.attached("donna"))
 		switch r.Outcome {
-		case OutcomeAttempted:
+		case marconi.OutcomeAttempted:
 			attempted++
-		case OutcomeRateLimited:
+		case marconi.OutcomeRateLimited:
 			limited++
 			if r.RecipientRouteStale || r.SenderRouteStale {
 				t.Errorf("send %d rate_limited with a route_stale hint: %+v", i+1, r)
@@ -181,14 +183,14 @@ func TestScenario3_FiveSendsThreeAttemptedTwoRateLimited(t *testing.T) {
 	if attempted != 3 || limited != 2 {
 		t.Errorf("attempted %d, rate_limited %d; want 3 and 2", attempted, limited)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 3, OutcomeRateLimited: 2})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeAttempted: 3, marconi.OutcomeRateLimited: 2})
 }
 
 func TestLinearRefill(t *testing.T) {
 	h := newHarness(t, nil) // 3 tokens per 60s: one token every 20s
 	recip := func() Party { return h.party("t1", "p1", "lafonda") }
 	for range 3 {
-		if r := h.ev.Evaluate(recip(), h.attached("donna")); r.Recipient != OutcomeAttempted {
+		if r := h.ev.Evaluate(recip(), h.attached("donna")); r.Recipient != marconi.OutcomeAttempted {
 			t.Fatalf("initial burst: %+v", r)
 		}
 	}
@@ -200,14 +202,14 @@ func TestLinearRefill(t *testing.T) {
 		t.Errorf("tokens 10s after burst = %v, want 0.5 (fractional, linear)", got)
 	}
 	h.clock.Advance(9 * time.Second) // 19s: 0.95 tokens
-	if r := h.ev.Evaluate(recip(), h.attached("donna")); r.Recipient != OutcomeRateLimited {
+	if r := h.ev.Evaluate(recip(), h.attached("donna")); r.Recipient != marconi.OutcomeRateLimited {
 		t.Fatalf("at 19s: %+v, want rate_limited", r)
 	}
 	h.clock.Advance(time.Second) // 20s: one token
-	if r := h.ev.Evaluate(recip(), h.attached("donna")); r.Recipient != OutcomeAttempted {
+	if r := h.ev.Evaluate(recip(), h.attached("donna")); r.Recipient != marconi.OutcomeAttempted {
 		t.Fatalf("at 20s: %+v, want attempted", r)
 	}
-	if r := h.ev.Evaluate(recip(), h.attached("donna")); r.Recipient != OutcomeRateLimited {
+	if r := h.ev.Evaluate(recip(), h.attached("donna")); r.Recipient != marconi.OutcomeRateLimited {
 		t.Fatalf("right after the refilled token was spent: %+v, want rate_limited", r)
 	}
 	// A rate_limited evaluation spends nothing: 40s later there are exactly 2.
@@ -228,7 +230,7 @@ func TestClockGoingBackwardsAddsNoTokens(t *testing.T) {
 		h.ev.Evaluate(h.party("t1", "p1", "s"), h.attached("x"))
 	}
 	h.clock.Advance(-time.Hour)
-	if r := h.ev.Evaluate(h.party("t1", "p1", "s"), h.attached("x")); r.Recipient != OutcomeRateLimited {
+	if r := h.ev.Evaluate(h.party("t1", "p1", "s"), h.attached("x")); r.Recipient != marconi.OutcomeRateLimited {
 		t.Errorf("after clock went back: %+v, want rate_limited", r)
 	}
 }
@@ -240,7 +242,7 @@ func TestAC6_StaleRecency(t *testing.T) {
 	stale := h.party("t1", "p1", "ghost")
 	stale.ProofOfLife = now.Add(-301 * time.Second)
 	r := h.ev.Evaluate(stale, h.attached("donna"))
-	want := Result{Recipient: OutcomeStaleRecency, Outcome: OutcomeStaleRecency}
+	want := Result{Recipient: marconi.OutcomeStaleRecency, Outcome: marconi.OutcomeStaleRecency}
 	if r != want {
 		t.Fatalf("Evaluate = %+v, want %+v", r, want)
 	}
@@ -250,16 +252,16 @@ func TestAC6_StaleRecency(t *testing.T) {
 
 	never := h.party("t1", "p1", "never")
 	never.ProofOfLife = time.Time{}
-	if r := h.ev.Evaluate(never, h.attached("donna")); r.Recipient != OutcomeStaleRecency {
+	if r := h.ev.Evaluate(never, h.attached("donna")); r.Recipient != marconi.OutcomeStaleRecency {
 		t.Errorf("zero proof of life: %+v, want stale_recency", r)
 	}
 
 	edge := h.party("t1", "p1", "edge")
 	edge.ProofOfLife = now.Add(-300 * time.Second)
-	if r := h.ev.Evaluate(edge, h.attached("donna")); r.Recipient != OutcomeAttempted {
+	if r := h.ev.Evaluate(edge, h.attached("donna")); r.Recipient != marconi.OutcomeAttempted {
 		t.Errorf("proof of life exactly 300s old: %+v, want attempted (stale only when older)", r)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeStaleRecency: 2, OutcomeAttempted: 1})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeStaleRecency: 2, marconi.OutcomeAttempted: 1})
 	if h.ev.Len() != 1 {
 		t.Errorf("Len = %d, want 1 (only the attempted bucket)", h.ev.Len())
 	}
@@ -271,11 +273,11 @@ func TestAC7_UnsupportedSurfaceCodex(t *testing.T) {
 	codex.Surface = "codex"
 	codex.ProofOfLife = time.Time{} // surface is checked before recency
 	r := h.ev.Evaluate(codex, h.attached("donna"))
-	want := Result{Recipient: OutcomeUnsupportedSurface, Outcome: OutcomeUnsupportedSurface}
+	want := Result{Recipient: marconi.OutcomeUnsupportedSurface, Outcome: marconi.OutcomeUnsupportedSurface}
 	if r != want {
 		t.Fatalf("Evaluate = %+v, want %+v", r, want)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeUnsupportedSurface: 1})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeUnsupportedSurface: 1})
 	if h.ev.Len() != 0 {
 		t.Errorf("unsupported_surface touched a bucket: Len = %d", h.ev.Len())
 	}
@@ -295,7 +297,7 @@ func TestAC7_CodexSenderIsSilent(t *testing.T) {
 func TestAC3_SenderRouteStale(t *testing.T) {
 	h := newHarness(t, nil)
 	r := h.ev.Evaluate(h.attached("lafonda"), h.party("t1", "p1", "donna"))
-	want := Result{Sender: OutcomeAttempted, SenderRouteStale: true, Outcome: OutcomeAttempted}
+	want := Result{Sender: marconi.OutcomeAttempted, SenderRouteStale: true, Outcome: marconi.OutcomeAttempted}
 	if r != want {
 		t.Fatalf("Evaluate = %+v, want %+v", r, want)
 	}
@@ -306,27 +308,27 @@ func TestAC3_SenderRouteStale(t *testing.T) {
 	// The sender gate is the longer threshold: 400s old is still attempted.
 	mid := h.party("t1", "p1", "mid")
 	mid.ProofOfLife = h.clock.Now().Add(-400 * time.Second)
-	if r := h.ev.Evaluate(h.attached("lafonda"), mid); r.Sender != OutcomeAttempted || !r.SenderRouteStale {
+	if r := h.ev.Evaluate(h.attached("lafonda"), mid); r.Sender != marconi.OutcomeAttempted || !r.SenderRouteStale {
 		t.Errorf("sender 400s old: %+v, want attempted", r)
 	}
 	old := h.party("t1", "p1", "old")
 	old.ProofOfLife = h.clock.Now().Add(-601 * time.Second)
 	r = h.ev.Evaluate(h.attached("lafonda"), old)
-	if want := (Result{Sender: OutcomeStaleRecency, Outcome: OutcomeStaleRecency}); r != want {
+	if want := (Result{Sender: marconi.OutcomeStaleRecency, Outcome: marconi.OutcomeStaleRecency}); r != want {
 		t.Errorf("sender 601s old: %+v, want %+v", r, want)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 2, OutcomeStaleRecency: 1})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeAttempted: 2, marconi.OutcomeStaleRecency: 1})
 }
 
 func TestBothSidesEvaluated(t *testing.T) {
 	h := newHarness(t, nil)
 	r := h.ev.Evaluate(h.party("t1", "p1", "lafonda"), h.party("t1", "p1", "donna"))
-	want := Result{Recipient: OutcomeAttempted, Sender: OutcomeAttempted,
-		RecipientRouteStale: true, SenderRouteStale: true, Outcome: OutcomeAttempted}
+	want := Result{Recipient: marconi.OutcomeAttempted, Sender: marconi.OutcomeAttempted,
+		RecipientRouteStale: true, SenderRouteStale: true, Outcome: marconi.OutcomeAttempted}
 	if r != want {
 		t.Fatalf("Evaluate = %+v, want %+v", r, want)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 2}) // one per side
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeAttempted: 2}) // one per side
 }
 
 func TestCombinedOutcome(t *testing.T) {
@@ -351,16 +353,16 @@ func TestCombinedOutcome(t *testing.T) {
 		want      Result
 	}{
 		{"recipient stale, sender attempted", stale("r1"), h.party("t1", "p1", "s1"),
-			Result{Recipient: OutcomeStaleRecency, Sender: OutcomeAttempted, SenderRouteStale: true, Outcome: OutcomeAttempted}},
+			Result{Recipient: marconi.OutcomeStaleRecency, Sender: marconi.OutcomeAttempted, SenderRouteStale: true, Outcome: marconi.OutcomeAttempted}},
 		{"recipient unsupported, sender rate limited", codex("r2"), exhausted(SideSender, "s2"),
-			Result{Recipient: OutcomeUnsupportedSurface, Sender: OutcomeRateLimited, Outcome: OutcomeUnsupportedSurface}},
+			Result{Recipient: marconi.OutcomeUnsupportedSurface, Sender: marconi.OutcomeRateLimited, Outcome: marconi.OutcomeUnsupportedSurface}},
 		{"recipient rate limited, sender attempted", exhausted(SideRecipient, "r3"), h.party("t1", "p1", "s3"),
-			Result{Recipient: OutcomeRateLimited, Sender: OutcomeAttempted, SenderRouteStale: true, Outcome: OutcomeAttempted}},
+			Result{Recipient: marconi.OutcomeRateLimited, Sender: marconi.OutcomeAttempted, SenderRouteStale: true, Outcome: marconi.OutcomeAttempted}},
 		{"recipient attached, sender stale", h.attached("r4"), stale("s4"),
-			Result{Sender: OutcomeStaleRecency, Outcome: OutcomeStaleRecency}},
+			Result{Sender: marconi.OutcomeStaleRecency, Outcome: marconi.OutcomeStaleRecency}},
 		{"recipient attached, sender codex", h.attached("r5"), codex("s5"), Result{}},
 		{"recipient stale, sender attached", stale("r6"), h.attached("s6"),
-			Result{Recipient: OutcomeStaleRecency, Outcome: OutcomeStaleRecency}},
+			Result{Recipient: marconi.OutcomeStaleRecency, Outcome: marconi.OutcomeStaleRecency}},
 	}
 	for _, tt := range tests {
 		if got := h.ev.Evaluate(tt.recipient, tt.sender); got != tt.want {
@@ -377,12 +379,12 @@ func TestRateLimitedNeverSetsRouteStale(t *testing.T) {
 	}
 	for i := range 5 {
 		r := h.ev.Evaluate(h.party("t1", "p1", "r"), h.party("t1", "p1", "s"))
-		want := Result{Recipient: OutcomeRateLimited, Sender: OutcomeRateLimited, Outcome: OutcomeRateLimited}
+		want := Result{Recipient: marconi.OutcomeRateLimited, Sender: marconi.OutcomeRateLimited, Outcome: marconi.OutcomeRateLimited}
 		if r != want {
 			t.Errorf("send %d: %+v, want %+v", i+2, r, want)
 		}
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 2, OutcomeRateLimited: 10})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeAttempted: 2, marconi.OutcomeRateLimited: 10})
 }
 
 func TestAC5_BucketsIsolatedAcrossTenantsAndProjects(t *testing.T) {
@@ -390,7 +392,7 @@ func TestAC5_BucketsIsolatedAcrossTenantsAndProjects(t *testing.T) {
 	for range 3 {
 		h.ev.Evaluate(h.party("tenantA", "p1", "alice"), h.attached("x"))
 	}
-	if r := h.ev.Evaluate(h.party("tenantA", "p1", "alice"), h.attached("x")); r.Recipient != OutcomeRateLimited {
+	if r := h.ev.Evaluate(h.party("tenantA", "p1", "alice"), h.attached("x")); r.Recipient != marconi.OutcomeRateLimited {
 		t.Fatalf("tenant A exhausted bucket: %+v, want rate_limited", r)
 	}
 	for _, p := range []Party{
@@ -398,19 +400,19 @@ func TestAC5_BucketsIsolatedAcrossTenantsAndProjects(t *testing.T) {
 		h.party("tenantA", "p2", "alice"), // other project
 		h.party("tenantA", "p1", "bob"),   // other session
 	} {
-		if r := h.ev.Evaluate(p, h.attached("x")); r.Recipient != OutcomeAttempted {
+		if r := h.ev.Evaluate(p, h.attached("x")); r.Recipient != marconi.OutcomeAttempted {
 			t.Errorf("%s/%s/%s affected by tenantA/p1/alice: %+v", p.TenantID, p.ProjectID, p.SessionID, r)
 		}
 	}
 	// The sender bucket of the same session is a separate bucket too.
-	if r := h.ev.Evaluate(h.attached("x"), h.party("tenantA", "p1", "alice")); r.Sender != OutcomeAttempted {
+	if r := h.ev.Evaluate(h.attached("x"), h.party("tenantA", "p1", "alice")); r.Sender != marconi.OutcomeAttempted {
 		t.Errorf("alice's sender bucket affected by her recipient bucket: %+v", r)
 	}
 	// Keys are not confused by separators inside ids.
 	for range 3 {
 		h.ev.Evaluate(h.party("a/b", "c", "d"), h.attached("x"))
 	}
-	if r := h.ev.Evaluate(h.party("a", "b/c", "d"), h.attached("x")); r.Recipient != OutcomeAttempted {
+	if r := h.ev.Evaluate(h.party("a", "b/c", "d"), h.attached("x")); r.Recipient != marconi.OutcomeAttempted {
 		t.Errorf("tenant a/b project c collides with tenant a project b/c: %+v", r)
 	}
 }
@@ -472,7 +474,7 @@ marconi_route_self_healed_total{outcome="unsupported_surface"} 0
 	if err := testutil.GatherAndCompare(h.reg, strings.NewReader(want), MetricName); err != nil {
 		t.Fatalf("after evaluations: %v", err)
 	}
-	if got := h.count(OutcomeAttempted); got != 3 {
+	if got := h.count(marconi.OutcomeAttempted); got != 3 {
 		t.Errorf("attempted = %v, want 3", got)
 	}
 }
@@ -573,7 +575,7 @@ func TestFullBucketForgottenOnAccess(t *testing.T) {
 		t.Errorf("Len after reading a full bucket = %d, want 1", h.ev.Len())
 	}
 	// An attempt on a bucket that had refilled starts from full again.
-	if r := h.ev.Evaluate(h.party("t1", "p1", "b"), h.attached("x")); r.Recipient != OutcomeAttempted {
+	if r := h.ev.Evaluate(h.party("t1", "p1", "b"), h.attached("x")); r.Recipient != marconi.OutcomeAttempted {
 		t.Fatalf("%+v", r)
 	}
 	if got := h.ev.Tokens(SideRecipient, "t1", "p1", "b"); got != 2 {
@@ -592,7 +594,7 @@ func TestConcurrentEvaluate(t *testing.T) {
 			for i := range perG {
 				s := fmt.Sprintf("s%d", (g+i)%sessions)
 				r := h.ev.Evaluate(h.party("t1", "p1", s), h.party("t1", "p1", s))
-				if r.Recipient == OutcomeRateLimited && r.RecipientRouteStale {
+				if r.Recipient == marconi.OutcomeRateLimited && r.RecipientRouteStale {
 					t.Errorf("rate_limited with recipient_route_stale: %+v", r)
 				}
 				_ = h.ev.Tokens(SideSender, "t1", "p1", s)
@@ -606,8 +608,8 @@ func TestConcurrentEvaluate(t *testing.T) {
 	// Each of the 2*sessions buckets grants exactly MaxAttempts, never more.
 	total := float64(goroutines * perG * 2)
 	want := map[Outcome]float64{
-		OutcomeAttempted:   float64(2 * sessions * 3),
-		OutcomeRateLimited: total - float64(2*sessions*3),
+		marconi.OutcomeAttempted:   float64(2 * sessions * 3),
+		marconi.OutcomeRateLimited: total - float64(2*sessions*3),
 	}
 	h.wantCounts(t, want)
 }
