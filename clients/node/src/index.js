@@ -3,4 +3,5 @@
 
 export { Client, dial, defaults } from './client.js';
 export { ClientClosedError, MarconiError } from './errors.js';
+export { codes, closeCodes } from './codes.js';
 export { TransportError } from './http.js';
