@@ -73,7 +73,8 @@ func (c *Conn) ackUpTo(ctx context.Context, seq int64) {
 		return
 	}
 	if !current {
-		return // kicked: the writer closes it with 4410
+		c.kick(DisconnectSessionGone) // the writer closes it with 4410
+		return
 	}
 	actx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
 	defer cancel()

@@ -185,6 +185,7 @@ func (c *Conn) catchUp(ctx context.Context) error {
 			// a match means they were this incarnation's when read.
 			var current bool
 			if current, err = c.stillCurrent(ctx); err == nil && !current {
+				c.kick(DisconnectSessionGone)
 				return c.closeKicked()
 			}
 		}
