@@ -209,7 +209,7 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 	s.metrics.sent.WithLabelValues(string(res.Delivery)).Inc()
 
 	sRoute := s.router.Route(ctx, req.Sender)
-	res.SelfHeal = s.selfheal.EvaluateAt(start, party(recipient, rRoute), party(req.Sender, sRoute))
+	res.SelfHeal = s.selfheal.SpendAt(start, party(recipient, rRoute), party(req.Sender, sRoute))
 	res = s.piggyback(ctx, req.Sender, sRoute, res)
 	s.metrics.sendSeconds.Observe(s.now().Sub(start).Seconds())
 	return res, nil

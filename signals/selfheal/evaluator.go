@@ -115,18 +115,18 @@ func New(cfg Config, now func() time.Time, reg prometheus.Registerer, logger *sl
 // Config returns the configuration the Evaluator runs with.
 func (e *Evaluator) Config() Config { return e.cfg }
 
-// Evaluate runs the gates of API.md "Self-heal hints" for one send. The
-// recipient side is evaluated only when the recipient has no queue; the
-// sender side only when the sender has no queue and its surface is live. A
-// token is spent only on attempted. When self-heal is disabled it returns the
-// zero Result, counts nothing and touches no bucket.
-func (e *Evaluator) Evaluate(recipient, sender Party) Result {
-	return e.EvaluateAt(e.now(), recipient, sender)
+// Spend runs the gates of docs/api.md "Self-heal hints" for one send and
+// spends a token of each side whose outcome is attempted. The recipient side
+// is evaluated only when the recipient has no queue; the sender side only
+// when the sender has no queue and its surface is live. When self-heal is
+// disabled it returns the zero Result, counts nothing and touches no bucket.
+func (e *Evaluator) Spend(recipient, sender Party) Result {
+	return e.SpendAt(e.now(), recipient, sender)
 }
 
-// EvaluateAt is Evaluate as of now: a caller that classified the route at
+// SpendAt is Spend as of now: a caller that classified the route at
 // now passes it, so the route state and the recency gates read one clock.
-func (e *Evaluator) EvaluateAt(now time.Time, recipient, sender Party) Result {
+func (e *Evaluator) SpendAt(now time.Time, recipient, sender Party) Result {
 	if !e.cfg.Enabled {
 		return Result{}
 	}
