@@ -189,9 +189,6 @@ func (c *Config) setDefaults() {
 	if c.QuotaRegistrationsPerSecond == 0 {
 		c.QuotaRegistrationsPerSecond = DefaultQuotaRegistrationsPerSecond
 	}
-	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = signals.DefaultMaxPayloadBytes
-	}
 	if c.SendRatePerSecond == 0 {
 		c.SendRatePerSecond = DefaultSendRatePerSecond
 	}
@@ -222,25 +219,7 @@ func (c *Config) setDefaults() {
 	if c.MaxConnectionsPerAddress == 0 {
 		c.MaxConnectionsPerAddress = DefaultMaxConnectionsPerAddress
 	}
-	// A zero SelfHeal is "the defaults for this mode"; otherwise only zero
-	// knobs take their defaults and Enabled is as given.
-	def := selfheal.DefaultConfig()
-	if c.SelfHeal == (selfheal.Config{}) {
-		def.Enabled = selfheal.DefaultEnabled(c.Mode)
-		c.SelfHeal = def
-	}
-	if c.SelfHeal.Freshness == 0 {
-		c.SelfHeal.Freshness = def.Freshness
-	}
-	if c.SelfHeal.SenderStaleThreshold == 0 {
-		c.SelfHeal.SenderStaleThreshold = def.SenderStaleThreshold
-	}
-	if c.SelfHeal.MaxAttempts == 0 {
-		c.SelfHeal.MaxAttempts = def.MaxAttempts
-	}
-	if c.SelfHeal.RefillPeriod == 0 {
-		c.SelfHeal.RefillPeriod = def.RefillPeriod
-	}
+	c.SelfHeal = c.SelfHeal.WithDefaults(c.Mode)
 	if c.Retention.Acked == 0 {
 		c.Retention.Acked = DefaultRetainAcked
 	}

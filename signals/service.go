@@ -50,7 +50,9 @@ const (
 	DefaultQuotaPendingBytesPerProject = 256 << 20
 )
 
-func (c *Config) setDefaults() {
+// WithDefaults returns c with each zero field set to its default; each
+// default is applied here only.
+func (c Config) WithDefaults() Config {
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
@@ -72,6 +74,30 @@ func (c *Config) setDefaults() {
 	if c.Quotas.PendingBytesPerProject == 0 {
 		c.Quotas.PendingBytesPerProject = DefaultQuotaPendingBytesPerProject
 	}
+	return c
+}
+
+// ErrInvalidConfig is returned (wrapped) by New for a Config field out of
+// range; the message names the field.
+var ErrInvalidConfig = errors.New("invalid send path config")
+
+// validate checks c once its defaults are applied.
+func (c Config) validate() error {
+	switch {
+	case c.MaxPayloadBytes < 0:
+		return fmt.Errorf("%w: MaxPayloadBytes must be positive, got %d", ErrInvalidConfig, c.MaxPayloadBytes)
+	case c.IdempotencyWindow < 0:
+		return fmt.Errorf("%w: IdempotencyWindow must be positive, got %v", ErrInvalidConfig, c.IdempotencyWindow)
+	case c.Freshness < 0:
+		return fmt.Errorf("%w: Freshness must be positive, got %v", ErrInvalidConfig, c.Freshness)
+	case c.PiggybackLimit < 0:
+		return fmt.Errorf("%w: PiggybackLimit must be positive, got %d", ErrInvalidConfig, c.PiggybackLimit)
+	case c.DrainLimit < 0:
+		return fmt.Errorf("%w: DrainLimit must be positive, got %d", ErrInvalidConfig, c.DrainLimit)
+	case c.Quotas.PendingPerRecipient < 0 || c.Quotas.PendingBytesPerProject < 0:
+		return fmt.Errorf("%w: Quotas must not be negative, got %+v", ErrInvalidConfig, c.Quotas)
+	}
+	return nil
 }
 
 // Service is the send path. It is safe for concurrent use.
@@ -85,10 +111,17 @@ type Service struct {
 	metrics  *metrics
 }
 
-// New builds the send path. sh may be disabled (its Config().Enabled false)
-// but not nil.
+// New builds the send path. store, router, sh and now are required; sh may
+// be disabled (its Config().Enabled false) but not nil. A Config field out
+// of range is an error wrapping ErrInvalidConfig.
 func New(cfg Config, store sessionstore.Store, router Router, sh *selfheal.Evaluator, now func() time.Time, reg prometheus.Registerer, log *slog.Logger) (*Service, error) {
-	cfg.setDefaults()
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if store == nil || router == nil || sh == nil || now == nil {
+		return nil, errors.New("signals: store, router, self-heal evaluator and clock are required")
+	}
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err

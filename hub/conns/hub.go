@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,6 +59,35 @@ type Config struct {
 	// hub decides by itself (a frame-rate close); refusals returned by Admit
 	// are the caller's to count.
 	OnQuotaRefused func(marconi.Quota)
+}
+
+// validate checks that every required field is set: a zero PingInterval,
+// say, would fail every connection at its first ping.
+func (c Config) validate() error {
+	var missing []string
+	for name, ok := range map[string]bool{
+		"InstanceID":               c.InstanceID != "",
+		"SessionTTL":               c.SessionTTL > 0,
+		"TouchInterval":            c.TouchInterval > 0,
+		"StoreTimeout":             c.StoreTimeout > 0,
+		"PingInterval":             c.PingInterval > 0,
+		"ReadLimit":                c.ReadLimit > 0,
+		"QueueSize":                c.QueueSize > 0,
+		"WriteTimeout":             c.WriteTimeout > 0,
+		"AckInterval":              c.AckInterval > 0,
+		"FramesPerSecond":          c.FramesPerSecond > 0,
+		"MaxConnections":           c.MaxConnections > 0,
+		"MaxConnectionsPerAddress": c.MaxConnectionsPerAddress > 0,
+	} {
+		if !ok {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return fmt.Errorf("conns: Config fields must be set and positive: %s", strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // Peers is what the connection hub needs of the fabric to reach queues on
@@ -113,8 +144,8 @@ var _ signals.Router = (*Hub)(nil)
 
 // New builds a connection hub and registers its metrics on d.Registry.
 func New(cfg Config, d Deps) (*Hub, error) {
-	if cfg.QueueSize <= 0 || cfg.MaxConnections <= 0 || cfg.MaxConnectionsPerAddress <= 0 || cfg.FramesPerSecond <= 0 || cfg.AckInterval <= 0 {
-		return nil, errors.New("conns: queue size, connection caps, frame rate and ack interval must be positive")
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	if cfg.OnQuotaRefused == nil {
 		cfg.OnQuotaRefused = func(marconi.Quota) {}

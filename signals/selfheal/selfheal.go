@@ -62,16 +62,29 @@ const (
 )
 
 // DefaultConfig returns the documented defaults for MARCONI_MODE=development
-// (the default mode), so Enabled is true. For another mode set Enabled from
-// DefaultEnabled.
-func DefaultConfig() Config {
-	return Config{
-		Enabled:              DefaultEnabled(marconi.Development),
-		Freshness:            DefaultFreshness,
-		SenderStaleThreshold: DefaultSenderStaleThreshold,
-		MaxAttempts:          DefaultMaxAttempts,
-		RefillPeriod:         DefaultRefillPeriod,
+// (the default mode), so Enabled is true.
+func DefaultConfig() Config { return Config{}.WithDefaults(marconi.Development) }
+
+// WithDefaults returns c with each zero knob set to its default, each
+// applied here only. A zero Config is the defaults of mode, Enabled
+// included (DefaultEnabled); otherwise Enabled is as given.
+func (c Config) WithDefaults(mode marconi.DeploymentMode) Config {
+	if c == (Config{}) {
+		c.Enabled = DefaultEnabled(mode)
 	}
+	if c.Freshness == 0 {
+		c.Freshness = DefaultFreshness
+	}
+	if c.SenderStaleThreshold == 0 {
+		c.SenderStaleThreshold = DefaultSenderStaleThreshold
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.RefillPeriod == 0 {
+		c.RefillPeriod = DefaultRefillPeriod
+	}
+	return c
 }
 
 // ErrInvalidConfig is returned (wrapped) by Config.Validate and New when a knob
