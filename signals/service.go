@@ -50,6 +50,15 @@ const (
 	DefaultQuotaPendingBytesPerProject = 256 << 20
 )
 
+// Store is what the send path uses of sessionstore.Store; the methods'
+// contracts, and the errors they return, are documented there.
+type Store interface {
+	GetSession(ctx context.Context, k sessionstore.Key, now time.Time) (sessionstore.Session, error)
+	AppendSignal(ctx context.Context, s sessionstore.NewSignal, now time.Time) (sig sessionstore.Signal, duplicate bool, err error)
+	PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq int64, limit int) ([]sessionstore.Signal, error)
+	AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int64, at time.Time) (int, error)
+}
+
 // WithDefaults returns c with each zero field set to its default; each
 // default is applied here only.
 func (c Config) WithDefaults() Config {
@@ -103,7 +112,7 @@ func (c Config) validate() error {
 // Service is the send path. It is safe for concurrent use.
 type Service struct {
 	cfg      Config
-	store    sessionstore.Store
+	store    Store
 	router   Router
 	selfheal *selfheal.Evaluator
 	now      func() time.Time
@@ -114,7 +123,7 @@ type Service struct {
 // New builds the send path. store, router, sh and now are required; sh may
 // be disabled (its Config().Enabled false) but not nil. A Config field out
 // of range is an error wrapping ErrInvalidConfig.
-func New(cfg Config, store sessionstore.Store, router Router, sh *selfheal.Evaluator, now func() time.Time, reg prometheus.Registerer, log *slog.Logger) (*Service, error) {
+func New(cfg Config, store Store, router Router, sh *selfheal.Evaluator, now func() time.Time, reg prometheus.Registerer, log *slog.Logger) (*Service, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err

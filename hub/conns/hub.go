@@ -90,6 +90,18 @@ func (c Config) validate() error {
 	return nil
 }
 
+// Store is what the connection hub uses of sessionstore.Store; the methods'
+// contracts, and the errors they return, are documented there.
+type Store interface {
+	GetSession(ctx context.Context, k sessionstore.Key, now time.Time) (sessionstore.Session, error)
+	SessionHeads(ctx context.Context, keys []sessionstore.Key, now time.Time) (map[sessionstore.Key]sessionstore.SessionHead, error)
+	TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error
+	SetQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) error
+	AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) (pending int, err error)
+	ClearQueue(ctx context.Context, k sessionstore.Key, instance string, attachedAt, at time.Time) (bool, error)
+	PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq int64, limit int) ([]sessionstore.Signal, error)
+}
+
 // Peers is what the connection hub needs of the fabric to reach queues on
 // other instances.
 type Peers interface {
@@ -104,7 +116,7 @@ type Peers interface {
 
 // Deps are the collaborators of a connection hub.
 type Deps struct {
-	Store sessionstore.Store
+	Store Store
 	// Ack acknowledges k's signals up to seq (signals.Service.Ack).
 	Ack func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
 	// Peers reaches other instances.
@@ -121,7 +133,7 @@ type Deps struct {
 // their loops. It implements signals.Router. It is safe for concurrent use.
 type Hub struct {
 	cfg       Config
-	store     sessionstore.Store
+	store     Store
 	ack       func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
 	peers     Peers
 	draining  func() bool
