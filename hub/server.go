@@ -82,7 +82,7 @@ type Config struct {
 	// MaxConnectionsPerAddress is MARCONI_MAX_CONNECTIONS_PER_ADDRESS
 	// (25000): WebSockets open from one client address.
 	MaxConnectionsPerAddress int
-	// DevAPIKeys maps API key to tenant/project, from MARCONI_API_KEYS.
+	// APIKeys maps API key to tenant/project, from MARCONI_API_KEYS.
 	APIKeys map[string]TenantProject
 	// AdminToken guards /v1/ops/*.
 	AdminToken string
