@@ -72,10 +72,3 @@ func (l *rateLimiter[K]) sweep() {
 		}
 	}
 }
-
-// len is the number of buckets held (for tests).
-func (l *rateLimiter[K]) len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.buckets)
-}
