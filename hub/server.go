@@ -28,7 +28,7 @@ import (
 // environment; zero durations and sizes mean the documented defaults.
 type Config struct {
 	// Mode is development, lan or cloud.
-	Mode string
+	Mode marconi.DeploymentMode
 	// InstanceID names this hub instance in the shared registry.
 	InstanceID string
 	// PublicURL is where clients reach this instance (sticky placement).
@@ -83,7 +83,7 @@ type Config struct {
 	// MaxConnectionsPerAddress is MARCONI_MAX_CONNECTIONS_PER_ADDRESS
 	// (25000): WebSockets open from one client address.
 	MaxConnectionsPerAddress int
-	// DevAPIKeys maps API key to tenant/project, from MARCONI_API_KEYS.
+	// APIKeys maps API key to tenant/project, from MARCONI_API_KEYS.
 	APIKeys map[string]TenantProject
 	// AdminToken guards /v1/ops/*.
 	AdminToken string
@@ -137,7 +137,7 @@ type TenantProject struct {
 // Defaults of Config's zero fields, each set here only (the send path's,
 // self-heal's and the fabric's are set in their packages).
 const (
-	DefaultMode              = "development"
+	DefaultMode              = marconi.Development
 	DefaultSessionTTL        = time.Hour
 	DefaultHeartbeatInterval = 20 * time.Second
 	DefaultTouchInterval     = 5 * time.Second
@@ -194,9 +194,6 @@ func (c *Config) setDefaults() {
 	if c.QuotaRegistrationsPerSecond == 0 {
 		c.QuotaRegistrationsPerSecond = DefaultQuotaRegistrationsPerSecond
 	}
-	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = signals.DefaultMaxPayloadBytes
-	}
 	if c.SendRatePerSecond == 0 {
 		c.SendRatePerSecond = DefaultSendRatePerSecond
 	}
@@ -227,25 +224,7 @@ func (c *Config) setDefaults() {
 	if c.MaxConnectionsPerAddress == 0 {
 		c.MaxConnectionsPerAddress = DefaultMaxConnectionsPerAddress
 	}
-	// A zero SelfHeal is "the defaults for this mode"; otherwise only zero
-	// knobs take their defaults and Enabled is as given.
-	def := selfheal.DefaultConfig()
-	if c.SelfHeal == (selfheal.Config{}) {
-		def.Enabled = selfheal.DefaultEnabled(c.Mode)
-		c.SelfHeal = def
-	}
-	if c.SelfHeal.Freshness == 0 {
-		c.SelfHeal.Freshness = def.Freshness
-	}
-	if c.SelfHeal.SenderStaleThreshold == 0 {
-		c.SelfHeal.SenderStaleThreshold = def.SenderStaleThreshold
-	}
-	if c.SelfHeal.MaxAttempts == 0 {
-		c.SelfHeal.MaxAttempts = def.MaxAttempts
-	}
-	if c.SelfHeal.RefillPeriod == 0 {
-		c.SelfHeal.RefillPeriod = def.RefillPeriod
-	}
+	c.SelfHeal = c.SelfHeal.WithDefaults(c.Mode)
 	if c.Retention.Acked == 0 {
 		c.Retention.Acked = DefaultRetainAcked
 	}
@@ -450,10 +429,10 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	v1.POST("/sessions", s.register)
 	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth)
 	v1.DELETE("/session", s.deregister, s.sessionAuth)
-	v1.POST("/signals", s.send, s.sendAuth)
-	v1.GET("/signals", s.drain, s.sessionAuth)
-	v1.POST("/signals/ack", s.ack, s.sessionAuth)
-	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth)
+	v1.POST("/signals", s.send, s.sendAuth, s.provesLife)
+	v1.GET("/signals", s.drain, s.sessionAuth, s.provesLife)
+	v1.POST("/signals/ack", s.ack, s.sessionAuth, s.provesLife)
+	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth, s.provesLife)
 	v1.GET("/ws", s.attach)
 
 	ops := v1.Group("/ops", s.adminAuth)
@@ -682,7 +661,8 @@ func (s *Server) healthz(c echo.Context) error {
 
 func (s *Server) readyz(c echo.Context) error {
 	if s.Draining() {
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "draining", Message: "this instance is draining"}})
+		s.writeError(c, marconi.Errorf(marconi.CodeDraining, "this instance is draining"))
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
@@ -691,7 +671,8 @@ func (s *Server) readyz(c echo.Context) error {
 	// failure only (docs/security.md).
 	admin := s.isAdmin(c)
 	if s.storeNotReady.Load() {
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: s.notReadyMessage(admin)}})
+		s.writeError(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s", s.notReadyMessage(admin)))
+		return nil
 	}
 	ping := s.store.Ping
 	switch r := s.store.(type) {
@@ -712,7 +693,8 @@ func (s *Server) readyz(c echo.Context) error {
 				msg += " (" + cause + ")"
 			}
 		}
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})
+		s.writeError(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s", msg))
+		return nil
 	}
 	if msg := s.schemaMismatch(admin); msg != "" {
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})

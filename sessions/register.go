@@ -12,7 +12,6 @@ import (
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
-	"github.com/marconihub/marconi/signals/selfheal"
 )
 
 // RegisterRequest is one registration (POST /v1/sessions), authenticated
@@ -79,8 +78,8 @@ func (r RegisterRequest) validate() error {
 	if r.SessionID != "" && !signals.ValidSessionID(r.SessionID) {
 		return marconi.Errorf(marconi.CodeInvalidField, "session_id must match [A-Za-z0-9._-]{1,128}")
 	}
-	if !selfheal.Surface(r.Surface).Valid() {
-		return marconi.Errorf(marconi.CodeInvalidSurface, "surface %q is not one of %s", r.Surface, selfheal.SurfaceNames)
+	if !marconi.Surface(r.Surface).Valid() {
+		return marconi.Errorf(marconi.CodeInvalidSurface, "surface %q is not one of %s", r.Surface, marconi.SurfaceNames)
 	}
 	if r.ClientID != "" && !clientIDRe.MatchString(r.ClientID) {
 		return marconi.Errorf(marconi.CodeInvalidField, "client_id must be 1 to 128 printable ASCII characters")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"time"
+
+	"github.com/marconihub/marconi"
 )
 
 // Key names one session. Session ids are unique within a (tenant, project):
@@ -105,8 +107,8 @@ type Signal struct {
 	IdempotencyKey string
 	// Delivery and RouteState record how the send was classified, so that a
 	// duplicate send can answer with the first response.
-	Delivery   string
-	RouteState string
+	Delivery   marconi.Delivery
+	RouteState marconi.RouteState
 }
 
 // NewSignal is what AppendSignal stores. The store assigns Seq.
@@ -121,8 +123,8 @@ type NewSignal struct {
 	// IdempotencySince bounds the idempotency window: an earlier signal from
 	// the same sender with the same key created at or after it is a duplicate.
 	IdempotencySince time.Time
-	Delivery         string
-	RouteState       string
+	Delivery         marconi.Delivery
+	RouteState       marconi.RouteState
 	// Limits are the store-side quotas this append must respect; zero
 	// fields are unlimited.
 	Limits Limits

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/sessionstore/breaker"
@@ -131,15 +132,17 @@ func positiveFloat(dst *float64) func(*Config, string) error {
 	}
 }
 
-func oneOf(dst *string, allowed ...string) func(*Config, string) error {
+func oneOf[T ~string](dst *T, allowed ...T) func(*Config, string) error {
 	return func(_ *Config, v string) error {
-		for _, a := range allowed {
-			if v == a {
-				*dst = v
+		names := make([]string, len(allowed))
+		for i, a := range allowed {
+			if T(v) == a {
+				*dst = a
 				return nil
 			}
+			names[i] = string(a)
 		}
-		return fmt.Errorf("want one of %s, got %q", strings.Join(allowed, ", "), v)
+		return fmt.Errorf("want one of %s, got %q", strings.Join(names, ", "), v)
 	}
 }
 
@@ -159,7 +162,7 @@ func settings(c *Config) []setting {
 	h := &c.Hub
 	return []setting{
 		{"MARCONI_ADDR", "", "address to listen on (default: 127.0.0.1:8080 in development, :8080 in lan and cloud)", func(c *Config, v string) error { c.Addr = v; return nil }, public},
-		{"MARCONI_MODE", hub.DefaultMode, "development, lan or cloud", oneOf(&h.Mode, "development", "lan", "cloud"), public},
+		{"MARCONI_MODE", string(hub.DefaultMode), "development, lan or cloud", oneOf(&h.Mode, marconi.DeploymentModes...), public},
 		{"MARCONI_DATABASE_URL", "", "Postgres URL; empty runs on the embedded in-memory store", func(c *Config, v string) error {
 			if v == "" {
 				c.DatabaseURL = ""
@@ -540,7 +543,7 @@ func loadConfig(cmd string, args []string, getenv func(string) string, out io.Wr
 		// Development mode is for one machine: it listens on loopback
 		// unless MARCONI_ADDR says otherwise.
 		c.Addr = ":8080"
-		if c.Hub.Mode == "development" {
+		if c.Hub.Mode == marconi.Development {
 			c.Addr = "127.0.0.1:8080"
 		}
 		for i := range c.resolved {
@@ -569,7 +572,7 @@ func loadConfig(cmd string, args []string, getenv func(string) string, out io.Wr
 	if err := c.Hub.SelfHeal.Validate(); err != nil {
 		return c, err
 	}
-	if c.Hub.PublicURL == "" && c.DatabaseURL != "" && c.Hub.Mode != "development" {
+	if c.Hub.PublicURL == "" && c.DatabaseURL != "" && c.Hub.Mode != marconi.Development {
 		// Sticky clients are sent to this URL by wrong_instance: a guessed
 		// loopback address would strand them on other machines.
 		return c, errors.New("MARCONI_PUBLIC_URL: required with MARCONI_DATABASE_URL in lan and cloud modes (clients are sent there by wrong_instance)")
@@ -585,7 +588,7 @@ func loadConfig(cmd string, args []string, getenv func(string) string, out io.Wr
 		return c, fmt.Errorf("MARCONI_INSTANCE_HEARTBEAT_SECONDS: must be shorter than MARCONI_INSTANCE_DEAD_AFTER_SECONDS (%v)", c.Hub.Fabric.DeadAfter)
 	}
 	c.Hub.Fabric.HeartbeatEvery = c.InstanceHeartbeat
-	if c.Hub.Mode == "development" {
+	if c.Hub.Mode == marconi.Development {
 		if len(c.Hub.APIKeys) == 0 {
 			c.generatedAPIKey = hub.NewAPIKey()
 			c.Hub.APIKeys = map[string]hub.TenantProject{c.generatedAPIKey: {TenantID: "dev", ProjectID: "dev"}}

@@ -161,10 +161,8 @@ func (h *Hub) start(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 		c.kick(DisconnectShutdown)
 	}
 
-	// From here a wake starts the writer. Before, the connection was
-	// already in the registry (a send, a sweep or a wake-up could find it)
-	// while recordAttach was still counting the welcome's replayed: a
-	// writer started then wrote the welcome with 0. Wakes before this one
+	// From here a wake starts the writer, so no writer writes the welcome
+	// before recordAttach has counted its replayed. Wakes before this one
 	// start nothing, and need not: this writer writes the welcome, catches
 	// up from the store (which holds whatever they were about) and
 	// closes a connection kicked meanwhile.

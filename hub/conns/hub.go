@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +61,47 @@ type Config struct {
 	OnQuotaRefused func(marconi.Quota)
 }
 
+// validate checks that every required field is set: a zero PingInterval,
+// say, would fail every connection at its first ping.
+func (c Config) validate() error {
+	var missing []string
+	for name, ok := range map[string]bool{
+		"InstanceID":               c.InstanceID != "",
+		"SessionTTL":               c.SessionTTL > 0,
+		"TouchInterval":            c.TouchInterval > 0,
+		"StoreTimeout":             c.StoreTimeout > 0,
+		"PingInterval":             c.PingInterval > 0,
+		"ReadLimit":                c.ReadLimit > 0,
+		"QueueSize":                c.QueueSize > 0,
+		"WriteTimeout":             c.WriteTimeout > 0,
+		"AckInterval":              c.AckInterval > 0,
+		"FramesPerSecond":          c.FramesPerSecond > 0,
+		"MaxConnections":           c.MaxConnections > 0,
+		"MaxConnectionsPerAddress": c.MaxConnectionsPerAddress > 0,
+	} {
+		if !ok {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return fmt.Errorf("conns: Config fields must be set and positive: %s", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// Store is what the connection hub uses of sessionstore.Store; the methods'
+// contracts, and the errors they return, are documented there.
+type Store interface {
+	GetSession(ctx context.Context, k sessionstore.Key, now time.Time) (sessionstore.Session, error)
+	SessionHeads(ctx context.Context, keys []sessionstore.Key, now time.Time) (map[sessionstore.Key]sessionstore.SessionHead, error)
+	TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error
+	SetQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) error
+	AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) (pending int, err error)
+	ClearQueue(ctx context.Context, k sessionstore.Key, instance string, attachedAt, at time.Time) (bool, error)
+	PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq int64, limit int) ([]sessionstore.Signal, error)
+}
+
 // Peers is what the connection hub needs of the fabric to reach queues on
 // other instances.
 type Peers interface {
@@ -73,7 +116,7 @@ type Peers interface {
 
 // Deps are the collaborators of a connection hub.
 type Deps struct {
-	Store sessionstore.Store
+	Store Store
 	// Ack acknowledges k's signals up to seq (signals.Service.Ack).
 	Ack func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
 	// Peers reaches other instances.
@@ -90,7 +133,7 @@ type Deps struct {
 // their loops. It implements signals.Router. It is safe for concurrent use.
 type Hub struct {
 	cfg       Config
-	store     sessionstore.Store
+	store     Store
 	ack       func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
 	peers     Peers
 	draining  func() bool
@@ -113,8 +156,8 @@ var _ signals.Router = (*Hub)(nil)
 
 // New builds a connection hub and registers its metrics on d.Registry.
 func New(cfg Config, d Deps) (*Hub, error) {
-	if cfg.QueueSize <= 0 || cfg.MaxConnections <= 0 || cfg.MaxConnectionsPerAddress <= 0 || cfg.FramesPerSecond <= 0 || cfg.AckInterval <= 0 {
-		return nil, errors.New("conns: queue size, connection caps, frame rate and ack interval must be positive")
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	if cfg.OnQuotaRefused == nil {
 		cfg.OnQuotaRefused = func(marconi.Quota) {}

@@ -59,23 +59,18 @@ func (c *Conn) touchSeen(ctx context.Context, now time.Time) {
 }
 
 // stillCurrent reads the store row of c's session and reports whether c
-// belongs to it. When it does not (the session is gone, or was registered
-// again since: another incarnation) it kicks c with 4410. A store failure is
-// returned and c is left alone.
+// belongs to it: false when the session is gone or was registered again
+// since (another incarnation), which the caller answers by kicking c with
+// DisconnectSessionGone. It changes nothing.
 func (c *Conn) stillCurrent(ctx context.Context) (bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
 	defer cancel()
 	sess, err := c.h.store.GetSession(rctx, c.key, c.h.now())
 	if errors.Is(err, sessionstore.ErrNotFound) {
-		c.kick(DisconnectSessionGone)
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("read the session of a connection: %w", err)
 	}
-	if !c.belongsTo(sess) {
-		c.kick(DisconnectSessionGone)
-		return false, nil
-	}
-	return true, nil
+	return c.belongsTo(sess), nil
 }

@@ -41,7 +41,7 @@ func (c *Conn) wake() bool {
 // the writer it started is the only one running: with other writers busy
 // the processors are too, and the yield would only cost the sender a trip
 // through the run queue (about a sixth of the throughput of eight
-// concurrent senders). Measured in docs/benchmarks.md (issue 10).
+// concurrent senders). Measured in docs/benchmarks-history.md (issue 10).
 func pushFirst() { runtime.Gosched() }
 
 // enqueue adds it to the outgoing queue unless the queue is full.
@@ -185,6 +185,7 @@ func (c *Conn) catchUp(ctx context.Context) error {
 			// a match means they were this incarnation's when read.
 			var current bool
 			if current, err = c.stillCurrent(ctx); err == nil && !current {
+				c.kick(DisconnectSessionGone)
 				return c.closeKicked()
 			}
 		}

@@ -651,7 +651,7 @@ func (m *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now
 		return sessionstore.Signal{}, false, err
 	}
 	defer m.mu.Unlock()
-	if err := storable(ns.ID, ns.FromSession, ns.Kind, ns.IdempotencyKey, ns.Delivery, ns.RouteState); err != nil {
+	if err := storable(ns.ID, ns.FromSession, ns.Kind, ns.IdempotencyKey, string(ns.Delivery), string(ns.RouteState)); err != nil {
 		return sessionstore.Signal{}, false, err
 	}
 	if ns.SenderTokenHash != nil {

@@ -278,8 +278,8 @@ func wantSignal(t *testing.T, what string, got, want sessionstore.Signal) {
 		diffs = append(diffs, fmt.Sprintf("CreatedAt = %v, want %v", got.CreatedAt, want.CreatedAt))
 	}
 	str("IdempotencyKey", got.IdempotencyKey, want.IdempotencyKey)
-	str("Delivery", got.Delivery, want.Delivery)
-	str("RouteState", got.RouteState, want.RouteState)
+	str("Delivery", string(got.Delivery), string(want.Delivery))
+	str("RouteState", string(got.RouteState), string(want.RouteState))
 	if len(diffs) > 0 {
 		t.Fatalf("%s: signal differs:\n  %s", what, joinLines(diffs))
 	}
