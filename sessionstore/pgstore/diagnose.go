@@ -104,9 +104,11 @@ func diagnose(err error, where string) (class, detail string) {
 		case codeInsufficientPrivs:
 			return "permission denied", "permission denied: " + pgErr.Message
 		case codeReadOnly:
-			return "Postgres is read-only (a standby, or a failover under way)",
-				"Postgres at " + orUnknown(where) + " is read-only (a standby, or a failover under way): " + pgErr.Message
+			return readOnly(where, pgErr.Message)
 		}
+	}
+	if errors.Is(err, errReadOnlyServer) {
+		return readOnly(where, "transaction_read_only is on")
 	}
 	if errors.Is(err, pgconn.ErrReadOnlyConnection) {
 		// target_session_attrs=read-write found servers, all of them read-only.
@@ -131,6 +133,12 @@ func diagnose(err error, where string) (class, detail string) {
 		return "Postgres error " + pgErr.Code, fmt.Sprintf("Postgres error %s: %s", pgErr.Code, pgErr.Message)
 	}
 	return "unclassified; the hub's log says why", err.Error()
+}
+
+// readOnly is the class and detail of a server that refuses writes.
+func readOnly(where, why string) (class, detail string) {
+	return "Postgres is read-only (a standby, or a failover under way)",
+		"Postgres at " + orUnknown(where) + " is read-only (a standby, or a failover under way): " + why
 }
 
 // same is a class that is its own detail: it names nothing private.

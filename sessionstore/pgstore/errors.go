@@ -102,6 +102,7 @@ func isUnavailable(err error) bool {
 		errors.Is(err, syscall.ECONNRESET),
 		errors.Is(err, syscall.EPIPE),
 		errors.Is(err, pgconn.ErrConnClosed),
+		errors.Is(err, errReadOnlyServer),
 		errors.As(err, &netErr):
 		return true
 	}

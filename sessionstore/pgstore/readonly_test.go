@@ -14,8 +14,9 @@ import (
 )
 
 // TestReadOnlyServerIsUnavailable, against a real standby: a store that
-// reaches a standby (a URL naming it alone) answers a write with
-// ErrUnavailable, not an internal error, and names the cause as read-only;
+// reaches a standby (a URL naming it alone) answers a write, and a ping,
+// with ErrUnavailable, not an internal error or a success, and names the
+// cause as read-only;
 // on the multi-host URL with target_session_attrs=read-write, while the
 // primary is down and the standby not yet promoted, every call is
 // ErrUnavailable ("no read-write server"); once the standby is promoted the
@@ -58,6 +59,12 @@ func TestReadOnlyServerIsUnavailable(t *testing.T) {
 		t.Errorf("a write on the standby is classed %q; want it named read-only", class)
 	}
 	t.Logf("a write on the standby: %s", standby.Diagnose(err))
+	for name, ping := range map[string]func(context.Context) error{"Ping": standby.Ping, "Reachable": standby.Reachable} {
+		err := ping(ctx)
+		if !errors.Is(err, sessionstore.ErrUnavailable) || !strings.Contains(standby.Classify(err), "read-only") {
+			t.Errorf("%s on the standby: %v (classed %q), want ErrUnavailable, read-only", name, err, standby.Classify(err))
+		}
+	}
 
 	// The pooled connections die with the primary: the first calls fail on
 	// them (connection closed); new ones find only the standby.
