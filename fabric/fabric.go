@@ -102,6 +102,7 @@ type Fabric struct {
 	// connected and no longer is.
 	seenConnected map[string]time.Time
 	gone          map[string]bool
+	probeServer   string     // the server that seenConnected was seen on
 	lastProbe     time.Time  // when Probe last read the prober
 	probeMu       sync.Mutex // serializes confirmHealthy's probes
 }

@@ -164,11 +164,15 @@ func TestSummaryCanaryView(t *testing.T) {
 	}
 }
 
-// fakeProber answers ConnectedInstances from a set the test sets.
-type fakeProber struct{ live map[string]bool }
+// fakeProber answers ConnectedInstances from a set the test sets, as seen
+// on server.
+type fakeProber struct {
+	live   map[string]bool
+	server string
+}
 
-func (p *fakeProber) ConnectedInstances(context.Context) (map[string]bool, error) {
-	return maps.Clone(p.live), nil
+func (p *fakeProber) ConnectedInstances(context.Context) (map[string]bool, string, error) {
+	return maps.Clone(p.live), p.server, nil
 }
 
 // Probe judges only a process it saw connected: one never seen (an older
@@ -228,6 +232,41 @@ func TestProbeJudgesOnlyProcessesSeenConnected(t *testing.T) {
 	}
 	if !a.Healthy(ctx, "b") || process("b") != ProcessUnknown {
 		t.Fatalf("b restarted, listener not up yet: healthy %v, process %q; want healthy by its heartbeat, unknown", a.Healthy(ctx, "b"), process("b"))
+	}
+}
+
+// After a failover the prober answers from another server, where no
+// listener has taken its lock yet: an instance seen connected before is not
+// declared dead for that (its heartbeat judges it), becomes connected again
+// once its lock is seen there, and is gone if its lock goes after that.
+func TestProbeOnAnotherServerForgetsWhoWasConnected(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	a := newTestFabric(t, st, clk, "a")
+	p := &fakeProber{live: map[string]bool{"b": true}, server: "primary"}
+	a.SetProber(p)
+	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
+		t.Fatal(err)
+	}
+	probe := func(live bool, server string) {
+		t.Helper()
+		p.live["b"], p.server = live, server
+		if err := a.Probe(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Tick(ctx); err != nil { // sees b connected on the primary
+		t.Fatal(err)
+	}
+	probe(false, "promoted standby")
+	if !a.Healthy(ctx, "b") || !a.HoldsQueue(ctx, "b", clk.t) {
+		t.Fatal("b, seen connected on the old primary, is dead on the new one before its listener could reconnect")
+	}
+	probe(true, "promoted standby")
+	probe(false, "promoted standby")
+	if a.Healthy(ctx, "b") {
+		t.Fatal("b, seen connected on the new primary and then not, is still healthy")
 	}
 }
 

@@ -11,8 +11,10 @@ import (
 // listener connection holds). Implementations are safe for concurrent use.
 type Prober interface {
 	// ConnectedInstances returns the ids of the instances whose process
-	// holds its connection now.
-	ConnectedInstances(ctx context.Context) (map[string]bool, error)
+	// holds its connection now, and which server holds those connections:
+	// an identity that changes when the database fails over or restarts,
+	// since every connection is lost then.
+	ConnectedInstances(ctx context.Context) (live map[string]bool, server string, err error)
 }
 
 // Process states of an instance in the summary.
@@ -32,16 +34,27 @@ func (f *Fabric) SetProber(p Prober) { f.prober = p }
 // heartbeat's age. An instance never seen connected (an older binary, one
 // whose listener has not yet connected) is judged by its heartbeat only.
 // Run calls it every ProbeEvery; it does nothing without a prober.
+//
+// A connection seen on one server says nothing of the next: when the
+// prober answers from another server (the database failed over or
+// restarted), every instance is judged by its heartbeat again until it is
+// seen connected there, so an instance whose listener has not yet reconnected
+// is not declared dead.
 func (f *Fabric) Probe(ctx context.Context) error {
 	if f.prober == nil {
 		return nil
 	}
-	live, err := f.prober.ConnectedInstances(ctx)
+	live, server, err := f.prober.ConnectedInstances(ctx)
 	if err != nil {
 		return fmt.Errorf("probe instances: %w", err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if server != f.probeServer {
+		clear(f.seenConnected)
+		clear(f.gone)
+		f.probeServer = server
+	}
 	f.lastProbe = time.Now()          // wall time: it only spaces the probes
 	for id := range f.seenConnected { // forget instances pruned from the table
 		if _, ok := f.instances[id]; !ok {
