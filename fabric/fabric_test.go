@@ -372,3 +372,58 @@ func TestHealthGaugeFollowsTheProbe(t *testing.T) {
 		t.Fatalf("c with a heartbeat %v old: %v, want 0", DefaultDeadAfter, v)
 	}
 }
+
+// downStore is a store whose instance table cannot be read or written while
+// down is set: Postgres failing over.
+type downStore struct {
+	sessionstore.Store
+	down bool
+}
+
+func (s *downStore) ListInstances(ctx context.Context) ([]sessionstore.Instance, error) {
+	if s.down {
+		return nil, sessionstore.ErrUnavailable
+	}
+	return s.Store.ListInstances(ctx)
+}
+
+// A store outage does not age heartbeats: no instance can heartbeat while
+// it lasts, so an instance alive throughout is not dead when the store
+// comes back after longer than DeadAfter; one that died during it is dead
+// within DeadAfter of the store's return.
+func TestStoreOutageDoesNotAgeHeartbeats(t *testing.T) {
+	ctx := context.Background()
+	st := &downStore{Store: memstore.New()}
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	a := newTestFabric(t, st, clk, "a")
+	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
+		t.Fatal(err)
+	}
+	tick := func(wantErr bool) {
+		t.Helper()
+		if err := a.Tick(ctx); (err != nil) != wantErr {
+			t.Fatalf("tick: %v, want an error %v", err, wantErr)
+		}
+	}
+	tick(false)
+	clk.t = clk.t.Add(time.Second)
+	st.down = true
+	tick(true)
+	clk.t = clk.t.Add(3 * DefaultDeadAfter)
+	if !a.Healthy(ctx, "b") {
+		t.Fatal("b unhealthy while the store is down: its heartbeat could not be written")
+	}
+	st.down = false
+	tick(false)
+	if !a.Healthy(ctx, "b") {
+		t.Fatal("b unhealthy as soon as the store is back, before it could heartbeat")
+	}
+	clk.t = clk.t.Add(DefaultDeadAfter - 2*time.Second)
+	if !a.Healthy(ctx, "b") {
+		t.Fatal("b unhealthy within DeadAfter of the store's return")
+	}
+	clk.t = clk.t.Add(2 * time.Second)
+	if a.Healthy(ctx, "b") {
+		t.Fatal("b, silent for DeadAfter since the store came back, is still healthy")
+	}
+}

@@ -137,3 +137,51 @@ func (f *Fabric) runProbe(ctx context.Context) {
 		}
 	}
 }
+
+// outage is a span during which this instance could not read the instance
+// table: the store was down or failing over, so no instance could
+// heartbeat either, and a heartbeat's age does not count it.
+type outage struct {
+	since time.Time // the last successful read before it; zero: none yet
+	end   time.Time // the first successful read after it; zero while it lasts
+}
+
+// readFailed notes that the instance table could not be read: an outage
+// starts, unless one is going on or nothing was ever read.
+func (f *Fabric) readFailed() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.loaded && (f.outage.since.IsZero() || !f.outage.end.IsZero()) {
+		f.outage = outage{since: f.lastRead}
+	}
+}
+
+// readSucceeded notes a successful read: an outage going on ends. The
+// caller holds f.mu.
+func (f *Fabric) readSucceeded() {
+	f.lastRead = f.now()
+	if !f.outage.since.IsZero() && f.outage.end.IsZero() {
+		f.outage.end = f.lastRead
+	}
+}
+
+// heartbeatAge is how old a heartbeat sent at hb is at now, not counting
+// the latest outage: while it lasts, ages are frozen as of the last read;
+// after it, they resume where they stood, so that an instance alive
+// throughout has its DeadAfter window, less what it had used, to heartbeat
+// again, and one that died during the outage is dead within that window.
+// The caller holds f.mu.
+func (f *Fabric) heartbeatAge(hb, now time.Time) time.Duration {
+	o := f.outage
+	switch {
+	case o.since.IsZero():
+		return now.Sub(hb)
+	case o.end.IsZero():
+		return o.since.Sub(hb)
+	case hb.Before(o.since):
+		return now.Sub(hb) - o.end.Sub(o.since)
+	case hb.Before(o.end):
+		return now.Sub(o.end)
+	}
+	return now.Sub(hb)
+}

@@ -33,13 +33,17 @@ const (
 	// failoverAgents send every failoverEvery each, half of them sticky.
 	failoverAgents = 6
 	failoverEvery  = 50 * time.Millisecond
+	// failoverDeadAfter is the hubs' MARCONI_INSTANCE_DEAD_AFTER_SECONDS.
+	failoverDeadAfter = 4 * time.Second
 )
 
 // TestStoreFailover runs two hub instances on a primary and its synchronous
 // standby, through the multi-host URL with target_session_attrs=read-write,
 // with agents (the Go client, sticky and stateless) sending to each other;
 // mid-load the primary is crashed (pg_ctl stop -m immediate) and, once the
-// hubs report the store unavailable, the standby is promoted. The ledger:
+// hubs report the store unavailable, the standby is promoted; the old
+// primary is rebuilt as the standby and the same is done the other way,
+// with the outage held past the instances' dead-after window. The ledger:
 // every send answered 200 is delivered once and in order; no send is
 // answered 500; no instance sees the other unhealthy, no sticky session
 // is taken over or reassigned, no agent is told affinity_reset; both
@@ -48,9 +52,12 @@ const (
 // not asserted. MARCONI_FAILOVER=long switches over back and forth.
 func TestStoreFailover(t *testing.T) {
 	c := pgcluster.New(t)
-	rounds := 1
+	// Two rounds: the standby promoted as soon as the hubs see the primary
+	// gone, then (the roles swapped back) kept read-only past the instances'
+	// dead-after window, as a failover manager may take its time.
+	rounds := 2
 	if os.Getenv(EnvFailover) == "long" {
-		rounds = 6
+		rounds = 8
 	}
 	hubs := startFailoverHubs(t, c.URL(), "hub-a", "hub-b")
 	for _, h := range hubs {
@@ -89,6 +96,11 @@ func TestStoreFailover(t *testing.T) {
 				}
 				return st == http.StatusServiceUnavailable && strings.Contains(msg, "takes writes")
 			})
+		}
+		if round%2 == 1 {
+			// Not a wait for an event: the outage itself, held on purpose
+			// past the dead-after window of every heartbeat seen before it.
+			time.Sleep(failoverDeadAfter + time.Second)
 		}
 		c.Promote()
 		promoted := time.Now()
@@ -185,7 +197,7 @@ func startFailoverHubs(t *testing.T, dbURL string, ids ...string) []*Main {
 			"MARCONI_PUBLIC_URL": "http://" + addr, "MARCONI_INSTANCE_ID": id,
 			"MARCONI_API_KEYS": failoverKey + "=t/p", "MARCONI_ADMIN_TOKEN": failoverAdmin,
 			"MARCONI_STORE_TIMEOUT_SECONDS": "2", "MARCONI_STORE_PROBE_INTERVAL_MS": "100",
-			"MARCONI_INSTANCE_HEARTBEAT_SECONDS": "1", "MARCONI_INSTANCE_DEAD_AFTER_SECONDS": "4",
+			"MARCONI_INSTANCE_HEARTBEAT_SECONDS": "1", "MARCONI_INSTANCE_DEAD_AFTER_SECONDS": fmt.Sprint(failoverDeadAfter.Seconds()),
 			"MARCONI_SEND_RATE_PER_SECOND": "1000",
 			// No pending sweep within the test: a signal for an agent on the
 			// other instance arrives by a wake-up, so the listener must
