@@ -157,8 +157,8 @@ func TestStoreFailover(t *testing.T) {
 // TestHubStartsWhileThePrimaryIsDown: a hub started on the multi-host URL
 // while the primary is down and the standby still read-only does not come
 // up on the standby: /readyz says no read-write server, a registration is
-// 503 registry_unavailable; once the standby is promoted, the same process
-// migrates and serves.
+// 503 registry_unavailable, and `marconi config check` fails naming the
+// cause; once the standby is promoted, the same process migrates and serves.
 func TestHubStartsWhileThePrimaryIsDown(t *testing.T) {
 	c := pgcluster.New(t)
 	c.CrashPrimary()
@@ -171,7 +171,13 @@ func TestHubStartsWhileThePrimaryIsDown(t *testing.T) {
 	if a := post(t, h.URL()+"/v1/sessions", failoverKey, `{"session_id":"early","surface":"codex"}`); a.status != 503 || a.code != "registry_unavailable" {
 		t.Fatalf("register with only a standby: %+v, want 503 registry_unavailable", a)
 	}
+	if code, _, stderr := runCLI(t, map[string]string{"MARCONI_DATABASE_URL": c.URL()}, "", false, "config", "check"); code != 1 || !strings.Contains(stderr, "takes writes") {
+		t.Errorf("config check with only a standby: exit %d, %q; want 1 naming no server that takes writes", code, stderr)
+	}
 	c.Promote()
+	if code, _, stderr := runCLI(t, map[string]string{"MARCONI_DATABASE_URL": c.URL()}, "", false, "config", "check"); code != 0 {
+		t.Errorf("config check once the standby is promoted: exit %d, %q", code, stderr)
+	}
 	pollUntil(t, "the hub to serve once the standby is promoted", func() bool {
 		return post(t, h.URL()+"/v1/sessions", failoverKey, `{"session_id":"early","surface":"codex"}`).status == http.StatusCreated
 	})
