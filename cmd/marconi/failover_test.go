@@ -19,6 +19,7 @@ import (
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/internal/pgcluster"
+	"github.com/marconihub/marconi/migrations"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
@@ -96,6 +97,9 @@ func TestStoreFailover(t *testing.T) {
 				}
 				return st == http.StatusServiceUnavailable && strings.Contains(msg, "takes writes")
 			})
+			if v := metricValue(t, h.URL(), "marconi_store_breaker_open"); v != 1 {
+				t.Errorf("%s: marconi_store_breaker_open = %v with no server taking writes, want 1", h.Config.Hub.InstanceID, v)
+			}
 		}
 		if round%2 == 1 {
 			// Not a wait for an event: the outage itself, held on purpose
@@ -184,6 +188,35 @@ func TestHubStartsWhileThePrimaryIsDown(t *testing.T) {
 	if st, msg := readyzAdmin(t, h); st != http.StatusOK {
 		t.Fatalf("readyz after the promotion: %d %s", st, msg)
 	}
+}
+
+// TestHubOnAStandbyIsNotReady: a hub whose URL names a standby alone (no
+// target_session_attrs: a misconfiguration, or a balancer that still points
+// at the old standby) is not ready and says the store is read-only; a
+// registration is 503 registry_unavailable, never a 500. Promoted, the same
+// server serves the same process.
+func TestHubOnAStandbyIsNotReady(t *testing.T) {
+	c := pgcluster.New(t)
+	// The schema is there, replicated: the hub's writes themselves meet the
+	// standby's refusal (SQLSTATE 25006).
+	if err := migrations.Up(context.Background(), c.Primary().URL()); err != nil {
+		t.Fatal(err)
+	}
+	standby := c.Standby()
+	h := startFailoverHubs(t, standby.URL(), "hub-standby")[0]
+	st, msg := readyzAdmin(t, h)
+	if st != http.StatusServiceUnavailable || !strings.Contains(msg, "read-only") {
+		t.Fatalf("readyz on a standby: %d %s, want 503 naming it read-only", st, msg)
+	}
+	t.Logf("readyz on a standby: %s", msg)
+	if a := post(t, h.URL()+"/v1/sessions", failoverKey, `{"session_id":"s1","surface":"codex"}`); a.status != 503 || a.code != "registry_unavailable" {
+		t.Fatalf("register on a standby: %+v, want 503 registry_unavailable", a)
+	}
+	c.CrashPrimary()
+	c.Promote()
+	pollUntil(t, "the hub to serve once its server is promoted", func() bool {
+		return post(t, h.URL()+"/v1/sessions", failoverKey, `{"session_id":"s1","surface":"codex"}`).status == http.StatusCreated
+	})
 }
 
 // startFailoverHubs starts one in-process hub per id on dbURL, each on a
