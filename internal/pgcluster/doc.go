@@ -8,5 +8,6 @@
 // switchovers an operator's database goes through.
 //
 // Without the tools the tests skip with one line; with
-// MARCONI_TEST_REQUIRE_FAILOVER=1 they fail instead (CI sets it).
+// MARCONI_TEST_REQUIRE_FAILOVER=1 they fail instead (CI sets it). Under
+// -short they skip.
 package pgcluster

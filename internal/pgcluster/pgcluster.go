@@ -69,9 +69,13 @@ type Cluster struct {
 // New makes a primary with a synchronous standby (synchronous_standby_names
 // on the primary, so a commit returns once the standby has it), both
 // running, Database created. Everything is stopped and removed in t.Cleanup.
-// Without the tools it skips, or fails when EnvRequire=1.
+// Without the tools it skips, or fails when EnvRequire=1; with -short it
+// skips.
 func New(t testing.TB) *Cluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("skipping failover test in -short mode: it builds two Postgres clusters")
+	}
 	c := &Cluster{t: t, bin: binDir()}
 	c.requireTools()
 	c.asRoot = os.Geteuid() == 0
