@@ -68,6 +68,12 @@ func TestStoreFailover(t *testing.T) {
 	}
 	led := newFailoverLedger()
 	agents := dialFailoverAgents(t, hubs, led)
+	// quiet never sends nor heartbeats within the test (so nothing reaches
+	// it piggybacked on an answer) and holds its WebSocket on hub-b: what
+	// agents on hub-a send it after the failover comes by hub-b's wake-up
+	// listener, which must have listened again on the new primary.
+	quiet := dialAgent(t, hubs[1], "quiet", "stateless", led)
+	recipients := append(slices.Clone(agents), quiet)
 	sticky := stickyAssignments(t, c.URL())
 	if len(sticky) != failoverAgents/2 {
 		t.Fatalf("%d sticky sessions placed, want %d", len(sticky), failoverAgents/2)
@@ -76,7 +82,7 @@ func TestStoreFailover(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for i, a := range agents {
-		wg.Go(func() { a.sendLoop(ctx, agents, i, led) })
+		wg.Go(func() { a.sendLoop(ctx, recipients, i, led) })
 	}
 	health := watchHealth(ctx, t, &wg, hubs)
 	defer func() { stop(); wg.Wait() }()
@@ -152,6 +158,9 @@ func TestStoreFailover(t *testing.T) {
 				t.Errorf("%s on %s = %v; no sticky session may move when no instance died", name, h.Config.Hub.InstanceID, v)
 			}
 		}
+	}
+	if st := quiet.c.Stats(); st.Reconnects > 0 {
+		t.Errorf("quiet's WebSocket was redialed %d times; it must hold one throughout, so that its signals came by wake-ups", st.Reconnects)
 	}
 	if after := stickyAssignments(t, c.URL()); !mapsEqual(after, sticky) {
 		t.Errorf("sticky assignments moved: before %v, after %v", sticky, after)
@@ -237,7 +246,7 @@ func startFailoverHubs(t *testing.T, dbURL string, ids ...string) []*Main {
 			"MARCONI_API_KEYS": failoverKey + "=t/p", "MARCONI_ADMIN_TOKEN": failoverAdmin,
 			"MARCONI_STORE_TIMEOUT_SECONDS": "2", "MARCONI_STORE_PROBE_INTERVAL_MS": "100",
 			"MARCONI_INSTANCE_HEARTBEAT_SECONDS": "1", "MARCONI_INSTANCE_DEAD_AFTER_SECONDS": fmt.Sprint(failoverDeadAfter.Seconds()),
-			"MARCONI_SEND_RATE_PER_SECOND": "1000",
+			"MARCONI_SEND_RATE_PER_SECOND": "1000", "MARCONI_HEARTBEAT_INTERVAL_SECONDS": "3600",
 			// No pending sweep within the test: a signal for an agent on the
 			// other instance arrives by a wake-up, so the listener must
 			// LISTEN again on the new primary.
@@ -406,28 +415,34 @@ func dialFailoverAgents(t *testing.T, hubs []*Main, led *failoverLedger) []*fail
 	t.Helper()
 	agents := make([]*failoverAgent, failoverAgents)
 	for i := range agents {
-		a := &failoverAgent{id: fmt.Sprintf("agent-%d", i)}
 		mode := "stateless"
 		if i%2 == 0 {
 			mode = "sticky"
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		c, err := bootstrap.Dial(ctx, bootstrap.Config{
-			HubURL: hubs[i%len(hubs)].URL(), APIKey: failoverKey, SessionID: a.id, Surface: "claude_code", RuntimeMode: mode,
-			OnSignal:        func(s bootstrap.Signal) { led.delivered(a.id, s) },
-			OnAffinityReset: a.resets.Add,
-			Logger:          slog.New(slog.DiscardHandler),
-			SendAttempts:    1,
-		})
-		cancel()
-		if err != nil {
-			t.Fatalf("dial %s: %v", a.id, err)
-		}
-		a.c = c
-		t.Cleanup(func() { _ = c.Close() })
-		agents[i] = a
+		agents[i] = dialAgent(t, hubs[i%len(hubs)], fmt.Sprintf("agent-%d", i), mode, led)
 	}
 	return agents
+}
+
+// dialAgent dials one agent on h.
+func dialAgent(t *testing.T, h *Main, id, mode string, led *failoverLedger) *failoverAgent {
+	t.Helper()
+	a := &failoverAgent{id: id}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := bootstrap.Dial(ctx, bootstrap.Config{
+		HubURL: h.URL(), APIKey: failoverKey, SessionID: id, Surface: "claude_code", RuntimeMode: mode,
+		OnSignal:        func(s bootstrap.Signal) { led.delivered(id, s) },
+		OnAffinityReset: a.resets.Add,
+		Logger:          slog.New(slog.DiscardHandler),
+		SendAttempts:    1,
+	})
+	if err != nil {
+		t.Fatalf("dial %s: %v", id, err)
+	}
+	a.c = c
+	t.Cleanup(func() { _ = c.Close() })
+	return a
 }
 
 // sendLoop sends every failoverEvery to the next agents in turn until ctx
@@ -436,7 +451,7 @@ func (a *failoverAgent) sendLoop(ctx context.Context, agents []*failoverAgent, s
 	tick := time.NewTicker(failoverEvery)
 	defer tick.Stop()
 	for n := 1; ; n++ {
-		to := agents[(self+1+n%(len(agents)-1))%len(agents)].id
+		to := agents[(self+1+n%(len(agents)-1))%len(agents)].id // never self
 		p := failoverPayload{ID: fmt.Sprintf("%s/%d", a.id, n), From: a.id, N: n}
 		led.attempt(p, to)
 		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
