@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,7 +85,7 @@ func TestStoreFailover(t *testing.T) {
 	for i, a := range agents {
 		wg.Go(func() { a.sendLoop(ctx, recipients, i, led) })
 	}
-	health := watchHealth(ctx, t, &wg, hubs)
+	health := watchHealth(ctx, &wg, hubs)
 	defer func() { stop(); wg.Wait() }()
 	led.waitAnswered(t, 100)
 
@@ -355,7 +356,7 @@ var healthyRE = regexp.MustCompile(`(?m)^marconi_instance_healthy\{instance_id="
 
 // watchHealth scrapes each hub's marconi_instance_healthy (its own view of
 // the instances) every 50 ms until ctx ends.
-func watchHealth(ctx context.Context, t *testing.T, wg *sync.WaitGroup, hubs []*Main) *healthWatch {
+func watchHealth(ctx context.Context, wg *sync.WaitGroup, hubs []*Main) *healthWatch {
 	w := &healthWatch{}
 	client := &http.Client{Timeout: 5 * time.Second}
 	wg.Go(func() {
@@ -393,19 +394,7 @@ func watchHealth(ctx context.Context, t *testing.T, wg *sync.WaitGroup, hubs []*
 type failoverAgent struct {
 	id     string
 	c      *bootstrap.Client
-	resets atomicCount
-}
-
-type atomicCount struct {
-	mu sync.Mutex
-	n  int
-}
-
-func (a *atomicCount) Add() { a.mu.Lock(); a.n++; a.mu.Unlock() }
-func (a *atomicCount) Load() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.n
+	resets atomic.Int64 // affinity_reset callbacks
 }
 
 // dialFailoverAgents dials the agents, alternately on each hub, the even
@@ -433,7 +422,7 @@ func dialAgent(t *testing.T, h *Main, id, mode string, led *failoverLedger) *fai
 	c, err := bootstrap.Dial(ctx, bootstrap.Config{
 		HubURL: h.URL(), APIKey: failoverKey, SessionID: id, Surface: "claude_code", RuntimeMode: mode,
 		OnSignal:        func(s bootstrap.Signal) { led.delivered(id, s) },
-		OnAffinityReset: a.resets.Add,
+		OnAffinityReset: func() { a.resets.Add(1) },
 		Logger:          slog.New(slog.DiscardHandler),
 		SendAttempts:    1,
 	})
@@ -491,10 +480,10 @@ type failoverLedger struct {
 	order      map[string][]bootstrap.Signal
 	status     map[int]int
 	errCodes   map[string]int
-	refusedAt  []time.Time          // each 503
-	lastOK     map[string]time.Time // agent -> its latest 200
-	transport  int                  // sends with no answer
-	payloadsOf map[string]failoverPayload
+	refusedAt  []time.Time                // each 503
+	lastOK     map[string]time.Time       // agent -> its latest 200
+	transport  int                        // sends with no answer (status 0 in statusCounts)
+	payloadsOf map[string]failoverPayload // signal id -> its payload, as delivered
 }
 
 func newFailoverLedger() *failoverLedger {
