@@ -168,6 +168,56 @@ func TestStoreFailover(t *testing.T) {
 	}
 }
 
+// TestInstanceDeadDuringTheFailover measures the window of doubt that the
+// failover leaves: hub-b dies while there is no primary, so its liveness
+// lock is not on the new primary to be seen going; hub-a judges it by its
+// heartbeat, whose window (the outage not counted) runs out after the
+// promotion. It must be seen dead; how long that took is logged.
+func TestInstanceDeadDuringTheFailover(t *testing.T) {
+	c := pgcluster.New(t)
+	hubs := startFailoverHubs(t, c.URL(), "hub-a", "hub-b")
+	a, b := hubs[0], hubs[1]
+	pollUntil(t, "hub-a to see hub-b's process connected", func() bool { return processesConnected(t, a, "hub-a", "hub-b") })
+	c.CrashPrimary()
+	pollUntil(t, "hub-a to find no server that takes writes", func() bool {
+		st, msg := readyzAdmin(t, a)
+		return st == http.StatusServiceUnavailable && strings.Contains(msg, "takes writes")
+	})
+	if err := b.Close(); err != nil {
+		t.Fatalf("close hub-b: %v", err)
+	}
+	c.Promote()
+	promoted := time.Now()
+	var healthyFor time.Duration
+	pollUntil(t, "hub-a to see hub-b, dead during the failover, unhealthy", func() bool {
+		v, ok := instanceHealthy(t, a, "hub-b")
+		if ok && v {
+			healthyFor = time.Since(promoted)
+		}
+		return ok && !v
+	})
+	t.Logf("hub-b died during the failover; hub-a still took it for healthy %v after the promotion, dead %v after (dead-after window %v)",
+		healthyFor.Round(time.Millisecond), time.Since(promoted).Round(time.Millisecond), failoverDeadAfter)
+}
+
+// instanceHealthy is m's marconi_instance_healthy for id, and whether it
+// exports one.
+func instanceHealthy(t *testing.T, m *Main, id string) (healthy, ok bool) {
+	t.Helper()
+	resp, err := http.Get(m.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	text, _ := io.ReadAll(resp.Body)
+	for _, sm := range healthyRE.FindAllStringSubmatch(string(text), -1) {
+		if sm[1] == id {
+			return sm[2] == "1", true
+		}
+	}
+	return false, false
+}
+
 // TestHubStartsWhileThePrimaryIsDown: a hub started on the multi-host URL
 // while the primary is down and the standby still read-only does not come
 // up on the standby: /readyz says no read-write server, a registration is
