@@ -163,7 +163,7 @@ func settings(c *Config) []setting {
 	return []setting{
 		{"MARCONI_ADDR", "", "address to listen on (default: 127.0.0.1:8080 in development, :8080 in lan and cloud)", func(c *Config, v string) error { c.Addr = v; return nil }, public},
 		{"MARCONI_MODE", string(hub.DefaultMode), "development, lan or cloud", oneOf(&h.Mode, marconi.DeploymentModes...), public},
-		{"MARCONI_DATABASE_URL", "", "Postgres URL; empty runs on the embedded in-memory store", func(c *Config, v string) error {
+		{"MARCONI_DATABASE_URL", "", "Postgres URL (several host:port with target_session_attrs=read-write for a replicated database); empty runs on the embedded in-memory store", func(c *Config, v string) error {
 			if v == "" {
 				c.DatabaseURL = ""
 				return nil

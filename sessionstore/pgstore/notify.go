@@ -290,34 +290,35 @@ func (b *Bus) lockLiveness(ctx context.Context, conn *pgx.Conn, instance string)
 // whose listener connection is alive now: each holds its liveness lock
 // (Listen takes it). An instance killed in any way loses it as soon as
 // Postgres sees its connection end; the heartbeat remains the judge of
-// hangs and partitions. Returns an error wrapping sessionstore.ErrUnavailable
-// when Postgres cannot be reached.
-func (b *Bus) ConnectedInstances(ctx context.Context) (map[string]bool, error) {
+// hangs and partitions. server names the Postgres server that answered (its
+// postmaster's start time): locks live in one server's memory, so after a
+// failover or a restart none is held until each listener takes its lock
+// again there. Returns an error wrapping sessionstore.ErrUnavailable when
+// Postgres cannot be reached.
+func (b *Bus) ConnectedInstances(ctx context.Context) (live map[string]bool, server string, err error) {
 	ctx, cancel, err := b.store.call(ctx)
 	defer cancel()
 	if err != nil {
-		return nil, wrap("connected instances", err)
+		return nil, "", wrap("connected instances", err)
 	}
-	rows, err := b.store.pool.Query(ctx, `
+	var ids []string
+	err = b.store.pool.QueryRow(ctx, `
 		WITH k AS (SELECT id, `+strings.ReplaceAll(livenessKeySQL, "$1::text", "id")+` AS key FROM instances)
-		SELECT k.id FROM k WHERE EXISTS (
+		SELECT pg_postmaster_start_time()::text, coalesce(array_agg(k.id) FILTER (WHERE EXISTS (
 			SELECT 1 FROM pg_locks l
 			WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 			  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			  AND l.classid::bigint = (k.key >> 32) & 4294967295
-			  AND l.objid::bigint = k.key & 4294967295)`)
+			  AND l.objid::bigint = k.key & 4294967295)), '{}')
+		FROM k`).Scan(&server, &ids)
 	if err != nil {
-		return nil, wrap("connected instances", err)
+		return nil, "", wrap("connected instances", err)
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, wrap("connected instances", err)
-	}
-	out := make(map[string]bool, len(ids))
+	live = make(map[string]bool, len(ids))
 	for _, id := range ids {
-		out[id] = true
+		live[id] = true
 	}
-	return out, nil
+	return live, server, nil
 }
 
 // Listen listens on instance's channel on a dedicated connection and hands

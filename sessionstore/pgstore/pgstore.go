@@ -153,14 +153,15 @@ func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return tx.Commit(ctx)
 }
 
-// Ping implements sessionstore.Store.
+// Ping implements sessionstore.Store. A server that answers but is
+// read-only (a standby) fails it with ErrUnavailable: it cannot serve.
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
 	if err != nil {
 		return wrap("ping", err)
 	}
-	return wrap("ping", s.pool.Ping(ctx))
+	return wrap("ping", writable(ctx, s.pool))
 }
 
 // Close implements sessionstore.Store. Later calls return ErrUnavailable;
