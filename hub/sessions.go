@@ -10,7 +10,6 @@ import (
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
-	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessions"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
@@ -180,11 +179,12 @@ func (s *Server) touchVerb(c echo.Context, sess sessionstore.Session) {
 // connection hub closes what it opened.
 type revoker struct{ s *Server }
 
-func (r revoker) Replaced(_ context.Context, _ sessionstore.Session, oldHash []byte) {
+func (r revoker) Replaced(ctx context.Context, sess sessionstore.Session, oldHash []byte) {
 	r.s.tokens.drop(oldHash)
+	r.s.conns.TokenReplaced(ctx, sess)
 }
 
-func (r revoker) Ended(_ context.Context, sess sessionstore.Session) {
+func (r revoker) Ended(ctx context.Context, sess sessionstore.Session) {
 	r.s.tokens.drop(sess.TokenHash)
-	r.s.conns.Kick(sess.Key, conns.DisconnectDeregistered)
+	r.s.conns.SessionEnded(ctx, sess)
 }

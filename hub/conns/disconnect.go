@@ -25,10 +25,13 @@ func (d Disconnect) String() string { return d.Label }
 var (
 	DisconnectReplaced          = Disconnect{StatusReplaced, "replaced by a newer connection of this session", "replaced"}
 	DisconnectReplacedElsewhere = Disconnect{StatusReplaced, "replaced by a newer connection of this session on another instance", "replaced"}
-	DisconnectSessionGone       = Disconnect{StatusSessionExpired, "session deregistered or expired; register again", "deregistered"}
-	DisconnectDeregistered      = Disconnect{StatusSessionExpired, "session deregistered", "deregistered"}
-	DisconnectSlowConsumer      = Disconnect{StatusSlowConsumer, "slow consumer: queue full; signals stay durable", "slow_consumer"}
-	DisconnectShutdown          = Disconnect{StatusRestarting, "hub restarting", "shutdown"}
+	// DisconnectTokenReplaced closes a connection opened with a token that
+	// a resume or a takeover replaced.
+	DisconnectTokenReplaced = Disconnect{StatusReplaced, "session token replaced (resumed or taken over); reconnect with the new token", "replaced"}
+	DisconnectSessionGone   = Disconnect{StatusSessionExpired, "session deregistered or expired; register again", "deregistered"}
+	DisconnectDeregistered  = Disconnect{StatusSessionExpired, "session deregistered", "deregistered"}
+	DisconnectSlowConsumer  = Disconnect{StatusSlowConsumer, "slow consumer: queue full; signals stay durable", "slow_consumer"}
+	DisconnectShutdown      = Disconnect{StatusRestarting, "hub restarting", "shutdown"}
 	// DisconnectOperator is the dashboard's disconnect action: 1012, so the
 	// client reconnects as after a restart.
 	DisconnectOperator = Disconnect{StatusRestarting, "disconnected by an operator; reconnect", "operator"}

@@ -59,9 +59,10 @@ func (c *Conn) touchSeen(ctx context.Context, now time.Time) {
 }
 
 // stillCurrent reads the store row of c's session and reports whether c
-// belongs to it. When it does not (the session is gone, or was registered
-// again since: another incarnation) it kicks c with 4410. A store failure is
-// returned and c is left alone.
+// belongs to it and still holds its token. When it does not, it kicks c:
+// 4410 when the session is gone or was registered again since (another
+// incarnation), 4409 when the session holds another token (resumed or taken
+// over). A store failure is returned and c is left alone.
 func (c *Conn) stillCurrent(ctx context.Context) (bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
 	defer cancel()
@@ -75,6 +76,10 @@ func (c *Conn) stillCurrent(ctx context.Context) (bool, error) {
 	}
 	if !c.belongsTo(sess) {
 		c.kick(DisconnectSessionGone)
+		return false, nil
+	}
+	if !c.holdsToken(sess) {
+		c.kick(DisconnectTokenReplaced)
 		return false, nil
 	}
 	return true, nil

@@ -133,6 +133,12 @@ func (c *Conn) writeSome(ctx context.Context) error {
 // store on a gap or a wake-up.
 func (c *Conn) writeItem(ctx context.Context, it queueItem) error {
 	switch {
+	case it.check:
+		current, err := c.stillCurrent(ctx)
+		if err != nil || current {
+			return err
+		}
+		return c.closeKicked()
 	case it.sig != nil && it.sig.Seq <= c.last:
 		// Already written by a catch-up.
 		return nil
