@@ -66,7 +66,8 @@ func (s *Server) register(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.sessions.SpendRegistration(sha256.Sum256([]byte(bearer(c)))); err != nil {
+	apiKeyHash := sha256.Sum256([]byte(bearer(c)))
+	if err := s.sessions.SpendRegistration(apiKeyHash); err != nil {
 		return err
 	}
 	var req registerRequest
@@ -76,6 +77,7 @@ func (s *Server) register(c echo.Context) error {
 	h := c.Request().Header
 	reg, err := s.sessions.Register(c.Request().Context(), sessions.RegisterRequest{
 		Project:     sessions.Project{TenantID: owner.TenantID, ProjectID: owner.ProjectID},
+		APIKeyHash:  apiKeyHash[:],
 		SessionID:   req.SessionID,
 		Surface:     req.Surface,
 		RuntimeMode: req.RuntimeMode,
