@@ -44,10 +44,10 @@ type Session struct {
 	// registration, kept and cleared with RegistrationKeyHash: a retry must
 	// come with the same API key.
 	RegistrationAPIKeyHash []byte
-	RegisteredAt        time.Time
-	LastSeenAt          time.Time // heartbeats and WebSocket activity; zero when never seen
-	LastVerbAt          time.Time // any authenticated session call; zero when none yet
-	ExpiresAt           time.Time
+	RegisteredAt           time.Time
+	LastSeenAt             time.Time // heartbeats and WebSocket activity; zero when never seen
+	LastVerbAt             time.Time // any authenticated session call; zero when none yet
+	ExpiresAt              time.Time
 	// AssignedInstance is the instance a sticky session is placed on; empty for stateless.
 	AssignedInstance string
 	// QueueInstance is the instance holding the session's WebSocket queue; empty when none.
