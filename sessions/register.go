@@ -88,7 +88,7 @@ var registrationKeyRe = regexp.MustCompile(fmt.Sprintf(`^[A-Za-z0-9_-]{%d,%d}$`,
 // validate checks a request's fields, each refusal naming the field.
 func (r RegisterRequest) validate() error {
 	if r.SessionID != "" && !signals.ValidSessionID(r.SessionID) {
-		return marconi.Errorf(marconi.CodeInvalidField, "session_id must match [A-Za-z0-9._-]{1,128}")
+		return marconi.Errorf(marconi.CodeInvalidField, "session_id must match %s", signals.IDForm)
 	}
 	if !selfheal.Surface(r.Surface).Valid() {
 		return marconi.Errorf(marconi.CodeInvalidSurface, "surface %q is not one of %s", r.Surface, selfheal.SurfaceNames)
