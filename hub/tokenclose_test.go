@@ -110,3 +110,24 @@ func TestPGTokenChangeClosesWebSocketOnAnotherInstance(t *testing.T) {
 	}
 	wantClosed(t, "b's WebSocket of the session deregistered on a", c, 4410)
 }
+
+// TestPGTokenChangeLostCheckIsSweptUp: when a's check wake-up is lost, b's
+// pending sweep closes the WebSocket of the replaced token all the same.
+func TestPGTokenChangeLostCheckIsSweptUp(t *testing.T) {
+	t.Parallel()
+	p := startPair(t, pairOptions{sweepB: 100 * time.Millisecond})
+	st, r := call(t, "POST", p.a.URL+"/v1/sessions", p.a.APIKey, map[string]any{"session_id": "alice", "surface": "claude_code"})
+	if st != http.StatusCreated {
+		t.Fatalf("register alice on a: %d %v", st, r)
+	}
+	c, _ := dial(t, p.b, agent{ID: "alice", Token: r["token"].(string)})
+	p.dropA.drop.Store(true)
+	st, r = call(t, "POST", p.a.URL+"/v1/sessions", p.a.APIKey, map[string]any{"session_id": "alice", "surface": "claude_code", "takeover": true})
+	if st != http.StatusOK || r["taken_over"] != true {
+		t.Fatalf("takeover on a: %d %v", st, r)
+	}
+	if p.dropA.dropped.Load() == 0 {
+		t.Fatal("a sent no check wake-up to b")
+	}
+	wantClosed(t, "b's WebSocket of the token taken over on a, its check wake-up lost", c, 4409)
+}

@@ -125,9 +125,10 @@ func (c *Conn) belongsTo(sess sessionstore.Session) bool {
 }
 
 // holdsToken reports whether sess (a store row of c's incarnation) still
-// holds the token c was opened with.
+// holds the token c was opened with. A row without a token hash proves
+// nothing against c.
 func (c *Conn) holdsToken(sess sessionstore.Session) bool {
-	return bytes.Equal(c.tokenHash, sess.TokenHash)
+	return len(sess.TokenHash) == 0 || bytes.Equal(c.tokenHash, sess.TokenHash)
 }
 
 // fail ends the connection with err, unless it has ended already.
