@@ -25,8 +25,7 @@ type Config struct {
 	// encoded payload of one signal.
 	MaxPayloadBytes int
 	// IdempotencyWindow is MARCONI_IDEMPOTENCY_WINDOW_SECONDS (86400): how
-	// long a send's idempotency key, and a registration's Idempotency-Key,
-	// is remembered.
+	// long a send's idempotency key is remembered.
 	IdempotencyWindow time.Duration
 	// Freshness is the route-state freshness window,
 	// MARCONI_SELFHEAL_FRESHNESS_SECONDS (300), whether or not self-heal is on.
