@@ -183,7 +183,9 @@ func (s *Server) authenticateSessionCtx(ctx context.Context, token string) (sess
 	if subtle.ConstantTimeCompare(sess.TokenHash, h) != 1 {
 		return sessionstore.Session{}, marconi.Errorf(marconi.CodeSessionExpired, "this session token matches no live session; register again")
 	}
-	return sess, nil
+	// The token is used: the registration that made it can no longer be
+	// retried (its Idempotency-Key would otherwise mint the next token).
+	return s.sessions.SpendRegistrationKey(ctx, sess)
 }
 
 // session returns the caller's session loaded by sessionAuth.

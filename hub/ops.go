@@ -29,7 +29,7 @@ func (s *Server) createAPIKey(c echo.Context) error {
 	}
 	for name, v := range map[string]string{"tenant_id": req.TenantID, "project_id": req.ProjectID} {
 		if !signals.ValidSessionID(v) {
-			return marconi.Errorf(marconi.CodeInvalidField, "%s must match [A-Za-z0-9._-]{1,128}", name)
+			return marconi.Errorf(marconi.CodeInvalidField, "%s must match %s", name, signals.IDForm)
 		}
 	}
 	key := NewAPIKey()
@@ -214,7 +214,7 @@ func (s *Server) routeStateList(c echo.Context) error {
 	f := sessionstore.SessionFilter{TenantID: c.QueryParam("tenant_id"), ProjectID: c.QueryParam("project_id")}
 	for name, v := range map[string]string{"tenant_id": f.TenantID, "project_id": f.ProjectID} {
 		if v != "" && !signals.ValidSessionID(v) {
-			return marconi.Errorf(marconi.CodeInvalidField, "%s must match [A-Za-z0-9._-]{1,128}", name)
+			return marconi.Errorf(marconi.CodeInvalidField, "%s must match %s", name, signals.IDForm)
 		}
 	}
 	state := marconi.RouteState(c.QueryParam("state"))

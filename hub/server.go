@@ -104,13 +104,16 @@ type Config struct {
 	// history the dashboard reads (GET /v1/ops/selfheal/history); the
 	// history keeps the last 20.
 	SelfhealHistoryBucket time.Duration
+	// RegistrationRetry is MARCONI_REGISTRATION_RETRY_SECONDS (300): how
+	// long a registration's Idempotency-Key retries it, unless the token it
+	// made is used first.
+	RegistrationRetry time.Duration
 	// NoTakeover is MARCONI_ALLOW_TAKEOVER=false: a registration with
 	// "takeover": true of a live session is refused (403) as any other
 	// registration of a live id without its token.
 	NoTakeover bool
 	// IdempotencyWindow is MARCONI_IDEMPOTENCY_WINDOW_SECONDS (86400): how
-	// long a send's idempotency key and a registration's Idempotency-Key
-	// are remembered (signals.Config).
+	// long a send's idempotency key is remembered (signals.Config).
 	IdempotencyWindow time.Duration
 	// Pprof is MARCONI_PPROF (off): serve Go's runtime profiles under
 	// /debug/pprof/ to a request carrying the admin token.
@@ -159,6 +162,8 @@ const (
 	DefaultPendingSweep                = 5 * time.Second
 	DefaultHistoryBucket               = 30 * time.Second
 	DefaultTokenCacheSize              = 10000
+	// DefaultRegistrationRetry is how long a registration's Idempotency-Key retries it.
+	DefaultRegistrationRetry = 5 * time.Minute
 
 	DefaultWSAckInterval            = 5 * time.Millisecond
 	DefaultWSFramesPerSecond        = 100
@@ -236,6 +241,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.PendingSweep == 0 {
 		c.PendingSweep = DefaultPendingSweep
+	}
+	if c.RegistrationRetry == 0 {
+		c.RegistrationRetry = DefaultRegistrationRetry
 	}
 	if c.SelfhealHistoryBucket == 0 {
 		c.SelfhealHistoryBucket = DefaultHistoryBucket
@@ -401,7 +409,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		SessionTTL:                  cfg.SessionTTL,
 		QuotaSessionsPerProject:     cfg.QuotaSessionsPerProject,
 		QuotaRegistrationsPerSecond: cfg.QuotaRegistrationsPerSecond,
-		RetryWindow:                 s.signals.Config().IdempotencyWindow,
+		RetryWindow:                 cfg.RegistrationRetry,
 		AllowTakeover:               !cfg.NoTakeover,
 	}, sessions.Deps{Store: d.Store, Placer: s.fabric, Revoker: revoker{s}, Registry: d.Registry, Logger: d.Logger, Now: d.Now})
 	if err != nil {

@@ -25,8 +25,7 @@ type Config struct {
 	// encoded payload of one signal.
 	MaxPayloadBytes int
 	// IdempotencyWindow is MARCONI_IDEMPOTENCY_WINDOW_SECONDS (86400): how
-	// long a send's idempotency key, and a registration's Idempotency-Key,
-	// is remembered.
+	// long a send's idempotency key is remembered.
 	IdempotencyWindow time.Duration
 	// Freshness is the route-state freshness window,
 	// MARCONI_SELFHEAL_FRESHNESS_SECONDS (300), whether or not self-heal is on.
@@ -176,8 +175,18 @@ var (
 	kindPattern = regexp.MustCompile(`^[A-Za-z0-9._:/-]{1,64}$`)
 )
 
-// ValidSessionID reports whether id has the form of a session id.
-func ValidSessionID(id string) bool { return idPattern.MatchString(id) }
+// IDForm says, in a refusal's message, what a session id, a tenant and a
+// project look like.
+const IDForm = "[A-Za-z0-9._-]{1,128}, and not . or .."
+
+// ValidSessionID reports whether id has the form of a session id (also
+// that of a tenant or a project): IDForm. "." and ".." are refused because
+// browsers and proxies normalise such path segments away, so no
+// /v1/ops/.../{session} path could name them and an operator could neither
+// see nor end such a session.
+func ValidSessionID(id string) bool {
+	return id != "." && id != ".." && idPattern.MatchString(id)
+}
 
 // ValidText reports whether s is text a store and a log can take as it is:
 // valid UTF-8 of at most max bytes, with no NUL or other control character
@@ -286,7 +295,7 @@ func (s *Service) validate(req *SendRequest) error {
 		return marconi.Errorf(marconi.CodeInvalidField, "to_session is required")
 	}
 	if !ValidSessionID(req.To) {
-		return marconi.Errorf(marconi.CodeInvalidField, "to_session must match [A-Za-z0-9._-]{1,128}")
+		return marconi.Errorf(marconi.CodeInvalidField, "to_session must match %s", IDForm)
 	}
 	if req.Kind == "" {
 		req.Kind = "signal"

@@ -317,12 +317,13 @@ func settings(c *Config) []setting {
 		{"MARCONI_SEND_RATE_PER_SECOND", strconv.Itoa(hub.DefaultSendRatePerSecond), "per-session send limit (burst twice it)", positiveFloat(&h.SendRatePerSecond), public},
 		{"MARCONI_QUOTA_SESSIONS_PER_PROJECT", strconv.Itoa(hub.DefaultQuotaSessionsPerProject), "live sessions per project (429 quota_exceeded past it)", positiveInt(&h.QuotaSessionsPerProject), public},
 		{"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND", strconv.Itoa(hub.DefaultQuotaRegistrationsPerSecond), "registrations per second per API key, per instance (burst twice it)", positiveFloat(&h.QuotaRegistrationsPerSecond), public},
+		{"MARCONI_REGISTRATION_RETRY_SECONDS", secs(hub.DefaultRegistrationRetry), "how long a registration's Idempotency-Key retries it after a lost answer, unless the token it made is used first", seconds(&h.RegistrationRetry), public},
 		{"MARCONI_ALLOW_TAKEOVER", "true", "a registration with \"takeover\": true and the project's API key resumes a live session without its token: true or false", func(c *Config, v string) error {
 			b, err := parseBool(v)
 			c.Hub.NoTakeover = !b
 			return err
 		}, public},
-		{"MARCONI_IDEMPOTENCY_WINDOW_SECONDS", secs(signals.DefaultIdempotencyWindow), "how long a send's idempotency_key and a registration's Idempotency-Key are remembered (a retry within it is the same call)", seconds(&h.IdempotencyWindow), public},
+		{"MARCONI_IDEMPOTENCY_WINDOW_SECONDS", secs(signals.DefaultIdempotencyWindow), "how long a send's idempotency_key is remembered (a retry within it is the same call)", seconds(&h.IdempotencyWindow), public},
 		{"MARCONI_RETAIN_ACKED_SECONDS", secs(hub.DefaultRetainAcked), "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked), public},
 		{"MARCONI_RETAIN_EXPIRED_SECONDS", secs(hub.DefaultRetainExpired), "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired), public},
 		{"MARCONI_PRUNE_INTERVAL_SECONDS", secs(hub.DefaultPruneEvery), "how often the retention loop runs", seconds(&h.Retention.Every), public},
@@ -373,7 +374,7 @@ func parseAPIKeys(v string) (map[string]hub.TenantProject, error) {
 		key, owner, ok := strings.Cut(item, "=")
 		tenant, project, ok2 := strings.Cut(owner, "/")
 		if !ok || !ok2 || !apiKeyRe.MatchString(key) || !signals.ValidSessionID(tenant) || !signals.ValidSessionID(project) {
-			return nil, errors.New("want key=tenant/project pairs: keys of at least 16 printable ASCII characters without spaces, tenant and project ids matching [A-Za-z0-9._-]{1,128}")
+			return nil, errors.New("want key=tenant/project pairs: keys of at least 16 printable ASCII characters without spaces, tenant and project ids matching "+signals.IDForm)
 		}
 		if _, dup := keys[key]; dup {
 			// Two owners for one key: whichever won, one tenant would act as the other.

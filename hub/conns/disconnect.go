@@ -21,6 +21,9 @@ func (d Disconnect) String() string { return d.Label }
 var (
 	DisconnectReplaced          = Disconnect{marconi.CloseReplaced, "replaced by a newer connection of this session", "replaced"}
 	DisconnectReplacedElsewhere = Disconnect{marconi.CloseReplaced, "replaced by a newer connection of this session on another instance", "replaced"}
+	// DisconnectTokenReplaced closes a connection opened with a token that
+	// a resume or a takeover replaced.
+	DisconnectTokenReplaced     = Disconnect{marconi.CloseReplaced, "session token replaced (resumed or taken over); reconnect with the new token", "replaced"}
 	DisconnectSessionGone       = Disconnect{marconi.CloseSessionExpired, "session deregistered or expired; register again", "deregistered"}
 	DisconnectDeregistered      = Disconnect{marconi.CloseSessionExpired, "session deregistered", "deregistered"}
 	DisconnectSlowConsumer      = Disconnect{marconi.CloseSlowConsumer, "slow consumer: queue full; signals stay durable", "slow_consumer"}

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 )
@@ -110,7 +111,8 @@ type Peers interface {
 	// HoldsQueue reports whether instance is healthy and its process has run
 	// since attachedAt, so that a queue recorded there then is still there.
 	HoldsQueue(ctx context.Context, instance string, attachedAt time.Time) bool
-	// Wake tells instance that k has a new signal with seq; best effort.
+	// Wake tells instance that k has a new signal with seq, or with
+	// fabric.CheckSeq that k's connection is to be checked; best effort.
 	Wake(ctx context.Context, instance string, k sessionstore.Key, seq int64)
 }
 
@@ -230,6 +232,33 @@ func (h *Hub) Kick(k sessionstore.Key, d Disconnect) {
 	}
 }
 
+// TokenReplaced closes, with 4409, the connection of sess's session opened
+// with a token that sess (its row after a resume or a takeover) no longer
+// holds: here at once, and on the instance the row records holding its
+// queue through a check wake-up (the pending sweep is the net).
+func (h *Hub) TokenReplaced(ctx context.Context, sess sessionstore.Session) {
+	if c := h.registry.get(sess.Key); c != nil {
+		h.reconcile(c, sess)
+	}
+	h.wakeToCheck(ctx, sess)
+}
+
+// SessionEnded closes, with 4410, the connection of the session that sess
+// was (its row before a deregistration): here at once, and on the instance
+// the row records holding its queue through a check wake-up.
+func (h *Hub) SessionEnded(ctx context.Context, sess sessionstore.Session) {
+	h.Kick(sess.Key, DisconnectDeregistered)
+	h.wakeToCheck(ctx, sess)
+}
+
+// wakeToCheck asks the instance that sess records holding its queue, when
+// it is another, to check its connection against the store row.
+func (h *Hub) wakeToCheck(ctx context.Context, sess sessionstore.Session) {
+	if sess.QueueInstance != "" && sess.QueueInstance != h.cfg.InstanceID {
+		h.peers.Wake(ctx, sess.QueueInstance, sess.Key, fabric.CheckSeq)
+	}
+}
+
 // Close refuses new attaches, closes every attached connection with 1012
 // (hub restarting) and waits, until ctx ends, for their handlers to finish.
 func (h *Hub) Close(ctx context.Context) error {
@@ -262,7 +291,8 @@ func (h *Hub) isClosing() bool {
 // the queue of the session sess is, and with what c is to be closed when the
 // row shows it superseded: 4410 when the row is a later incarnation of the
 // session (the one c belonged to was deregistered or expired), 4409 when the
-// row records a newer queue on another instance (the client reconnected
+// row holds another token than c was opened with (a resume or a takeover)
+// or records a newer queue on another instance (the client reconnected
 // there). A row older than c (read before c's session registered again) is
 // not c's, but proves nothing against c: c is not to be closed (a zero
 // Disconnect). Attach times of two instances are compared, so this assumes
@@ -273,6 +303,8 @@ func (h *Hub) superseded(c *Conn, sess sessionstore.Session) *Disconnect {
 		return &DisconnectSessionGone
 	case !c.belongsTo(sess):
 		return &Disconnect{}
+	case !c.holdsToken(sess):
+		return &DisconnectTokenReplaced
 	case sess.QueueInstance != "" && sess.QueueInstance != h.cfg.InstanceID && sess.QueueAttachedAt.After(c.attachedAt):
 		return &DisconnectReplacedElsewhere
 	}

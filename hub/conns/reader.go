@@ -67,13 +67,13 @@ func (c *Conn) readLoop(ctx context.Context) error {
 // and one from a connection of an earlier incarnation would ack the new
 // session's signals.
 func (c *Conn) ackUpTo(ctx context.Context, seq int64) {
-	current, err := c.stillCurrent(ctx)
+	d, err := c.stillCurrent(ctx)
 	if err != nil {
 		c.h.log.Warn("ack from websocket: check the session", KeyAttrs(c.key), "err", err)
 		return
 	}
-	if !current {
-		c.kick(DisconnectSessionGone) // the writer closes it with 4410
+	if d != nil {
+		c.kick(*d) // the writer closes it
 		return
 	}
 	actx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)

@@ -74,7 +74,7 @@ type wakePayload struct {
 	Tenant  string `json:"tenant"`
 	Project string `json:"project"`
 	Session string `json:"session"`
-	Seq     int64  `json:"seq"`
+	Seq     *int64 `json:"seq"` // required: nil when the payload has none
 }
 
 // EncodeWake is the NOTIFY payload of a wake-up for k's signal seq, in the
@@ -92,7 +92,8 @@ func EncodeWake(k sessionstore.Key, seq int64) (string, error) {
 
 // DecodeWake parses a NOTIFY payload. The payload is untrusted (anyone who
 // can connect to the database can NOTIFY): anything but one well-formed,
-// bounded JSON object naming a session and a positive seq is an error.
+// bounded JSON object naming a session and a seq (positive, or 0 for a
+// check wake-up) is an error.
 // Unknown fields are ignored, so that a newer instance may add some.
 func DecodeWake(payload string) (sessionstore.Key, int64, error) {
 	if len(payload) > MaxWakePayload {
@@ -109,7 +110,7 @@ func DecodeWake(payload string) (sessionstore.Key, int64, error) {
 	if err := p.validate(); err != nil {
 		return sessionstore.Key{}, 0, err
 	}
-	return sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, p.Seq, nil
+	return sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, *p.Seq, nil
 }
 
 // Wake is one wake-up: k's signal seq is stored.
@@ -153,7 +154,7 @@ func EncodeWakes(wakes []Wake) ([]string, error) {
 
 // encodeEntry is the JSON object of w.
 func encodeEntry(w Wake) ([]byte, error) {
-	p := wakePayload{Tenant: w.Key.TenantID, Project: w.Key.ProjectID, Session: w.Key.SessionID, Seq: w.Seq}
+	p := wakePayload{Tenant: w.Key.TenantID, Project: w.Key.ProjectID, Session: w.Key.SessionID, Seq: &w.Seq}
 	if err := p.validate(); err != nil {
 		return nil, err
 	}
@@ -195,7 +196,7 @@ func DecodeWakes(payload string) ([]Wake, error) {
 		if err := p.validate(); err != nil {
 			return nil, fmt.Errorf("wake-up %d: %w", i, err)
 		}
-		wakes[i] = Wake{Key: sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, Seq: p.Seq}
+		wakes[i] = Wake{Key: sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, Seq: *p.Seq}
 	}
 	return wakes, nil
 }
@@ -213,8 +214,11 @@ func (p wakePayload) validate() error {
 			return fmt.Errorf("wake-up %s must have 1 to %d bytes", f.name, maxWakeField)
 		}
 	}
-	if p.Seq < 1 {
-		return fmt.Errorf("wake-up seq %d is not positive", p.Seq)
+	if p.Seq == nil {
+		return errors.New("wake-up has no seq")
+	}
+	if *p.Seq < 0 { // 0 is a check wake-up (fabric.CheckSeq)
+		return fmt.Errorf("wake-up seq %d is negative", *p.Seq)
 	}
 	return nil
 }
