@@ -8,7 +8,9 @@ import (
 
 // Bus carries wake-ups between instances that share one store: a send on one
 // instance that stored a signal for a queue held by another tells that
-// instance to catch the queue up from the store. A wake-up is a hint only:
+// instance to catch the queue up from the store. It is the seam of the
+// cross-instance path: the connection hub publishes and listens on it, and
+// the deployment picks the engine (pgstore.Bus, or NoBus for one instance). A wake-up is a hint only:
 // the stored row is the truth, and a lost wake-up delays a signal until the
 // holder's pending sweep, it never loses it. Implementations are safe for
 // concurrent use.
@@ -37,25 +39,4 @@ func (NoBus) Publish(context.Context, string, sessionstore.Key, int64) error { r
 // Listen implements Bus: it returns at once.
 func (NoBus) Listen(context.Context, string, func(sessionstore.Key, int64), func()) error {
 	return nil
-}
-
-// SetBus sets the bus that Wake publishes on; nil means NoBus. Call it
-// before the fabric is used.
-func (f *Fabric) SetBus(b Bus) {
-	if b == nil {
-		b = NoBus{}
-	}
-	f.bus = b
-}
-
-// wake publishes a wake-up for instance, best effort: a failure is logged,
-// and the holder's pending sweep delivers the signal later.
-func (f *Fabric) wake(ctx context.Context, instance string, k sessionstore.Key, seq int64) {
-	if f.bus == nil || instance == "" || instance == f.cfg.InstanceID {
-		return
-	}
-	if err := f.bus.Publish(ctx, instance, k, seq); err != nil {
-		f.log.Warn("cross-instance wake-up not sent; the pending sweep will deliver the signal",
-			"to_instance", instance, "tenant_id", k.TenantID, "project_id", k.ProjectID, "session_id", k.SessionID, "seq", seq, "err", err)
-	}
 }

@@ -288,8 +288,6 @@ type Server struct {
 	signals  *signals.Service
 	selfheal *selfheal.Evaluator
 	fabric   *fabric.Fabric
-	placer   *fabric.Fabric
-	bus      fabric.Bus // counted by the connection hub
 
 	cluster *clusterGauges
 	http    *httpMetrics
@@ -349,11 +347,15 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.fabric, err = fabric.New(cfg.Fabric, d.Store, d.Now, d.Registry, d.Logger)
+	if d.Bus == nil {
+		d.Bus = fabric.NoBus{}
+	}
+	prober, _ := d.Bus.(fabric.Prober) // pgstore.Bus: death seen through the listener's connection
+	s.fabric, err = fabric.New(cfg.Fabric, fabric.Deps{Store: d.Store, Prober: prober, Now: d.Now, Registry: d.Registry, Logger: d.Logger})
 	if err != nil {
 		return nil, err
 	}
-	s.cluster = &clusterGauges{reporter: s.fabric.Reporter}
+	s.cluster = &clusterGauges{reporter: s.fabric.Members.Reporter}
 	if err := d.Registry.Register(s.cluster); err != nil {
 		return nil, err
 	}
@@ -363,7 +365,6 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if d.Gatherer != nil {
 		s.history = &selfhealHistory{gatherer: d.Gatherer, every: cfg.SelfhealHistoryBucket}
 	}
-	s.placer = s.fabric
 	s.conns, err = conns.New(conns.Config{
 		InstanceID:    cfg.InstanceID,
 		SessionTTL:    cfg.SessionTTL,
@@ -384,7 +385,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 		Ack: func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error) {
 			return s.signals.Ack(ctx, k, upToSeq)
 		},
-		Peers:    s.fabric,
+		Peers:    s.fabric.Members,
+		Bus:      d.Bus,
 		Draining: s.Draining,
 		Registry: d.Registry,
 		Logger:   d.Logger,
@@ -392,14 +394,6 @@ func New(cfg Config, d Deps) (*Server, error) {
 	})
 	if err != nil {
 		return nil, err
-	}
-	if d.Bus == nil {
-		d.Bus = fabric.NoBus{}
-	}
-	s.bus = s.conns.CountBus(d.Bus)
-	s.fabric.SetBus(s.bus)
-	if p, ok := d.Bus.(fabric.Prober); ok { // pgstore.Bus: death seen through the listener's connection
-		s.fabric.SetProber(p)
 	}
 	s.signals, err = signals.New(signals.Config{
 		MaxPayloadBytes:   cfg.MaxPayloadBytes,
@@ -481,7 +475,7 @@ func (s *Server) SetDraining() {
 	s.draining.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.StoreTimeout)
 	defer cancel()
-	if err := s.fabric.SetDraining(ctx); err != nil {
+	if err := s.fabric.Members.SetDraining(ctx); err != nil {
 		s.log.Warn("mark draining in the store", "err", err)
 	}
 }
@@ -553,7 +547,7 @@ func (s *Server) WakeLocal(k sessionstore.Key) { s.conns.WakeLocal(k) }
 // they have all stopped.
 func (s *Server) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return s.conns.Listen(ctx, s.bus) })
+	g.Go(func() error { return s.conns.Listen(ctx) })
 	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.conns.Sweep); return nil })
 	if s.history != nil {
 		g.Go(func() error {

@@ -132,7 +132,7 @@ func (s *Server) register(c echo.Context) error {
 	if id == "" {
 		id = newSessionID()
 	}
-	mode, source := s.placer.RuntimeMode(fabric.Mode(req.RuntimeMode), req.ClientID, fabric.Hints{Surface: req.Surface, LocalState: req.Hints.LocalState, SideEffects: req.Hints.SideEffects})
+	mode, source := s.fabric.Canary.RuntimeMode(fabric.Mode(req.RuntimeMode), req.ClientID, fabric.Hints{Surface: req.Surface, LocalState: req.Hints.LocalState, SideEffects: req.Hints.SideEffects})
 	sess := sessionstore.Session{
 		Key:               sessionstore.Key{TenantID: owner.TenantID, ProjectID: owner.ProjectID, SessionID: id},
 		Surface:           req.Surface,
@@ -156,7 +156,7 @@ func (s *Server) register(c echo.Context) error {
 		return err
 	}
 	if mode == fabric.ModeSticky {
-		inst, err := s.placer.Assign(ctx)
+		inst, err := s.fabric.Placer.Assign(ctx)
 		if err != nil {
 			return err
 		}
@@ -170,7 +170,7 @@ func (s *Server) register(c echo.Context) error {
 		return err
 	}
 	if source == fabric.SourceAdaptive {
-		s.placer.CountAdaptivePlacement(ctx)
+		s.fabric.Canary.CountAdaptivePlacement(ctx)
 	}
 	s.metrics.registrations.WithLabelValues("created").Inc()
 	s.log.Info("session registered", keyAttrs(sess.Key), "surface", sess.Surface, "runtime_mode", sess.RuntimeMode,
@@ -215,7 +215,7 @@ func (s *Server) sessionResponse(sess sessionstore.Session, token string) sessio
 	}
 	if fabric.Mode(sess.RuntimeMode) == fabric.ModeSticky && sess.AssignedInstance != "" {
 		r.InstanceID = sess.AssignedInstance
-		if u := s.placer.URL(sess.AssignedInstance); u != "" {
+		if u := s.fabric.Members.URL(sess.AssignedInstance); u != "" {
 			r.InstanceURL = &u // null when the instance table does not know it
 		}
 	}

@@ -249,7 +249,7 @@ func TestReconnectElsewhereClosesOldConnection(t *testing.T) {
 	// b's view of the instances may predate a's first heartbeat (both
 	// started at once): refresh it until it holds a healthy.
 	waitFor(t, "b to see a healthy", func() bool {
-		return p.b.Server.Fabric().Refresh(context.Background()) == nil && p.b.Server.Fabric().Healthy(context.Background(), "a")
+		return p.b.Server.Fabric().Members.Refresh(context.Background()) == nil && p.b.Server.Fabric().Members.Healthy(context.Background(), "a")
 	})
 	r := send(t, p.b, alice, "bob", "to the new connection")
 	checkDelivery(t, "send through b to bob attached on a", r, "pushed_to_ws", "attached")

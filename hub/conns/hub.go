@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 )
@@ -67,8 +68,6 @@ type Peers interface {
 	// HoldsQueue reports whether instance is healthy and its process has run
 	// since attachedAt, so that a queue recorded there then is still there.
 	HoldsQueue(ctx context.Context, instance string, attachedAt time.Time) bool
-	// Wake tells instance that k has a new signal with seq; best effort.
-	Wake(ctx context.Context, instance string, k sessionstore.Key, seq int64)
 }
 
 // Deps are the collaborators of a connection hub.
@@ -76,8 +75,11 @@ type Deps struct {
 	Store sessionstore.Store
 	// Ack acknowledges k's signals up to seq (signals.Service.Ack).
 	Ack func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
-	// Peers reaches other instances.
+	// Peers judges other instances' health (fabric.Members).
 	Peers Peers
+	// Bus carries wake-ups to and from other instances; nil means none
+	// (fabric.NoBus: a lone instance).
+	Bus fabric.Bus
 	// Draining reports whether this instance is draining: its queues then
 	// count as not attached.
 	Draining func() bool
@@ -93,6 +95,7 @@ type Hub struct {
 	store     sessionstore.Store
 	ack       func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
 	peers     Peers
+	bus       fabric.Bus // counted (countingBus)
 	draining  func() bool
 	log       *slog.Logger
 	now       func() time.Time
@@ -125,12 +128,15 @@ func New(cfg Config, d Deps) (*Hub, error) {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
+	if d.Bus == nil {
+		d.Bus = fabric.NoBus{}
+	}
 	m, err := newMetrics(d.Registry)
 	if err != nil {
 		return nil, err
 	}
 	return &Hub{
-		cfg: cfg, store: d.Store, ack: d.Ack, peers: d.Peers, draining: d.Draining,
+		cfg: cfg, store: d.Store, ack: d.Ack, peers: d.Peers, bus: countingBus{Bus: d.Bus, m: m}, draining: d.Draining,
 		log: d.Logger, now: d.Now, metrics: m, registry: newRegistry(),
 		admission: newAdmission(cfg.MaxConnections, cfg.MaxConnectionsPerAddress),
 	}, nil
@@ -307,7 +313,7 @@ func (h *Hub) Deliver(ctx context.Context, to sessionstore.Session, sig sessions
 		return
 	}
 	if to.QueueInstance != "" && to.QueueInstance != h.cfg.InstanceID {
-		h.peers.Wake(ctx, to.QueueInstance, to.Key, sig.Seq)
+		h.publish(ctx, to.QueueInstance, to.Key, sig.Seq)
 	}
 }
 

@@ -8,7 +8,7 @@ import (
 )
 
 // Cross-instance delivery. A send that stores a signal for a queue held by
-// another instance publishes a wake-up on the bus (Deliver → fabric.Wake →
+// another instance publishes a wake-up on the bus (Deliver → publish →
 // Bus.Publish); the holder's listener hands it to WakeLocal and the queue's
 // writer catches up from the store. The pending sweep reads, on a slow
 // timer, how far every local queue's session has signals (one store read
@@ -40,13 +40,18 @@ func (b countingBus) Publish(ctx context.Context, instance string, k sessionstor
 	return err
 }
 
-// CountBus wraps bus so that what is published on it is counted in
-// marconi_wakeups_total.
-func (h *Hub) CountBus(bus fabric.Bus) fabric.Bus { return countingBus{Bus: bus, m: h.metrics} }
+// publish wakes instance for k's signal seq, best effort: a failure is
+// logged, and the holder's pending sweep delivers the signal later.
+func (h *Hub) publish(ctx context.Context, instance string, k sessionstore.Key, seq int64) {
+	if err := h.bus.Publish(ctx, instance, k, seq); err != nil {
+		h.log.Warn("cross-instance wake-up not sent; the pending sweep will deliver the signal",
+			"to_instance", instance, KeyAttrs(k), "seq", seq, "err", err)
+	}
+}
 
 // Listen runs the bus listener for this instance until ctx ends.
-func (h *Hub) Listen(ctx context.Context, bus fabric.Bus) error {
-	return bus.Listen(ctx, h.cfg.InstanceID,
+func (h *Hub) Listen(ctx context.Context) error {
+	return h.bus.Listen(ctx, h.cfg.InstanceID,
 		func(k sessionstore.Key, _ int64) {
 			h.metrics.wakeups.WithLabelValues("received").Inc()
 			h.WakeLocal(k)
