@@ -90,7 +90,7 @@ func TestPGDeathSeenThroughTheListenerConnection(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_ = pgstore.NewBus(storeA, nil).Listen(ctx, "a", func(sessionstore.Key, int64) {}, func() {})
+		_ = pgstore.NewBus(storeA, nil).Listen(ctx, "a", func(sessionstore.Wake) {}, func() {})
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	for _, f := range []*fabric.Fabric{a, old} {

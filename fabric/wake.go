@@ -15,16 +15,18 @@ import (
 // holder's pending sweep, it never loses it. Implementations are safe for
 // concurrent use.
 type Bus interface {
-	// Publish tells instance that k has a new signal with seq. It returns an
-	// error when the wake-up could not be handed to the bus; the caller
-	// logs it and relies on the sweep.
-	Publish(ctx context.Context, instance string, k sessionstore.Key, seq int64) error
+	// Publish tells instance that w.Key has a new signal, w.Seq, carrying
+	// w.Signal along when the bus can. Call it once the signal is stored. It
+	// returns an error when the wake-up could not be handed to the bus; the
+	// caller logs it and relies on the sweep.
+	Publish(ctx context.Context, instance string, w sessionstore.Wake) error
 	// Listen delivers the wake-ups addressed to instance to onWake until ctx
-	// ends, reconnecting as needed. It calls onConnect each time it starts
-	// listening (first time and after every reconnect), since wake-ups sent
-	// while it was not listening are lost. It returns nil when ctx ends, or
-	// at once when the bus has nothing to listen to.
-	Listen(ctx context.Context, instance string, onWake func(k sessionstore.Key, seq int64), onConnect func()) error
+	// ends, reconnecting as needed; a delivered wake-up's Signal, when set,
+	// is the signal its publisher stored. It calls onConnect each time it
+	// starts listening (first time and after every reconnect), since
+	// wake-ups sent while it was not listening are lost. It returns nil when
+	// ctx ends, or at once when the bus has nothing to listen to.
+	Listen(ctx context.Context, instance string, onWake func(sessionstore.Wake), onConnect func()) error
 }
 
 // NoBus is the bus of a lone instance (the in-memory store): there is no
@@ -34,9 +36,9 @@ type NoBus struct{}
 var _ Bus = NoBus{}
 
 // Publish implements Bus: there is nobody to tell.
-func (NoBus) Publish(context.Context, string, sessionstore.Key, int64) error { return nil }
+func (NoBus) Publish(context.Context, string, sessionstore.Wake) error { return nil }
 
 // Listen implements Bus: it returns at once.
-func (NoBus) Listen(context.Context, string, func(sessionstore.Key, int64), func()) error {
+func (NoBus) Listen(context.Context, string, func(sessionstore.Wake), func()) error {
 	return nil
 }

@@ -538,9 +538,10 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 // waits, until ctx ends, for their handlers to finish.
 func (s *Server) CloseConnections(ctx context.Context) error { return s.conns.Close(ctx) }
 
-// WakeLocal is how the fabric hands a cross-instance wake-up to this
-// instance: the session's queue catches up from the store.
-func (s *Server) WakeLocal(k sessionstore.Key) { s.conns.WakeLocal(k) }
+// WakeLocal hands this instance a cross-instance wake-up, as its bus
+// listener does: the session's queue pushes the carried signal, or catches
+// up from the store.
+func (s *Server) WakeLocal(w sessionstore.Wake) { s.conns.WakeLocal(w) }
 
 // Run runs the hub's background loops (pruning, bucket sweeps, the
 // wake-up listener and the pending sweep) until ctx ends, and returns when

@@ -192,7 +192,7 @@ func TestReregisteredSessionIsNotAnOldConnectionsBusiness(t *testing.T) {
 			writeFrame(t, old, map[string]any{"type": "ack", "up_to_seq": 2})
 		}},
 		{"wake-up on b", func(t *testing.T, p *pair, _ *websocket.Conn, _ agent) {
-			p.b.Server.WakeLocal(sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"})
+			p.b.Server.WakeLocal(sessionstore.Wake{Key: sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}, Seq: 1})
 		}},
 		{"send through b", func(t *testing.T, p *pair, _ *websocket.Conn, alice agent) {
 			r := send(t, p.b, alice, "bob", 3)

@@ -313,7 +313,7 @@ func (h *Hub) Deliver(ctx context.Context, to sessionstore.Session, sig sessions
 		return
 	}
 	if to.QueueInstance != "" && to.QueueInstance != h.cfg.InstanceID {
-		h.publish(ctx, to.QueueInstance, to.Key, sig.Seq)
+		h.publish(ctx, to.QueueInstance, to, &sig)
 	}
 }
 
