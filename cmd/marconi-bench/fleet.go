@@ -35,13 +35,13 @@ const (
 
 type fleetOptions struct {
 	durableOptions
-	before  string // a second marconi binary, run interleaved with the first; empty: none
+	before string // a second marconi binary, run interleaved with the first; empty: none
 	// beforeDB is the database of the before binary (an older schema may
 	// not run on a newer one); default databaseURL.
 	beforeDB string
-	haproxy string
-	config  string
-	rounds  int
+	haproxy  string
+	config   string
+	rounds   int
 }
 
 func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
