@@ -367,6 +367,10 @@ const maxNotifyBatch = 4 * MaxWakeBatch
 // schema not yet migrated): meanwhile wake-ups go bare.
 const keyRetry = 5 * time.Second
 
+// keyReadTimeout bounds reading the bus key, so that the listener, which
+// reads it on its first wake-up, never waits long for a pooled connection.
+const keyReadTimeout = 2 * time.Second
+
 // Publish sends w to instance's channel, with the next batch of wake-ups
 // (notifySQL), and returns once that NOTIFY is sent. w carries its signal
 // when it fits a payload and the bus key is known. Returns an error wrapping
@@ -414,6 +418,8 @@ func (b *Bus) macKey(ctx context.Context) []byte {
 		return b.key
 	}
 	var key []byte
+	ctx, cancel := context.WithTimeout(ctx, keyReadTimeout)
+	defer cancel()
 	if err := b.store.pool.QueryRow(ctx, `SELECT key FROM bus_key WHERE id = 1`).Scan(&key); err != nil {
 		b.keyRead = time.Now()
 		b.log.Debug("bus key not readable; wake-ups carry no signal until it is", "err", err)
