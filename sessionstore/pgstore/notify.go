@@ -337,8 +337,9 @@ func (p wakePayload) validate() error {
 // Bus is the Postgres wake-up bus (fabric.Bus) of a Store. Publish sends
 // NOTIFY on a pooled connection of its own, after the signal's append
 // committed and outside any append's transaction, batched: concurrent
-// publishers share one statement (Postgres serialises notifying commits on
-// one global lock, so fewer is faster). Listen holds a dedicated connection
+// publishers share one statement of at most the store's WithMaxBatch
+// wake-ups, and eight times as many wait for one (Postgres serialises
+// notifying commits on one global lock, so fewer is faster). Listen holds a dedicated connection
 // of its own. It is safe for concurrent use.
 type Bus struct {
 	store    *Store
@@ -356,12 +357,9 @@ func NewBus(s *Store, log *slog.Logger) *Bus {
 		log = slog.New(slog.DiscardHandler)
 	}
 	b := &Bus{store: s, log: log}
-	b.notifier = newCommitter(maxNotifyBatch, 8*maxNotifyBatch, b.runWakes)
+	b.notifier = newCommitter(s.maxBatch, 8*s.maxBatch, b.runWakes)
 	return b
 }
-
-// maxNotifyBatch bounds the wake-ups one NOTIFY statement sends.
-const maxNotifyBatch = 4 * MaxWakeBatch
 
 // keyRetry spaces the reads of a bus key that could not be read (the
 // schema not yet migrated): meanwhile wake-ups go bare.
