@@ -8,12 +8,12 @@ import (
 
 // Bus carries wake-ups between instances that share one store: a send on one
 // instance that stored a signal for a queue held by another tells that
-// instance to catch the queue up from the store. It is the seam of the
-// cross-instance path: the connection hub publishes and listens on it, and
-// the deployment picks the engine (pgstore.Bus, or NoBus for one instance). A wake-up is a hint only:
-// the stored row is the truth, and a lost wake-up delays a signal until the
-// holder's pending sweep, it never loses it. Implementations are safe for
-// concurrent use.
+// instance to push the signal, or to catch the queue up from the store. It
+// is the seam of the cross-instance path: the connection hub publishes and
+// listens on it, and the deployment picks the engine (pgstore.Bus, or NoBus
+// for one instance). A wake-up is a hint only: the stored row is the truth,
+// and a lost wake-up delays a signal until the holder's pending sweep, it
+// never loses it. Implementations are safe for concurrent use.
 type Bus interface {
 	// Publish tells instance that w.Key has a new signal, w.Seq, carrying
 	// w.Signal along when the bus can. Call it once the signal is stored. It

@@ -12,11 +12,13 @@ import (
 // Bus.Publish), carrying the signal; the holder's listener hands it to
 // WakeLocal, which queues the signal itself for the connection of the
 // session's incarnation, so the writer pushes it without reading it back.
-// The writer keeps seq order: a signal past the one it wrote next, or a
-// wake-up that carries none, has it catch up from the store. The pending sweep reads, on a slow
-// timer, how far every local queue's session has signals (one store read
-// per batch of queues) and wakes each queue that has not written them all,
-// so a lost wake-up delays a signal, never loses it.
+// The writer keeps seq order: a signal past the one it owes next, or a
+// wake-up that carries none, has it catch up from the store.
+//
+// The pending sweep reads, on a slow timer, how far every local queue's
+// session has signals (one store read per batch of queues) and wakes each
+// queue that has not written them all, so a lost wake-up delays a signal,
+// never loses it.
 //
 // The same sweep reconciles every local connection with its session's store
 // row, which is how a change made on another instance reaches a WebSocket
