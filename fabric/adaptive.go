@@ -3,7 +3,9 @@ package fabric
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
+	"sync/atomic"
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
@@ -16,13 +18,46 @@ const (
 	GateRolledBack = "rolled_back"
 )
 
+// canaryStore is what Canary needs of the store.
+type canaryStore interface {
+	AddCount(ctx context.Context, c sessionstore.Counter, n int64) error
+	Counts(ctx context.Context) (sessionstore.Counts, error)
+}
+
+// Canary is the fabric's adaptive canary: the gate that lets the adaptive
+// classifier place new sessions of allowlisted clients, and rolls it back
+// once the cluster-wide count of placement mismatches reaches
+// RollbackAfter. It is safe for concurrent use.
+type Canary struct {
+	cfg        PlacementConfig
+	store      canaryStore
+	log        *slog.Logger
+	m          *metrics
+	rolledBack atomic.Bool
+}
+
+func newCanary(cfg PlacementConfig, d Deps, m *metrics) *Canary {
+	return &Canary{cfg: cfg, store: d.Store, log: d.Logger, m: m}
+}
+
+// Refresh reads the cluster-wide counters and rolls the gate back when
+// they say so. Fabric.Tick calls it.
+func (c *Canary) Refresh(ctx context.Context) error {
+	counts, err := c.store.Counts(ctx)
+	if err != nil {
+		return fmt.Errorf("counts: %w", err)
+	}
+	c.checkRollback(counts)
+	return nil
+}
+
 // Gate is the adaptive placement gate: off (MARCONI_ADAPTIVE_PLACEMENT=off),
 // on, or rolled_back (on, but the mismatch count reached RollbackAfter).
-func (f *Fabric) Gate() string {
+func (c *Canary) Gate() string {
 	switch {
-	case !f.cfg.Placement.Adaptive:
+	case !c.cfg.Adaptive:
 		return GateOff
-	case f.rolledBack.Load():
+	case c.rolledBack.Load():
 		return GateRolledBack
 	default:
 		return GateOn
@@ -30,32 +65,32 @@ func (f *Fabric) Gate() string {
 }
 
 // Allowlist is MARCONI_ADAPTIVE_CLIENTS, never nil.
-func (f *Fabric) Allowlist() []string {
-	if f.cfg.Placement.AdaptiveClients == nil {
+func (c *Canary) Allowlist() []string {
+	if c.cfg.AdaptiveClients == nil {
 		return []string{}
 	}
-	return slices.Clone(f.cfg.Placement.AdaptiveClients)
+	return slices.Clone(c.cfg.AdaptiveClients)
 }
 
 // Open implements AdaptiveGate: the gate is on (not rolled back) and
 // clientID is on the allowlist.
-func (f *Fabric) Open(clientID string) bool {
-	return f.Gate() == GateOn && allowlisted(f.cfg.Placement.AdaptiveClients, clientID)
+func (c *Canary) Open(clientID string) bool {
+	return c.Gate() == GateOn && allowlisted(c.cfg.AdaptiveClients, clientID)
 }
 
 // RuntimeMode resolves a new session's mode and source. Only a new session
 // comes here: a resume keeps its stored mode and source.
-func (f *Fabric) RuntimeMode(explicit Mode, clientID string, h Hints) (Mode, ModeSource) {
-	return ResolveMode(explicit, clientID, h, f, f.cfg.Placement.DefaultMode)
+func (c *Canary) RuntimeMode(explicit Mode, clientID string, h Hints) (Mode, ModeSource) {
+	return ResolveMode(explicit, clientID, h, c, c.cfg.DefaultMode)
 }
 
 // CountAdaptivePlacement counts a session placed by the classifier, in the
 // store (cluster-wide) and in this instance's metric. A store failure is
 // logged: the session is already registered.
-func (f *Fabric) CountAdaptivePlacement(ctx context.Context) {
-	f.m.adaptivePlacements.Inc()
-	if err := f.store.AddCount(ctx, sessionstore.CounterAdaptivePlacements, 1); err != nil {
-		f.log.Warn("count adaptive placement", "err", err)
+func (c *Canary) CountAdaptivePlacement(ctx context.Context) {
+	c.m.adaptivePlacements.Inc()
+	if err := c.store.AddCount(ctx, sessionstore.CounterAdaptivePlacements, 1); err != nil {
+		c.log.Warn("count adaptive placement", "err", err)
 	}
 }
 
@@ -63,25 +98,25 @@ func (f *Fabric) CountAdaptivePlacement(ctx context.Context) {
 // runtime-local state: a placement-quality failure and a rollback signal.
 // Every report counts. Errors: not_adaptive_placement when the classifier
 // did not place sess, or a wrapped store error.
-func (f *Fabric) ReportMismatch(ctx context.Context, sess sessionstore.Session, reason string) error {
+func (c *Canary) ReportMismatch(ctx context.Context, sess sessionstore.Session, reason string) error {
 	if ModeSource(sess.RuntimeModeSource) != SourceAdaptive {
 		return marconi.Errorf(marconi.CodeNotAdaptivePlacement,
 			"session %q was not placed by the adaptive classifier (runtime_mode_source %q)", sess.SessionID, sess.RuntimeModeSource)
 	}
-	if err := f.store.AddCount(ctx, sessionstore.CounterAdaptivePlacementMismatches, 1); err != nil {
+	if err := c.store.AddCount(ctx, sessionstore.CounterAdaptivePlacementMismatches, 1); err != nil {
 		return fmt.Errorf("count adaptive placement mismatch: %w", err)
 	}
-	f.m.mismatches.Inc()
-	f.log.Warn("adaptive placement mismatch", "session_id", sess.SessionID, "tenant_id", sess.TenantID,
+	c.m.mismatches.Inc()
+	c.log.Warn("adaptive placement mismatch", "session_id", sess.SessionID, "tenant_id", sess.TenantID,
 		"project_id", sess.ProjectID, "client_id", sess.ClientID, "runtime_mode", sess.RuntimeMode, "reason", reason)
-	if f.cfg.Placement.RollbackAfter > 0 {
-		c, err := f.store.Counts(ctx)
+	if c.cfg.RollbackAfter > 0 {
+		counts, err := c.store.Counts(ctx)
 		if err != nil {
 			// Counted; the next tick reads the counters again.
-			f.log.Warn("read counters after a mismatch", "err", err)
+			c.log.Warn("read counters after a mismatch", "err", err)
 			return nil
 		}
-		f.checkRollback(c)
+		c.checkRollback(counts)
 	}
 	return nil
 }
@@ -90,14 +125,14 @@ func (f *Fabric) ReportMismatch(ctx context.Context, sess sessionstore.Session, 
 // reaches RollbackAfter. The rollback lasts for the life of the process: the
 // count never goes down, so an operator who wants the classifier back raises
 // MARCONI_ADAPTIVE_ROLLBACK_AFTER (or sets it to 0) and restarts.
-func (f *Fabric) checkRollback(c sessionstore.Counts) {
-	after := f.cfg.Placement.RollbackAfter
-	if after <= 0 || c.AdaptivePlacementMismatches < after {
+func (c *Canary) checkRollback(counts sessionstore.Counts) {
+	after := c.cfg.RollbackAfter
+	if after <= 0 || counts.AdaptivePlacementMismatches < after {
 		return
 	}
-	if f.rolledBack.CompareAndSwap(false, true) {
-		f.m.rolledBack.Set(1)
-		f.log.Warn("adaptive placement rolled back: the classifier places no more sessions",
-			"mismatches", c.AdaptivePlacementMismatches, "rollback_after", after)
+	if c.rolledBack.CompareAndSwap(false, true) {
+		c.m.rolledBack.Set(1)
+		c.log.Warn("adaptive placement rolled back: the classifier places no more sessions",
+			"mismatches", counts.AdaptivePlacementMismatches, "rollback_after", after)
 	}
 }

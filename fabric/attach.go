@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/marconihub/marconi"
@@ -21,6 +22,33 @@ const (
 	// the attach is a new placement. Counted in reassignments.
 	ReasonGraceExpired = "grace_expired"
 )
+
+// placerStore is what Placer needs of the store.
+type placerStore interface {
+	ReassignInstance(ctx context.Context, k sessionstore.Key, from, to string) (bool, error)
+	GetSession(ctx context.Context, k sessionstore.Key, now time.Time) (sessionstore.Session, error)
+	DropPending(ctx context.Context, k sessionstore.Key, now time.Time) (int, error)
+	RecordFallback(ctx context.Context, e sessionstore.FallbackEvent) error
+	SessionStats(ctx context.Context, now time.Time) (sessionstore.SessionStats, error)
+}
+
+// Placer is the fabric's placement and takeover: it decides whether a
+// session may attach on this instance and with what welcome, takes sticky
+// sessions over from unhealthy instances, and assigns new sticky sessions.
+// It judges health through Members. It is safe for concurrent use.
+type Placer struct {
+	cfg     Config
+	self    string
+	members *Members
+	store   placerStore
+	now     func() time.Time
+	log     *slog.Logger
+	m       *metrics
+}
+
+func newPlacer(cfg Config, members *Members, d Deps, m *metrics) *Placer {
+	return &Placer{cfg: cfg, self: cfg.InstanceID, members: members, store: d.Store, now: d.Now, log: d.Logger, m: m}
+}
 
 // Placement is the outcome of an attach's placement decision.
 type Placement struct {
@@ -44,30 +72,28 @@ type Placement struct {
 // queue died with the old process, which a crash leaves in the store). These
 // bounds err towards an earlier end: a later reading could claim a resume the
 // contract no longer holds.
-func (f *Fabric) queueGap(ctx context.Context, sess sessionstore.Session, hasLocalQueue bool) (live bool, since time.Time) {
+func (p *Placer) queueGap(ctx context.Context, sess sessionstore.Session, hasLocalQueue bool) (live bool, since time.Time) {
 	switch q := sess.QueueInstance; {
 	case hasLocalQueue:
 		return true, time.Time{}
 	case q == "":
 		return false, sess.QueueDetachedAt
-	case q == f.cfg.InstanceID:
+	case q == p.self:
 		since = sess.QueueAttachedAt
-		if since.Before(f.startedAt) {
-			since = f.startedAt
+		if since.Before(p.members.startedAt) {
+			since = p.members.startedAt
 		}
 		return false, since
-	case f.HoldsQueue(ctx, q, sess.QueueAttachedAt):
+	case p.members.HoldsQueue(ctx, q, sess.QueueAttachedAt):
 		return true, time.Time{}
 	}
-	if started, ok := f.restartedSince(sess.QueueInstance, sess.QueueAttachedAt); ok {
+	if started, ok := p.members.restartedSince(sess.QueueInstance, sess.QueueAttachedAt); ok {
 		return false, started
 	}
 	since = sess.QueueAttachedAt
-	f.mu.RLock()
-	if hb := f.instances[sess.QueueInstance].LastHeartbeatAt; hb.After(since) {
+	if hb := p.members.lastHeartbeat(sess.QueueInstance); hb.After(since) {
 		since = hb
 	}
-	f.mu.RUnlock()
 	return false, since
 }
 
@@ -89,41 +115,41 @@ const maxPlaceRounds = 3
 // signals; the others answer as the new assignment says (see lostTakeover).
 // Errors: wrong_instance, session_expired (the session went meanwhile), or a
 // wrapped store error.
-func (f *Fabric) Place(ctx context.Context, sess sessionstore.Session, hasLocalQueue bool) (Placement, error) {
-	return f.place(ctx, sess, hasLocalQueue, 1)
+func (p *Placer) Place(ctx context.Context, sess sessionstore.Session, hasLocalQueue bool) (Placement, error) {
+	return p.place(ctx, sess, hasLocalQueue, 1)
 }
 
-func (f *Fabric) place(ctx context.Context, sess sessionstore.Session, hasLocalQueue bool, round int) (Placement, error) {
-	now := f.now()
-	live, since := f.queueGap(ctx, sess, hasLocalQueue)
-	withinGrace := live || (!since.IsZero() && now.Sub(since) <= f.cfg.Grace)
+func (p *Placer) place(ctx context.Context, sess sessionstore.Session, hasLocalQueue bool, round int) (Placement, error) {
+	now := p.now()
+	live, since := p.queueGap(ctx, sess, hasLocalQueue)
+	withinGrace := live || (!since.IsZero() && now.Sub(since) <= p.cfg.Grace)
 	neverAttached := !live && since.IsZero()
 	if Mode(sess.RuntimeMode) != ModeSticky {
 		return Placement{Resumed: withinGrace}, nil
 	}
-	if err := f.ensureLoaded(ctx); err != nil {
+	if err := p.members.ensureLoaded(ctx); err != nil {
 		return Placement{}, err
 	}
-	self := f.cfg.InstanceID
+	self := p.self
 	switch assigned := sess.AssignedInstance; {
 	case assigned == "":
 		// A sticky session that was never placed (none today): place it
 		// here, unless another attach placed it meanwhile.
-		moved, err := f.reassign(ctx, sess.Key, "")
+		moved, err := p.reassign(ctx, sess.Key, "")
 		if err != nil {
 			return Placement{}, err
 		}
 		if !moved {
-			return f.replace(ctx, sess.Key, hasLocalQueue, round)
+			return p.replace(ctx, sess.Key, hasLocalQueue, round)
 		}
 		return Placement{}, nil
-	case assigned != self && f.confirmHealthy(ctx, assigned):
+	case assigned != self && p.members.confirmHealthy(ctx, assigned):
 		if withinGrace || neverAttached {
-			return Placement{}, f.wrongInstance(sess.SessionID, assigned)
+			return Placement{}, p.wrongInstance(sess.SessionID, assigned)
 		}
-		return f.takeOver(ctx, sess, ReasonGraceExpired, hasLocalQueue, round)
+		return p.takeOver(ctx, sess, ReasonGraceExpired, hasLocalQueue, round)
 	case assigned != self:
-		return f.takeOver(ctx, sess, ReasonInstanceUnhealthy, hasLocalQueue, round)
+		return p.takeOver(ctx, sess, ReasonInstanceUnhealthy, hasLocalQueue, round)
 	case withinGrace:
 		return Placement{Resumed: true}, nil
 	case neverAttached:
@@ -131,28 +157,28 @@ func (f *Fabric) place(ctx context.Context, sess sessionstore.Session, hasLocalQ
 	default:
 		// Assigned here, but the grace window passed: a new placement, even
 		// on the same instance. Nothing runtime-local is promised to survive.
-		return f.takeOver(ctx, sess, ReasonGraceExpired, hasLocalQueue, round)
+		return p.takeOver(ctx, sess, ReasonGraceExpired, hasLocalQueue, round)
 	}
 }
 
-func (f *Fabric) wrongInstance(sessionID, assigned string) error {
+func (p *Placer) wrongInstance(sessionID, assigned string) error {
 	return &marconi.Error{
 		Code:        marconi.CodeWrongInstance,
 		Message:     fmt.Sprintf("session %q is placed on instance %q; attach there", sessionID, assigned),
 		InstanceID:  assigned,
-		InstanceURL: f.URL(assigned),
+		InstanceURL: p.members.URL(assigned),
 	}
 }
 
 // reassign moves k's assignment from from to this instance, only while it
 // is still from, and reports whether it moved.
-func (f *Fabric) reassign(ctx context.Context, k sessionstore.Key, from string) (bool, error) {
-	moved, err := f.store.ReassignInstance(ctx, k, from, f.cfg.InstanceID)
+func (p *Placer) reassign(ctx context.Context, k sessionstore.Key, from string) (bool, error) {
+	moved, err := p.store.ReassignInstance(ctx, k, from, p.self)
 	if errors.Is(err, sessionstore.ErrNotFound) {
 		return false, errSessionExpired()
 	}
 	if err != nil {
-		return false, fmt.Errorf("reassign session from %q to %s: %w", from, f.cfg.InstanceID, err)
+		return false, fmt.Errorf("reassign session from %q to %s: %w", from, p.self, err)
 	}
 	return moved, nil
 }
@@ -172,16 +198,16 @@ func errSessionExpired() error {
 // instances when it does not hold the new assignment healthy: the winner may
 // have joined since the last tick, and a stale view would take the session
 // straight back from it.
-func (f *Fabric) current(ctx context.Context, k sessionstore.Key) (sessionstore.Session, error) {
-	sess, err := f.store.GetSession(ctx, k, f.now())
+func (p *Placer) current(ctx context.Context, k sessionstore.Key) (sessionstore.Session, error) {
+	sess, err := p.store.GetSession(ctx, k, p.now())
 	if errors.Is(err, sessionstore.ErrNotFound) {
 		return sessionstore.Session{}, errSessionExpired()
 	}
 	if err != nil {
 		return sessionstore.Session{}, fmt.Errorf("re-read session after a lost assignment race: %w", err)
 	}
-	if a := sess.AssignedInstance; a != "" && !f.Healthy(ctx, a) {
-		if err := f.Refresh(ctx); err != nil {
+	if a := sess.AssignedInstance; a != "" && !p.members.Healthy(ctx, a) {
+		if err := p.members.Refresh(ctx); err != nil {
 			return sessionstore.Session{}, err
 		}
 	}
@@ -190,15 +216,15 @@ func (f *Fabric) current(ctx context.Context, k sessionstore.Key) (sessionstore.
 
 // replace decides again on the session as it is now, after the assignment
 // moved between the read this attach decided on and its write.
-func (f *Fabric) replace(ctx context.Context, k sessionstore.Key, hasLocalQueue bool, round int) (Placement, error) {
+func (p *Placer) replace(ctx context.Context, k sessionstore.Key, hasLocalQueue bool, round int) (Placement, error) {
 	if round >= maxPlaceRounds {
 		return Placement{}, errKeepsMoving(k, round)
 	}
-	sess, err := f.current(ctx, k)
+	sess, err := p.current(ctx, k)
 	if err != nil {
 		return Placement{}, err
 	}
-	return f.place(ctx, sess, hasLocalQueue, round+1)
+	return p.place(ctx, sess, hasLocalQueue, round+1)
 }
 
 // lostTakeover answers an attach whose takeover lost the race: the
@@ -211,52 +237,52 @@ func (f *Fabric) replace(ctx context.Context, k sessionstore.Key, hasLocalQueue 
 // means the reset already happened: this attach says so too. Anything else
 // (the winner is already unhealthy, or the assignment went back) is decided
 // again as Place would.
-func (f *Fabric) lostTakeover(ctx context.Context, k sessionstore.Key, hasLocalQueue bool, round int) (Placement, error) {
-	sess, err := f.current(ctx, k)
+func (p *Placer) lostTakeover(ctx context.Context, k sessionstore.Key, hasLocalQueue bool, round int) (Placement, error) {
+	sess, err := p.current(ctx, k)
 	if err != nil {
 		return Placement{}, err
 	}
 	switch a := sess.AssignedInstance; {
-	case a == f.cfg.InstanceID:
+	case a == p.self:
 		return Placement{AffinityReset: true}, nil
-	case a != "" && f.confirmHealthy(ctx, a):
-		f.log.Info("sticky takeover lost to another instance", "session_id", k.SessionID,
+	case a != "" && p.members.confirmHealthy(ctx, a):
+		p.log.Info("sticky takeover lost to another instance", "session_id", k.SessionID,
 			"tenant_id", k.TenantID, "project_id", k.ProjectID, "winner", a)
-		return Placement{}, f.wrongInstance(k.SessionID, a)
+		return Placement{}, p.wrongInstance(k.SessionID, a)
 	case round >= maxPlaceRounds:
 		return Placement{}, errKeepsMoving(k, round)
 	default:
-		return f.place(ctx, sess, hasLocalQueue, round+1)
+		return p.place(ctx, sess, hasLocalQueue, round+1)
 	}
 }
 
 // takeOver moves sess's assignment to this instance, if it is still the one
 // sess carries, and records why. Only the attach that moved it records the
 // fallback event and applies the drop policy.
-func (f *Fabric) takeOver(ctx context.Context, sess sessionstore.Session, reason string, hasLocalQueue bool, round int) (Placement, error) {
-	now := f.now()
-	moved, err := f.reassign(ctx, sess.Key, sess.AssignedInstance)
+func (p *Placer) takeOver(ctx context.Context, sess sessionstore.Session, reason string, hasLocalQueue bool, round int) (Placement, error) {
+	now := p.now()
+	moved, err := p.reassign(ctx, sess.Key, sess.AssignedInstance)
 	if err != nil {
 		return Placement{}, err
 	}
 	if !moved {
-		return f.lostTakeover(ctx, sess.Key, hasLocalQueue, round)
+		return p.lostTakeover(ctx, sess.Key, hasLocalQueue, round)
 	}
-	p := Placement{AffinityReset: true}
-	if f.cfg.DisconnectPolicy == PolicyDrop {
-		n, err := f.store.DropPending(ctx, sess.Key, now)
+	out := Placement{AffinityReset: true}
+	if p.cfg.DisconnectPolicy == PolicyDrop {
+		n, err := p.store.DropPending(ctx, sess.Key, now)
 		if err != nil {
 			return Placement{}, fmt.Errorf("drop pending at affinity reset: %w", err)
 		}
-		f.m.signalsDropped.WithLabelValues("affinity_reset").Add(float64(n))
-		p.Dropped = &n
+		p.m.signalsDropped.WithLabelValues("affinity_reset").Add(float64(n))
+		out.Dropped = &n
 	}
-	counter, metric := sessionstore.CounterFallbacks, f.m.fallbacks
+	counter, metric := sessionstore.CounterFallbacks, p.m.fallbacks
 	if reason == ReasonGraceExpired {
-		counter, metric = sessionstore.CounterReassignments, f.m.reassignments
+		counter, metric = sessionstore.CounterReassignments, p.m.reassignments
 	}
-	err = f.store.RecordFallback(ctx, sessionstore.FallbackEvent{
-		Key: sess.Key, FromInstance: sess.AssignedInstance, ToInstance: f.cfg.InstanceID,
+	err = p.store.RecordFallback(ctx, sessionstore.FallbackEvent{
+		Key: sess.Key, FromInstance: sess.AssignedInstance, ToInstance: p.self,
 		RuntimeMode: sess.RuntimeMode, RuntimeModeSource: sess.RuntimeModeSource,
 		Reason: reason, At: now, Counter: counter,
 	})
@@ -265,11 +291,41 @@ func (f *Fabric) takeOver(ctx context.Context, sess sessionstore.Session, reason
 	}
 	metric.Inc()
 	dropped := 0
-	if p.Dropped != nil {
-		dropped = *p.Dropped
+	if out.Dropped != nil {
+		dropped = *out.Dropped
 	}
-	f.log.Info("sticky session taken over", "session_id", sess.SessionID, "tenant_id", sess.TenantID,
+	p.log.Info("sticky session taken over", "session_id", sess.SessionID, "tenant_id", sess.TenantID,
 		"project_id", sess.ProjectID, "from_instance", sess.AssignedInstance, "reason", reason,
 		"runtime_mode_source", sess.RuntimeModeSource, "dropped", dropped)
-	return p, nil
+	return out, nil
+}
+
+// Assign picks the instance a new sticky session is placed on: the healthy
+// instance with the fewest live sticky sessions assigned to it (ties go to
+// this instance, then to the lowest id). The load is read from the store at
+// each call, so concurrent registrations on several instances see each
+// other's assignments.
+func (p *Placer) Assign(ctx context.Context) (string, error) {
+	if err := p.members.ensureLoaded(ctx); err != nil {
+		return "", err
+	}
+	stats, err := p.store.SessionStats(ctx, p.now())
+	if err != nil {
+		return "", fmt.Errorf("assign: %w", err)
+	}
+	best, bestLoad := p.self, stats.ByAssignedInstance[p.self]
+	if !p.members.Healthy(ctx, best) {
+		best, bestLoad = "", 0
+	}
+	for _, id := range p.members.healthyOthers() {
+		if load := stats.ByAssignedInstance[id]; best == "" || load < bestLoad {
+			best, bestLoad = id, load
+		}
+	}
+	if best == "" {
+		// Nobody is healthy, this instance included (it is draining and the
+		// caller let a registration through): keep it here.
+		best = p.self
+	}
+	return best, nil
 }

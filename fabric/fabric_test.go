@@ -18,7 +18,13 @@ func (c *testClock) now() time.Time { return c.t }
 
 func newTestFabric(t *testing.T, st sessionstore.Store, clk *testClock, id string) *Fabric {
 	t.Helper()
-	f, err := New(Config{InstanceID: id, PublicURL: "http://" + id}, st, clk.now, nil, nil)
+	return newProbedFabric(t, st, clk, id, nil)
+}
+
+// newProbedFabric is newTestFabric with a prober (nil: none).
+func newProbedFabric(t *testing.T, st sessionstore.Store, clk *testClock, id string, p Prober) *Fabric {
+	t.Helper()
+	f, err := New(Config{InstanceID: id, PublicURL: "http://" + id}, Deps{Store: st, Prober: p, Now: clk.now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +36,7 @@ func TestHealthFromTheCachedView(t *testing.T) {
 	st := memstore.New()
 	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	a, b := newTestFabric(t, st, clk, "a"), newTestFabric(t, st, clk, "b")
-	if a.Healthy(ctx, "b") {
+	if a.Members.Healthy(ctx, "b") {
 		t.Fatal("b healthy before anyone heartbeated")
 	}
 	for _, f := range []*Fabric{b, a} {
@@ -38,39 +44,39 @@ func TestHealthFromTheCachedView(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if !a.Healthy(ctx, "b") || a.URL("b") != "http://b" {
-		t.Fatalf("a sees b healthy=%v url=%q", a.Healthy(ctx, "b"), a.URL("b"))
+	if !a.Members.Healthy(ctx, "b") || a.Members.URL("b") != "http://b" {
+		t.Fatalf("a sees b healthy=%v url=%q", a.Members.Healthy(ctx, "b"), a.Members.URL("b"))
 	}
 	clk.t = clk.t.Add(9 * time.Second)
-	if !a.Healthy(ctx, "b") {
+	if !a.Members.Healthy(ctx, "b") {
 		t.Fatal("b unhealthy 9s after its heartbeat (dead after 10s)")
 	}
 	clk.t = clk.t.Add(time.Second)
-	if a.Healthy(ctx, "b") {
+	if a.Members.Healthy(ctx, "b") {
 		t.Fatal("b healthy 10s after its heartbeat")
 	}
-	if !a.Healthy(ctx, "a") {
+	if !a.Members.Healthy(ctx, "a") {
 		t.Fatal("an instance that is not draining is healthy to itself")
 	}
 	if err := b.Tick(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if a.Healthy(ctx, "b") {
+	if a.Members.Healthy(ctx, "b") {
 		t.Fatal("a saw b's new heartbeat without a refresh: Healthy must not read the store")
 	}
-	if err := a.Refresh(ctx); err != nil {
+	if err := a.Members.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !a.Healthy(ctx, "b") {
+	if !a.Members.Healthy(ctx, "b") {
 		t.Fatal("b unhealthy after a fresh heartbeat and a refresh")
 	}
-	if err := b.SetDraining(ctx); err != nil {
+	if err := b.Members.SetDraining(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Refresh(ctx); err != nil {
+	if err := a.Members.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if a.Healthy(ctx, "b") || b.Healthy(ctx, "b") {
+	if a.Members.Healthy(ctx, "b") || b.Members.Healthy(ctx, "b") {
 		t.Fatal("a draining instance is healthy")
 	}
 }
@@ -87,7 +93,7 @@ func TestAssignLeastLoaded(t *testing.T) {
 	}
 	var got []string
 	for i := range 6 {
-		inst, err := b.Assign(ctx)
+		inst, err := b.Placer.Assign(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +120,7 @@ func TestAssignLeastLoaded(t *testing.T) {
 		}
 	}
 	for range 2 {
-		if inst, _ := b.Assign(ctx); inst == "c" {
+		if inst, _ := b.Placer.Assign(ctx); inst == "c" {
 			t.Fatal("assigned to an unhealthy instance")
 		}
 	}
@@ -126,7 +132,7 @@ func TestSummaryCanaryView(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	f, err := New(Config{InstanceID: "a", Placement: PlacementConfig{Adaptive: true, AdaptiveClients: []string{"canary-2"}}}, st, clk.now, nil, nil)
+	f, err := New(Config{InstanceID: "a", Placement: PlacementConfig{Adaptive: true, AdaptiveClients: []string{"canary-2"}}}, Deps{Store: st, Now: clk.now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,9 +188,8 @@ func TestProbeJudgesOnlyProcessesSeenConnected(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	a := newTestFabric(t, st, clk, "a")
 	p := &fakeProber{live: map[string]bool{}}
-	a.SetProber(p)
+	a := newProbedFabric(t, st, clk, "a", p)
 	beat := func(id string, started time.Time) {
 		t.Helper()
 		if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: id, URL: "http://" + id, StartedAt: started, LastHeartbeatAt: clk.t}); err != nil {
@@ -208,30 +213,30 @@ func TestProbeJudgesOnlyProcessesSeenConnected(t *testing.T) {
 	if err := a.Tick(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !a.Healthy(ctx, "b") || process("b") != ProcessUnknown {
-		t.Fatalf("b never seen connected: healthy %v, process %q; want healthy, unknown", a.Healthy(ctx, "b"), process("b"))
+	if !a.Members.Healthy(ctx, "b") || process("b") != ProcessUnknown {
+		t.Fatalf("b never seen connected: healthy %v, process %q; want healthy, unknown", a.Members.Healthy(ctx, "b"), process("b"))
 	}
 	p.live["b"] = true
-	if err := a.Probe(ctx); err != nil {
+	if err := a.Members.Probe(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !a.Healthy(ctx, "b") || process("b") != ProcessConnected {
-		t.Fatalf("b connected: healthy %v, process %q", a.Healthy(ctx, "b"), process("b"))
+	if !a.Members.Healthy(ctx, "b") || process("b") != ProcessConnected {
+		t.Fatalf("b connected: healthy %v, process %q", a.Members.Healthy(ctx, "b"), process("b"))
 	}
 	delete(p.live, "b") // its connection ended; its heartbeat is still fresh
-	if err := a.Probe(ctx); err != nil {
+	if err := a.Members.Probe(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if a.Healthy(ctx, "b") || a.HoldsQueue(ctx, "b", clk.t) || process("b") != ProcessGone {
-		t.Fatalf("b gone: healthy %v, process %q; want unhealthy, gone", a.Healthy(ctx, "b"), process("b"))
+	if a.Members.Healthy(ctx, "b") || a.Members.HoldsQueue(ctx, "b", clk.t) || process("b") != ProcessGone {
+		t.Fatalf("b gone: healthy %v, process %q; want unhealthy, gone", a.Members.Healthy(ctx, "b"), process("b"))
 	}
 	clk.t = clk.t.Add(time.Second)
 	beat("b", clk.t) // restarted: a new process, not yet connected
 	if err := a.Tick(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !a.Healthy(ctx, "b") || process("b") != ProcessUnknown {
-		t.Fatalf("b restarted, listener not up yet: healthy %v, process %q; want healthy by its heartbeat, unknown", a.Healthy(ctx, "b"), process("b"))
+	if !a.Members.Healthy(ctx, "b") || process("b") != ProcessUnknown {
+		t.Fatalf("b restarted, listener not up yet: healthy %v, process %q; want healthy by its heartbeat, unknown", a.Members.Healthy(ctx, "b"), process("b"))
 	}
 }
 
@@ -243,16 +248,15 @@ func TestProbeOnAnotherServerForgetsWhoWasConnected(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	a := newTestFabric(t, st, clk, "a")
 	p := &fakeProber{live: map[string]bool{"b": true}, server: "primary"}
-	a.SetProber(p)
+	a := newProbedFabric(t, st, clk, "a", p)
 	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
 		t.Fatal(err)
 	}
 	probe := func(live bool, server string) {
 		t.Helper()
 		p.live["b"], p.server = live, server
-		if err := a.Probe(ctx); err != nil {
+		if err := a.Members.Probe(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -260,12 +264,12 @@ func TestProbeOnAnotherServerForgetsWhoWasConnected(t *testing.T) {
 		t.Fatal(err)
 	}
 	probe(false, "promoted standby")
-	if !a.Healthy(ctx, "b") || !a.HoldsQueue(ctx, "b", clk.t) {
+	if !a.Members.Healthy(ctx, "b") || !a.Members.HoldsQueue(ctx, "b", clk.t) {
 		t.Fatal("b, seen connected on the old primary, is dead on the new one before its listener could reconnect")
 	}
 	probe(true, "promoted standby")
 	probe(false, "promoted standby")
-	if a.Healthy(ctx, "b") {
+	if a.Members.Healthy(ctx, "b") {
 		t.Fatal("b, seen connected on the new primary and then not, is still healthy")
 	}
 }
@@ -277,9 +281,8 @@ func TestConfirmHealthyProbesBeforeNamingAnInstance(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	a := newTestFabric(t, st, clk, "a")
 	p := &fakeProber{live: map[string]bool{"b": true}}
-	a.SetProber(p)
+	a := newProbedFabric(t, st, clk, "a", p)
 	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
 		t.Fatal(err)
 	}
@@ -287,13 +290,13 @@ func TestConfirmHealthyProbesBeforeNamingAnInstance(t *testing.T) {
 		t.Fatal(err)
 	}
 	delete(p.live, "b") // b is killed right after the scheduled probe
-	if !a.confirmHealthy(ctx, "b") {
+	if !a.Members.confirmHealthy(ctx, "b") {
 		t.Fatal("a probe within minProbeGap of the last one ran anyway")
 	}
-	a.mu.Lock()
-	a.lastProbe = time.Now().Add(-minProbeGap)
-	a.mu.Unlock()
-	if a.confirmHealthy(ctx, "b") {
+	a.Members.mu.Lock()
+	a.Members.lastProbe = time.Now().Add(-minProbeGap)
+	a.Members.mu.Unlock()
+	if a.Members.confirmHealthy(ctx, "b") {
 		t.Fatal("confirmHealthy named an instance whose process is gone")
 	}
 }
@@ -328,12 +331,11 @@ func TestHealthGaugeFollowsTheProbe(t *testing.T) {
 	st := memstore.New()
 	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	reg := prometheus.NewRegistry()
-	a, err := New(Config{InstanceID: "a", PublicURL: "http://a"}, st, clk.now, reg, nil)
+	p := &fakeProber{live: map[string]bool{"b": true}}
+	a, err := New(Config{InstanceID: "a", PublicURL: "http://a"}, Deps{Store: st, Prober: p, Now: clk.now, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &fakeProber{live: map[string]bool{"b": true}}
-	a.SetProber(p)
 	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +352,7 @@ func TestHealthGaugeFollowsTheProbe(t *testing.T) {
 		t.Fatalf("a itself: %v, want 1", v)
 	}
 	delete(p.live, "b") // b's process is killed; its heartbeat is still fresh
-	if err := a.Probe(ctx); err != nil {
+	if err := a.Members.Probe(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if v, _ := healthGauge(t, reg, "b"); v != 0 {
@@ -361,7 +363,7 @@ func TestHealthGaugeFollowsTheProbe(t *testing.T) {
 	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "c", URL: "http://c", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Refresh(ctx); err != nil {
+	if err := a.Members.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if v, _ := healthGauge(t, reg, "c"); v != 1 {
@@ -410,20 +412,20 @@ func TestStoreOutageDoesNotAgeHeartbeats(t *testing.T) {
 	st.down = true
 	tick(true)
 	clk.t = clk.t.Add(3 * DefaultDeadAfter)
-	if !a.Healthy(ctx, "b") {
+	if !a.Members.Healthy(ctx, "b") {
 		t.Fatal("b unhealthy while the store is down: its heartbeat could not be written")
 	}
 	st.down = false
 	tick(false)
-	if !a.Healthy(ctx, "b") {
+	if !a.Members.Healthy(ctx, "b") {
 		t.Fatal("b unhealthy as soon as the store is back, before it could heartbeat")
 	}
 	clk.t = clk.t.Add(DefaultDeadAfter - 2*time.Second)
-	if !a.Healthy(ctx, "b") {
+	if !a.Members.Healthy(ctx, "b") {
 		t.Fatal("b unhealthy within DeadAfter of the store's return")
 	}
 	clk.t = clk.t.Add(2 * time.Second)
-	if a.Healthy(ctx, "b") {
+	if a.Members.Healthy(ctx, "b") {
 		t.Fatal("b, silent for DeadAfter since the store came back, is still healthy")
 	}
 }

@@ -24,10 +24,10 @@ func openPG(t *testing.T, u string) *pgstore.Store {
 	return st
 }
 
-func newPGFabric(t *testing.T, st *pgstore.Store, id string) *fabric.Fabric {
+func newPGFabric(t *testing.T, st *pgstore.Store, id string, p fabric.Prober) *fabric.Fabric {
 	t.Helper()
 	// DeadAfter is far beyond the test: any death seen came from the probe.
-	f, err := fabric.New(fabric.Config{InstanceID: id, PublicURL: "http://" + id, DeadAfter: time.Hour, HeartbeatEvery: time.Minute}, st, nil, nil, nil)
+	f, err := fabric.New(fabric.Config{InstanceID: id, PublicURL: "http://" + id, DeadAfter: time.Hour, HeartbeatEvery: time.Minute}, fabric.Deps{Store: st, Prober: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,16 +82,15 @@ func TestPGDeathSeenThroughTheListenerConnection(t *testing.T) {
 	viaProxy.Host = proxy.Addr()
 
 	storeA, storeB := openPG(t, viaProxy.String()), openPG(t, base)
-	a, b := newPGFabric(t, storeA, "a"), newPGFabric(t, storeB, "b")
-	b.SetProber(pgstore.NewBus(storeB, nil))
-	old := newPGFabric(t, openPG(t, base), "old") // an instance without a listener
+	a, b := newPGFabric(t, storeA, "a", nil), newPGFabric(t, storeB, "b", pgstore.NewBus(storeB, nil))
+	old := newPGFabric(t, openPG(t, base), "old", nil) // an instance without a listener
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_ = pgstore.NewBus(storeA, nil).Listen(ctx, "a", func(sessionstore.Key, int64) {}, func() {})
+		_ = pgstore.NewBus(storeA, nil).Listen(ctx, "a", func(sessionstore.Wake) {}, func() {})
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	for _, f := range []*fabric.Fabric{a, old} {
@@ -100,21 +99,21 @@ func TestPGDeathSeenThroughTheListenerConnection(t *testing.T) {
 		}
 	}
 	poll(t, "b to see a's listener connected", 10*time.Second, func() bool { return process(t, b, "a") == fabric.ProcessConnected })
-	if got := process(t, b, "old"); got != fabric.ProcessUnknown || !b.Healthy(context.Background(), "old") {
+	if got := process(t, b, "old"); got != fabric.ProcessUnknown || !b.Members.Healthy(context.Background(), "old") {
 		t.Errorf("an instance that never held the lock: process %q, healthy %v; want unknown and healthy by its heartbeat",
-			got, b.Healthy(context.Background(), "old"))
+			got, b.Members.Healthy(context.Background(), "old"))
 	}
 	attachedAt := time.Now()
-	if !b.HoldsQueue(context.Background(), "a", attachedAt) {
+	if !b.Members.HoldsQueue(context.Background(), "a", attachedAt) {
 		t.Fatal("a healthy, connected instance does not hold its queue")
 	}
 
 	proxy.Cut() // a's connections end, and it cannot reconnect
 	took := poll(t, "b to see a dead", 3*time.Second, func() bool {
-		return b.Probe(context.Background()) == nil && !b.Healthy(context.Background(), "a")
+		return b.Members.Probe(context.Background()) == nil && !b.Members.Healthy(context.Background(), "a")
 	})
 	t.Logf("death seen %v after the connection ended (heartbeat window: 1h)", took)
-	if b.HoldsQueue(context.Background(), "a", attachedAt) {
+	if b.Members.HoldsQueue(context.Background(), "a", attachedAt) {
 		t.Error("a dead instance still holds its queue")
 	}
 	if got := process(t, b, "a"); got != fabric.ProcessGone {
@@ -123,6 +122,6 @@ func TestPGDeathSeenThroughTheListenerConnection(t *testing.T) {
 
 	proxy.Restore() // the listener reconnects and takes its lock again
 	poll(t, "b to see a back", 10*time.Second, func() bool {
-		return b.Probe(context.Background()) == nil && b.Healthy(context.Background(), "a")
+		return b.Members.Probe(context.Background()) == nil && b.Members.Healthy(context.Background(), "a")
 	})
 }

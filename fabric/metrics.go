@@ -54,7 +54,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 // each scrape: it follows the liveness probe (every ProbeEvery) and a
 // heartbeat growing old as soon as they change the view, not only the
 // refresh every HeartbeatEvery.
-type healthCollector struct{ f *Fabric }
+type healthCollector struct{ m *Members }
 
 var healthDesc = prometheus.NewDesc("marconi_instance_healthy",
 	"1 when the instance is healthy as this instance sees it (fresh heartbeat, not draining, process not seen gone by the liveness probe), else 0; one series per row of the instance table.",
@@ -65,12 +65,12 @@ func (healthCollector) Describe(ch chan<- *prometheus.Desc) { ch <- healthDesc }
 
 // Collect implements prometheus.Collector.
 func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
-	now := c.f.now()
-	c.f.mu.RLock()
-	defer c.f.mu.RUnlock()
-	for id, in := range c.f.instances {
+	now := c.m.now()
+	c.m.mu.RLock()
+	defer c.m.mu.RUnlock()
+	for id, in := range c.m.instances {
 		v := 0.0
-		if c.f.healthyAt(in, now) {
+		if c.m.healthyAt(in, now) {
 			v = 1
 		}
 		ch <- prometheus.MustNewConstMetric(healthDesc, prometheus.GaugeValue, v, id)

@@ -86,18 +86,19 @@ func (f *Fabric) Summary(ctx context.Context) (Summary, error) {
 	if err != nil {
 		return Summary{}, fmt.Errorf("summary: %w", err)
 	}
-	f.checkRollback(counts)
+	f.Canary.checkRollback(counts)
 	out := Summary{
-		Gate: f.Gate(), Allowlist: f.Allowlist(), ByClient: f.canaryView(byClient),
+		Gate: f.Canary.Gate(), Allowlist: f.Canary.Allowlist(), ByClient: f.Canary.canaryView(byClient),
 		Sessions: stats, Counts: counts, Fallbacks: events,
 		Instances: make([]InstanceStatus, 0, len(list)),
 	}
-	f.mu.RLock()
-	defer f.mu.RUnlock()
+	mem := f.Members
+	mem.mu.RLock()
+	defer mem.mu.RUnlock()
 	for _, in := range list {
 		out.Instances = append(out.Instances, InstanceStatus{
-			ID: in.ID, URL: in.URL, Healthy: f.healthyAt(in, now), Draining: in.Draining,
-			Process:  f.processState(in.ID, in.StartedAt),
+			ID: in.ID, URL: in.URL, Healthy: mem.healthyAt(in, now), Draining: in.Draining,
+			Process:  mem.processState(in.ID, in.StartedAt),
 			Sessions: stats.ByAssignedInstance[in.ID], AttachedQueues: stats.ByQueueInstance[in.ID],
 			LastHeartbeatAt: in.LastHeartbeatAt,
 		})
@@ -107,7 +108,7 @@ func (f *Fabric) Summary(ctx context.Context) (Summary, error) {
 
 // canaryView orders the adaptive placements by client, most first (ties by
 // id), and keeps the first SummaryClientLimit.
-func (f *Fabric) canaryView(byClient map[string]map[string]int) []ClientPlacements {
+func (c *Canary) canaryView(byClient map[string]map[string]int) []ClientPlacements {
 	out := make([]ClientPlacements, 0, len(byClient))
 	for id, modes := range byClient {
 		n := 0
@@ -115,7 +116,7 @@ func (f *Fabric) canaryView(byClient map[string]map[string]int) []ClientPlacemen
 			n += c
 		}
 		out = append(out, ClientPlacements{ClientID: id, Sessions: n, ByMode: modes,
-			OnAllowlist: allowlisted(f.cfg.Placement.AdaptiveClients, id)})
+			OnAllowlist: allowlisted(c.cfg.AdaptiveClients, id)})
 	}
 	slices.SortFunc(out, func(a, b ClientPlacements) int {
 		if a.Sessions != b.Sessions {

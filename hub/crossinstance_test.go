@@ -2,8 +2,10 @@ package hub_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,15 +88,16 @@ func startPair(t *testing.T, o pairOptions) *pair {
 type dropBus struct {
 	fabric.Bus
 	drop    atomic.Bool
+	dropOdd atomic.Bool // lose the wake-ups of odd seqs only
 	dropped atomic.Int64
 }
 
-func (d *dropBus) Publish(ctx context.Context, instance string, k sessionstore.Key, seq int64) error {
-	if d.drop.Load() {
+func (d *dropBus) Publish(ctx context.Context, instance string, w sessionstore.Wake) error {
+	if d.drop.Load() || (d.dropOdd.Load() && w.Seq%2 == 1) {
 		d.dropped.Add(1)
 		return nil
 	}
-	return d.Bus.Publish(ctx, instance, k, seq)
+	return d.Bus.Publish(ctx, instance, w)
 }
 
 // xiSignals reads n frames and returns their seqs and payloads, failing
@@ -259,4 +262,126 @@ func viaProxy(u *url.URL, addr string) string {
 	v := *u
 	v.Host = addr
 	return v.String()
+}
+
+// A cross-instance signal travels with its wake-up: b queues the carried
+// signal for bob's connection (counted as carried) and pushes it, with no
+// pending sweep to fall back on.
+func TestCrossInstanceWakeupCarriesTheSignal(t *testing.T) {
+	t.Parallel()
+	p := startPair(t, pairOptions{sweepB: noSweep})
+	alice := register(t, p.a, "alice", "claude_code")
+	bob := register(t, p.a, "bob", "claude_code")
+	c, _ := dial(t, p.b, bob)
+	for i := 1; i <= 3; i++ {
+		send(t, p.a, alice, "bob", map[string]any{"n": i, "text": "carried"})
+	}
+	seqs, payloads := xiSignals(t, c, 3)
+	xiWantSeqs(t, "carried signals", seqs, 1)
+	for i, pl := range payloads {
+		if m, ok := pl.(map[string]any); !ok || m["n"] != float64(i+1) || m["text"] != "carried" {
+			t.Fatalf("signal %d payload %v", i+1, pl)
+		}
+	}
+	if got := metric(t, p.b, "marconi_wakeups_total", "result", "carried"); got < 1 {
+		t.Fatalf("b counted %v carried wake-ups, want at least 1", got)
+	}
+}
+
+// Wake-ups lost on purpose, one in two, with concurrent senders: the ones
+// that arrive carry signals past the next one the connection expects, so
+// b reads the store for those, and the pending sweep delivers the rest.
+// Every signal arrives once, in seq order.
+func TestCrossInstanceDroppedWakeupsDeliveredInOrder(t *testing.T) {
+	t.Parallel()
+	p := startPair(t, pairOptions{sweepB: 100 * time.Millisecond})
+	p.dropA.dropOdd.Store(true)
+	alice := register(t, p.a, "alice", "claude_code")
+	bob := register(t, p.a, "bob", "claude_code")
+	c, _ := dial(t, p.b, bob)
+	const senders, each = 4, 10
+	var wg sync.WaitGroup
+	errs := make(chan error, senders*each)
+	for range senders {
+		wg.Go(func() {
+			for range each {
+				st, body, err := postSend(context.Background(), p.a, alice, map[string]any{"to_session": "bob", "payload": "x"})
+				if err != nil || st != http.StatusOK {
+					errs <- fmt.Errorf("send: %d %v %v", st, body, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	seqs, _ := xiSignals(t, c, senders*each)
+	xiWantSeqs(t, "with half the wake-ups lost", seqs, 1)
+	if p.dropA.dropped.Load() == 0 {
+		t.Fatal("no wake-up was dropped")
+	}
+}
+
+// The instance holding bob's queue dies while cross-instance sends and their
+// wake-ups are in flight: its listener's connection is cut (the wake-ups to
+// it are lost) and bob's WebSocket to it breaks. Every send answered 200
+// reaches bob once he attaches to the other instance, in seq order, none
+// missing.
+func TestCrossInstanceOwnerKilledMidFlightLosesNothing(t *testing.T) {
+	t.Parallel()
+	base := pgtest.Schema(t)
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testproxy.Start(t, u.Host)
+	p := startPair(t, pairOptions{sweepB: noSweep, url: base, busURLB: viaProxy(u, proxy.Addr())})
+	alice := register(t, p.a, "alice", "claude_code")
+	bob := register(t, p.a, "bob", "claude_code")
+	c, _ := dial(t, p.b, bob)
+
+	const senders, each = 4, 25
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		answered []int64
+	)
+	for range senders {
+		wg.Go(func() {
+			for range each {
+				st, body, err := postSend(context.Background(), p.a, alice, map[string]any{"to_session": "bob", "payload": "x"})
+				if err == nil && st == http.StatusOK {
+					if seq, ok := body["seq"].(float64); ok {
+						mu.Lock()
+						answered = append(answered, int64(seq))
+						mu.Unlock()
+					}
+				}
+			}
+		})
+	}
+	// Kill b once signals flow through it.
+	seqs, _ := xiSignals(t, c, 5)
+	xiWantSeqs(t, "before the kill", seqs, 1)
+	proxy.Cut()
+	c.CloseNow()
+	p.b.Close()
+	wg.Wait()
+	if len(answered) != senders*each {
+		t.Fatalf("%d of %d sends answered 200", len(answered), senders*each)
+	}
+
+	c2, welcome := dial(t, p.a, bob)
+	_ = welcome
+	var got []int64
+	for int64(len(got)) < int64(len(answered)) {
+		f := readFrame(t, c2)
+		if f["type"] != "signal" {
+			continue
+		}
+		got = append(got, int64(f["seq"].(float64)))
+	}
+	xiWantSeqs(t, "after the owner died", got, 1)
 }

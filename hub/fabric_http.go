@@ -29,7 +29,7 @@ func (s *Server) placementMismatch(c echo.Context) error {
 	if !signals.ValidText(req.Reason, mismatchReasonLimit) {
 		return marconi.Errorf(marconi.CodeInvalidField, "reason must be UTF-8 text of at most %d bytes without control characters", mismatchReasonLimit)
 	}
-	if err := s.fabric.ReportMismatch(c.Request().Context(), sess, req.Reason); err != nil {
+	if err := s.fabric.Canary.ReportMismatch(c.Request().Context(), sess, req.Reason); err != nil {
 		return err
 	}
 	return c.NoContent(http.StatusNoContent)

@@ -12,7 +12,7 @@ import (
 // A connection here that is being closed still counts as the session's queue
 // (this attach replaces it); one that sess shows superseded does not.
 func (s *Server) place(ctx context.Context, sess sessionstore.Session) (conns.Welcome, error) {
-	p, err := s.fabric.Place(ctx, sess, s.conns.Current(sess))
+	p, err := s.fabric.Placer.Place(ctx, sess, s.conns.Current(sess))
 	if err != nil {
 		return conns.Welcome{}, err
 	}

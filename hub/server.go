@@ -284,8 +284,6 @@ type Server struct {
 	signals  *signals.Service
 	selfheal *selfheal.Evaluator
 	fabric   *fabric.Fabric
-	placer   *fabric.Fabric
-	bus      fabric.Bus // counted by the connection hub
 
 	cluster  *clusterGauges
 	http     *httpMetrics
@@ -344,11 +342,15 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.fabric, err = fabric.New(cfg.Fabric, d.Store, d.Now, d.Registry, d.Logger)
+	if d.Bus == nil {
+		d.Bus = fabric.NoBus{}
+	}
+	prober, _ := d.Bus.(fabric.Prober) // pgstore.Bus: death seen through the listener's connection
+	s.fabric, err = fabric.New(cfg.Fabric, fabric.Deps{Store: d.Store, Prober: prober, Now: d.Now, Registry: d.Registry, Logger: d.Logger})
 	if err != nil {
 		return nil, err
 	}
-	s.cluster = &clusterGauges{reporter: s.fabric.Reporter}
+	s.cluster = &clusterGauges{reporter: s.fabric.Members.Reporter}
 	if err := d.Registry.Register(s.cluster); err != nil {
 		return nil, err
 	}
@@ -358,7 +360,6 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if d.Gatherer != nil {
 		s.history = &selfhealHistory{gatherer: d.Gatherer, every: cfg.SelfhealHistoryBucket}
 	}
-	s.placer = s.fabric
 	s.conns, err = conns.New(conns.Config{
 		InstanceID:    cfg.InstanceID,
 		SessionTTL:    cfg.SessionTTL,
@@ -379,7 +380,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 		Ack: func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error) {
 			return s.signals.Ack(ctx, k, upToSeq)
 		},
-		Peers:    s.fabric,
+		Peers:    s.fabric.Members,
+		Bus:      d.Bus,
 		Draining: s.Draining,
 		Registry: d.Registry,
 		Logger:   d.Logger,
@@ -387,14 +389,6 @@ func New(cfg Config, d Deps) (*Server, error) {
 	})
 	if err != nil {
 		return nil, err
-	}
-	if d.Bus == nil {
-		d.Bus = fabric.NoBus{}
-	}
-	s.bus = s.conns.CountBus(d.Bus)
-	s.fabric.SetBus(s.bus)
-	if p, ok := d.Bus.(fabric.Prober); ok { // pgstore.Bus: death seen through the listener's connection
-		s.fabric.SetProber(p)
 	}
 	s.signals, err = signals.New(signals.Config{
 		MaxPayloadBytes:   cfg.MaxPayloadBytes,
@@ -411,7 +405,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		QuotaRegistrationsPerSecond: cfg.QuotaRegistrationsPerSecond,
 		RetryWindow:                 cfg.RegistrationRetry,
 		AllowTakeover:               !cfg.NoTakeover,
-	}, sessions.Deps{Store: d.Store, Placer: s.fabric, Revoker: revoker{s}, Registry: d.Registry, Logger: d.Logger, Now: d.Now})
+	}, sessions.Deps{Store: d.Store, Placer: s.fabric.Placer, Classifier: s.fabric.Canary, Revoker: revoker{s}, Registry: d.Registry, Logger: d.Logger, Now: d.Now})
 	if err != nil {
 		return nil, err
 	}
@@ -486,7 +480,7 @@ func (s *Server) SetDraining() {
 	s.draining.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.StoreTimeout)
 	defer cancel()
-	if err := s.fabric.SetDraining(ctx); err != nil {
+	if err := s.fabric.Members.SetDraining(ctx); err != nil {
 		s.log.Warn("mark draining in the store", "err", err)
 	}
 }
@@ -556,16 +550,17 @@ func (s *Server) Draining() bool { return s.draining.Load() }
 // waits, until ctx ends, for their handlers to finish.
 func (s *Server) CloseConnections(ctx context.Context) error { return s.conns.Close(ctx) }
 
-// WakeLocal is how the fabric hands a cross-instance wake-up to this
-// instance: the session's queue catches up from the store.
-func (s *Server) WakeLocal(k sessionstore.Key) { s.conns.WakeLocal(k) }
+// WakeLocal hands this instance a cross-instance wake-up, as its bus
+// listener does: the session's queue pushes the carried signal, or catches
+// up from the store.
+func (s *Server) WakeLocal(w sessionstore.Wake) { s.conns.WakeLocal(w) }
 
 // Run runs the hub's background loops (pruning, bucket sweeps, the
 // wake-up listener and the pending sweep) until ctx ends, and returns when
 // they have all stopped.
 func (s *Server) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return s.conns.Listen(ctx, s.bus) })
+	g.Go(func() error { return s.conns.Listen(ctx) })
 	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.conns.Sweep); return nil })
 	if s.history != nil {
 		g.Go(func() error {

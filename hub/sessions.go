@@ -110,7 +110,7 @@ func (s *Server) sessionResponse(reg sessions.Registration) sessionResponse {
 	}
 	if fabric.Mode(sess.RuntimeMode) == fabric.ModeSticky && sess.AssignedInstance != "" {
 		r.InstanceID = sess.AssignedInstance
-		if u := s.placer.URL(sess.AssignedInstance); u != "" {
+		if u := s.fabric.Members.URL(sess.AssignedInstance); u != "" {
 			r.InstanceURL = &u // null when the instance table does not know it
 		}
 	}

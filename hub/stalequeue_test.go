@@ -192,7 +192,7 @@ func TestReregisteredSessionIsNotAnOldConnectionsBusiness(t *testing.T) {
 			writeFrame(t, old, map[string]any{"type": "ack", "up_to_seq": 2})
 		}},
 		{"wake-up on b", func(t *testing.T, p *pair, _ *websocket.Conn, _ agent) {
-			p.b.Server.WakeLocal(sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"})
+			p.b.Server.WakeLocal(sessionstore.Wake{Key: sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}, Seq: 1})
 		}},
 		{"send through b", func(t *testing.T, p *pair, _ *websocket.Conn, alice agent) {
 			r := send(t, p.b, alice, "bob", 3)
@@ -249,7 +249,7 @@ func TestReconnectElsewhereClosesOldConnection(t *testing.T) {
 	// b's view of the instances may predate a's first heartbeat (both
 	// started at once): refresh it until it holds a healthy.
 	waitFor(t, "b to see a healthy", func() bool {
-		return p.b.Server.Fabric().Refresh(context.Background()) == nil && p.b.Server.Fabric().Healthy(context.Background(), "a")
+		return p.b.Server.Fabric().Members.Refresh(context.Background()) == nil && p.b.Server.Fabric().Members.Healthy(context.Background(), "a")
 	})
 	r := send(t, p.b, alice, "bob", "to the new connection")
 	checkDelivery(t, "send through b to bob attached on a", r, "pushed_to_ws", "attached")

@@ -8,6 +8,6 @@
 //
 // Beside signals.Service; it reaches the store, the fabric and the
 // connections through the small interfaces it declares (Store, Placer,
-// Revoker), shares the identifier and surface rules of signals, and never
+// Classifier, Revoker), shares the identifier and surface rules of signals, and never
 // imports hub.
 package sessions

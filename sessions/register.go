@@ -265,7 +265,7 @@ func (s *Service) create(ctx context.Context, reg registration) (Registration, e
 	if id == "" {
 		id = uuid.NewString()
 	}
-	mode, source := s.placer.RuntimeMode(fabric.Mode(reg.RuntimeMode), reg.ClientID,
+	mode, source := s.classes.RuntimeMode(fabric.Mode(reg.RuntimeMode), reg.ClientID,
 		fabric.Hints{Surface: reg.Surface, LocalState: reg.Hints.LocalState, SideEffects: reg.Hints.SideEffects})
 	sess := sessionstore.Session{
 		Key:               sessionstore.Key{TenantID: reg.Project.TenantID, ProjectID: reg.Project.ProjectID, SessionID: id},
@@ -307,7 +307,7 @@ func (s *Service) create(ctx context.Context, reg registration) (Registration, e
 		return Registration{}, err
 	}
 	if source == fabric.SourceAdaptive {
-		s.placer.CountAdaptivePlacement(ctx)
+		s.classes.CountAdaptivePlacement(ctx)
 	}
 	s.metrics.registrations.WithLabelValues(string(OutcomeCreated)).Inc()
 	s.log.Info("session registered", keyAttrs(sess.Key), "surface", sess.Surface, "runtime_mode", sess.RuntimeMode,

@@ -30,11 +30,17 @@ type Store interface {
 	DeleteSession(ctx context.Context, k sessionstore.Key) error
 }
 
-// Placer is what registration needs of the fabric: the runtime mode of a
-// new session and, for a sticky one, its instance (fabric.Fabric meets it).
+// Placer is what registration needs of the fabric's placement: the
+// instance of a new sticky session (fabric.Placer meets it).
 type Placer interface {
-	RuntimeMode(explicit fabric.Mode, clientID string, h fabric.Hints) (fabric.Mode, fabric.ModeSource)
 	Assign(ctx context.Context) (string, error)
+}
+
+// Classifier is what registration needs of the fabric's adaptive canary:
+// the runtime mode of a new session, and the count of its own placements
+// (fabric.Canary meets it).
+type Classifier interface {
+	RuntimeMode(explicit fabric.Mode, clientID string, h fabric.Hints) (fabric.Mode, fabric.ModeSource)
 	CountAdaptivePlacement(ctx context.Context)
 }
 
@@ -76,10 +82,12 @@ func (c Config) validate() error {
 	return nil
 }
 
-// Deps are the service's collaborators. Store and Placer are required.
+// Deps are the service's collaborators. Store, Placer and Classifier are
+// required.
 type Deps struct {
-	Store  Store
-	Placer Placer
+	Store      Store
+	Placer     Placer
+	Classifier Classifier
 	// Revoker is told of tokens that stop working; nil tells nobody.
 	Revoker  Revoker
 	Registry prometheus.Registerer
@@ -94,6 +102,7 @@ type Service struct {
 	cfg     Config
 	store   Store
 	placer  Placer
+	classes Classifier
 	revoker Revoker
 	log     *slog.Logger
 	now     func() time.Time
@@ -111,8 +120,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if d.Store == nil || d.Placer == nil || d.Registry == nil {
-		return nil, errors.New("sessions: a store, a placer and a registry are required")
+	if d.Store == nil || d.Placer == nil || d.Classifier == nil || d.Registry == nil {
+		return nil, errors.New("sessions: a store, a placer, a classifier and a registry are required")
 	}
 	if d.Revoker == nil {
 		d.Revoker = noRevoker{}
@@ -128,7 +137,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, err
 	}
 	return &Service{
-		cfg: cfg, store: d.Store, placer: d.Placer, revoker: d.Revoker, log: d.Logger, now: d.Now, metrics: m,
+		cfg: cfg, store: d.Store, placer: d.Placer, classes: d.Classifier, revoker: d.Revoker, log: d.Logger, now: d.Now, metrics: m,
 		registrations: ratelimit.New[[32]byte](cfg.QuotaRegistrationsPerSecond, d.Now),
 		newSessions:   newKeyedMutex[Project](),
 		rooms:         newProjectRooms(),

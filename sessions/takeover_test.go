@@ -38,14 +38,14 @@ func (r *racingStore) GetSession(ctx context.Context, k sessionstore.Key, now ti
 func newService(t *testing.T, store sessions.Store) *sessions.Service {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	f, err := fabric.New(fabric.Config{InstanceID: "test"}, memstore.New(), time.Now, reg, nil)
+	f, err := fabric.New(fabric.Config{InstanceID: "test"}, fabric.Deps{Store: memstore.New(), Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s, err := sessions.New(sessions.Config{
 		SessionTTL: time.Hour, QuotaSessionsPerProject: 100, QuotaRegistrationsPerSecond: 100,
 		RetryWindow: time.Minute, AllowTakeover: true,
-	}, sessions.Deps{Store: store, Placer: f, Registry: reg})
+	}, sessions.Deps{Store: store, Placer: f.Placer, Classifier: f.Canary, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -161,6 +161,15 @@ func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
 // recipientHub and measures closed-loop sends from each sender to its own
 // recipient.
 func durableStep(ctx context.Context, o durableOptions, senderHub, recipientHub string, n int) (durableResult, error) {
+	return durableStepMarked(ctx, o, senderHub, recipientHub, n, nil)
+}
+
+// stepMarks are called when a step's measured window starts and ends.
+type stepMarks struct{ start, end func() }
+
+// durableStepMarked is durableStep that calls marks (when not nil) at the
+// edges of the measured window.
+func durableStepMarked(ctx context.Context, o durableOptions, senderHub, recipientHub string, n int, marks *stepMarks) (durableResult, error) {
 	var clients []*bootstrap.Client
 	defer func() {
 		for _, c := range clients {
@@ -237,10 +246,16 @@ func durableStep(ctx context.Context, o durableOptions, senderHub, recipientHub 
 	case <-warm.C:
 	case <-ctx.Done():
 	}
+	if marks != nil {
+		marks.start()
+	}
 	measuring.Store(true)
 	start := time.Now()
 	wg.Wait()
 	elapsed := time.Since(start)
+	if marks != nil {
+		marks.end()
+	}
 	if err := ctx.Err(); err != nil {
 		return durableResult{}, err
 	}

@@ -22,6 +22,9 @@ var subcommands = map[string]func(ctx context.Context, args []string, stdout, st
 	// durable starts hubs on Postgres and measures durable sends at 1, 8
 	// and 64 senders, group commit on and off, recipients local and remote.
 	"durable": durableCmd,
+	// fleet measures the durable load against one instance and against
+	// three behind HAProxy, interleaved, with commits and CPU per send.
+	"fleet": fleetCmd,
 }
 
 func runSub(ctx context.Context, name string, sub func(context.Context, []string, io.Writer, io.Writer) error, args []string, stdout, stderr io.Writer) int {

@@ -355,7 +355,7 @@ func settings(c *Config) []setting {
 			c.GroupCommit = b
 			return err
 		}, public},
-		{"MARCONI_GROUP_COMMIT_MAX_BATCH", strconv.Itoa(pgstore.DefaultMaxBatch), "most writes one group commit carries (eight times as many may wait)", positiveInt(&c.GroupCommitMaxBatch), public},
+		{"MARCONI_GROUP_COMMIT_MAX_BATCH", strconv.Itoa(pgstore.DefaultMaxBatch), "most writes one group commit carries, and most wake-ups one NOTIFY statement sends (eight times as many may wait)", positiveInt(&c.GroupCommitMaxBatch), public},
 	}
 }
 

@@ -111,9 +111,6 @@ type Peers interface {
 	// HoldsQueue reports whether instance is healthy and its process has run
 	// since attachedAt, so that a queue recorded there then is still there.
 	HoldsQueue(ctx context.Context, instance string, attachedAt time.Time) bool
-	// Wake tells instance that k has a new signal with seq, or with
-	// fabric.CheckSeq that k's connection is to be checked; best effort.
-	Wake(ctx context.Context, instance string, k sessionstore.Key, seq int64)
 }
 
 // Deps are the collaborators of a connection hub.
@@ -121,8 +118,11 @@ type Deps struct {
 	Store Store
 	// Ack acknowledges k's signals up to seq (signals.Service.Ack).
 	Ack func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
-	// Peers reaches other instances.
+	// Peers judges other instances' health (fabric.Members).
 	Peers Peers
+	// Bus carries wake-ups to and from other instances; nil means none
+	// (fabric.NoBus: a lone instance).
+	Bus fabric.Bus
 	// Draining reports whether this instance is draining: its queues then
 	// count as not attached.
 	Draining func() bool
@@ -138,6 +138,7 @@ type Hub struct {
 	store     Store
 	ack       func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
 	peers     Peers
+	bus       fabric.Bus // counted (countingBus)
 	draining  func() bool
 	log       *slog.Logger
 	now       func() time.Time
@@ -170,12 +171,15 @@ func New(cfg Config, d Deps) (*Hub, error) {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
+	if d.Bus == nil {
+		d.Bus = fabric.NoBus{}
+	}
 	m, err := newMetrics(d.Registry)
 	if err != nil {
 		return nil, err
 	}
 	return &Hub{
-		cfg: cfg, store: d.Store, ack: d.Ack, peers: d.Peers, draining: d.Draining,
+		cfg: cfg, store: d.Store, ack: d.Ack, peers: d.Peers, bus: countingBus{Bus: d.Bus, m: m}, draining: d.Draining,
 		log: d.Logger, now: d.Now, metrics: m, registry: newRegistry(),
 		admission: newAdmission(cfg.MaxConnections, cfg.MaxConnectionsPerAddress),
 	}, nil
@@ -255,7 +259,11 @@ func (h *Hub) SessionEnded(ctx context.Context, sess sessionstore.Session) {
 // it is another, to check its connection against the store row.
 func (h *Hub) wakeToCheck(ctx context.Context, sess sessionstore.Session) {
 	if sess.QueueInstance != "" && sess.QueueInstance != h.cfg.InstanceID {
-		h.peers.Wake(ctx, sess.QueueInstance, sess.Key, fabric.CheckSeq)
+		w := sessionstore.Wake{Key: sess.Key, Seq: fabric.CheckSeq}
+		if err := h.bus.Publish(ctx, sess.QueueInstance, w); err != nil {
+			h.log.Warn("check wake-up not sent; the pending sweep will check the connection",
+				"to_instance", sess.QueueInstance, KeyAttrs(sess.Key), "err", err)
+		}
 	}
 }
 
@@ -382,7 +390,7 @@ func (h *Hub) Deliver(ctx context.Context, to sessionstore.Session, sig sessions
 		return
 	}
 	if to.QueueInstance != "" && to.QueueInstance != h.cfg.InstanceID {
-		h.peers.Wake(ctx, to.QueueInstance, to.Key, sig.Seq)
+		h.publish(ctx, to.QueueInstance, to, &sig)
 	}
 }
 

@@ -28,7 +28,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		wakeups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "marconi_wakeups_total",
-			Help: "Cross-instance wake-ups by result: published, publish_failed (the pending sweep delivers), received.",
+			Help: "Cross-instance wake-ups by result: published, publish_failed (the pending sweep delivers), received, and carried (received with its signal, queued for the connection without a store read).",
 		}, []string{"result"}),
 		connects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "marconi_wake_listener_connects_total",
@@ -43,7 +43,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		m.disconnects.WithLabelValues(l)
 	}
 	m.queueDrops.WithLabelValues("slow_consumer")
-	for _, r := range []string{"published", "publish_failed", "received"} {
+	for _, r := range []string{"published", "publish_failed", "received", "carried"} {
 		m.wakeups.WithLabelValues(r)
 	}
 	for _, c := range []prometheus.Collector{m.connections, m.disconnects, m.queueDrops, m.wakeups, m.connects, m.sweeps} {

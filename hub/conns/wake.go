@@ -8,12 +8,17 @@ import (
 )
 
 // Cross-instance delivery. A send that stores a signal for a queue held by
-// another instance publishes a wake-up on the bus (Deliver → fabric.Wake →
-// Bus.Publish); the holder's listener hands it to WakeLocal and the queue's
-// writer catches up from the store. The pending sweep reads, on a slow
-// timer, how far every local queue's session has signals (one store read
-// per batch of queues) and wakes each queue that has not written them all,
-// so a lost wake-up delays a signal, never loses it.
+// another instance publishes a wake-up on the bus (Deliver → publish →
+// Bus.Publish), carrying the signal; the holder's listener hands it to
+// WakeLocal, which queues the signal itself for the connection of the
+// session's incarnation, so the writer pushes it without reading it back.
+// The writer keeps seq order: a signal past the one it owes next, or a
+// wake-up that carries none, has it catch up from the store.
+//
+// The pending sweep reads, on a slow timer, how far every local queue's
+// session has signals (one store read per batch of queues) and wakes each
+// queue that has not written them all, so a lost wake-up delays a signal,
+// never loses it.
 //
 // The same sweep reconciles every local connection with its session's store
 // row, which is how a change made on another instance reaches a WebSocket
@@ -31,8 +36,8 @@ type countingBus struct {
 	m *metrics
 }
 
-func (b countingBus) Publish(ctx context.Context, instance string, k sessionstore.Key, seq int64) error {
-	err := b.Bus.Publish(ctx, instance, k, seq)
+func (b countingBus) Publish(ctx context.Context, instance string, w sessionstore.Wake) error {
+	err := b.Bus.Publish(ctx, instance, w)
 	if err != nil {
 		b.m.wakeups.WithLabelValues("publish_failed").Inc()
 	} else {
@@ -41,20 +46,27 @@ func (b countingBus) Publish(ctx context.Context, instance string, k sessionstor
 	return err
 }
 
-// CountBus wraps bus so that what is published on it is counted in
-// marconi_wakeups_total.
-func (h *Hub) CountBus(bus fabric.Bus) fabric.Bus { return countingBus{Bus: bus, m: h.metrics} }
+// publish wakes instance for sig, stored for the session row to, best
+// effort: a failure is logged, and the holder's pending sweep delivers the
+// signal later.
+func (h *Hub) publish(ctx context.Context, instance string, to sessionstore.Session, sig *sessionstore.Signal) {
+	w := sessionstore.Wake{Key: to.Key, Seq: sig.Seq, Signal: sig, Incarnation: to.RegisteredAt}
+	if err := h.bus.Publish(ctx, instance, w); err != nil {
+		h.log.Warn("cross-instance wake-up not sent; the pending sweep will deliver the signal",
+			"to_instance", instance, KeyAttrs(to.Key), "seq", sig.Seq, "err", err)
+	}
+}
 
 // Listen runs the bus listener for this instance until ctx ends.
-func (h *Hub) Listen(ctx context.Context, bus fabric.Bus) error {
-	return bus.Listen(ctx, h.cfg.InstanceID,
-		func(k sessionstore.Key, seq int64) {
+func (h *Hub) Listen(ctx context.Context) error {
+	return h.bus.Listen(ctx, h.cfg.InstanceID,
+		func(w sessionstore.Wake) {
 			h.metrics.wakeups.WithLabelValues("received").Inc()
-			if seq == fabric.CheckSeq {
-				h.check(k)
+			if w.Seq == fabric.CheckSeq {
+				h.check(w.Key)
 				return
 			}
-			h.WakeLocal(k)
+			h.WakeLocal(w)
 		},
 		func() {
 			h.metrics.connects.Inc()
@@ -62,11 +74,19 @@ func (h *Hub) Listen(ctx context.Context, bus fabric.Bus) error {
 		})
 }
 
-// WakeLocal is how the fabric hands a cross-instance wake-up to this
-// instance: the session's writer catches up from the store (and checks,
-// before it writes, that the signals are its incarnation's).
-func (h *Hub) WakeLocal(k sessionstore.Key) {
-	h.offer(h.registry.get(k), queueItem{})
+// WakeLocal is how the bus hands a cross-instance wake-up to this
+// instance. A carried signal is queued for the session's connection when
+// that connection is of w's incarnation; otherwise the writer catches up
+// from the store (and checks, before it writes, that the signals are its
+// incarnation's).
+func (h *Hub) WakeLocal(w sessionstore.Wake) {
+	c := h.registry.get(w.Key)
+	it := queueItem{}
+	if w.Signal != nil && w.Signal.Seq == w.Seq && c != nil && c.incarnation.Equal(w.Incarnation) {
+		it.sig = w.Signal
+		h.metrics.wakeups.WithLabelValues("carried").Inc()
+	}
+	h.offer(c, it)
 }
 
 // check asks k's connection here, if any, to check itself against its

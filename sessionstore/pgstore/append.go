@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -114,19 +115,12 @@ type ackReq struct {
 	at   time.Time
 }
 
-// wakeReq is a wake-up (NOTIFY) of instance for k's signal seq.
+// wakeReq is a wake-up of instance (Bus.Publish); it never rides an
+// append's batch.
 type wakeReq struct {
 	instance string
-	k        sessionstore.Key
-	seq      int64
+	w        sessionstore.Wake
 }
-
-// notifySQL sends the batch's wake-ups (batchWakes: one NOTIFY per instance
-// unless its wake-ups overflow one payload) in the batch's transaction:
-// Postgres delivers them at its commit and serialises notifying commits, so
-// a batch pays that once.
-const notifySQL = `SELECT count(pg_notify('marconi_wake_' || md5(coalesce(current_schema(), '') || '/' || i), p))
-	FROM unnest($1::text[], $2::text[]) AS x(i, p)`
 
 // appendOutcome is what one member of a batch came to.
 type appendOutcome struct {
@@ -239,18 +233,11 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 	}
 	layers := rowLayers(batch)
 	queueRows(b, batch, layers)
-	instances, payloads := batchWakes(batch)
-	if len(instances) > 0 {
-		b.Queue(notifySQL, instances, payloads)
-	}
 	br := s.pool.SendBatch(ctx, b)
 	outs := make([]appendOutcome, len(batch))
 	err := readBatch(br, batch, len(keys) > 0, len(tenants) > 0, outs)
 	if err == nil {
 		err = readRows(br, batch, layers, outs)
-	}
-	if err == nil && len(instances) > 0 {
-		_, err = br.Exec() // the NOTIFY
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -297,40 +284,52 @@ func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys, lockedProjec
 	return nil
 }
 
-// batchWakes lists the wake-ups of batch as notifySQL's arguments: one per
-// instance and session, with the highest seq, each instance's packed into as
-// few payloads as fit (EncodeWakes), so an instance usually gets one NOTIFY.
-func batchWakes(batch []*appendReq) (instances, payloads []string) {
+// batchWakes lists the wake-ups of batch as notifySQL's arguments, each
+// instance's packed into as few payloads as fit (wakeCodec.encode), so an
+// instance usually gets one NOTIFY. Bare wake-ups of one session fold into
+// the one with the highest seq; those that carry a signal stay, in seq order
+// per session, each pushing its own signal.
+func batchWakes(batch []*appendReq, codec wakeCodec) (instances, payloads []string) {
 	type target struct {
 		instance string
 		k        sessionstore.Key
 	}
 	var order []string // instances, as first woken
 	wakes := map[string][]Wake{}
-	at := map[target]int{} // index in wakes[instance]
+	bare := map[target]int{} // index of a bare wake-up in wakes[instance]
 	for _, r := range batch {
-		w := r.wake
-		if w == nil {
+		if r.wake == nil {
 			continue
 		}
-		t := target{w.instance, w.k}
-		if i, ok := at[t]; ok {
-			wakes[w.instance][i].Seq = max(wakes[w.instance][i].Seq, w.seq)
-			continue
+		in, w := r.wake.instance, r.wake.w
+		if _, ok := wakes[in]; !ok {
+			order = append(order, in)
 		}
-		if _, ok := wakes[w.instance]; !ok {
-			order = append(order, w.instance)
+		t := target{in, w.Key}
+		if w.Signal == nil || codec.key == nil {
+			w.Signal = nil
+			if i, ok := bare[t]; ok {
+				wakes[in][i].Seq = max(wakes[in][i].Seq, w.Seq)
+				continue
+			}
+			bare[t] = len(wakes[in])
 		}
-		at[t] = len(wakes[w.instance])
-		wakes[w.instance] = append(wakes[w.instance], Wake{Key: w.k, Seq: w.seq})
+		wakes[in] = append(wakes[in], w)
 	}
-	for _, instance := range order {
-		ps, err := EncodeWakes(wakes[instance])
+	for _, in := range order {
+		ws := wakes[in]
+		slices.SortStableFunc(ws, func(a, b Wake) int {
+			if c := compareKeys(a.Key, b.Key); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.Seq, b.Seq)
+		})
+		ps, err := codec.encode(ws)
 		if err != nil {
 			continue // Publish validated each; cannot happen
 		}
 		for _, p := range ps {
-			instances, payloads = append(instances, instance), append(payloads, p)
+			instances, payloads = append(instances, in), append(payloads, p)
 		}
 	}
 	return instances, payloads
@@ -346,7 +345,7 @@ func (r *appendReq) recipient() sessionstore.Key {
 	case r.ack != nil:
 		return r.ack.k
 	case r.wake != nil:
-		return r.wake.k
+		return r.wake.w.Key
 	case r.row != nil:
 		return r.row.k
 	}

@@ -3,16 +3,20 @@ package pgstore
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -69,18 +73,47 @@ const (
 	livenessRetry = 500 * time.Millisecond
 )
 
-// wakePayload is the JSON of a wake-up.
+// wakePayload is the JSON of a wake-up. A bare one names the session and
+// seq only; one that carries its signal (sessionstore.Wake.Signal) adds the
+// signal, the session's incarnation and a MAC over the entry, keyed by the
+// database's bus key (migration 0008), since any role that can connect may
+// NOTIFY: a carried signal whose MAC does not check out is dropped, and the
+// wake-up is a bare one.
 type wakePayload struct {
 	Tenant  string `json:"tenant"`
 	Project string `json:"project"`
 	Session string `json:"session"`
 	Seq     *int64 `json:"seq"` // required: nil when the payload has none
+
+	RegisteredAt *time.Time  `json:"registered_at,omitempty"`
+	Signal       *wakeSignal `json:"signal,omitempty"`
+	MAC          []byte      `json:"mac,omitempty"`
 }
 
-// EncodeWake is the NOTIFY payload of a wake-up for k's signal seq, in the
-// object form (EncodeWakes packs several).
+// wakeSignal is a carried signal; Payload is the sender's JSON text as a
+// string, so its bytes travel unchanged.
+type wakeSignal struct {
+	ID             string    `json:"id"`
+	From           string    `json:"from"`
+	Kind           string    `json:"kind"`
+	Payload        *string   `json:"payload,omitempty"`
+	CreatedAt      time.Time `json:"created_at"`
+	IdempotencyKey string    `json:"idempotency_key,omitempty"`
+	Delivery       string    `json:"delivery"`
+	RouteState     string    `json:"route_state"`
+}
+
+// Wake is one wake-up (sessionstore.Wake).
+type Wake = sessionstore.Wake
+
+// wakeCodec encodes and decodes wake-ups with key, the bus key: without
+// one (nil), signals are neither carried nor accepted.
+type wakeCodec struct{ key []byte }
+
+// EncodeWake is the NOTIFY payload of a bare wake-up for k's signal seq, in
+// the object form (EncodeWakes packs several).
 func EncodeWake(k sessionstore.Key, seq int64) (string, error) {
-	b, err := encodeEntry(Wake{Key: k, Seq: seq})
+	b, err := wakeCodec{}.entry(Wake{Key: k, Seq: seq})
 	if err != nil {
 		return "", err
 	}
@@ -93,8 +126,9 @@ func EncodeWake(k sessionstore.Key, seq int64) (string, error) {
 // DecodeWake parses a NOTIFY payload. The payload is untrusted (anyone who
 // can connect to the database can NOTIFY): anything but one well-formed,
 // bounded JSON object naming a session and a seq (positive, or 0 for a
-// check wake-up) is an error.
-// Unknown fields are ignored, so that a newer instance may add some.
+// check wake-up) is an error. Unknown fields are ignored, so that a newer
+// instance may add some; a carried signal is ignored too (DecodeWake has no
+// key to check it with).
 func DecodeWake(payload string) (sessionstore.Key, int64, error) {
 	if len(payload) > MaxWakePayload {
 		return sessionstore.Key{}, 0, fmt.Errorf("wake-up payload of %d bytes is over %d", len(payload), MaxWakePayload)
@@ -113,18 +147,22 @@ func DecodeWake(payload string) (sessionstore.Key, int64, error) {
 	return sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, *p.Seq, nil
 }
 
-// Wake is one wake-up: k's signal seq is stored.
-type Wake struct {
-	Key sessionstore.Key
-	Seq int64
-}
+// EncodeWakes packs bare wake-ups for wakes, in order, into as few NOTIFY
+// payloads as fit (see wakeCodec.encode); carried signals are left out.
+func EncodeWakes(wakes []Wake) ([]string, error) { return wakeCodec{}.encode(wakes) }
 
-// EncodeWakes packs wakes, in order, into as few NOTIFY payloads as fit, each
-// of at most MaxWakeBatchPayload bytes and MaxWakeBatch wake-ups. A payload
-// of one wake-up is EncodeWake's object when that fits MaxWakePayload, which
+// DecodeWakes parses a NOTIFY payload of either form (see wakeCodec.decode),
+// as bare wake-ups: carried signals are dropped.
+func DecodeWakes(payload string) ([]Wake, error) { return wakeCodec{}.decode(payload) }
+
+// encode packs wakes, in order, into as few NOTIFY payloads as fit, each of
+// at most MaxWakeBatchPayload bytes and MaxWakeBatch wake-ups. A payload of
+// one wake-up is the object form when that fits MaxWakePayload, which
 // instances older than the array form understand; any other is a JSON array
-// of such objects. It refuses wakes that DecodeWakes would refuse.
-func EncodeWakes(wakes []Wake) ([]string, error) {
+// of such objects. A wake-up carries its signal when the codec has a key and
+// the entry fits one payload; otherwise it goes bare. It refuses wakes that
+// decode would refuse.
+func (c wakeCodec) encode(wakes []Wake) ([]string, error) {
 	var (
 		payloads []string
 		entries  []string
@@ -139,7 +177,7 @@ func EncodeWakes(wakes []Wake) ([]string, error) {
 		entries, size = entries[:0], 1
 	}
 	for _, w := range wakes {
-		b, err := encodeEntry(w)
+		b, err := c.entry(w)
 		if err != nil {
 			return nil, err
 		}
@@ -152,11 +190,19 @@ func EncodeWakes(wakes []Wake) ([]string, error) {
 	return payloads, nil
 }
 
-// encodeEntry is the JSON object of w.
-func encodeEntry(w Wake) ([]byte, error) {
+// entry is the JSON object of w: with its signal when the codec has a key
+// and the object fits a payload on its own, else bare.
+func (c wakeCodec) entry(w Wake) ([]byte, error) {
 	p := wakePayload{Tenant: w.Key.TenantID, Project: w.Key.ProjectID, Session: w.Key.SessionID, Seq: &w.Seq}
 	if err := p.validate(); err != nil {
 		return nil, err
+	}
+	if c.key != nil && w.Signal != nil && w.Signal.Seq == w.Seq && w.Signal.To == w.Key {
+		carried := p
+		carried.RegisteredAt, carried.Signal = &w.Incarnation, toWakeSignal(*w.Signal)
+		if b, err := c.seal(carried); err == nil && len(b) < MaxWakeBatchPayload-1 {
+			return b, nil
+		}
 	}
 	b, err := json.Marshal(p)
 	if err != nil {
@@ -165,38 +211,108 @@ func encodeEntry(w Wake) ([]byte, error) {
 	return b, nil
 }
 
-// DecodeWakes parses a NOTIFY payload of either form: one object (DecodeWake,
-// as every instance sends one wake-up) or an array of 1 to MaxWakeBatch such
-// objects of at most MaxWakeBatchPayload bytes in all (EncodeWakes). It is as
-// strict as DecodeWake: one malformed entry refuses the whole payload.
-func DecodeWakes(payload string) ([]Wake, error) {
-	if !strings.HasPrefix(strings.TrimLeft(payload, jsonSpace), "[") {
-		k, seq, err := DecodeWake(payload)
-		if err != nil {
-			return nil, err
-		}
-		return []Wake{{Key: k, Seq: seq}}, nil
+// seal is p's JSON with its MAC set.
+func (c wakeCodec) seal(p wakePayload) ([]byte, error) {
+	p.MAC = nil
+	unsealed, err := json.Marshal(p)
+	if err != nil {
+		return nil, err
 	}
-	if len(payload) > MaxWakeBatchPayload {
-		return nil, fmt.Errorf("wake-up payload of %d bytes is over %d", len(payload), MaxWakeBatchPayload)
+	p.MAC = c.mac(unsealed)
+	return json.Marshal(p)
+}
+
+// mac is the HMAC-SHA256 of b under the codec's key.
+func (c wakeCodec) mac(b []byte) []byte {
+	h := hmac.New(sha256.New, c.key)
+	h.Write(b)
+	return h.Sum(nil)
+}
+
+// carried returns the signal p carries when its MAC checks out under the
+// codec's key and it is well formed, else nil (a bare wake-up).
+func (c wakeCodec) carried(p wakePayload) (*sessionstore.Signal, time.Time) {
+	if c.key == nil || p.Signal == nil || p.RegisteredAt == nil || p.MAC == nil {
+		return nil, time.Time{}
 	}
-	dec := json.NewDecoder(strings.NewReader(payload))
+	got := p.MAC
+	p.MAC = nil
+	unsealed, err := json.Marshal(p)
+	if err != nil || !hmac.Equal(got, c.mac(unsealed)) {
+		return nil, time.Time{}
+	}
+	ws := p.Signal
+	if ws.ID == "" || (ws.Payload != nil && !json.Valid([]byte(*ws.Payload))) {
+		return nil, time.Time{}
+	}
+	sig := &sessionstore.Signal{
+		ID: ws.ID, Seq: *p.Seq, To: sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session},
+		FromSession: ws.From, Kind: ws.Kind, CreatedAt: ws.CreatedAt.UTC(), IdempotencyKey: ws.IdempotencyKey,
+		Delivery: marconi.Delivery(ws.Delivery), RouteState: marconi.RouteState(ws.RouteState),
+	}
+	if ws.Payload != nil {
+		sig.Payload = json.RawMessage(*ws.Payload)
+	}
+	return sig, p.RegisteredAt.UTC()
+}
+
+func toWakeSignal(sig sessionstore.Signal) *wakeSignal {
+	ws := &wakeSignal{
+		ID: sig.ID, From: sig.FromSession, Kind: sig.Kind, CreatedAt: sig.CreatedAt,
+		IdempotencyKey: sig.IdempotencyKey, Delivery: string(sig.Delivery), RouteState: string(sig.RouteState),
+	}
+	if sig.Payload != nil {
+		p := string(sig.Payload)
+		ws.Payload = &p
+	}
+	return ws
+}
+
+// decode parses a NOTIFY payload of either form: one object (as every
+// instance sends one wake-up) or an array of 1 to MaxWakeBatch such objects
+// of at most MaxWakeBatchPayload bytes in all. It is as strict as
+// DecodeWake: one malformed entry refuses the whole payload. A carried
+// signal is kept only when its MAC checks out under the codec's key.
+func (c wakeCodec) decode(payload string) ([]Wake, error) {
 	var ps []wakePayload
-	if err := dec.Decode(&ps); err != nil {
-		return nil, fmt.Errorf("malformed wake-ups: %w", err)
-	}
-	if !onlySpace(payload[dec.InputOffset():]) {
-		return nil, errors.New("malformed wake-ups: data after the array")
-	}
-	if len(ps) == 0 || len(ps) > MaxWakeBatch {
-		return nil, fmt.Errorf("wake-up array of %d entries, want 1 to %d", len(ps), MaxWakeBatch)
+	if !strings.HasPrefix(strings.TrimLeft(payload, jsonSpace), "[") {
+		if len(payload) > MaxWakePayload {
+			return nil, fmt.Errorf("wake-up payload of %d bytes is over %d", len(payload), MaxWakePayload)
+		}
+		dec := json.NewDecoder(strings.NewReader(payload))
+		var p wakePayload
+		if err := dec.Decode(&p); err != nil {
+			return nil, fmt.Errorf("malformed wake-up: %w", err)
+		}
+		if !onlySpace(payload[dec.InputOffset():]) {
+			return nil, errors.New("malformed wake-up: data after the object")
+		}
+		ps = []wakePayload{p}
+	} else {
+		if len(payload) > MaxWakeBatchPayload {
+			return nil, fmt.Errorf("wake-up payload of %d bytes is over %d", len(payload), MaxWakeBatchPayload)
+		}
+		dec := json.NewDecoder(strings.NewReader(payload))
+		if err := dec.Decode(&ps); err != nil {
+			return nil, fmt.Errorf("malformed wake-ups: %w", err)
+		}
+		if !onlySpace(payload[dec.InputOffset():]) {
+			return nil, errors.New("malformed wake-ups: data after the array")
+		}
+		if len(ps) == 0 || len(ps) > MaxWakeBatch {
+			return nil, fmt.Errorf("wake-up array of %d entries, want 1 to %d", len(ps), MaxWakeBatch)
+		}
 	}
 	wakes := make([]Wake, len(ps))
 	for i, p := range ps {
 		if err := p.validate(); err != nil {
+			if len(ps) == 1 {
+				return nil, err
+			}
 			return nil, fmt.Errorf("wake-up %d: %w", i, err)
 		}
 		wakes[i] = Wake{Key: sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, Seq: *p.Seq}
+		wakes[i].Signal, wakes[i].Incarnation = c.carried(p)
 	}
 	return wakes, nil
 }
@@ -223,12 +339,21 @@ func (p wakePayload) validate() error {
 	return nil
 }
 
-// Bus is the Postgres wake-up bus (fabric.Bus) of a Store: Publish sends
-// NOTIFY through the store's pool; Listen holds a dedicated connection of its
-// own. It is safe for concurrent use.
+// Bus is the Postgres wake-up bus (fabric.Bus) of a Store. Publish sends
+// NOTIFY on a pooled connection of its own, after the signal's append
+// committed and outside any append's transaction, batched: concurrent
+// publishers share one statement of at most the store's WithMaxBatch
+// wake-ups, and eight times as many wait for one (Postgres serialises
+// notifying commits on one global lock, so fewer is faster). Listen holds a dedicated connection
+// of its own. It is safe for concurrent use.
 type Bus struct {
-	store *Store
-	log   *slog.Logger
+	store    *Store
+	log      *slog.Logger
+	notifier *committer
+
+	keyMu   sync.Mutex
+	key     []byte    // the bus key (migration 0008); nil until read
+	keyRead time.Time // when reading it last failed
 }
 
 // NewBus returns the wake-up bus of s. A nil log discards.
@@ -236,29 +361,75 @@ func NewBus(s *Store, log *slog.Logger) *Bus {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Bus{store: s, log: log}
+	b := &Bus{store: s, log: log}
+	b.notifier = newCommitter(s.maxBatch, 8*s.maxBatch, b.runWakes)
+	return b
 }
 
-// Publish sends a wake-up to instance's channel. With group commit on, it
-// rides the store's next batch (in one NOTIFY per instance with the batch's
-// other wake-ups for it, EncodeWakes, in that batch's transaction) instead
-// of a transaction of its own. Returns an error wrapping
+// keyRetry spaces the reads of a bus key that could not be read (the
+// schema not yet migrated): meanwhile wake-ups go bare.
+const keyRetry = 5 * time.Second
+
+// keyReadTimeout bounds reading the bus key, so that the listener, which
+// reads it on its first wake-up, never waits long for a pooled connection.
+const keyReadTimeout = 2 * time.Second
+
+// Publish sends w to instance's channel, with the next batch of wake-ups
+// (notifySQL), and returns once that NOTIFY is sent. w carries its signal
+// when it fits a payload and the bus key is known. Returns an error wrapping
 // sessionstore.ErrUnavailable when Postgres cannot be reached.
-func (b *Bus) Publish(ctx context.Context, instance string, k sessionstore.Key, seq int64) error {
-	payloads, err := EncodeWakes([]Wake{{Key: k, Seq: seq}})
-	if err != nil {
+func (b *Bus) Publish(ctx context.Context, instance string, w sessionstore.Wake) error {
+	if _, err := (wakeCodec{}).entry(w); err != nil {
 		return err
 	}
-	if b.store.group != nil {
-		return wrap("publish wake-up", b.store.commit(ctx, &appendReq{wake: &wakeReq{instance: instance, k: k, seq: seq}}))
+	if b.store.closed.Load() {
+		return wrap("publish wake-up", fmt.Errorf("store closed: %w", sessionstore.ErrUnavailable))
 	}
-	ctx, cancel, err := b.store.call(ctx)
+	r := &appendReq{wake: &wakeReq{instance: instance, w: w}}
+	if err := b.notifier.do(ctx, r); err != nil {
+		return wrap("publish wake-up", fmt.Errorf("%w: %w", sessionstore.ErrUnavailable, err))
+	}
+	return wrap("publish wake-up", r.out.err)
+}
+
+// runWakes sends batch's wake-ups in one statement, a transaction of its
+// own that does not wait for its commit to be flushed (a wake-up is a hint:
+// one lost in a crash is the sweep's), and sets each one's outcome.
+func (b *Bus) runWakes(batch []*appendReq) {
+	ctx, cancel, err := b.store.call(context.Background())
 	defer cancel()
-	if err != nil {
-		return wrap("publish wake-up", err)
+	if err == nil {
+		instances, payloads := batchWakes(batch, wakeCodec{key: b.macKey(ctx)})
+		_, err = b.store.pool.Exec(ctx, notifySQL, instances, payloads)
 	}
-	_, err = b.store.pool.Exec(ctx, `SELECT pg_notify(`+channelSQL+`, $2)`, instance, payloads[0])
-	return wrap("publish wake-up", err)
+	for _, r := range batch {
+		r.out = appendOutcome{err: err}
+	}
+}
+
+// notifySQL sends the NOTIFYs of a batch (batchWakes: one per instance
+// unless its wake-ups overflow one payload).
+const notifySQL = `SELECT set_config('synchronous_commit', 'off', true),
+	(SELECT count(pg_notify(` + "'marconi_wake_' || md5(coalesce(current_schema(), '') || '/' || i), p)" + `)
+	 FROM unnest($1::text[], $2::text[]) AS x(i, p))`
+
+// macKey is the bus key, read once; nil while it cannot be read.
+func (b *Bus) macKey(ctx context.Context) []byte {
+	b.keyMu.Lock()
+	defer b.keyMu.Unlock()
+	if b.key != nil || time.Since(b.keyRead) < keyRetry {
+		return b.key
+	}
+	var key []byte
+	ctx, cancel := context.WithTimeout(ctx, keyReadTimeout)
+	defer cancel()
+	if err := b.store.pool.QueryRow(ctx, `SELECT key FROM bus_key WHERE id = 1`).Scan(&key); err != nil {
+		b.keyRead = time.Now()
+		b.log.Debug("bus key not readable; wake-ups carry no signal until it is", "err", err)
+		return nil
+	}
+	b.key = key
+	return key
 }
 
 // Channel is the NOTIFY channel that instance listens on, in this store's
@@ -332,7 +503,7 @@ func (b *Bus) ConnectedInstances(ctx context.Context) (live map[string]bool, ser
 // exponential backoff (and full jitter); onConnect runs each time LISTEN is
 // in place, because wake-ups sent meanwhile are lost. onWake and onConnect
 // run on Listen's goroutine and must not block for long.
-func (b *Bus) Listen(ctx context.Context, instance string, onWake func(sessionstore.Key, int64), onConnect func()) error {
+func (b *Bus) Listen(ctx context.Context, instance string, onWake func(sessionstore.Wake), onConnect func()) error {
 	backoff := listenBackoffMin
 	for {
 		listened, err := b.listenOnce(ctx, instance, onWake, onConnect)
@@ -365,7 +536,7 @@ func (b *Bus) Listen(ctx context.Context, instance string, onWake func(sessionst
 // listenOnce runs one connection: connect, LISTEN, onConnect, then wait for
 // notifications until the connection fails or ctx ends. listened reports
 // whether LISTEN was in place.
-func (b *Bus) listenOnce(ctx context.Context, instance string, onWake func(sessionstore.Key, int64), onConnect func()) (listened bool, err error) {
+func (b *Bus) listenOnce(ctx context.Context, instance string, onWake func(sessionstore.Wake), onConnect func()) (listened bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, listenCallTimeout)
 	defer cancel()
 	cfg := b.store.pool.Config().ConnConfig // a copy
@@ -402,13 +573,13 @@ func (b *Bus) listenOnce(ctx context.Context, instance string, onWake func(sessi
 		cancel()
 		switch {
 		case err == nil:
-			wakes, derr := DecodeWakes(n.Payload)
+			wakes, derr := wakeCodec{key: b.macKey(ctx)}.decode(n.Payload)
 			if derr != nil {
 				b.log.Warn("ignoring a malformed wake-up", "channel", channel, "err", derr)
 				continue
 			}
 			for _, w := range wakes {
-				onWake(w.Key, w.Seq)
+				onWake(w)
 			}
 		case ctx.Err() != nil:
 			return true, ctx.Err()

@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"slices"
 	"strings"
@@ -254,8 +255,10 @@ func FuzzDecodeWake(f *testing.F) {
 }
 
 type wakeup struct {
-	k   sessionstore.Key
-	seq int64
+	k           sessionstore.Key
+	seq         int64
+	sig         *sessionstore.Signal
+	incarnation time.Time
 }
 
 // listening runs bus.Listen for instance until the test ends and reports
@@ -270,9 +273,9 @@ func listening(t *testing.T, bus *pgstore.Bus, instance string) (wakes <-chan wa
 	go func() {
 		defer wg.Done()
 		err := bus.Listen(ctx, instance,
-			func(k sessionstore.Key, seq int64) {
+			func(wk sessionstore.Wake) {
 				select {
-				case w <- wakeup{k, seq}:
+				case w <- wakeup{wk.Key, wk.Seq, wk.Signal, wk.Incarnation}:
 				case <-ctx.Done():
 				}
 			},
@@ -324,13 +327,13 @@ func TestBusDeliversToTheNamedInstanceOnly(t *testing.T) {
 		instance string
 		seq      int64
 	}{{busA, "c", 1}, {other, "b", 2}, {busA, "b", 3}} {
-		if err := p.bus.Publish(ctx, p.instance, bob, p.seq); err != nil {
+		if err := p.bus.Publish(ctx, p.instance, sessionstore.Wake{Key: bob, Seq: p.seq}); err != nil {
 			t.Fatalf("Publish: %v", err)
 		}
 	}
 	// Notifications of one sender arrive in order: had b heard seq 1 or 2,
 	// it would have come before 3.
-	if w := receive(t, "a wake-up", wakes); w != (wakeup{bob, 3}) {
+	if w := receive(t, "a wake-up", wakes); w != (wakeup{k: bob, seq: 3}) {
 		t.Fatalf("b heard %v, want only the wake-up addressed to it in its own schema (seq 3)", w)
 	}
 
@@ -347,10 +350,10 @@ func TestBusDeliversToTheNamedInstanceOnly(t *testing.T) {
 	if _, err := conn.Exec(ctx, `SELECT pg_notify($1, 'not json')`, ch); err != nil {
 		t.Fatal(err)
 	}
-	if err := busA.Publish(ctx, "b", bob, 4); err != nil {
+	if err := busA.Publish(ctx, "b", sessionstore.Wake{Key: bob, Seq: 4}); err != nil {
 		t.Fatal(err)
 	}
-	if w := receive(t, "a wake-up", wakes); w != (wakeup{bob, 4}) {
+	if w := receive(t, "a wake-up", wakes); w != (wakeup{k: bob, seq: 4}) {
 		t.Fatalf("after a malformed payload b heard %v, want seq 4", w)
 	}
 }
@@ -386,10 +389,74 @@ func TestBusListenerSurvivesATerminatedBackend(t *testing.T) {
 	// It reconnects (and says so, so that the hub wakes every local queue).
 	receive(t, "the listener to reconnect", connects)
 	bob := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}
-	if err := bus.Publish(ctx, "b", bob, 7); err != nil {
+	if err := bus.Publish(ctx, "b", sessionstore.Wake{Key: bob, Seq: 7}); err != nil {
 		t.Fatal(err)
 	}
-	if w := receive(t, "a wake-up after the reconnect", wakes); w != (wakeup{bob, 7}) {
+	if w := receive(t, "a wake-up after the reconnect", wakes); w != (wakeup{k: bob, seq: 7}) {
 		t.Fatalf("heard %v, want seq 7", w)
+	}
+}
+
+// A wake-up carries its signal to the listener byte for byte, with the
+// session's incarnation; one that is too large to carry goes bare; and a
+// signal in a NOTIFY that any database role could send (no valid MAC) is
+// dropped, leaving a bare wake-up that has the holder read the store.
+func TestBusCarriesTheSignalOnlyWithAValidMAC(t *testing.T) {
+	t.Parallel()
+	u := pgtest.Schema(t)
+	st, err := pgstore.Open(context.Background(), u, pgstore.WithMaxConns(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	bus := pgstore.NewBus(st, nil)
+	wakes, connects := listening(t, bus, "b")
+	receive(t, "the listener to connect", connects)
+
+	ctx := context.Background()
+	bob := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}
+	registered := time.Date(2026, 1, 2, 3, 4, 5, 123456000, time.UTC)
+	sig := sessionstore.Signal{ID: "sig-1", Seq: 5, To: bob, FromSession: "alice", Kind: "note",
+		Payload: []byte(`{ "spaced" :  [1, 2] }`), CreatedAt: registered.Add(time.Second),
+		IdempotencyKey: "k1", Delivery: "pushed_to_ws", RouteState: "attached"}
+	if err := bus.Publish(ctx, "b", sessionstore.Wake{Key: bob, Seq: 5, Signal: &sig, Incarnation: registered}); err != nil {
+		t.Fatal(err)
+	}
+	w := receive(t, "a carried signal", wakes)
+	if w.sig == nil || w.seq != 5 || !w.incarnation.Equal(registered) {
+		t.Fatalf("heard %+v, want seq 5 with its signal and incarnation %v", w, registered)
+	}
+	got := *w.sig
+	if string(got.Payload) != string(sig.Payload) || got.ID != sig.ID || got.FromSession != "alice" || got.Kind != "note" ||
+		!got.CreatedAt.Equal(sig.CreatedAt) || got.IdempotencyKey != "k1" || got.Delivery != sig.Delivery || got.RouteState != sig.RouteState || got.To != bob {
+		t.Fatalf("carried signal %+v (payload %s), want %+v (payload %s)", got, got.Payload, sig, sig.Payload)
+	}
+
+	big := sig
+	big.Seq, big.Payload = 6, []byte(`"`+strings.Repeat("x", 8000)+`"`)
+	if err := bus.Publish(ctx, "b", sessionstore.Wake{Key: bob, Seq: 6, Signal: &big, Incarnation: registered}); err != nil {
+		t.Fatal(err)
+	}
+	if w := receive(t, "a bare wake-up", wakes); w.seq != 6 || w.sig != nil {
+		t.Fatalf("a signal too large to carry: heard %+v, want seq 6, bare", w)
+	}
+
+	ch, err := bus.Channel(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	forged := `{"tenant":"t1","project":"p1","session":"bob","seq":7,"registered_at":"2026-01-02T03:04:05.123456Z",` +
+		`"signal":{"id":"evil","from":"mallory","kind":"note","payload":"{}","created_at":"2026-01-02T03:04:05Z","delivery":"pushed_to_ws","route_state":"attached"},` +
+		`"mac":"` + base64.StdEncoding.EncodeToString(make([]byte, 32)) + `"}`
+	if _, err := conn.Exec(ctx, `SELECT pg_notify($1, $2)`, ch, forged); err != nil {
+		t.Fatal(err)
+	}
+	if w := receive(t, "the forged wake-up", wakes); w.seq != 7 || w.sig != nil {
+		t.Fatalf("a signal with a forged MAC: heard %+v, want seq 7, bare", w)
 	}
 }

@@ -87,6 +87,7 @@ type Store struct {
 	pool         *pgxpool.Pool
 	queryTimeout time.Duration
 	pruneBatch   int
+	maxBatch     int        // of a group commit, and of a Bus's NOTIFY statement
 	group        *committer // nil when group commit is off
 	closed       atomic.Bool
 }
@@ -121,7 +122,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: open pool: %w", err)
 	}
-	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch}
+	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch}
 	if !o.groupCommitOff {
 		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, s.runBatch)
 	}

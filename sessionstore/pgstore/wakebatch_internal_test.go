@@ -79,9 +79,9 @@ func listenBus(t *testing.T, s *Store, instance string) *woken {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		err := NewBus(s, nil).Listen(ctx, instance, func(k sessionstore.Key, seq int64) {
+		err := NewBus(s, nil).Listen(ctx, instance, func(wk Wake) {
 			w.mu.Lock()
-			w.seqs[k] = max(w.seqs[k], seq)
+			w.seqs[wk.Key] = max(w.seqs[wk.Key], wk.Seq)
 			w.mu.Unlock()
 			select {
 			case w.changed <- struct{}{}:
@@ -138,7 +138,7 @@ func runWakes(t *testing.T, s *Store, reqs []*wakeReq) {
 	for i, w := range reqs {
 		batch[i] = &appendReq{wake: w}
 	}
-	s.runBatch(batch)
+	NewBus(s, nil).runWakes(batch)
 	for _, r := range batch {
 		if r.out.err != nil {
 			t.Fatalf("batch of %d wake-ups: %v", len(batch), r.out.err)
@@ -167,17 +167,17 @@ func TestBatchWakesOneNotifyPerInstance(t *testing.T) {
 	var reqs []*wakeReq
 	for i := range 100 {
 		k := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: fmt.Sprintf("agent-%03d", i)}
-		reqs = append(reqs, &wakeReq{instance: "b", k: k, seq: 7})
+		reqs = append(reqs, &wakeReq{instance: "b", w: Wake{Key: k, Seq: 7}})
 		wantB[k] = 7
 		if i%10 == 0 { // a second, older wake-up of the same session, and one for c
-			reqs = append(reqs, &wakeReq{instance: "b", k: k, seq: 3})
-			reqs = append(reqs, &wakeReq{instance: "c", k: k, seq: 9})
+			reqs = append(reqs, &wakeReq{instance: "b", w: Wake{Key: k, Seq: 3}})
+			reqs = append(reqs, &wakeReq{instance: "c", w: Wake{Key: k, Seq: 9}})
 			wantC[k] = 9
 		}
 	}
 	runWakes(t, s, reqs)
 	sentinel := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "sentinel"}
-	runWakes(t, s, []*wakeReq{{instance: "b", k: sentinel, seq: 1}, {instance: "c", k: sentinel, seq: 1}})
+	runWakes(t, s, []*wakeReq{{instance: "b", w: Wake{Key: sentinel, Seq: 1}}, {instance: "c", w: Wake{Key: sentinel, Seq: 1}}})
 
 	// A later transaction's notifications arrive after an earlier one's:
 	// what came before the sentinel is all the batch sent.
@@ -204,12 +204,12 @@ func TestBatchWakesSplitBeyondOnePayload(t *testing.T) {
 	var reqs []*wakeReq
 	for i := range n {
 		k := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: fmt.Sprintf("%03d-%s", i, strings.Repeat("x", 200))}
-		reqs = append(reqs, &wakeReq{instance: "b", k: k, seq: int64(i + 1)})
+		reqs = append(reqs, &wakeReq{instance: "b", w: Wake{Key: k, Seq: int64(i + 1)}})
 		want[k] = int64(i + 1)
 	}
 	runWakes(t, s, reqs)
 	sentinel := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "sentinel"}
-	runWakes(t, s, []*wakeReq{{instance: "b", k: sentinel, seq: 1}})
+	runWakes(t, s, []*wakeReq{{instance: "b", w: Wake{Key: sentinel, Seq: 1}}})
 
 	ps := raw.until(t, sentinel)
 	size := 0

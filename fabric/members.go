@@ -1,0 +1,228 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+// membersStore is what Members needs of the store.
+type membersStore interface {
+	HeartbeatInstance(ctx context.Context, in sessionstore.Instance) error
+	ListInstances(ctx context.Context) ([]sessionstore.Instance, error)
+}
+
+// Members is the fabric's membership and liveness: it heartbeats this
+// instance into the store and keeps a view of every instance's health, from
+// their heartbeats and, with a prober, from their processes' connections. Its
+// queries read the view and make no store call. It is safe for concurrent
+// use.
+type Members struct {
+	cfg       Config
+	store     membersStore
+	prober    Prober // nil: heartbeat only
+	now       func() time.Time
+	log       *slog.Logger
+	startedAt time.Time
+
+	draining atomic.Bool
+
+	mu        sync.RWMutex
+	instances map[string]sessionstore.Instance // the last ListInstances, by id
+	loaded    bool                             // instances has been read at least once
+	// seenConnected holds, per instance, the StartedAt of the process last
+	// seen connected by Probe; gone marks those whose process was seen
+	// connected and no longer is.
+	seenConnected map[string]time.Time
+	gone          map[string]bool
+	probeServer   string     // the server that seenConnected was seen on
+	lastRead      time.Time  // the latest successful read of the instance table
+	outage        outage     // the latest span the table could not be read
+	lastProbe     time.Time  // when Probe last read the prober
+	probeMu       sync.Mutex // serializes confirmHealthy's probes
+}
+
+func newMembers(cfg Config, d Deps) *Members {
+	return &Members{
+		cfg: cfg, store: d.Store, prober: d.Prober, now: d.Now, log: d.Logger,
+		startedAt: d.Now(), instances: map[string]sessionstore.Instance{},
+		seenConnected: map[string]time.Time{}, gone: map[string]bool{},
+	}
+}
+
+// InstanceID is this instance's id.
+func (m *Members) InstanceID() string { return m.cfg.InstanceID }
+
+// Tick is one heartbeat of this instance followed by a refresh of the view
+// and a probe.
+func (m *Members) Tick(ctx context.Context) error {
+	hb := m.heartbeat(ctx)
+	if err := m.Refresh(ctx); err != nil {
+		return errors.Join(hb, err)
+	}
+	return errors.Join(hb, m.Probe(ctx))
+}
+
+func (m *Members) heartbeat(ctx context.Context) error {
+	err := m.store.HeartbeatInstance(ctx, sessionstore.Instance{
+		ID: m.cfg.InstanceID, URL: m.cfg.PublicURL, Draining: m.draining.Load(),
+		StartedAt: m.startedAt, LastHeartbeatAt: m.now(),
+	})
+	if err != nil {
+		return fmt.Errorf("heartbeat instance %s: %w", m.cfg.InstanceID, err)
+	}
+	return nil
+}
+
+// Refresh reloads the instance table: the health view that Healthy and
+// marconi_instance_healthy read.
+func (m *Members) Refresh(ctx context.Context) error {
+	list, err := m.store.ListInstances(ctx)
+	if err != nil {
+		m.readFailed()
+		return fmt.Errorf("list instances: %w", err)
+	}
+	byID := make(map[string]sessionstore.Instance, len(list))
+	for _, in := range list {
+		byID[in.ID] = in
+	}
+	m.mu.Lock()
+	m.instances, m.loaded = byID, true
+	m.readSucceeded()
+	m.mu.Unlock()
+	return nil
+}
+
+// ensureLoaded reads the instance table once when no tick has yet: a
+// decision made on an empty view would take every session over.
+func (m *Members) ensureLoaded(ctx context.Context) error {
+	m.mu.RLock()
+	loaded := m.loaded
+	m.mu.RUnlock()
+	if loaded {
+		return nil
+	}
+	return m.Refresh(ctx)
+}
+
+// SetDraining marks this instance draining, in the store at once (a final
+// heartbeat with Draining set), so that the others see it unhealthy now
+// rather than after the dead-after window. Later heartbeats keep the mark.
+func (m *Members) SetDraining(ctx context.Context) error {
+	if !m.draining.CompareAndSwap(false, true) {
+		return nil
+	}
+	return m.heartbeat(ctx)
+}
+
+// Healthy reports whether instance is healthy: its heartbeat is younger than
+// DeadAfter and it is not draining. It reads the view kept by Tick and makes
+// no store call. This instance is healthy while it is not draining.
+func (m *Members) Healthy(ctx context.Context, instance string) bool {
+	if instance == m.cfg.InstanceID {
+		return !m.draining.Load()
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	in, ok := m.instances[instance]
+	return ok && m.healthyAt(in, m.now())
+}
+
+// HoldsQueue reports whether instance still holds a queue recorded as
+// attached there at attachedAt: the instance is healthy, and the process that
+// answers for its id has run since then (attachedAt is not before its
+// StartedAt). A queue recorded before the instance's StartedAt died with an
+// earlier process of the same MARCONI_INSTANCE_ID: a crash leaves it in the
+// store, since nothing cleared it. Both times come from that instance's own
+// clock. It reads the view kept by Tick and makes no store call.
+func (m *Members) HoldsQueue(ctx context.Context, instance string, attachedAt time.Time) bool {
+	if instance == m.cfg.InstanceID {
+		return !m.draining.Load() && !attachedAt.Before(m.startedAt)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	in, ok := m.instances[instance]
+	return ok && m.healthyAt(in, m.now()) && !attachedAt.Before(in.StartedAt)
+}
+
+// restartedSince returns the StartedAt of instance in the view when its
+// process started after at (the queue recorded at at died with an earlier
+// process of the same id), and false otherwise.
+func (m *Members) restartedSince(instance string, at time.Time) (time.Time, bool) {
+	m.mu.RLock()
+	in, ok := m.instances[instance]
+	m.mu.RUnlock()
+	if !ok || !in.StartedAt.After(at) {
+		return time.Time{}, false
+	}
+	return in.StartedAt, true
+}
+
+// lastHeartbeat is instance's last heartbeat in the view (zero when unknown).
+func (m *Members) lastHeartbeat(instance string) time.Time {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.instances[instance].LastHeartbeatAt
+}
+
+// healthyOthers lists the healthy instances of the view but this one, by id.
+func (m *Members) healthyOthers() []string {
+	now := m.now()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	var out []string
+	for _, id := range sortedKeys(m.instances) {
+		if id != m.cfg.InstanceID && m.healthyAt(m.instances[id], now) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// healthyAt reports whether in is healthy at now: not draining, a heartbeat
+// younger than DeadAfter (not counting a store outage: heartbeatAge), and
+// its process not seen gone (Probe). The caller holds m.mu (read or write)
+// or owns in's view otherwise.
+func (m *Members) healthyAt(in sessionstore.Instance, now time.Time) bool {
+	if in.ID == m.cfg.InstanceID {
+		return !m.draining.Load()
+	}
+	return !in.Draining && m.heartbeatAge(in.LastHeartbeatAt, now) < m.cfg.DeadAfter && !m.gone[in.ID]
+}
+
+// Reporter reports whether this instance is the one that exports the
+// cluster-wide gauges: it is healthy and no healthy instance in the view has
+// a lower id. Every instance decides from its own view, without a store
+// call; for about one heartbeat after a change two instances, or none, may
+// claim it.
+func (m *Members) Reporter() bool {
+	if m.draining.Load() {
+		return false
+	}
+	now := m.now()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for id, in := range m.instances {
+		if id < m.cfg.InstanceID && m.healthyAt(in, now) {
+			return false
+		}
+	}
+	return true
+}
+
+// URL is the public URL of instance, from the instance table; empty when
+// the instance is unknown.
+func (m *Members) URL(instance string) string {
+	if instance == m.cfg.InstanceID {
+		return m.cfg.PublicURL
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.instances[instance].URL
+}
