@@ -2,6 +2,7 @@ package hub_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -12,9 +13,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/sessionstore/memstore"
+	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
 
 // flood runs n calls of do over workers goroutines and tallies the answers
@@ -246,5 +252,90 @@ func TestAbusiveSenderIsBounded(t *testing.T) {
 				t.Fatalf("a send after the sink acknowledged: %d %s, want 200", st, q)
 			}
 		})
+	}
+}
+
+// TestAckedFloodIsBounded (issue 19.1): one key sends 60 KB signals that
+// its recipient acknowledges at once, so nothing stays pending and no
+// pending quota ever fires. The acknowledged payloads are not kept: the
+// memory store's live heap grows by a small fraction of what was sent,
+// Postgres keeps no payload byte of an acknowledged row, and a duplicate
+// send after the ack still gets the first answer.
+func TestAckedFloodIsBounded(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) (sessionstore.Store, func() (rows, bytes int64)){
+		"memstore": func(*testing.T) (sessionstore.Store, func() (int64, int64)) { return memstore.New(), nil },
+		"postgres": openWithRetainedBytes,
+	} {
+		t.Run(name, func(t *testing.T) {
+			const (
+				sends        = 200
+				payloadBytes = 60 << 10
+			)
+			store, retained := open(t)
+			h := hubtest.Start(t, hubtest.Options{Store: store, Config: hub.Config{SendRatePerSecond: 1e6}})
+			alice := register(t, h, "alice", "codex")
+			bob := register(t, h, "bob", "codex")
+			text := strings.Repeat("x", payloadBytes-2)
+			first := map[string]any{}
+			heapBefore := liveHeap()
+			for i := range sends {
+				st, r := call(t, "POST", h.URL+"/v1/signals", alice.Token, map[string]any{
+					"to_session": "bob", "payload": text, "idempotency_key": fmt.Sprintf("k%d", i)})
+				if st != 200 {
+					t.Fatalf("send %d: %d %v", i, st, r)
+				}
+				if i == 0 {
+					first = r
+				}
+				if st, r := call(t, "POST", h.URL+"/v1/signals/ack", bob.Token, map[string]any{"up_to_seq": r["seq"]}); st != 200 || r["acked"] != float64(1) {
+					t.Fatalf("ack %d: %d %v", i, st, r)
+				}
+			}
+			if name == "memstore" {
+				grew := int64(liveHeap()) - int64(heapBefore)
+				sent := int64(sends * payloadBytes)
+				t.Logf("heap grew %d KiB after %d KiB sent and acknowledged", grew>>10, sent>>10)
+				// Keeping the payloads would grow it by sent; what an
+				// acknowledged signal keeps is well under 1 KiB.
+				if bound := int64(sends<<10 + 1<<20); grew > bound {
+					t.Errorf("heap grew %d bytes, want under %d: acknowledged payloads are kept", grew, bound)
+				}
+			}
+			if retained != nil {
+				rows, b := retained()
+				if rows != sends || b != 0 {
+					t.Errorf("Postgres keeps %d acknowledged rows holding %d payload bytes, want %d rows and 0 bytes", rows, b, sends)
+				}
+			}
+			st, dup := call(t, "POST", h.URL+"/v1/signals", alice.Token, map[string]any{
+				"to_session": "bob", "payload": text, "idempotency_key": "k0"})
+			if st != 200 || dup["duplicate"] != true || dup["signal_id"] != first["signal_id"] || dup["seq"] != first["seq"] || dup["delivery"] != first["delivery"] {
+				t.Errorf("duplicate after the ack: %d %v, want the first answer %v", st, dup, first)
+			}
+		})
+	}
+}
+
+// openWithRetainedBytes opens a pgstore on a schema of its own, with a
+// function that counts its acknowledged signal rows and their payload bytes.
+func openWithRetainedBytes(t *testing.T) (sessionstore.Store, func() (int64, int64)) {
+	u := pgtest.Schema(t)
+	st, err := pgstore.Open(t.Context(), u)
+	if err != nil {
+		t.Fatalf("open pgstore: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	conn, err := pgx.Connect(t.Context(), u)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return st, func() (rows, b int64) {
+		err := conn.QueryRow(t.Context(), `SELECT count(*), coalesce(sum(octet_length(payload::text)), 0)::bigint
+			FROM signals WHERE acked_at IS NOT NULL`).Scan(&rows, &b)
+		if err != nil {
+			t.Fatalf("count retained bytes: %v", err)
+		}
+		return rows, b
 	}
 }
