@@ -41,6 +41,9 @@ type Conn struct {
 	welcome     Welcome
 	acks        *acks
 	frames      bucket // the reader's frame rate
+	// refused is set by the reader when it asked the writer to close the
+	// connection for what the client sent; the reader's alone.
+	refused bool
 
 	// ctx ends when the connection does: the reader, a writer or a ping
 	// that fails cancels it, and the others stop.

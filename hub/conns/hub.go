@@ -147,7 +147,14 @@ func New(cfg Config, d Deps) (*Hub, error) {
 // stack and keeps it small (see serve), while the handler's goroutine and
 // what the HTTP exchange allocated are released. Close waits for it.
 func (h *Hub) Attach(w http.ResponseWriter, r *http.Request, sess sessionstore.Session, welcome Welcome, release func()) {
-	ws, err := websocket.Accept(leanHijack{w}, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	// Control frames spend the frame budget as data frames do. The library
+	// calls these from inside the reader's Read, which starts after c is set.
+	var c *Conn
+	ws, err := websocket.Accept(leanHijack{w}, r, &websocket.AcceptOptions{
+		InsecureSkipVerify: true,
+		OnPingReceived:     func(context.Context, []byte) bool { return c.controlFrame() },
+		OnPongReceived:     func(context.Context, []byte) { c.controlFrame() },
+	})
 	if err != nil {
 		release()
 		h.log.Debug("websocket accept failed", KeyAttrs(sess.Key), "err", err)
@@ -164,7 +171,7 @@ func (h *Hub) Attach(w http.ResponseWriter, r *http.Request, sess sessionstore.S
 	}
 	h.wg.Add(1)
 	h.mu.Unlock()
-	c := h.start(sess, ws, welcome)
+	c = h.start(sess, ws, welcome)
 	go func() {
 		defer h.wg.Done()
 		defer release()

@@ -5,31 +5,36 @@ import (
 	"encoding/json"
 	"errors"
 	"time"
+	"unicode/utf8"
+
+	"github.com/coder/websocket"
 
 	"github.com/marconihub/marconi"
 )
 
-// readLoop is the connection's one reader: acks and proof of life.
+// readLoop is the connection's one reader: acks and proof of life. Every
+// frame the client sends spends the connection's frame budget, control
+// frames too (controlFrame); a text frame must be UTF-8.
 func (c *Conn) readLoop(ctx context.Context) error {
 	lastTouch := c.attachedAt
-	overRate := false
 	for {
-		_, data, err := c.ws.Read(ctx)
+		typ, data, err := c.ws.Read(ctx)
 		if err != nil {
 			return err
 		}
-		if overRate {
-			// The writer is closing the connection with 1008. Read on (and
-			// discard) until the close handshake ends, as the writer's Close
-			// expects; ending here would cancel the connection under the
-			// writer and drop its close frame.
+		if c.refused {
+			// The writer is closing the connection (1008 or 1007). Read on
+			// (and discard) until the close handshake ends, as the writer's
+			// Close expects; ending here would cancel the connection under
+			// the writer and drop its close frame.
 			continue
 		}
 		now := c.h.now()
-		if !c.frames.take(now, c.h.cfg.FramesPerSecond) {
-			overRate = true
-			c.h.cfg.OnQuotaRefused(marconi.QuotaFramesPerSecond)
-			c.kick(DisconnectFrameRate)
+		if !c.takeFrame(now) {
+			continue
+		}
+		if typ == websocket.MessageText && !utf8.Valid(data) {
+			c.refuse(DisconnectInvalidUTF8)
 			continue
 		}
 		if now.Sub(lastTouch) >= c.h.cfg.TouchInterval {
@@ -80,6 +85,37 @@ func (c *Conn) ackUpTo(ctx context.Context, seq int64) {
 	if _, err := c.h.ack(actx, c.key, seq); err != nil {
 		c.h.log.Warn("ack from websocket", KeyAttrs(c.key), "err", err)
 	}
+}
+
+// takeFrame spends a token of the connection's frame budget for a frame
+// the client sent. Past the budget it refuses the connection (1008, quota
+// frames_per_second) and reports false, as it does for every frame after a
+// refusal. Only the reader calls it: from readLoop, and from the library's
+// control-frame callbacks, which run inside the reader's Read.
+func (c *Conn) takeFrame(now time.Time) bool {
+	if c.refused {
+		return false
+	}
+	if !c.frames.take(now, c.h.cfg.FramesPerSecond) {
+		c.h.cfg.OnQuotaRefused(marconi.QuotaFramesPerSecond)
+		c.refuse(DisconnectFrameRate)
+		return false
+	}
+	return true
+}
+
+// controlFrame counts a ping or pong from the client against the frame
+// budget; it reports whether a ping is answered. A connection refused for
+// its rate answers none: a flood of pings costs the hub no writes.
+func (c *Conn) controlFrame() bool {
+	return c.takeFrame(c.h.now())
+}
+
+// refuse asks the writer to close the connection with d, and makes the
+// reader discard what the client sends until the close handshake ends.
+func (c *Conn) refuse(d Disconnect) {
+	c.refused = true
+	c.kick(d)
 }
 
 // bucket is a token bucket of rate tokens a second and a burst of twice
