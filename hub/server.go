@@ -428,17 +428,19 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		e.Match(getHead, "/metrics", echo.WrapHandler(promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
 	}
 
+	// Every credential is checked before the body is read (withBody): a
+	// request without one costs no body read (docs/security.md).
 	v1 := e.Group("/v1", s.storeDeadline)
-	v1.POST("/sessions", s.register)
-	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth)
-	v1.DELETE("/session", s.deregister, s.sessionAuth)
-	v1.POST("/signals", s.send, s.sendAuth)
-	v1.GET("/signals", s.drain, s.sessionAuth)
-	v1.POST("/signals/ack", s.ack, s.sessionAuth)
-	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth)
+	v1.POST("/sessions", s.register, s.apiKeyAuth, s.withBody)
+	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth, s.withBody)
+	v1.DELETE("/session", s.deregister, s.sessionAuth, s.withBody)
+	v1.POST("/signals", s.send, s.sendAuth, s.withBody)
+	v1.GET("/signals", s.drain, s.sessionAuth, s.withBody)
+	v1.POST("/signals/ack", s.ack, s.sessionAuth, s.withBody)
+	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth, s.withBody)
 	v1.GET("/ws", s.attach)
 
-	ops := v1.Group("/ops", s.adminAuth)
+	ops := v1.Group("/ops", s.adminAuth, s.withBody)
 	ops.POST("/api_keys", s.createAPIKey)
 	ops.GET("/route_state", s.routeStateList)
 	ops.GET("/route_state/:tenant/:project/:session", s.routeStateOne)
@@ -623,23 +625,76 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // storeDeadline bounds the store calls of ordinary requests so that an
 // unreachable store answers 503 quickly instead of hanging. The body is read
-// first, on its own bound (readBody), so the deadline covers store calls only.
+// after the credential is checked, on its own bound (withBody), which then
+// gives the handler's store calls a deadline of their own.
 func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.storeNotReady.Load() {
-			return marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.notReadyMessage(false))
+			return refuseUnread(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.notReadyMessage(false)))
 		}
 		if c.Path() == "/v1/ws" {
 			return next(c)
 		}
+		d := &requestDeadline{base: c.Request().Context(), timeout: s.cfg.StoreTimeout}
+		defer d.stop()
+		c.Set(ctxDeadline, d)
+		d.arm(c)
+		return refuseUnread(c, next(c))
+	}
+}
+
+// ctxDeadline is where storeDeadline leaves the request's *requestDeadline.
+const ctxDeadline = "marconi.store_deadline"
+
+// requestDeadline is the deadline of a request's store calls; withBody arms
+// it again once the body is read, so that the read does not spend it.
+type requestDeadline struct {
+	base    context.Context
+	timeout time.Duration
+	cancel  context.CancelFunc
+}
+
+// arm gives c's request a fresh deadline, timeout from now.
+func (d *requestDeadline) arm(c echo.Context) {
+	d.stop()
+	ctx, cancel := context.WithTimeout(d.base, d.timeout)
+	d.cancel = cancel
+	c.SetRequest(c.Request().WithContext(ctx))
+}
+
+func (d *requestDeadline) stop() {
+	if d.cancel != nil {
+		d.cancel()
+	}
+}
+
+// withBody reads the request body (readBody) once its credential has been
+// checked, and arms the store deadline anew for the handler.
+func (s *Server) withBody(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
 		if err := s.readBody(c); err != nil {
 			return err
 		}
-		ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
-		defer cancel()
-		c.SetRequest(c.Request().WithContext(ctx))
+		if d, ok := c.Get(ctxDeadline).(*requestDeadline); ok {
+			d.arm(c)
+		}
 		return next(c)
 	}
+}
+
+// refuseUnread returns err, first asking net/http to close the connection
+// after the answer when err refuses a request whose body is unread: else,
+// to reuse the connection, net/http would read what is left of the body
+// before answering, and a client that never sends it would hold the answer.
+func refuseUnread(c echo.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	req := c.Request()
+	if _, read := req.Body.(*bufferedBody); !read && req.ContentLength != 0 && req.Body != nil && req.Body != http.NoBody {
+		c.Response().Header().Set(echo.HeaderConnection, "close")
+	}
+	return err
 }
 
 func (s *Server) healthz(c echo.Context) error {
