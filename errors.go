@@ -79,13 +79,20 @@ const (
 	QuotaFramesPerSecond        Quota = "frames_per_second"
 	QuotaConnectionsPerAddress  Quota = "connections_per_address"
 	QuotaConnectionsTotal       Quota = "connections_total"
+	// QuotaHeartbeatsPerSession counts heartbeats answered without a store
+	// write: one came from the session less than MARCONI_TOUCH_INTERVAL_SECONDS
+	// before (the heartbeat is answered 200; only its write is refused).
+	QuotaHeartbeatsPerSession Quota = "heartbeats_per_session"
+	// QuotaAttachesPerSession bounds WebSocket attaches per session
+	// (MARCONI_QUOTA_ATTACHES_PER_SECOND, burst twice it).
+	QuotaAttachesPerSession Quota = "attaches_per_session"
 )
 
 // Quotas lists every Quota, so that metrics can export each from start.
 var Quotas = []Quota{
 	QuotaSessionsPerProject, QuotaPendingPerRecipient, QuotaPendingBytesPerProject,
 	QuotaRegistrationsPerSecond, QuotaFramesPerSecond, QuotaConnectionsPerAddress,
-	QuotaConnectionsTotal,
+	QuotaConnectionsTotal, QuotaHeartbeatsPerSession, QuotaAttachesPerSession,
 }
 
 // QuotaExceeded returns the CodeQuotaExceeded error for q. retryAfter is

@@ -52,6 +52,10 @@ type Config struct {
 	MaxPayloadBytes int
 	// SendRatePerSecond is the per-session send limit; the burst is twice it.
 	SendRatePerSecond float64
+	// QuotaAttachesPerSecond is MARCONI_QUOTA_ATTACHES_PER_SECOND (5): the
+	// WebSocket attaches of one session on this instance, burst twice it;
+	// past it an attach is refused with 429 before any store write.
+	QuotaAttachesPerSecond float64
 	// StoreQuotas are the quotas the store enforces inside each append
 	// (pending signals per recipient, pending bytes per project); zero
 	// fields take the signals package's defaults.
@@ -144,6 +148,7 @@ const (
 	// DefaultQuotaRegistrationsPerSecond is the registration rate per API key.
 	DefaultQuotaRegistrationsPerSecond = 50
 	DefaultSendRatePerSecond           = 200
+	DefaultQuotaAttachesPerSecond      = 5
 	DefaultWSPingInterval              = 20 * time.Second
 	DefaultWSReadLimit                 = 32768
 	DefaultWSQueueSize                 = 256
@@ -194,6 +199,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.SendRatePerSecond == 0 {
 		c.SendRatePerSecond = DefaultSendRatePerSecond
+	}
+	if c.QuotaAttachesPerSecond == 0 {
+		c.QuotaAttachesPerSecond = DefaultQuotaAttachesPerSecond
 	}
 	if c.TokenCacheSize == 0 {
 		c.TokenCacheSize = DefaultTokenCacheSize
@@ -300,6 +308,10 @@ type Server struct {
 	newSessions   *keyedMutex[TenantProject]
 	projectRooms  *projectRooms
 	quotas        *quotaMetrics
+	// attaches is the per-session attach quota; heartbeatWrites lets one
+	// heartbeat write per session through per TouchInterval.
+	attaches        *rateLimiter[sessionstore.Key]
+	heartbeatWrites *pacer[sessionstore.Key]
 
 	draining      atomic.Bool
 	storeNotReady atomic.Bool                // set while the store's schema is not migrated
@@ -344,6 +356,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 		newSessions:   newKeyedMutex[TenantProject](),
 		projectRooms:  newProjectRooms(),
 		quotas:        qm,
+
+		attaches:        newRateLimiter[sessionstore.Key](cfg.QuotaAttachesPerSecond, d.Now),
+		heartbeatWrites: newPacer[sessionstore.Key](cfg.TouchInterval),
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
 	if err != nil {
@@ -574,6 +589,8 @@ func (s *Server) Run(ctx context.Context) error {
 			s.selfheal.Sweep()
 			s.limits.sweep()
 			s.registrations.sweep()
+			s.attaches.sweep()
+			s.heartbeatWrites.sweep(s.now())
 			s.projectRooms.sweep(s.now())
 		})
 		return nil

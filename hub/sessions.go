@@ -235,14 +235,11 @@ func (s *Server) heartbeat(c echo.Context) error {
 	sess := session(c)
 	ctx := c.Request().Context()
 	now := s.now()
-	exp := now.Add(s.cfg.SessionTTL)
-	if err := s.store.TouchSession(ctx, sess.Key, sessionstore.Touch{SeenAt: now, VerbAt: now, ExpiresAt: exp}, now); err != nil {
-		if errors.Is(err, sessionstore.ErrNotFound) {
-			return marconi.Errorf(marconi.CodeSessionExpired, "this session expired; register again")
-		}
+	sess, err := s.heartbeatTouch(ctx, sess, now)
+	if err != nil {
 		return err
 	}
-	sess.LastSeenAt, sess.LastVerbAt, sess.ExpiresAt = now, now, exp
+	exp := sess.ExpiresAt
 	route := s.conns.Route(ctx, sess)
 	resp := heartbeatResponse{
 		SessionID:  sess.SessionID,

@@ -301,6 +301,7 @@ func settings(c *Config) []setting {
 		{"MARCONI_MAX_CONNECTIONS_PER_ADDRESS", strconv.Itoa(hub.DefaultMaxConnectionsPerAddress), "WebSockets open from one client address (a load balancer in front counts as one); past it 429 quota_exceeded", positiveInt(&h.MaxConnectionsPerAddress)},
 		{"MARCONI_SEND_RATE_PER_SECOND", strconv.Itoa(hub.DefaultSendRatePerSecond), "per-session send limit (burst twice it)", positiveFloat(&h.SendRatePerSecond)},
 		{"MARCONI_QUOTA_SESSIONS_PER_PROJECT", strconv.Itoa(hub.DefaultQuotaSessionsPerProject), "live sessions per project (429 quota_exceeded past it)", positiveInt(&h.QuotaSessionsPerProject)},
+		{"MARCONI_QUOTA_ATTACHES_PER_SECOND", strconv.Itoa(hub.DefaultQuotaAttachesPerSecond), "WebSocket attaches per second per session, per instance (burst twice it); past it an attach gets 429 quota_exceeded before any store write", positiveFloat(&h.QuotaAttachesPerSecond)},
 		{"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND", strconv.Itoa(hub.DefaultQuotaRegistrationsPerSecond), "registrations per second per API key, per instance (burst twice it)", positiveFloat(&h.QuotaRegistrationsPerSecond)},
 		{"MARCONI_IDEMPOTENCY_WINDOW_SECONDS", secs(signals.DefaultIdempotencyWindow), "how long a send's idempotency_key and a registration's Idempotency-Key are remembered (a retry within it is the same call)", seconds(&h.IdempotencyWindow)},
 		{"MARCONI_RETAIN_ACKED_SECONDS", secs(hub.DefaultRetainAcked), "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked)},

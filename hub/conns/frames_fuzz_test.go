@@ -32,8 +32,9 @@ var (
 // the next input runs on a new one.
 // Seeds: testdata/fuzz/FuzzClientFrame.
 func FuzzClientFrame(f *testing.F) {
-	// Past the frame rate the hub closes the connection, by design.
-	h := hubtest.Start(f, hubtest.Options{Config: hub.Config{WSFramesPerSecond: 1e9}})
+	// Past the frame rate the hub closes the connection, and past the
+	// attach rate it refuses a new one, by design.
+	h := hubtest.Start(f, hubtest.Options{Config: hub.Config{WSFramesPerSecond: 1e9, QuotaAttachesPerSecond: 1e9}})
 	token := registerFuzz(f, h)
 	ws := dialFuzz(f, h, token)
 	f.Cleanup(func() { ws.CloseNow() })
