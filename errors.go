@@ -30,6 +30,13 @@ const (
 	CodeRegistryUnavailable    = "registry_unavailable"
 	CodeDraining               = "draining"
 	CodeUpgradeRequired        = "upgrade_required"
+	// CodeBadRequest, CodeHeadersTooLarge and CodeNotImplemented answer a
+	// request net/http refuses before the hub sees it: malformed HTTP (bad
+	// header bytes, duplicate Content-Length...), headers past
+	// MARCONI_MAX_HEADER_BYTES, a transfer coding it does not know.
+	CodeBadRequest      = "bad_request"
+	CodeHeadersTooLarge = "headers_too_large"
+	CodeNotImplemented  = "not_implemented"
 	CodeInternal               = "internal"
 )
 

@@ -32,6 +32,9 @@ type Config struct {
 	InstanceHeartbeat time.Duration
 	// ShutdownTimeout bounds graceful shutdown.
 	ShutdownTimeout time.Duration
+	// MaxHeaderBytes is the HTTP server's bound on a request's line and
+	// headers (MARCONI_MAX_HEADER_BYTES).
+	MaxHeaderBytes int
 	// GroupCommit gathers concurrent durable sends into one transaction
 	// (Postgres store); off is kept to measure what it gains.
 	GroupCommit bool
@@ -170,6 +173,7 @@ func settings(c *Config) []setting {
 		{"MARCONI_HEARTBEAT_INTERVAL_SECONDS", secs(hub.DefaultHeartbeatInterval), "heartbeat interval told to clients at registration", seconds(&h.HeartbeatInterval)},
 		{"MARCONI_TOUCH_INTERVAL_SECONDS", secs(hub.DefaultTouchInterval), "proof-of-life writes per session are coalesced to one per interval", seconds(&h.TouchInterval)},
 		{"MARCONI_STORE_TIMEOUT_SECONDS", secs(hub.DefaultStoreTimeout), "bound on each store call of a request; past it the hub answers 503", seconds(&h.StoreTimeout)},
+		{"MARCONI_MAX_HEADER_BYTES", strconv.Itoa(hub.DefaultMaxHeaderBytes), "bound on a request's line and headers (net/http adds 4096); past it 431 headers_too_large", positiveInt(&c.MaxHeaderBytes)},
 		{"MARCONI_BODY_READ_TIMEOUT_SECONDS", secs(hub.DefaultBodyReadTimeout), "bound on reading a request body, apart from the store timeout (408 request_timeout past it)", seconds(&h.BodyReadTimeout)},
 		{"MARCONI_STORE_BREAKER", "on", "after a store call times out, fail calls at once (503) until a probe reaches the store: on or off", func(c *Config, v string) error {
 			b, err := parseBool(v)
