@@ -92,7 +92,7 @@ func TestNetHTTPRefusalsInErrorShape(t *testing.T) {
 // net/http or the hub, every answer is HTTP, never a 5xx but 501, and every
 // error of the API (a /v1/ path) or of net/http itself (400, 431, 501) is in
 // the error shape with a documented code and status. Seeds:
-// testdata/fuzz/FuzzRawRequest.
+// the f.Add calls below.
 func FuzzRawRequest(f *testing.F) {
 	// A head that promises a body it does not send waits for the bound.
 	h := hubtest.Start(f, hubtest.Options{Config: hub.Config{BodyReadTimeout: 100 * time.Millisecond}})
