@@ -46,6 +46,11 @@ type Config struct {
 	// or the client had to register the session again (the hub no longer
 	// knew it: TTL, deregistration, a store that lost it). Rehydrate it.
 	OnAffinityReset func()
+	// DeferAck leaves acknowledging to the application: a signal handed to
+	// OnSignal is acknowledged only by Client.Ack (deferack.go), so one
+	// the application holds but has not yet passed on is delivered again
+	// to the session's next client. Default false: acked after OnSignal.
+	DeferAck bool
 	// Logger receives the client's diagnostics; nil discards them.
 	Logger *slog.Logger
 
@@ -83,6 +88,44 @@ type Config struct {
 	// answer was lost is answered with a new token instead of 403.
 	SendAttempts int
 
+	// TokenStore, when set, keeps the session token across runs of the
+	// agent: Dial loads it and, when it holds a token for SessionID (or
+	// SessionID is empty), resumes that session with it instead of
+	// registering anew; every new token the hub gives the client
+	// (registration, resume, re-registration, takeover) is saved to it. A
+	// failed Load or a failed save at Dial fails Dial; a failed save later is
+	// logged at error level. FileTokenStore keeps it in a 0600 file.
+	TokenStore TokenStore
+	// Takeover, when true, lets Dial reclaim a live session whose token it
+	// does not hold (an agent killed before it could keep its token, or whose
+	// kept token is no longer current): a registration refused 403 because
+	// the id is live is made again with "takeover": true, which the hub
+	// answers with a new token while the old token stops working and its
+	// WebSocket closes with 4409. Pending signals stay; OnAffinityReset is
+	// called, since whatever the session held at runtime is gone. The hub
+	// must allow it (MARCONI_ALLOW_TAKEOVER). Default false: Dial fails 403.
+	Takeover bool
+	// OnFatal is called once when the client stops for good while running
+	// (not at Dial, which returns its error, nor at Close or Deregister):
+	// the hub refused the session while the client reconnected (an *Error,
+	// e.g. 401 unauthorized after the hub lost the API key, 403 forbidden),
+	// or a newer connection of the session replaced this one (ErrReplaced,
+	// close 4409, e.g. a takeover by another process). From then on the
+	// client neither reconnects nor heartbeats; Close it. It is called on
+	// the client's supervising goroutine and must not call Close itself
+	// (Close waits for that goroutine): signal another goroutine to. Nil:
+	// the stop is only logged.
+	OnFatal func(error)
+	// RateLimitWait bounds how long one registration or one Send waits in
+	// all for 429 answers (too_many_requests, quota_exceeded) before it
+	// returns the last one: each 429 is waited out for its Retry-After
+	// (with a little jitter), or with the reconnect backoff when the header
+	// is missing or unusable, and the call made again; a Retry-After that
+	// would outlast what is left of this bound or of ctx's deadline, and a
+	// quota_exceeded without one (the hub's way of saying waiting does not
+	// help), are returned at once. Default 1m; negative never waits.
+	RateLimitWait time.Duration
+
 	// HTTPClient, when set, carries every HTTP call and WebSocket dial of the
 	// client instead of a transport of its own. Many clients in one process
 	// can then share one bounded pool of keep-alive connections (each
@@ -108,6 +151,7 @@ type Client struct {
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup // every goroutine the client started
 	closeOnce sync.Once
+	fatalOnce sync.Once // Config.OnFatal is called once
 
 	deliveries chan delivery // to the dispatcher; bounded
 	heal       chan struct{} // cap 1: wakes the supervisor for a self-heal reconnect
@@ -115,6 +159,9 @@ type Client struct {
 	// regKey is the Idempotency-Key of the registration under way, reused by
 	// its retries and cleared once one is answered; guarded by regMu.
 	regKey string
+	// keptToken is the token loaded from Config.TokenStore at Dial, for the
+	// first registration to resume with; guarded by regMu.
+	keptToken string
 
 	mu        sync.Mutex
 	sessionID string
@@ -132,8 +179,14 @@ type Client struct {
 	// (epoch) it belongs to, for drain: a new registration numbers its
 	// signals from 1 again. Guarded by mu.
 	highest seqMark
+	// held records, with Config.DeferAck, the registration of each signal
+	// handed to OnSignal and not yet acknowledged by Client.Ack.
+	held heldSignals
+	// registration is what the hub said of the session at its last
+	// registration or resume. Guarded by mu.
+	registration Registration
 
-	reconnects, selfHeals, reregistrations, droppedAtReset, pingTimeouts atomic.Int64
+	reconnects, selfHeals, reregistrations, droppedAtReset, pingTimeouts, takeovers, rateLimited atomic.Int64
 }
 
 // Close codes of the hub (docs/api.md, WebSocket).
@@ -152,11 +205,12 @@ const (
 	maxWrongInstanceHops = 3
 	// drainTimeout bounds the drain before each redial: on a path that died
 	// silently it would otherwise wait for an answer that never comes.
-	drainTimeout        = 15 * time.Second
-	deliveryQueue       = 64
-	defaultSendAttempts = 4
-	defaultPingInterval = 20 * time.Second
-	defaultPingTimeout  = 10 * time.Second
+	drainTimeout         = 15 * time.Second
+	deliveryQueue        = 64
+	defaultSendAttempts  = 4
+	defaultPingInterval  = 20 * time.Second
+	defaultPingTimeout   = 10 * time.Second
+	defaultRateLimitWait = time.Minute
 )
 
 // welcomeTimeout bounds an attach's upgrade request and, again, the wait for
@@ -176,6 +230,10 @@ var errClosed = fmt.Errorf("bootstrap: client closed: %w", net.ErrClosed)
 func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	c, err := newClient(cfg)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.loadToken(ctx); err != nil {
+		c.closeIdle()
 		return nil, err
 	}
 	c.wg.Add(1)
@@ -234,6 +292,9 @@ func newClient(cfg Config) (*Client, error) {
 	}
 	if cfg.PingTimeout == 0 {
 		cfg.PingTimeout = defaultPingTimeout
+	}
+	if cfg.RateLimitWait == 0 {
+		cfg.RateLimitWait = defaultRateLimitWait
 	}
 	if cfg.ReconnectMaxDelay < cfg.ReconnectBaseDelay {
 		return nil, errors.New("bootstrap: ReconnectMaxDelay is below ReconnectBaseDelay")
@@ -322,6 +383,8 @@ func (c *Client) Stats() Stats {
 		Reregistrations:    int(c.reregistrations.Load()),
 		DroppedAtReset:     int(c.droppedAtReset.Load()),
 		PingTimeouts:       int(c.pingTimeouts.Load()),
+		Takeovers:          int(c.takeovers.Load()),
+		RateLimited:        int(c.rateLimited.Load()),
 	}
 }
 

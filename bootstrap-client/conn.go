@@ -32,7 +32,7 @@ type delivery struct {
 // with no way back. The token the client holds stays valid until the client
 // itself rotates it, so attaching with it is enough.
 func (c *Client) connect(ctx context.Context) (*websocket.Conn, uint64, error) {
-	if c.currentAuth().token == "" { // Dial: not registered yet
+	if c.currentAuth().epoch == 0 { // Dial: not registered yet
 		if err := c.register(ctx); err != nil {
 			return nil, 0, err
 		}
@@ -229,6 +229,7 @@ func (c *Client) supervise(conn *websocket.Conn, gen uint64) {
 			case statusReplaced:
 				c.stop()
 				c.log.Warn("marconi: connection replaced by a newer one of this session; not redialing")
+				c.fatal(ErrReplaced)
 				return
 			case statusSessionExpired:
 				if rerr := c.reregister(c.ctx, a.token); rerr != nil {
@@ -237,9 +238,12 @@ func (c *Client) supervise(conn *websocket.Conn, gen uint64) {
 			}
 		}
 		c.log.Info("marconi: WebSocket ended, reconnecting", "status", int(status), "err", err, "immediate", immediate)
-		var ok bool
-		if conn, gen, ok = c.redial(status == websocket.StatusServiceRestart); !ok {
+		var rerr error
+		if conn, gen, rerr = c.redial(status == websocket.StatusServiceRestart); rerr != nil {
 			c.stop()
+			if c.ctx.Err() == nil {
+				c.fatal(rerr)
+			}
 			return
 		}
 	}
@@ -257,6 +261,20 @@ func (c *Client) stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stopped = true
+}
+
+// fatal tells the application, once, that the client stopped for good
+// (Config.OnFatal): err is the hub's *Error when one is in the chain.
+func (c *Client) fatal(err error) {
+	var he *Error
+	if errors.As(err, &he) {
+		err = he
+	}
+	c.fatalOnce.Do(func() {
+		if c.cfg.OnFatal != nil {
+			c.cfg.OnFatal(err)
+		}
+	})
 }
 
 // detach forgets the connection of generation gen.
@@ -303,10 +321,10 @@ func (c *Client) readLoop(conn *websocket.Conn, epoch uint64, hold *readerHold) 
 }
 
 // redial attaches again, waiting between attempts with backoff and draining
-// while the WebSocket is down, until it is attached (true), the client
-// closes, or the hub refuses for good (false). After a restart the hub
-// announced (1012), the backoff's ceiling is ReconnectRestartMaxDelay.
-func (c *Client) redial(restart bool) (*websocket.Conn, uint64, bool) {
+// while the WebSocket is down, until it is attached, the client closes
+// (errClosed), or the hub refuses for good (that answer). After a restart
+// the hub announced (1012), the backoff's ceiling is ReconnectRestartMaxDelay.
+func (c *Client) redial(restart bool) (*websocket.Conn, uint64, error) {
 	b := c.backoff
 	if restart {
 		b = b.capped(c.cfg.ReconnectRestartMaxDelay)
@@ -320,23 +338,23 @@ func (c *Client) redial(restart bool) (*websocket.Conn, uint64, bool) {
 			c.drain(dctx)
 			cancel()
 			if !c.wait(b.delay(attempt)) {
-				return nil, 0, false
+				return nil, 0, errClosed
 			}
 		}
 		conn, gen, err := c.connect(c.ctx)
 		if err == nil {
 			c.reconnects.Add(1)
-			return conn, gen, true
+			return conn, gen, nil
 		}
 		if c.ctx.Err() != nil {
-			return nil, 0, false
+			return nil, 0, errClosed
 		}
 		c.mu.Lock()
 		c.immediate = false
 		c.mu.Unlock()
 		if permanent(err) {
 			c.log.Error("marconi: hub refuses the session; giving up reconnecting", "err", err)
-			return nil, 0, false
+			return nil, 0, err
 		}
 		c.log.Warn("marconi: reconnect failed", "attempt", attempt, "err", err)
 	}
@@ -429,6 +447,9 @@ func (c *Client) dispatch() {
 			c.mu.Lock()
 			c.highest = seqMark{epoch: d.epoch, seq: s.Seq}
 			c.mu.Unlock()
+			if c.cfg.DeferAck {
+				c.held.hold(d.epoch, s)
+			}
 			if c.cfg.OnSignal != nil {
 				c.cfg.OnSignal(s)
 			}
@@ -436,7 +457,7 @@ func (c *Client) dispatch() {
 		if len(d.signals) > 0 && d.epoch == seq.epoch {
 			unacked++
 		}
-		if unacked > 0 && (len(c.deliveries) == 0 || unacked >= ackEvery) {
+		if unacked > 0 && !c.cfg.DeferAck && (len(c.deliveries) == 0 || unacked >= ackEvery) {
 			c.ack(seq.epoch, seq.highest)
 			unacked = 0
 		}

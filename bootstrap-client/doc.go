@@ -20,7 +20,7 @@
 //     (Config.PingInterval): the path died silently; the connection is
 //     closed and redialed with the backoff, counted in Stats.PingTimeouts.
 //   - close code 4409 (replaced by a newer connection of this session): not
-//     redialed; the client does not fight the newer connection.
+//     redialed; the client does not fight the newer connection (OnFatal).
 //   - 410 session_expired from any call, or close code 4410: the same
 //     session_id is registered again, the WebSocket reattached, and
 //     Config.OnAffinityReset called (whatever the session held is gone).
@@ -37,6 +37,18 @@
 //     when the assigned instance dies, that URL's instance takes the session
 //     over once it sees the dead one gone (within about half a second of a
 //     kill with Postgres).
+//   - 429 to a registration or a send: waited out for its Retry-After (the
+//     backoff when the header is missing or unreadable) and made again,
+//     within Config.RateLimitWait and ctx; a longer wait returns the 429.
+//   - 403 to Dial's registration (the id is live under a token the client
+//     does not hold): with Config.Takeover, registered again with
+//     "takeover": true; OnAffinityReset is called.
+//   - refused for good while reconnecting (400, 401, 403, 404), or close
+//     4409: Config.OnFatal is called once, with the hub's *Error or
+//     ErrReplaced.
+//
+// Config.TokenStore keeps the session token across runs (FileTokenStore: a
+// 0600 file): Dial resumes with a kept token, and every new token is saved.
 //
 // Delivery is at least once on the wire; the client turns it into once per
 // signal id for the handler: signals from the WebSocket, from drain and from

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -88,7 +89,9 @@ func (c *Client) doAt(ctx context.Context, base, method, path, bearer string, he
 		return resp.StatusCode, fmt.Errorf("bootstrap: read answer to %s %s: %w: %w", method, base+path, errNoAnswer, err)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return resp.StatusCode, decodeError(resp.StatusCode, data)
+		he := decodeError(resp.StatusCode, data)
+		he.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+		return resp.StatusCode, he
 	}
 	if out != nil && len(data) > 0 {
 		if err := json.Unmarshal(data, out); err != nil {
@@ -138,29 +141,43 @@ func (c *Client) tokenRotated(token string) bool {
 // keeps changing under it.
 const maxCallAttempts = 3
 
-// register registers the session, or resumes it when the client holds a
-// token (X-Marconi-Session-Token). A resume of a session the hub no longer
-// knows becomes a registration of the same session_id.
+// register makes the client's first registration, at Dial: a resume with the
+// token kept in Config.TokenStore when there is one (X-Marconi-Session-Token),
+// else a registration of the configured id. A kept token of a session the hub
+// no longer knows (410) becomes a registration of the same id; a registration
+// refused because the id is live (403) becomes a takeover when
+// Config.Takeover says so. The new token is kept.
 func (c *Client) register(ctx context.Context) error {
 	c.regMu.Lock()
 	defer c.regMu.Unlock()
 	c.mu.Lock()
-	id, token := c.sessionID, c.token
+	id := c.sessionID
 	c.mu.Unlock()
-	res, status, err := c.postRegister(ctx, id, token)
+	token := c.keptToken
+	c.keptToken = ""
+	res, status, err := c.postRegister(ctx, id, token, false)
 	var he *Error
 	if token != "" && errors.As(err, &he) && he.Code == codeSessionExpired {
-		res, status, err = c.postRegister(ctx, id, "")
+		c.log.Info("marconi: the kept token's session is gone; registering the id anew", "session_id", id)
+		res, status, err = c.postRegister(ctx, id, "", false)
+	}
+	if c.cfg.Takeover && id != "" && errors.As(err, &he) && he.Status == http.StatusForbidden {
+		c.log.Warn("marconi: session is live under a token this client does not hold; taking it over", "session_id", id)
+		c.regKey = "" // another registration: the refused one stored nothing
+		res, status, err = c.postRegister(ctx, id, "", true)
 	}
 	if err != nil {
 		return err
 	}
 	c.adopt(res, status == http.StatusCreated)
-	if token != "" && status == http.StatusCreated {
-		c.reregistrations.Add(1)
-		c.log.Warn("marconi: session was gone, registered again", "session_id", res.SessionID)
+	if res.TakenOver {
+		c.takeovers.Add(1)
+		c.log.Warn("marconi: session taken over; its former holder's token stopped working", "session_id", res.SessionID)
+		// Whatever the session held at runtime belonged to the former
+		// holder: the application is told before any signal.
+		c.enqueue(ctx, delivery{affinityReset: true, epoch: c.currentAuth().epoch})
 	}
-	return nil
+	return c.keep(ctx)
 }
 
 // reregister registers the session_id again after the hub answered 410
@@ -177,13 +194,16 @@ func (c *Client) reregister(ctx context.Context, stale string) error {
 	if token != stale {
 		return nil
 	}
-	res, status, err := c.postRegister(ctx, id, "")
+	res, status, err := c.postRegister(ctx, id, "", false)
 	if err != nil {
 		return fmt.Errorf("bootstrap: register session %s again: %w", id, err)
 	}
 	c.adopt(res, status == http.StatusCreated)
 	c.reregistrations.Add(1)
 	c.log.Warn("marconi: session expired, registered again", "session_id", res.SessionID)
+	if err := c.keep(ctx); err != nil {
+		c.log.Error("marconi: could not keep the new session token; a restart will not resume it", "session_id", res.SessionID, "err", err)
+	}
 	c.mu.Lock()
 	conn := c.conn
 	c.immediate = true
@@ -194,28 +214,40 @@ func (c *Client) reregister(ctx context.Context, stale string) error {
 	return nil
 }
 
-// postRegister makes one registration. Its attempts carry one
-// Idempotency-Key, kept until a registration is answered (adopt), and when an
-// answer is lost or the hub answers 502, 503 or 504 it registers again with
-// it, through the next hub URL, up to Config.SendAttempts times: the hub
-// answers a retry of a registration it made with a new token. The caller
-// holds regMu.
-func (c *Client) postRegister(ctx context.Context, id, token string) (registerResponse, int, error) {
+// postRegister makes one registration (a resume when token is set, a
+// takeover when takeover is). Its attempts carry one Idempotency-Key, kept
+// until a registration is answered (adopt), and when an answer is lost or the
+// hub answers 502, 503 or 504 it registers again with it, through the next
+// hub URL, up to Config.SendAttempts times: the hub answers a retry of a
+// registration it made with a new token. A 429 is waited out
+// (Config.RateLimitWait). The caller holds regMu.
+func (c *Client) postRegister(ctx context.Context, id, token string, takeover bool) (registerResponse, int, error) {
 	if c.regKey == "" {
-		c.regKey = newIdempotencyKey()
+		c.regKey = newRegistrationKey()
 	}
 	h := http.Header{"Idempotency-Key": {c.regKey}}
 	if token != "" {
 		h.Set("X-Marconi-Session-Token", token)
 	}
-	req := registerRequest{SessionID: id, Surface: c.cfg.Surface, RuntimeMode: c.cfg.RuntimeMode, ClientID: c.cfg.ClientID}
-	for attempt := 0; ; attempt++ {
+	req := registerRequest{SessionID: id, Surface: c.cfg.Surface, RuntimeMode: c.cfg.RuntimeMode, ClientID: c.cfg.ClientID, Takeover: takeover}
+	var limit rateLimit
+	for attempt := 0; ; {
 		var res registerResponse
 		status, err := c.do(ctx, http.MethodPost, "/v1/sessions", c.cfg.APIKey, h, req, &res)
 		if err == nil && res.Token == "" {
 			err = fmt.Errorf("bootstrap: register answered %d without a token", status)
 		}
-		if err == nil || attempt+1 >= c.cfg.SendAttempts || !unavailable(err) {
+		if err == nil {
+			return res, status, nil
+		}
+		retry, stop := c.waitRateLimit(ctx, &limit, err)
+		if stop != nil {
+			return registerResponse{}, 0, stop
+		}
+		if retry {
+			continue
+		}
+		if attempt+1 >= c.cfg.SendAttempts || !unavailable(err) {
 			return res, status, err
 		}
 		c.log.Info("marconi: registration got no answer; registering again with the same idempotency key",
@@ -223,6 +255,57 @@ func (c *Client) postRegister(ctx context.Context, id, token string) (registerRe
 		if werr := c.retryWait(ctx, attempt, err); werr != nil {
 			return registerResponse{}, 0, werr
 		}
+		attempt++
+	}
+}
+
+// rateLimit is what one call has spent waiting out 429 answers.
+type rateLimit struct {
+	waits int           // 429s waited out
+	spent time.Duration // time waited in all
+}
+
+// waitRateLimit waits out err when it is a 429 whose wait fits in what is left
+// of the call's budget (Config.RateLimitWait) and of ctx's deadline: the wait
+// is the Retry-After with up to a quarter more of jitter (callers the same
+// second refused come back spread), or the reconnect backoff when the header
+// is missing or unreadable, except on quota_exceeded, where the hub sends
+// none when waiting does not help (live sessions per project). retry says the call is to be made again; stop is
+// set when ctx ended (joined with err) or the client closed while waiting.
+func (c *Client) waitRateLimit(ctx context.Context, l *rateLimit, err error) (retry bool, stop error) {
+	var he *Error
+	if !errors.As(err, &he) || he.Status != http.StatusTooManyRequests {
+		return false, nil
+	}
+	left := c.cfg.RateLimitWait - l.spent
+	if dl, ok := ctx.Deadline(); ok {
+		left = min(left, time.Until(dl))
+	}
+	d := he.RetryAfter
+	if d <= 0 && he.Code == codeQuotaExceeded {
+		return false, nil // a quota with no Retry-After: the hub says waiting does not help
+	}
+	if d <= 0 {
+		d = c.backoff.ceiling(l.waits)/2 + c.backoff.delay(l.waits)/2
+	} else if d <= left {
+		d = min(d+time.Duration(c.backoff.int63n(int64(d/4)+1)), left)
+	}
+	if d > left {
+		return false, nil // longer than the caller can wait: the 429 is the answer
+	}
+	l.waits++
+	l.spent += d
+	c.rateLimited.Add(1)
+	c.log.Info("marconi: hub asks to wait (429); retrying after it", "code", he.Code, "wait", d, "retry_after", he.RetryAfter)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false, errors.Join(err, ctx.Err())
+	case <-c.ctx.Done():
+		return false, errClosed
+	case <-t.C:
+		return true, nil
 	}
 }
 
@@ -244,19 +327,53 @@ func (c *Client) retryWait(ctx context.Context, attempt int, err error) error {
 
 // adopt takes a registration answer as the client's current session. A new
 // registration (created) starts a new epoch: the hub numbers its signals
-// afresh. The caller holds regMu.
+// afresh; so does the client's first registration, a resume included. The
+// caller holds regMu.
 func (c *Client) adopt(res registerResponse, created bool) {
 	c.regKey = "" // answered: the next registration is another one
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sessionID = res.SessionID
 	c.token = res.Token
-	if created {
+	c.registration = res.registration()
+	if created || c.epoch == 0 {
 		c.epoch++
 	}
 	if res.HeartbeatIntervalSeconds > 0 {
 		c.hbEvery = time.Duration(res.HeartbeatIntervalSeconds) * time.Second
 	}
+}
+
+// loadToken reads Config.TokenStore at Dial: a kept token of the configured
+// session (or of any, when none is configured) is resumed with.
+func (c *Client) loadToken(ctx context.Context) error {
+	if c.cfg.TokenStore == nil {
+		return nil
+	}
+	t, err := c.cfg.TokenStore.Load(ctx)
+	if err != nil {
+		return fmt.Errorf("bootstrap: load the kept session token: %w", err)
+	}
+	if t.Token == "" || (c.cfg.SessionID != "" && t.SessionID != c.cfg.SessionID) {
+		return nil
+	}
+	c.sessionID, c.keptToken = t.SessionID, t.Token
+	return nil
+}
+
+// keep saves the current session and token to Config.TokenStore. The caller
+// holds regMu, so saves happen in the order the tokens were adopted.
+func (c *Client) keep(ctx context.Context) error {
+	if c.cfg.TokenStore == nil {
+		return nil
+	}
+	c.mu.Lock()
+	t := SessionToken{SessionID: c.sessionID, Token: c.token}
+	c.mu.Unlock()
+	if err := c.cfg.TokenStore.Save(ctx, t); err != nil {
+		return fmt.Errorf("bootstrap: keep the session token: %w", err)
+	}
+	return nil
 }
 
 // SendOption sets an option of one Send.
@@ -275,12 +392,22 @@ func WithIdempotencyKey(key string) SendOption {
 // newIdempotencyKey is the key of a Send that names none: 128 random bits.
 func newIdempotencyKey() string { return "bc-" + rand.Text() }
 
+// newRegistrationKey is the Idempotency-Key of one registration: 192 random
+// bits as 32 base64url characters (the hub refuses fewer than 128 bits).
+func newRegistrationKey() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
 // Send sends a signal to the session to. kind may be empty (the hub's
 // default, "signal"); payload is encoded as JSON. Every send carries an
 // idempotency key (WithIdempotencyKey, else generated), and when its answer
 // is lost or the hub answers 502, 503 or 504 the client sends it again with
 // the same key, through the next hub URL, up to Config.SendAttempts times:
-// the hub stores it once. The answer is returned as a SendResult; a retry
+// the hub stores it once. A 429 (the session's send rate, a project quota)
+// is waited out for its Retry-After and the send made again, within
+// Config.RateLimitWait and ctx. The answer is returned as a SendResult; a retry
 // that finds its earlier attempt stored says Duplicate. Signals waiting for
 // this session that came with it (piggyback) go to OnSignal. When the hub
 // says sender_route_stale, Send has already started the reconnect when it
@@ -305,9 +432,20 @@ func (c *Client) Send(ctx context.Context, to, kind string, payload any, opts ..
 		resp sendResponse
 		a    auth
 	)
-	for attempt := 0; ; attempt++ {
+	var limit rateLimit
+	for attempt := 0; ; {
 		a, err = c.sessionCall(ctx, http.MethodPost, "/v1/signals", req, &resp)
-		if err == nil || attempt+1 >= c.cfg.SendAttempts || !unavailable(err) {
+		if err == nil {
+			break
+		}
+		retry, stop := c.waitRateLimit(ctx, &limit, err)
+		if stop != nil {
+			return SendResult{}, stop
+		}
+		if retry {
+			continue
+		}
+		if attempt+1 >= c.cfg.SendAttempts || !unavailable(err) {
 			break
 		}
 		c.log.Info("marconi: send got no answer; sending again with the same idempotency key",
@@ -315,6 +453,7 @@ func (c *Client) Send(ctx context.Context, to, kind string, payload any, opts ..
 		if werr := c.retryWait(ctx, attempt, err); werr != nil {
 			return SendResult{}, werr
 		}
+		attempt++
 	}
 	if err != nil {
 		return SendResult{}, err

@@ -2,8 +2,10 @@ package bootstrap
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -15,6 +17,9 @@ type Error struct {
 	Status  int
 	Code    string
 	Message string
+	// RetryAfter is the answer's Retry-After header (429, 503), zero when
+	// it had none or one the client could not read.
+	RetryAfter time.Duration
 
 	// instanceURL is set on 409 wrong_instance: where the session's queue lives.
 	instanceURL string
@@ -25,10 +30,38 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("marconi hub: %d %s: %s", e.Status, e.Code, e.Message)
 }
 
+// ErrReplaced is what Config.OnFatal receives when a newer connection of the
+// session replaced the client's (close 4409): another process resumed the
+// session or took it over. The client does not fight it.
+var ErrReplaced = errors.New("bootstrap: session taken by a newer connection (4409); not reconnecting")
+
+// parseRetryAfter reads a Retry-After header: delay-seconds or an HTTP date.
+// Zero when it is missing, unreadable, or not in the future.
+func parseRetryAfter(h string, now time.Time) time.Duration {
+	if h == "" {
+		return 0
+	}
+	if n, err := strconv.ParseInt(strings.TrimSpace(h), 10, 64); err == nil {
+		if n <= 0 || n > maxRetryAfterSeconds {
+			return 0
+		}
+		return time.Duration(n) * time.Second
+	}
+	if t, err := http.ParseTime(h); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
+}
+
+// maxRetryAfterSeconds is the largest Retry-After the client reads as a
+// number of seconds (a day); anything larger is taken as unreadable.
+const maxRetryAfterSeconds = 86400
+
 // Error codes the client acts on.
 const (
 	codeSessionExpired = "session_expired"
 	codeWrongInstance  = "wrong_instance"
+	codeQuotaExceeded  = "quota_exceeded"
 	// codeUnexpected is the code of an *Error built from an answer that did not
 	// carry the hub's error body (a proxy's page, an empty body).
 	codeUnexpected = "unexpected_response"
@@ -90,9 +123,11 @@ type SendResult struct {
 // drop discarded when it took this sticky session over (affinity reset), which
 // OnSignal will never see; PingTimeouts counts the connections closed because
 // the hub left a ping unanswered (Config.PingTimeout): a path that died
-// silently, each followed by a reconnect.
+// silently, each followed by a reconnect; Takeovers counts the registrations
+// the hub answered "taken_over" (Config.Takeover); RateLimited counts the 429
+// answers the client waited out and retried (Config.RateLimitWait).
 type Stats struct {
-	Reconnects, SelfHealReconnects, Reregistrations, DroppedAtReset, PingTimeouts int
+	Reconnects, SelfHealReconnects, Reregistrations, DroppedAtReset, PingTimeouts, Takeovers, RateLimited int
 }
 
 // sendRequest is the body of POST /v1/signals.
@@ -138,6 +173,7 @@ type registerRequest struct {
 	Surface     string `json:"surface"`
 	RuntimeMode string `json:"runtime_mode,omitempty"`
 	ClientID    string `json:"client_id,omitempty"`
+	Takeover    bool   `json:"takeover,omitempty"`
 }
 
 // registerResponse is the part of the hub's answer to POST /v1/sessions the
@@ -145,7 +181,12 @@ type registerRequest struct {
 type registerResponse struct {
 	SessionID                string `json:"session_id"`
 	Token                    string `json:"token"`
+	TenantID                 string `json:"tenant_id"`
+	ProjectID                string `json:"project_id"`
+	Surface                  string `json:"surface"`
+	RuntimeMode              string `json:"runtime_mode"`
 	HeartbeatIntervalSeconds int    `json:"heartbeat_interval_seconds"`
+	TakenOver                bool   `json:"taken_over"`
 }
 
 // heartbeatResponse is the part of the answer to POST /v1/heartbeat the client uses.

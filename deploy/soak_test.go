@@ -50,6 +50,9 @@ func planFromEnv() soakPlan {
 }
 
 func TestSoakThreeInstancesBehindHAProxy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (three hubs behind HAProxy for about 20 s): skipped by -short")
+	}
 	haproxy := requireHAProxy(t)
 	dbURL := pgtest.Schema(t)
 	plan := planFromEnv()

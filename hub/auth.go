@@ -12,13 +12,14 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/sessions"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
 // Credential prefixes tell the kinds apart, so a credential of the wrong kind
 // is refused before any lookup.
 const (
-	prefixSessionToken = "mst_"
+	prefixSessionToken = sessions.TokenPrefix
 	prefixAPIKey       = "mak_"
 )
 

@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -79,6 +80,14 @@ func (g *clusterGauges) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(n), string(state), class)
 		}
 	}
+}
+
+// sampleClusterNow is sampleCluster on its own deadline, for the sample Run
+// takes at start.
+func (s *Server) sampleClusterNow(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	s.sampleCluster(ctx)
 }
 
 // sampleCluster reads the cluster-wide gauges from the store, on the

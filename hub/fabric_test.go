@@ -430,6 +430,9 @@ func dialAsync(h *hubtest.Hub, a agent) <-chan dialResult {
 // naming it, records nothing and drops nothing. Sticky ownership never
 // splits.
 func TestConcurrentTakeoversOneWins(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (several seconds): skipped by -short")
+	}
 	t.Parallel()
 	c := newFabCluster(t, true, hub.Config{Fabric: fabric.Config{DisconnectPolicy: fabric.PolicyDrop}})
 	race := newTakeoverRace(2)

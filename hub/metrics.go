@@ -5,7 +5,6 @@ import "github.com/prometheus/client_golang/prometheus"
 // metrics are the hub's own series; signals and fabric register theirs.
 type metrics struct {
 	registryErrors prometheus.Counter
-	registrations  *prometheus.CounterVec
 	pruned         *prometheus.CounterVec
 }
 
@@ -15,10 +14,6 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "marconi_registry_errors_total",
 			Help: "Requests answered 503 registry_unavailable because the store could not be reached.",
 		}),
-		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "marconi_registrations_total",
-			Help: "Session registrations by result (created, resumed, retried).",
-		}, []string{"result"}),
 		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "marconi_pruned_total",
 			Help: "Rows removed by the retention loop, by kind (signals, sessions).",
@@ -26,13 +21,10 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 	}
 	m.pruned.WithLabelValues("signals")
 	m.pruned.WithLabelValues("sessions")
-	for _, c := range []prometheus.Collector{m.registryErrors, m.registrations, m.pruned} {
+	for _, c := range []prometheus.Collector{m.registryErrors, m.pruned} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	m.registrations.WithLabelValues("created")
-	m.registrations.WithLabelValues("resumed")
-	m.registrations.WithLabelValues("retried")
 	return m, nil
 }

@@ -105,15 +105,9 @@ func (s *Server) opsDeregister(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	err = s.store.DeleteSession(c.Request().Context(), k)
-	if errors.Is(err, sessionstore.ErrNotFound) {
-		return marconi.Errorf(marconi.CodeNotFound, "no live session %s/%s/%s", k.TenantID, k.ProjectID, k.SessionID)
-	}
-	if err != nil {
+	if err := s.sessions.End(c.Request().Context(), k); err != nil {
 		return err
 	}
-	s.conns.Kick(k, conns.DisconnectDeregistered)
-	s.log.Info("session deregistered by an operator", keyAttrs(k))
 	return c.NoContent(http.StatusNoContent)
 }
 

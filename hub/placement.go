@@ -3,13 +3,9 @@ package hub
 import (
 	"context"
 
-	"github.com/google/uuid"
-
 	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 )
-
-func newSessionID() string { return uuid.NewString() }
 
 // place asks the fabric whether sess may attach here and builds the welcome.
 // A connection here that is being closed still counts as the session's queue

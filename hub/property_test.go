@@ -72,7 +72,11 @@ var rapidExplicit = sync.OnceValue(func() map[string]bool {
 })
 
 func TestPropertyDelivery(t *testing.T) {
-	setRapidChecks(t, propertyChecks)
+	checks := propertyChecks
+	if testing.Short() {
+		checks = 5 // a taste, in well under a second; the full run is the normal suite's
+	}
+	setRapidChecks(t, checks)
 	rapid.Check(t, func(rt *rapid.T) {
 		runModel(rt, "", []string{"test-1"}, false, func(cfg hub.Config) (*hubtest.Hub, func()) {
 			h := hubtest.Start(t, hubtest.Options{Store: memstore.New(), Config: cfg})
@@ -86,6 +90,9 @@ func TestPropertyDelivery(t *testing.T) {
 // be: every call goes to either, a signal sent through one reaches a
 // WebSocket attached to the other, and an instance may restart.
 func TestPGPropertyDelivery(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (tens of seconds on Postgres): skipped by -short")
+	}
 	schema := pgtest.Schema(t)
 	setRapidChecks(t, 4)
 	check := 0

@@ -17,6 +17,8 @@ import (
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub/conns"
+	"github.com/marconihub/marconi/internal/ratelimit"
+	"github.com/marconihub/marconi/sessions"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 	"github.com/marconihub/marconi/signals/selfheal"
@@ -107,6 +109,10 @@ type Config struct {
 	// history the dashboard reads (GET /v1/ops/selfheal/history); the
 	// history keeps the last 20.
 	SelfhealHistoryBucket time.Duration
+	// NoTakeover is MARCONI_ALLOW_TAKEOVER=false: a registration with
+	// "takeover": true of a live session is refused (403) as any other
+	// registration of a live id without its token.
+	NoTakeover bool
 	// IdempotencyWindow is MARCONI_IDEMPOTENCY_WINDOW_SECONDS (86400): how
 	// long a send's idempotency key and a registration's Idempotency-Key
 	// are remembered (signals.Config).
@@ -279,6 +285,10 @@ type Deps struct {
 	// Bus carries wake-ups between instances sharing the store; nil means
 	// none (a lone instance on the in-memory store).
 	Bus fabric.Bus
+	// Schema, when set, says whether the store's schema is the one this
+	// binary needs: nil when it is, else a *SchemaMismatch that /readyz
+	// reports. nil means the store has no schema to check (memory).
+	Schema func(context.Context) error
 }
 
 // Server is one hub instance's HTTP server. It is safe for concurrent use.
@@ -299,23 +309,25 @@ type Server struct {
 	placer   *fabric.Fabric
 	bus      fabric.Bus // counted by the connection hub
 
-	cluster *clusterGauges
-	http    *httpMetrics
-	history *selfhealHistory // nil without a Gatherer
-	// registrations is the per-API-key registration quota; newSessions
-	// serialises the count-then-create of one project's new sessions.
-	registrations *rateLimiter[[32]byte]
-	newSessions   *keyedMutex[TenantProject]
-	projectRooms  *projectRooms
-	quotas        *quotaMetrics
+	cluster  *clusterGauges
+	http     *httpMetrics
+	history  *selfhealHistory // nil without a Gatherer
+	sessions *sessions.Service
+	quotas   *quotaMetrics
 	// attaches is the per-session attach quota; heartbeatWrites lets one
 	// heartbeat write per session through per TouchInterval.
-	attaches        *rateLimiter[sessionstore.Key]
+	attaches        *ratelimit.Limiter[sessionstore.Key]
 	heartbeatWrites *pacer[sessionstore.Key]
 
 	draining      atomic.Bool
 	storeNotReady atomic.Bool                // set while the store's schema is not migrated
 	storeCause    atomic.Pointer[storeCause] // why the store is not ready, when known
+
+	// schema is Deps.Schema (nil: nothing to check); schemaOff is its last
+	// mismatch, nil when the schema matched or was not read (a slow store
+	// is not an unready one).
+	schema    func(context.Context) error
+	schemaOff atomic.Pointer[SchemaMismatch]
 }
 
 // New builds a hub. It does not listen; serve Handler() or use Start.
@@ -345,19 +357,16 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s := &Server{
 		cfg:     cfg,
 		store:   d.Store,
+		schema:  d.Schema,
 		log:     d.Logger,
 		now:     d.Now,
 		metrics: m,
 		creds:   newCredentials(cfg.APIKeys, cfg.AdminToken),
 		limits:  newSendLimiter(cfg.SendRatePerSecond, d.Now),
 		tokens:  newTokenCache(cfg.TokenCacheSize, cfg.TouchInterval),
+		quotas:  qm,
 
-		registrations: newRateLimiter[[32]byte](cfg.QuotaRegistrationsPerSecond, d.Now),
-		newSessions:   newKeyedMutex[TenantProject](),
-		projectRooms:  newProjectRooms(),
-		quotas:        qm,
-
-		attaches:        newRateLimiter[sessionstore.Key](cfg.QuotaAttachesPerSecond, d.Now),
+		attaches:        ratelimit.New[sessionstore.Key](cfg.QuotaAttachesPerSecond, d.Now),
 		heartbeatWrites: newPacer[sessionstore.Key](cfg.TouchInterval),
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
@@ -422,6 +431,16 @@ func New(cfg Config, d Deps) (*Server, error) {
 		Freshness:         cfg.SelfHeal.Freshness,
 		Quotas:            cfg.StoreQuotas,
 	}, d.Store, s.conns, s.selfheal, d.Now, d.Registry, d.Logger)
+	if err != nil {
+		return nil, err
+	}
+	s.sessions, err = sessions.New(sessions.Config{
+		SessionTTL:                  cfg.SessionTTL,
+		QuotaSessionsPerProject:     cfg.QuotaSessionsPerProject,
+		QuotaRegistrationsPerSecond: cfg.QuotaRegistrationsPerSecond,
+		RetryWindow:                 s.signals.Config().IdempotencyWindow,
+		AllowTakeover:               !cfg.NoTakeover,
+	}, sessions.Deps{Store: d.Store, Placer: s.fabric, Revoker: revoker{s}, Registry: d.Registry, Logger: d.Logger, Now: d.Now})
 	if err != nil {
 		return nil, err
 	}
@@ -507,7 +526,14 @@ func (s *Server) SetDraining() {
 // A hub starts ready; cmd/marconi marks it not ready until migrations apply.
 // Not ready, every store-backed call answers 503 registry_unavailable and
 // /readyz fails.
-func (s *Server) SetStoreReady(ready bool) { s.storeNotReady.Store(!ready) }
+// Marked ready after migrations this binary applied, the schema is its own:
+// a schema mismatch seen before is forgotten.
+func (s *Server) SetStoreReady(ready bool) {
+	if ready {
+		s.schemaOff.Store(nil)
+	}
+	s.storeNotReady.Store(!ready)
+}
 
 // SetStoreCause says why the store is not ready: public for anyone who can
 // reach the hub ("connection refused", "schema migrations failing"), detail
@@ -582,16 +608,22 @@ func (s *Server) Run(ctx context.Context) error {
 			return nil
 		})
 	}
-	g.Go(func() error { s.every(ctx, s.cfg.Retention.Every, s.prune); return nil })
+	g.Go(func() error {
+		s.sampleClusterNow(ctx) // exported from the start, not after the first prune
+		s.every(ctx, s.cfg.Retention.Every, s.prune)
+		return nil
+	})
+	if s.schema != nil {
+		g.Go(func() error { s.watchSchema(ctx); return nil })
+	}
 	g.Go(func() error { return s.fabric.Run(ctx) })
 	g.Go(func() error {
 		s.every(ctx, 30*time.Second, func(context.Context) {
 			s.selfheal.Sweep()
-			s.limits.sweep()
-			s.registrations.sweep()
-			s.attaches.sweep()
+			s.limits.Sweep()
+			s.sessions.Sweep()
+			s.attaches.Sweep()
 			s.heartbeatWrites.sweep(s.now())
-			s.projectRooms.sweep(s.now())
 		})
 		return nil
 	})
@@ -648,6 +680,9 @@ func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.storeNotReady.Load() {
 			return refuseUnread(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.notReadyMessage(false)))
+		}
+		if sm := s.schemaOff.Load(); sm != nil && sm.Refuse {
+			return refuseUnread(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.schemaMismatch(false)))
 		}
 		if c.Path() == "/v1/ws" {
 			return next(c)
@@ -750,6 +785,9 @@ func (s *Server) readyz(c echo.Context) error {
 				msg += " (" + cause + ")"
 			}
 		}
+		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})
+	}
+	if msg := s.schemaMismatch(admin); msg != "" {
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})
 	}
 	return c.JSON(http.StatusOK, map[string]string{"status": "ready", "instance_id": s.cfg.InstanceID})

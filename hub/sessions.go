@@ -1,9 +1,9 @@
 package hub
 
 import (
-	"errors"
+	"context"
+	"crypto/sha256"
 	"net/http"
-	"regexp"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -11,9 +11,9 @@ import (
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub/conns"
+	"github.com/marconihub/marconi/sessions"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
-	"github.com/marconihub/marconi/signals/selfheal"
 )
 
 // registerBodyLimit bounds a registration body.
@@ -24,6 +24,7 @@ type registerRequest struct {
 	Surface     string `json:"surface"`
 	RuntimeMode string `json:"runtime_mode"`
 	ClientID    string `json:"client_id"`
+	Takeover    bool   `json:"takeover"`
 	Hints       struct {
 		LocalState  bool `json:"local_state"`
 		SideEffects bool `json:"side_effects"`
@@ -43,16 +44,21 @@ type sessionResponse struct {
 	RegisteredAt             time.Time `json:"registered_at"`
 	ExpiresAt                time.Time `json:"expires_at"`
 	HeartbeatIntervalSeconds int       `json:"heartbeat_interval_seconds"`
+	// TakenOver says the registration took the live session over by its
+	// project's API key; false in every other answer.
+	TakenOver bool `json:"taken_over"`
 }
 
-var clientIDRe = regexp.MustCompile(`^[\x21-\x7e]{1,128}$`)
+// Registration headers: the registration's optional idempotency key (a
+// retry of a registration whose answer was lost presents the same key and
+// is answered with a new token instead of 403), and the current token of
+// the session to resume (docs/api.md).
+const (
+	headerIdempotencyKey = "Idempotency-Key"
+	headerSessionToken   = "X-Marconi-Session-Token"
+)
 
-// headerIdempotencyKey names the registration's optional idempotency key: a
-// retry of a registration whose answer was lost presents the same key and is
-// answered with a new token instead of 403 (docs/api.md).
-const headerIdempotencyKey = "Idempotency-Key"
-
-// register is POST /v1/sessions: create, or resume with the current token.
+// register is POST /v1/sessions: decode, the sessions service, encode.
 func (s *Server) register(c echo.Context) error {
 	if s.Draining() {
 		return marconi.Errorf(marconi.CodeDraining, "this instance is draining; register elsewhere")
@@ -61,157 +67,45 @@ func (s *Server) register(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.registrationAllowed(bearer(c)); err != nil {
+	if err := s.sessions.SpendRegistration(sha256.Sum256([]byte(bearer(c)))); err != nil {
 		return err
 	}
 	var req registerRequest
 	if err := decodeBody(c, registerBodyLimit, &req); err != nil {
 		return err
 	}
-	if req.SessionID != "" && !signals.ValidSessionID(req.SessionID) {
-		return marconi.Errorf(marconi.CodeInvalidField, "session_id must match [A-Za-z0-9._-]{1,128}")
-	}
-	if !selfheal.Surface(req.Surface).Valid() {
-		return marconi.Errorf(marconi.CodeInvalidSurface, "surface %q is not one of %s", req.Surface, selfheal.SurfaceNames)
-	}
-	if req.ClientID != "" && !clientIDRe.MatchString(req.ClientID) {
-		return marconi.Errorf(marconi.CodeInvalidField, "client_id must be 1 to 128 printable ASCII characters")
-	}
-	if req.RuntimeMode != "" {
-		if _, err := fabric.NormalizeRuntimeMode(req.RuntimeMode); err != nil {
-			if errors.Is(err, fabric.ErrReservedMode) {
-				return marconi.Errorf(marconi.CodeReservedRuntimeMode, "runtime_mode %q is reserved and not implemented; use stateless or sticky", req.RuntimeMode)
-			}
-			return marconi.Errorf(marconi.CodeInvalidRuntimeMode, "runtime_mode %q is unknown; use stateless or sticky", req.RuntimeMode)
-		}
-	}
-	regKey := c.Request().Header.Get(headerIdempotencyKey)
-	if !signals.ValidText(regKey, signals.MaxIdempotencyKeyBytes) {
-		return marconi.Errorf(marconi.CodeInvalidField, "%s must be UTF-8 text of at most %d bytes without control characters",
-			headerIdempotencyKey, signals.MaxIdempotencyKeyBytes)
-	}
-	var regKeyHash []byte
-	if regKey != "" {
-		regKeyHash = hashSecret(regKey)
-	}
-	ctx := c.Request().Context()
-	now := s.now()
-	token := NewSecret(prefixSessionToken)
-	gone := false // the resume found no live session: nothing to retry
+	h := c.Request().Header
+	reg, err := s.sessions.Register(c.Request().Context(), sessions.RegisterRequest{
+		Project:     sessions.Project{TenantID: owner.TenantID, ProjectID: owner.ProjectID},
+		SessionID:   req.SessionID,
+		Surface:     req.Surface,
+		RuntimeMode: req.RuntimeMode,
+		ClientID:    req.ClientID,
+		Hints:       sessions.Hints{LocalState: req.Hints.LocalState, SideEffects: req.Hints.SideEffects},
+		Token:       h.Get(headerSessionToken),
 
-	if old := c.Request().Header.Get("X-Marconi-Session-Token"); old != "" && req.SessionID != "" {
-		k := sessionstore.Key{TenantID: owner.TenantID, ProjectID: owner.ProjectID, SessionID: req.SessionID}
-		sess, err := s.store.ResumeSession(ctx, k, hashSecret(old), hashSecret(token),
-			sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)
-		switch {
-		case err == nil:
-			s.tokens.drop(hashSecret(old))
-			s.metrics.registrations.WithLabelValues("resumed").Inc()
-			s.log.Info("session resumed", keyAttrs(sess.Key), "surface", sess.Surface, "runtime_mode", sess.RuntimeMode)
-			return c.JSON(http.StatusOK, s.sessionResponse(sess, token))
-		case errors.Is(err, sessionstore.ErrTokenMismatch):
-			if done, err := s.retryRegistration(c, k, regKeyHash, token, now); done {
-				return err
-			}
-			return marconi.Errorf(marconi.CodeForbidden, "session %q is live and this is not its current token", req.SessionID)
-		case !errors.Is(err, sessionstore.ErrNotFound):
-			return err
-		}
-		// Expired or deleted: the id is free again; register anew.
-		gone = true
-	}
-	if req.SessionID != "" && !gone {
-		// Before the quota: the session of a lost answer is already counted.
-		k := sessionstore.Key{TenantID: owner.TenantID, ProjectID: owner.ProjectID, SessionID: req.SessionID}
-		if done, err := s.retryRegistration(c, k, regKeyHash, token, now); done {
-			return err
-		}
-	}
-
-	id := req.SessionID
-	if id == "" {
-		id = newSessionID()
-	}
-	mode, source := s.placer.RuntimeMode(fabric.Mode(req.RuntimeMode), req.ClientID, fabric.Hints{Surface: req.Surface, LocalState: req.Hints.LocalState, SideEffects: req.Hints.SideEffects})
-	sess := sessionstore.Session{
-		Key:               sessionstore.Key{TenantID: owner.TenantID, ProjectID: owner.ProjectID, SessionID: id},
-		Surface:           req.Surface,
-		RuntimeMode:       string(mode),
-		RuntimeModeSource: string(source),
-		ClientID:          req.ClientID,
-		TokenHash:         hashSecret(token),
-		// The key's hash, never the key: it is a secret that can mint a token.
-		RegistrationKeyHash: regKeyHash,
-		RegisteredAt:        now,
-		ExpiresAt:           now.Add(s.cfg.SessionTTL),
-	}
-	// Count and create under the project's lock, so that this instance's
-	// concurrent registrations cannot pass the quota together.
-	unlock, err := s.newSessions.lock(ctx, owner)
+		IdempotencyKey: h.Get(headerIdempotencyKey),
+		Takeover:       req.Takeover,
+	})
 	if err != nil {
 		return err
 	}
-	defer unlock()
-	if err := s.checkSessionQuota(ctx, owner); err != nil {
-		return err
+	status := http.StatusOK
+	if reg.Created() {
+		status = http.StatusCreated
 	}
-	if mode == fabric.ModeSticky {
-		inst, err := s.placer.Assign(ctx)
-		if err != nil {
-			return err
-		}
-		sess.AssignedInstance = inst
-	}
-	sess, err = s.store.CreateSession(ctx, sess, now)
-	if errors.Is(err, sessionstore.ErrConflict) {
-		return marconi.Errorf(marconi.CodeForbidden, "session %q is live; present its current token in X-Marconi-Session-Token to resume it", id)
-	}
-	if err != nil {
-		return err
-	}
-	if source == fabric.SourceAdaptive {
-		s.placer.CountAdaptivePlacement(ctx)
-	}
-	s.metrics.registrations.WithLabelValues("created").Inc()
-	s.log.Info("session registered", keyAttrs(sess.Key), "surface", sess.Surface, "runtime_mode", sess.RuntimeMode,
-		"runtime_mode_source", sess.RuntimeModeSource, "assigned_instance", sess.AssignedInstance)
-	return c.JSON(http.StatusCreated, s.sessionResponse(sess, token))
+	return c.JSON(status, s.sessionResponse(reg))
 }
 
-// retryRegistration answers a registration of the live session k that
-// carries the Idempotency-Key of the registration that made its current
-// token, within the idempotency window: the retry of a registration whose
-// answer was lost. The lost token was never seen and is stored only hashed,
-// so it cannot be sent again: the session gets token instead, the lost one
-// stops working, and the answer is the registration's (201). done is false,
-// and nothing changed, when this is not such a retry (no key, another key,
-// too old, no live session).
-func (s *Server) retryRegistration(c echo.Context, k sessionstore.Key, keyHash []byte, token string, now time.Time) (done bool, err error) {
-	if keyHash == nil {
-		return false, nil
-	}
-	since := now.Add(-s.signals.Config().IdempotencyWindow)
-	sess, err := s.store.RetryRegistration(c.Request().Context(), k, keyHash, since, hashSecret(token),
-		sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}, now)
-	switch {
-	case errors.Is(err, sessionstore.ErrNotFound):
-		return false, nil
-	case err != nil:
-		return true, err
-	}
-	s.metrics.registrations.WithLabelValues("retried").Inc()
-	s.log.Info("session registration retried after a lost answer", keyAttrs(sess.Key), "surface", sess.Surface,
-		"runtime_mode", sess.RuntimeMode)
-	return true, c.JSON(http.StatusCreated, s.sessionResponse(sess, token))
-}
-
-func (s *Server) sessionResponse(sess sessionstore.Session, token string) sessionResponse {
+func (s *Server) sessionResponse(reg sessions.Registration) sessionResponse {
+	sess := reg.Session
 	r := sessionResponse{
-		SessionID: sess.SessionID, Token: token, TenantID: sess.TenantID, ProjectID: sess.ProjectID,
+		SessionID: sess.SessionID, Token: reg.Token, TenantID: sess.TenantID, ProjectID: sess.ProjectID,
 		Surface: sess.Surface, RuntimeMode: sess.RuntimeMode, RuntimeModeSource: sess.RuntimeModeSource,
 		InstanceID:   s.cfg.InstanceID,
 		RegisteredAt: sess.RegisteredAt.UTC(), ExpiresAt: sess.ExpiresAt.UTC(),
 		HeartbeatIntervalSeconds: int(s.cfg.HeartbeatInterval / time.Second),
+		TakenOver:                reg.Outcome == sessions.OutcomeTakenOver,
 	}
 	if fabric.Mode(sess.RuntimeMode) == fabric.ModeSticky && sess.AssignedInstance != "" {
 		r.InstanceID = sess.AssignedInstance
@@ -259,16 +153,9 @@ func (s *Server) heartbeat(c echo.Context) error {
 
 // deregister is DELETE /v1/session.
 func (s *Server) deregister(c echo.Context) error {
-	sess := session(c)
-	err := s.store.DeleteSession(c.Request().Context(), sess.Key)
-	if err != nil && !errors.Is(err, sessionstore.ErrNotFound) {
+	if err := s.sessions.Deregister(c.Request().Context(), session(c)); err != nil {
 		return err
 	}
-	s.tokens.drop(tokenHash(c))
-	// A place is free again in this project: no need to wait for a recount.
-	s.projectRooms.forget(TenantProject{TenantID: sess.TenantID, ProjectID: sess.ProjectID})
-	s.conns.Kick(sess.Key, conns.DisconnectDeregistered)
-	s.log.Info("session deregistered", keyAttrs(sess.Key))
 	return c.NoContent(http.StatusNoContent)
 }
 
@@ -286,4 +173,18 @@ func (s *Server) touchVerb(c echo.Context, sess sessionstore.Session) {
 		return
 	}
 	s.tokens.touched([32]byte(tokenHash(c)), t)
+}
+
+// revoker is how the sessions service makes a token that stopped working
+// stop everywhere on this instance: the token cache forgets it and the
+// connection hub closes what it opened.
+type revoker struct{ s *Server }
+
+func (r revoker) Replaced(_ context.Context, _ sessionstore.Session, oldHash []byte) {
+	r.s.tokens.drop(oldHash)
+}
+
+func (r revoker) Ended(_ context.Context, sess sessionstore.Session) {
+	r.s.tokens.drop(sess.TokenHash)
+	r.s.conns.Kick(sess.Key, conns.DisconnectDeregistered)
 }

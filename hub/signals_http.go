@@ -63,7 +63,7 @@ func (s *Server) send(c echo.Context) error {
 	if s.Draining() {
 		return marconi.Errorf(marconi.CodeDraining, "this instance is draining; send through another")
 	}
-	if !s.limits.allow(sender.Key) {
+	if !s.limits.Allow(sender.Key) {
 		return marconi.Errorf(marconi.CodeTooManyRequests, "more than %g sends a second from this session", s.cfg.SendRatePerSecond)
 	}
 	var req sendRequest

@@ -55,7 +55,7 @@ func (s *Server) prepareAttach(c echo.Context) (sessionstore.Session, conns.Welc
 // store writes (placement, the attach, the detach), so churn past the rate
 // is refused before any of them.
 func (s *Server) attachAllowed(k sessionstore.Key) error {
-	ok, wait := s.attaches.take(k)
+	ok, wait := s.attaches.Take(k)
 	if ok {
 		return nil
 	}

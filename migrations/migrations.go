@@ -21,15 +21,65 @@ var files embed.FS
 // migration against an unreachable database fails instead of hanging.
 const defaultConnectTimeout = "5"
 
+// Option changes how Up, Down and Steps run.
+type Option func(*options)
+
+type options struct {
+	progress func(Migration, Direction)
+}
+
+func newOptions(opts []Option) options {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// Direction says whether a migration was applied (Up) or reverted (Down).
+type Direction string
+
+// The two directions a step can go.
+const (
+	DirectionUp   Direction = "up"
+	DirectionDown Direction = "down"
+)
+
+// WithProgress calls fn after each migration is applied or reverted, so that
+// an operator sees every step as it happens.
+func WithProgress(fn func(Migration, Direction)) Option {
+	return func(o *options) { o.progress = fn }
+}
+
 // Up applies every migration not yet applied. It is a no-op when the schema
-// is already at the latest version.
-func Up(ctx context.Context, databaseURL string) error {
-	return run(ctx, databaseURL, "up", (*migrate.Migrate).Up)
+// is already at the latest version. A schema ahead of this binary (migrated
+// by a newer one) is an error that says so.
+func Up(ctx context.Context, databaseURL string, opts ...Option) error {
+	reporting := newOptions(opts).progress != nil
+	return run(ctx, databaseURL, "up", opts, func(m *migrate.Migrate, at uint, step func(int) error) error {
+		if at > Latest() {
+			return fmt.Errorf("schema version %d is ahead of this binary (it knows up to %d): run the newer binary", at, Latest())
+		}
+		if !reporting { // one lock and one pass, as the hub does at every start
+			if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+				return err
+			}
+			return nil
+		}
+		for _, mig := range All() {
+			if mig.Version > at {
+				if err := step(1); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
 }
 
 // Down reverts every applied migration, all the way down.
-func Down(ctx context.Context, databaseURL string) error {
-	return run(ctx, databaseURL, "down", (*migrate.Migrate).Down)
+func Down(ctx context.Context, databaseURL string, opts ...Option) error {
+	return stepDown(ctx, databaseURL, "down", -1, opts)
 }
 
 // Version reports the current schema version and whether the last migration
@@ -50,11 +100,14 @@ func Version(databaseURL string) (version uint, dirty bool, err error) {
 	return version, dirty, nil
 }
 
-// run opens a migrator and runs step on it. ctx is checked before and after:
-// golang-migrate takes no context, and its GracefulStop channel races with
-// its own reader goroutine (a data race under -race), so a migration in
-// progress runs to its end.
-func run(ctx context.Context, databaseURL, name string, step func(*migrate.Migrate) error) (err error) {
+// run opens a migrator and runs plan on it from the current version; plan
+// moves one migration at a time with step(1) or step(-1), each reported to
+// the WithProgress function. ctx is checked before every step: golang-migrate
+// takes no context, and its GracefulStop channel races with its own reader
+// goroutine (a data race under -race), so a migration in progress runs to its
+// end.
+func run(ctx context.Context, databaseURL, name string, opts []Option, plan func(m *migrate.Migrate, at uint, step func(int) error) error) (err error) {
+	o := newOptions(opts)
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("migrations: %s: %w", name, err)
 	}
@@ -64,17 +117,57 @@ func run(ctx context.Context, databaseURL, name string, step func(*migrate.Migra
 	}
 	defer closeMigrate(m, &err)
 
-	err = step(m)
-	if errors.Is(err, migrate.ErrNoChange) {
-		err = nil
+	at, dirty, err := m.Version()
+	if errors.Is(err, migrate.ErrNilVersion) {
+		at, err = 0, nil
 	}
 	if err != nil {
+		return fmt.Errorf("migrations: %s: version: %w", name, err)
+	}
+	if dirty {
+		return fmt.Errorf("migrations: %s: %w", name, migrate.ErrDirty{Version: int(at)})
+	}
+	step := func(n int) error {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("stopped: %w", err)
+		}
+		if err := m.Steps(n); err != nil {
+			return err
+		}
+		done, dir := Migration{Version: at}, DirectionDown
+		if n > 0 {
+			dir = DirectionUp
+		}
+		next, _, err := m.Version()
+		if errors.Is(err, migrate.ErrNilVersion) {
+			next, err = 0, nil
+		}
+		if err != nil {
+			return err
+		}
+		if dir == DirectionUp {
+			done.Version = next
+		}
+		at = next
+		if o.progress != nil {
+			o.progress(named(done), dir)
+		}
+		return nil
+	}
+	if err := plan(m, at, step); err != nil {
 		return fmt.Errorf("migrations: %s: %w", name, err)
 	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("migrations: %s stopped: %w", name, err)
-	}
 	return nil
+}
+
+// named fills in the name of the embedded migration of m's version.
+func named(m Migration) Migration {
+	for _, e := range All() {
+		if e.Version == m.Version {
+			return e
+		}
+	}
+	return m
 }
 
 func open(databaseURL string) (*migrate.Migrate, error) {
@@ -134,15 +227,40 @@ func DriverURL(databaseURL string) (string, error) {
 
 // Steps applies n migrations up (n > 0) or reverts -n of them (n < 0).
 // Reverting more than are applied fails and changes nothing.
-func Steps(ctx context.Context, databaseURL string, n int) error {
+func Steps(ctx context.Context, databaseURL string, n int, opts ...Option) error {
 	if n < 0 {
-		v, _, err := Version(databaseURL)
-		if err != nil {
-			return err
-		}
-		if uint(-n) > v {
-			return fmt.Errorf("migrations: cannot step back %d: only %d applied", -n, v)
-		}
+		return stepDown(ctx, databaseURL, "steps", -n, opts)
 	}
-	return run(ctx, databaseURL, "steps", func(m *migrate.Migrate) error { return m.Steps(n) })
+	return run(ctx, databaseURL, "steps", opts, func(_ *migrate.Migrate, _ uint, step func(int) error) error {
+		for range n {
+			if err := step(1); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// stepDown reverts n migrations, or all of them when n is -1.
+func stepDown(ctx context.Context, databaseURL, name string, n int, opts []Option) error {
+	return run(ctx, databaseURL, name, opts, func(_ *migrate.Migrate, at uint, step func(int) error) error {
+		applied := 0
+		for _, mig := range All() {
+			if mig.Version <= at {
+				applied++
+			}
+		}
+		if n == -1 {
+			n = applied
+		}
+		if n > applied {
+			return fmt.Errorf("cannot step back %d: only %d applied", n, applied)
+		}
+		for range n {
+			if err := step(-1); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }

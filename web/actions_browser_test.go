@@ -20,6 +20,9 @@ import (
 // MARCONI_TEST_REQUIRE_BROWSER=1.
 func needChromium(t *testing.T) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("slow (a browser): skipped by -short")
+	}
 	if _, err := os.Stat(chromiumPath); err != nil {
 		if os.Getenv("MARCONI_TEST_REQUIRE_BROWSER") == "1" {
 			t.Fatalf("MARCONI_TEST_REQUIRE_BROWSER=1 but %s is missing: %v", chromiumPath, err)

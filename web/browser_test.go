@@ -66,6 +66,9 @@ func (s *flakyStore) GetSession(ctx context.Context, k sessionstore.Key, now tim
 // fallback of a classifier-placed session) and the refused token, and save a
 // screenshot (MARCONI_SCREENSHOT, or the test's temp dir).
 func TestDashboardInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (a browser): skipped by -short")
+	}
 	if _, err := os.Stat(chromiumPath); err != nil {
 		if os.Getenv("MARCONI_TEST_REQUIRE_BROWSER") == "1" {
 			t.Fatalf("MARCONI_TEST_REQUIRE_BROWSER=1 but %s is missing: %v", chromiumPath, err)

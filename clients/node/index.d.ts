@@ -1,6 +1,8 @@
 // Type declarations of @marconihub/client (the Node client of the Marconi hub).
 // The implementation is plain JavaScript in src/; docs/client.md describes it.
 
+import { EventEmitter } from 'node:events';
+
 /** Receives the client's diagnostics; console works. Missing methods discard. */
 export interface Logger {
   debug?(msg: string, fields: object): void;
@@ -65,12 +67,67 @@ export interface Config {
    * redialed with the backoff (stats().pingTimeouts). Default 10000.
    */
   pingTimeoutMs?: number;
+  /**
+   * Keeps the session token in this file (JSON, 0600, replaced atomically;
+   * its directory made 0700), so that a restarted agent resumes its session
+   * instead of being refused 403 as another holder of a live id. Not with
+   * tokenStore.
+   */
+  tokenFile?: string;
+  /**
+   * Keeps the session token where the application says: dial loads it, and
+   * every new token (registration, resume, re-registration, takeover) is
+   * saved. Not with tokenFile.
+   */
+  tokenStore?: TokenStore;
+  /**
+   * A registration refused 403 because the id is live (its token lost) is
+   * made again with "takeover": true: the hub gives a new token, the former
+   * holder's stops working (its WebSocket closes 4409), pending signals
+   * stay, and onAffinityReset is called with reason "taken_over". Default false.
+   */
+  takeover?: boolean;
+  /**
+   * Called once when the client stops for good while running (the hub
+   * refused the session while reconnecting: a MarconiError such as 401
+   * unauthorized; or a newer connection replaced this one: ReplacedError,
+   * code "replaced"), before the 'fatal' event. From then on it neither
+   * reconnects nor heartbeats: close it. Not called for dial's own failure
+   * (dial rejects) nor at close.
+   */
+  onFatal?: (err: MarconiError | ReplacedError) => void;
+  /**
+   * How long one registration or send waits in all for 429 answers: each is
+   * waited out for its Retry-After (plus up to a quarter of jitter), or the
+   * reconnect backoff when the header is missing or unreadable, and the call
+   * made again; a Retry-After beyond what is left, and a quota_exceeded
+   * without one (waiting does not help), are returned at once.
+   * Default 60000; 0 never waits.
+   */
+  rateLimitWaitMs?: number;
 }
+
+/** A session's id and current token, as a TokenStore keeps them. */
+export interface SessionToken {
+  sessionID: string;
+  token: string;
+}
+
+/** Keeps the session token across restarts of the agent. */
+export interface TokenStore {
+  /** The kept token, or null when nothing is kept; a rejection fails dial. */
+  load(): Promise<SessionToken | null>;
+  /** Replaces the kept token; a rejection at dial fails dial, later it is logged. */
+  save(token: SessionToken): Promise<void>;
+}
+
+/** A TokenStore in a JSON file (0600, replaced atomically; its directory made 0700). */
+export declare function fileTokenStore(file: string): TokenStore;
 
 /** Why onAffinityReset was called. */
 export interface AffinityReset {
   /** "affinity_reset": the hub's welcome said so; "reregistered": the hub had lost the session and it was registered again. */
-  reason: 'affinity_reset' | 'reregistered';
+  reason: 'affinity_reset' | 'reregistered' | 'taken_over';
   /** Pending signals the hub discarded at the reset (disconnect policy drop); 0 otherwise. */
   dropped: number;
 }
@@ -127,6 +184,10 @@ export interface Stats {
   failovers: number;
   /** Connections cut because the hub left a ping unanswered (a path that died silently). */
   pingTimeouts: number;
+  /** Registrations the hub answered taken_over (config takeover). */
+  takeovers: number;
+  /** 429 answers waited out and the call made again (rateLimitWaitMs). */
+  rateLimited: number;
 }
 
 /** Defaults of the optional numeric Config fields. */
@@ -138,6 +199,7 @@ export declare const defaults: Readonly<{
   sendAttempts: number;
   pingIntervalMs: number;
   pingTimeoutMs: number;
+  rateLimitWaitMs: number;
 }>;
 
 /**
@@ -147,8 +209,13 @@ export declare const defaults: Readonly<{
  */
 export declare function dial(config: Config, options?: { signal?: AbortSignal }): Promise<Client>;
 
-/** One registered, attached session. */
-export declare class Client {
+/**
+ * One registered, attached session. Emits 'fatal' once when it stops for
+ * good (as onFatal); never 'error', which would throw without a listener.
+ */
+export declare class Client extends EventEmitter {
+  on(event: 'fatal', listener: (err: MarconiError | ReplacedError) => void): this;
+  once(event: 'fatal', listener: (err: MarconiError | ReplacedError) => void): this;
   private constructor(config: Config);
   /** The session's id, as the hub registered it. */
   readonly sessionID: string;
@@ -178,6 +245,11 @@ export declare class MarconiError extends Error {
 
 /** The hub could not be reached or gave no answer (connection refused, reset, timeout). */
 export declare class TransportError extends Error {}
+
+/** A newer connection of the session replaced the client's (close 4409). */
+export declare class ReplacedError extends Error {
+  readonly code: 'replaced';
+}
 
 /** A call on a client that was closed or deregistered. */
 export declare class ClientClosedError extends Error {}

@@ -62,7 +62,8 @@ func (m *Main) Run(ctx context.Context) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge(readBuildInfo()))
 
 	storeName := "memory (nothing is durable; one instance only)"
-	var bus fabric.Bus // nil: one instance, nobody to wake
+	var bus fabric.Bus                     // nil: one instance, nobody to wake
+	var schema func(context.Context) error // nil: the memory store has no schema
 	if cfg.DatabaseURL == "" {
 		m.store = memstore.New()
 	} else {
@@ -74,6 +75,7 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		m.store = st
 		bus = pgstore.NewBus(st, m.Logger)
+		schema = schemaCheck(st)
 		storeName = "postgres"
 		if cfg.StoreBreaker {
 			br, err := breaker.New(st, breaker.Config{ProbeEvery: cfg.StoreProbeEvery, ProbeTimeout: cfg.Hub.StoreTimeout}, reg, m.Logger)
@@ -89,13 +91,13 @@ func (m *Main) Run(ctx context.Context) error {
 			}()
 		}
 	}
-	h, err := hub.New(cfg.Hub, hub.Deps{Store: m.store, Registry: reg, Gatherer: reg, Logger: m.Logger, Bus: bus})
+	h, err := hub.New(cfg.Hub, hub.Deps{Store: m.store, Registry: reg, Gatherer: reg, Logger: m.Logger, Bus: bus, Schema: schema})
 	if err != nil {
 		return err
 	}
 	m.hub = h
 	if cfg.DatabaseURL != "" {
-		if cause := m.goMigrate(bg, cfg.DatabaseURL); cause != "" {
+		if cause := m.goMigrate(bg, cfg.DatabaseURL, schema); cause != "" {
 			storeName = "postgres, NOT READY: " + cause + " (retrying every 2s; /readyz answers 503 until then)"
 		}
 	}
@@ -130,26 +132,39 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 	}()
 
+	m.printBanner(storeName)
+	return nil
+}
+
+// printBanner prints what the hub is and where, the credentials it made,
+// and, in development, what to do next.
+func (m *Main) printBanner(storeName string) {
+	cfg, w := m.Config, m.Stdout
 	selfHeal := "off"
 	if cfg.Hub.SelfHeal.Enabled {
 		selfHeal = "on"
 	}
-	fmt.Fprintf(m.Stdout, "Marconi hub listening on %s (instance %s, store %s, mode %s, self-heal %s)\n",
+	fmt.Fprintf(w, "Marconi hub listening on %s (instance %s, store %s, mode %s, self-heal %s)\n",
 		m.URL(), cfg.Hub.InstanceID, storeName, cfg.Hub.Mode, selfHeal)
 	if cfg.generatedAPIKey != "" {
-		fmt.Fprintf(m.Stdout, "  dev API key (tenant dev, project dev): %s\n", cfg.generatedAPIKey)
+		fmt.Fprintf(w, "  dev API key (tenant dev, project dev): %s\n", cfg.generatedAPIKey)
 	}
 	if cfg.generatedAdminToken != "" {
-		fmt.Fprintf(m.Stdout, "  admin token: %s\n", cfg.generatedAdminToken)
+		fmt.Fprintf(w, "  admin token: %s\n", cfg.generatedAdminToken)
 	}
 	if cfg.devCredentialsFile != "" {
-		fmt.Fprintf(m.Stdout, "  (development credentials kept in %s and reused at every start; delete it for new ones)\n", cfg.devCredentialsFile)
+		fmt.Fprintf(w, "  (development credentials kept in %s and reused at every start; delete it for new ones)\n", cfg.devCredentialsFile)
 	}
 	if host, _, err := net.SplitHostPort(cfg.Addr); err == nil && cfg.Hub.Mode == "development" && (host == "127.0.0.1" || host == "localhost" || host == "::1") {
-		fmt.Fprintln(m.Stdout, "  listening on loopback only (development mode); MARCONI_ADDR=:8080 listens on every interface")
+		fmt.Fprintln(w, "  listening on loopback only (development mode); MARCONI_ADDR=:8080 listens on every interface")
 	}
-	fmt.Fprintf(m.Stdout, "  dashboard: %s/\n", m.URL())
-	return nil
+	fmt.Fprintf(w, "  dashboard: %s/ (sign in with the admin token)\n", m.URL())
+	if cfg.Hub.Mode != "development" {
+		return
+	}
+	fmt.Fprintln(w, "Next steps:")
+	fmt.Fprintln(w, "  marconi demo   the self-heal story with two agents, in one process (go run ./cmd/marconi demo)")
+	fmt.Fprintf(w, "  agents         connect them to %s with the API key above: docs/client.md (Go and Node)\n", m.URL())
 }
 
 // buildInfoGauge is marconi_build_info: always 1, its labels say what runs.
@@ -167,8 +182,9 @@ func buildInfoGauge(b buildInfo) prometheus.Collector {
 // fail (Postgres unreachable, a dirty schema): until they are applied the hub
 // answers 503 registry_unavailable and /readyz fails, naming the cause,
 // rather than serving on a schema that is not there. It returns the cause of
-// the first attempt's failure, or "" when the store is ready.
-func (m *Main) goMigrate(ctx context.Context, url string) string {
+// the first attempt's failure, or "" when the store is ready. schema names a
+// schema that no migration of this binary can fix (ahead of it, dirty).
+func (m *Main) goMigrate(ctx context.Context, url string, schema func(context.Context) error) string {
 	last := ""
 	attempt := func() string {
 		mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -192,6 +208,8 @@ func (m *Main) goMigrate(ctx context.Context, url string) string {
 			}); ok { // through the breaker: what opened it
 				public, cause = d.Classify(perr), d.Diagnose(perr)
 			}
+		} else if sm := unfixable(mctx, schema); sm != nil {
+			public, cause = sm.Class, sm.Detail
 		}
 		m.hub.SetStoreCause(public, cause)
 		if cause != last { // once per cause, not every 2 s

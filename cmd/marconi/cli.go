@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"
@@ -86,10 +87,11 @@ func (c cli) version(args []string) error {
 // validate the configuration and, with a database URL, reach the store.
 func (c cli) config(ctx context.Context, args []string) error {
 	check := len(args) > 0 && args[0] == "check"
+	cmd := "config"
 	if check {
-		args = args[1:]
+		args, cmd = args[1:], "config check"
 	}
-	cfg, err := c.loadConfig("config", args)
+	cfg, err := c.loadConfig(cmd, args)
 	if err != nil {
 		return err
 	}
@@ -101,7 +103,7 @@ func (c cli) config(ctx context.Context, args []string) error {
 				v = "(development: generated or reused at start)"
 			case r.env == "MARCONI_ADMIN_TOKEN" && v == "" && cfg.generatedAdminToken != "":
 				v = "(development: generated or reused at start)"
-			case r.secret():
+			case r.visibility == secret:
 				v = mask(r.env, v)
 			}
 			fmt.Fprintf(c.stdout, "%s=%s\t# %s\n", r.env, v, r.source)
@@ -109,14 +111,7 @@ func (c cli) config(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.stdout, "# effective: self-heal %v, public URL %s\n", cfg.Hub.SelfHeal.Enabled, cfg.Hub.PublicURL)
 		return nil
 	}
-	if cfg.DatabaseURL != "" {
-		if err := checkStore(ctx, cfg.DatabaseURL, cfg.Hub.StoreTimeout); err != nil {
-			return fmt.Errorf("MARCONI_DATABASE_URL: %w", err)
-		}
-		fmt.Fprintln(c.stdout, "store: reachable")
-	}
-	fmt.Fprintln(c.stdout, "configuration ok")
-	return nil
+	return c.configCheck(ctx, cfg)
 }
 
 // mask hides a secret but keeps what helps to recognize it: the tenant and
@@ -151,9 +146,23 @@ func mask(env, v string) string {
 // (tests, the benchmark), never warned about.
 var notSettings = []string{"MARCONI_TEST_", "MARCONI_BENCH_"}
 
-// unknownVariables returns a warning for each MARCONI_* variable in environ
-// that no setting reads, with the closest known name when one is near.
-func unknownVariables(environ []string) []string {
+// unknownVariable is a MARCONI_* variable that no setting reads.
+type unknownVariable struct {
+	name    string
+	nearest string // the closest setting's name, when one is near; else ""
+	typo    bool   // one edit away from nearest: surely a misspelling
+}
+
+func (u unknownVariable) String() string {
+	if u.nearest == "" {
+		return fmt.Sprintf("unknown variable %s is ignored", u.name)
+	}
+	return fmt.Sprintf("unknown variable %s is ignored (did you mean %s?)", u.name, u.nearest)
+}
+
+// unknownVariables returns each MARCONI_* variable in environ that no
+// setting reads, sorted by name, with the closest known name when one is near.
+func unknownVariables(environ []string) []unknownVariable {
 	var c Config
 	known := map[string]bool{}
 	var names []string
@@ -161,19 +170,20 @@ func unknownVariables(environ []string) []string {
 		known[s.env] = true
 		names = append(names, s.env)
 	}
-	var out []string
+	for _, s := range mcpSettings { // read by `marconi mcp`, not a typo of the hub's
+		known[s.env] = true
+	}
+	var out []unknownVariable
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
 		if !strings.HasPrefix(name, "MARCONI_") || known[name] || hasAnyPrefix(name, notSettings) {
 			continue
 		}
-		w := fmt.Sprintf("unknown variable %s is ignored", name)
-		if s := closest(name, names); s != "" {
-			w += fmt.Sprintf(" (did you mean %s?)", s)
-		}
-		out = append(out, w)
+		u := unknownVariable{name: name, nearest: closest(name, names)}
+		u.typo = u.nearest != "" && editDistance(name, u.nearest) == 1
+		out = append(out, u)
 	}
-	sort.Strings(out)
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
 	return out
 }
 
@@ -198,8 +208,11 @@ func closest(s string, candidates []string) string {
 	return best
 }
 
-// editDistance is the Levenshtein distance between a and b.
+// editDistance is the number of single-letter edits (insertions,
+// deletions, substitutions and swaps of two neighbours) from a to b: the
+// optimal string alignment distance, so "mdoe" is one edit from "mode".
 func editDistance(a, b string) int {
+	prev2 := make([]int, len(b)+1)
 	prev := make([]int, len(b)+1)
 	cur := make([]int, len(b)+1)
 	for j := range prev {
@@ -213,8 +226,45 @@ func editDistance(a, b string) int {
 				cost = 0
 			}
 			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
 		}
-		prev, cur = cur, prev
+		prev2, prev, cur = prev, cur, prev2
 	}
 	return prev[len(b)]
+}
+
+// parseInterleaved parses fs's flags wherever they stand among the
+// positional arguments (`migrate down 2 --yes` as `migrate down --yes 2`),
+// and returns the positional arguments in order. On an error, those read so
+// far are returned with it (so -h knows which subcommand it was asked of).
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return positional, err
+		}
+		if fs.NArg() == 0 {
+			return positional, nil
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// flagError adds a did-you-mean to an unknown flag's error when one of fs's
+// flags is near it.
+func flagError(fs *flag.FlagSet, err error) error {
+	const prefix = "flag provided but not defined: -"
+	msg := err.Error()
+	if !strings.HasPrefix(msg, prefix) {
+		return err
+	}
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	if s := closest(strings.TrimLeft(strings.TrimPrefix(msg, prefix), "-"), names); s != "" {
+		return fmt.Errorf("%w (did you mean --%s?)", err, s)
+	}
+	return err
 }

@@ -260,28 +260,47 @@ func TestStoreCauseAuthAndMissingDatabase(t *testing.T) {
 
 func TestMigrateDownStepsAndConfirms(t *testing.T) {
 	dbURL := pgtest.Schema(t)
-	latest, _, err := migrations.Version(dbURL)
-	if err != nil || latest < 3 {
-		t.Fatalf("version %d, %v", latest, err)
+	latest := migrations.Latest()
+	if v, _, err := migrations.Version(dbURL); err != nil || v != latest || latest < 3 {
+		t.Fatalf("version %d of %d, %v", v, latest, err)
 	}
 	kv := map[string]string{"MARCONI_DATABASE_URL": dbURL}
-	step := func(want uint, args ...string) {
+	step := func(want uint, args ...string) string {
 		t.Helper()
 		code, stdout, stderr := runCLI(t, kv, "", false, args...)
-		if code != 0 || stdout != fmt.Sprintf("schema version %d (dirty false)\n", want) {
+		if code != 0 || !strings.HasSuffix(stdout, fmt.Sprintf("schema version %d (dirty false)\n", want)) {
 			t.Fatalf("%v: exit %d, %q %q; want version %d", args, code, stdout, stderr, want)
 		}
+		return stdout
 	}
-	step(latest-1, "migrate", "down")
-	step(latest-3, "migrate", "down", "2")
-	step(latest, "migrate", "up")
+	all := migrations.All()
+	name := func(v uint) string { return all[v-1].String() }
+	out := step(latest-1, "migrate", "down", "--yes")
+	if !strings.Contains(out, "reverted "+name(latest)+"\n") || strings.Contains(out, "reverted "+name(latest-1)) {
+		t.Errorf("down prints each step reverted, and only those:\n%s", out)
+	}
+	out = step(latest-3, "migrate", "down", "2", "--yes")
+	if !strings.Contains(out, "from schema version "+fmt.Sprint(latest-1)+" to "+fmt.Sprint(latest-3)) ||
+		!strings.Contains(out, "reverted "+name(latest-1)+"\nreverted "+name(latest-2)+"\n") {
+		t.Errorf("down 2 output:\n%s", out)
+	}
+	out = step(latest, "migrate", "up")
+	for v := latest - 2; v <= latest; v++ {
+		if !strings.Contains(out, "applied "+name(v)+"\n") {
+			t.Errorf("up does not print %s applied:\n%s", name(v), out)
+		}
+	}
+	if strings.Contains(out, "applied "+name(latest-3)) {
+		t.Errorf("up printed a step it did not apply:\n%s", out)
+	}
 
-	for _, bad := range [][]string{{"migrate", "down", "0"}, {"migrate", "down", "x"}, {"migrate", "down", "--all"}, {"migrate", "down", "--all", "2", "--yes"}} {
+	for _, bad := range [][]string{{"migrate", "down", "0"}, {"migrate", "down", "x"}, {"migrate", "down", "--all"},
+		{"migrate", "down", "--all", "2", "--yes"}, {"migrate", "down"}, {"migrate", "up", "--yes"}} {
 		if code, _, stderr := runCLI(t, kv, "", false, bad...); code != 2 {
 			t.Errorf("%v: exit %d (%s), want 2", bad, code, stderr)
 		}
 	}
-	if code, _, stderr := runCLI(t, kv, "", false, "migrate", "down", fmt.Sprint(latest+1)); code != 1 || !strings.Contains(stderr, "only") {
+	if code, _, stderr := runCLI(t, kv, "", false, "migrate", "down", fmt.Sprint(latest+1), "--yes"); code != 1 || !strings.Contains(stderr, "only") {
 		t.Errorf("stepping back past zero: exit %d %q", code, stderr)
 	}
 	// On a terminal, anything but "yes" keeps the schema.
@@ -299,7 +318,40 @@ func TestMigrateDownStepsAndConfirms(t *testing.T) {
 	}
 }
 
-func TestDevCredentialsKeptUnderPostgres(t *testing.T) {
+// TestMigrateDownSaysWhatItDropsAndWaitsForTheHubs: with a hub running on
+// the schema, `migrate down` lists what each step drops and refuses; the
+// list is printed before any refusal, and nothing changes until --force.
+func TestMigrateDownSaysWhatItDropsAndWaitsForTheHubs(t *testing.T) {
+	dbURL := pgtest.Schema(t)
+	latest := migrations.Latest()
+	m, _ := startMain(t, map[string]string{"MARCONI_DATABASE_URL": dbURL, "MARCONI_INSTANCE_ID": "hub-live"})
+	pollUntil(t, "the hub to be ready", func() bool { return get(t, m.URL()+"/readyz") == 200 })
+	kv := map[string]string{"MARCONI_DATABASE_URL": dbURL}
+	n := fmt.Sprint(latest - 1) // down to 0001: the signals table (0002) goes too
+	code, stdout, stderr := runCLI(t, kv, "", false, "migrate", "down", n, "--yes")
+	if code != 1 || !strings.Contains(stderr, "hub-live (") || !strings.Contains(stderr, "--force") {
+		t.Errorf("down with a hub running: exit %d, stderr %q", code, stderr)
+	}
+	if !strings.Contains(stdout, "0002_signals drops: table signals\n") ||
+		!strings.Contains(stdout, "0004_signals_payload_json drops: column signals.payload converted to jsonb\n") {
+		t.Errorf("down does not list what each step drops:\n%s", stdout)
+	}
+	// Not on a terminal and no --yes: refused even with --force.
+	if code, _, stderr := runCLI(t, kv, "", false, "migrate", "down", "--force"); code != 2 || !strings.Contains(stderr, "--yes") {
+		t.Errorf("down --force without a terminal: exit %d %q", code, stderr)
+	}
+	if v, _, _ := migrations.Version(dbURL); v != latest {
+		t.Fatalf("a refused down changed the schema: version %d", v)
+	}
+	if code, _, stderr := runCLI(t, kv, "", false, "migrate", "down", "--yes", "--force"); code != 0 {
+		t.Fatalf("down --force: exit %d %q", code, stderr)
+	}
+	if v, _, _ := migrations.Version(dbURL); v != latest-1 {
+		t.Fatalf("down --force: version %d, want %d", v, latest-1)
+	}
+}
+
+func TestDevCredentialsKeptInTheFile(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "state", "dev-credentials")
 	kv := map[string]string{"MARCONI_DATABASE_URL": "postgres://x@127.0.0.1:1/x", "XDG_STATE_HOME": dir}
@@ -336,19 +388,14 @@ func TestDevCredentialsKeptUnderPostgres(t *testing.T) {
 	if err := keepDevCredentials(&c, env(kv)); err == nil || !strings.Contains(err.Error(), "chmod 600") {
 		t.Errorf("a world-readable credentials file: err %v", err)
 	}
-	// Configured credentials and the in-memory store write nothing.
+	// Configured credentials write nothing, on either store.
 	other := filepath.Join(dir, "other")
-	for _, extra := range []map[string]string{
-		{"MARCONI_DATABASE_URL": ""},
-		{"MARCONI_API_KEYS": "key-aaaaaaaaaaaaaaaa=t/p", "MARCONI_ADMIN_TOKEN": "0123456789abcdef"},
-	} {
-		kv2 := map[string]string{"MARCONI_DATABASE_URL": "postgres://x@127.0.0.1:1/x", "MARCONI_DEV_CREDENTIALS_FILE": other}
-		for k, v := range extra {
-			kv2[k] = v
-		}
+	for _, db := range []string{"", "postgres://x@127.0.0.1:1/x"} {
+		kv2 := map[string]string{"MARCONI_DATABASE_URL": db, "MARCONI_DEV_CREDENTIALS_FILE": other,
+			"MARCONI_API_KEYS": "key-aaaaaaaaaaaaaaaa=t/p", "MARCONI_ADMIN_TOKEN": "0123456789abcdef"}
 		c, _ := LoadConfig(nil, env(kv2), &bytes.Buffer{})
 		if err := keepDevCredentials(&c, env(kv2)); err != nil || c.devCredentialsFile != "" {
-			t.Errorf("%v: file %q err %v", extra, c.devCredentialsFile, err)
+			t.Errorf("store %q: file %q err %v", db, c.devCredentialsFile, err)
 		}
 	}
 	if _, err := os.Stat(other); !os.IsNotExist(err) {
@@ -357,8 +404,9 @@ func TestDevCredentialsKeptUnderPostgres(t *testing.T) {
 }
 
 // TestFailingMigrationNamedWithoutSQL: Postgres answers but a migration
-// fails (a conflicting table): /readyz says so and points at the log; the
-// migration's own error, which may quote SQL, stays in the log.
+// fails (a conflicting table), leaving the schema dirty: the banner and
+// /readyz say so and point at the log; the migration's own error, which may
+// quote SQL, stays in the log.
 func TestFailingMigrationNamedWithoutSQL(t *testing.T) {
 	dbURL := pgtest.EmptySchema(t)
 	conn, err := pgx.Connect(t.Context(), dbURL)
@@ -370,7 +418,7 @@ func TestFailingMigrationNamedWithoutSQL(t *testing.T) {
 	}
 	conn.Close(t.Context())
 	m, out := startMain(t, map[string]string{"MARCONI_DATABASE_URL": dbURL})
-	if !strings.Contains(out.String(), "NOT READY: schema migrations failing") {
+	if !strings.Contains(out.String(), "NOT READY: schema dirty at version 1: a migration failed halfway (the hub's log says why)") {
 		t.Errorf("banner:\n%s", out.String())
 	}
 	resp, err := http.Get(m.URL() + "/readyz")
@@ -380,7 +428,7 @@ func TestFailingMigrationNamedWithoutSQL(t *testing.T) {
 	var body bytes.Buffer
 	body.ReadFrom(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 503 || !strings.Contains(body.String(), "schema migrations failing") ||
+	if resp.StatusCode != 503 || !strings.Contains(body.String(), "(schema dirty)") ||
 		strings.Contains(strings.ToUpper(body.String()), "CREATE") || strings.Contains(body.String(), "sessions") {
 		t.Errorf("readyz: %d %s", resp.StatusCode, body.String())
 	}

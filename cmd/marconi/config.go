@@ -51,8 +51,8 @@ type Config struct {
 	// made them; they are printed once at start.
 	generatedAPIKey     string
 	generatedAdminToken string
-	// devCredentialsFile is where development credentials are kept under
-	// a durable store (see devcreds.go); empty when they are not kept.
+	// devCredentialsFile is where generated development credentials are
+	// kept (see devcreds.go); empty when none were generated.
 	devCredentialsFile string
 	// resolved is every setting's effective value and its source, for
 	// `marconi config`.
@@ -66,7 +66,19 @@ type setting struct {
 	def  string
 	help string
 	set  func(c *Config, v string) error
+	// visibility says whether `marconi config` may print the value.
+	visibility visibility
 }
+
+// visibility is whether a setting's value may be printed: a secret one is
+// masked wherever the configuration is shown.
+type visibility bool
+
+// The two visibilities a setting is declared with.
+const (
+	public visibility = false
+	secret visibility = true
+)
 
 func seconds(dst *time.Duration) func(*Config, string) error {
 	return func(_ *Config, v string) error {
@@ -149,8 +161,8 @@ func parseBool(v string) (bool, error) {
 func settings(c *Config) []setting {
 	h := &c.Hub
 	return []setting{
-		{"MARCONI_ADDR", "", "address to listen on (default: 127.0.0.1:8080 in development, :8080 in lan and cloud)", func(c *Config, v string) error { c.Addr = v; return nil }},
-		{"MARCONI_MODE", hub.DefaultMode, "development, lan or cloud", oneOf(&h.Mode, "development", "lan", "cloud")},
+		{"MARCONI_ADDR", "", "address to listen on (default: 127.0.0.1:8080 in development, :8080 in lan and cloud)", func(c *Config, v string) error { c.Addr = v; return nil }, public},
+		{"MARCONI_MODE", hub.DefaultMode, "development, lan or cloud", oneOf(&h.Mode, "development", "lan", "cloud"), public},
 		{"MARCONI_DATABASE_URL", "", "Postgres URL; empty runs on the embedded in-memory store", func(c *Config, v string) error {
 			if v == "" {
 				c.DatabaseURL = ""
@@ -162,24 +174,24 @@ func settings(c *Config) []setting {
 			}
 			c.DatabaseURL = v
 			return nil
-		}},
-		{"MARCONI_LOG_LEVEL", "info", "debug, info, warn or error", oneOf(&c.LogLevel, "debug", "info", "warn", "error")},
-		{"MARCONI_SELFHEAL", "", "SPEC-168 self-heal hints on or off (default: on in development, off in lan and cloud)", nil},
-		{"MARCONI_SELFHEAL_FRESHNESS_SECONDS", secs(selfheal.DefaultFreshness), "route-state freshness window and recipient recency gate", seconds(&h.SelfHeal.Freshness)},
-		{"MARCONI_SELFHEAL_SENDER_STALE_THRESHOLD_SECONDS", secs(selfheal.DefaultSenderStaleThreshold), "sender recency gate", seconds(&h.SelfHeal.SenderStaleThreshold)},
-		{"MARCONI_SELFHEAL_MAX_ATTEMPTS_PER_SESSION", strconv.Itoa(selfheal.DefaultMaxAttempts), "token bucket capacity per side and session", positiveInt(&h.SelfHeal.MaxAttempts)},
-		{"MARCONI_SELFHEAL_TOKEN_REFILL_SECONDS", secs(selfheal.DefaultRefillPeriod), "time for an empty bucket to refill", seconds(&h.SelfHeal.RefillPeriod)},
-		{"MARCONI_SESSION_TTL_SECONDS", secs(hub.DefaultSessionTTL), "a session expires this long after its freshest proof of life", seconds(&h.SessionTTL)},
-		{"MARCONI_HEARTBEAT_INTERVAL_SECONDS", secs(hub.DefaultHeartbeatInterval), "heartbeat interval told to clients at registration", seconds(&h.HeartbeatInterval)},
-		{"MARCONI_TOUCH_INTERVAL_SECONDS", secs(hub.DefaultTouchInterval), "proof-of-life writes per session are coalesced to one per interval", seconds(&h.TouchInterval)},
-		{"MARCONI_STORE_TIMEOUT_SECONDS", secs(hub.DefaultStoreTimeout), "bound on each store call of a request; past it the hub answers 503", seconds(&h.StoreTimeout)},
-		{"MARCONI_MAX_HEADER_BYTES", strconv.Itoa(hub.DefaultMaxHeaderBytes), "bound on a request's line and headers (net/http adds 4096); past it 431 headers_too_large", positiveInt(&c.MaxHeaderBytes)},
-		{"MARCONI_BODY_READ_TIMEOUT_SECONDS", secs(hub.DefaultBodyReadTimeout), "bound on reading a request body, apart from the store timeout (408 request_timeout past it)", seconds(&h.BodyReadTimeout)},
+		}, secret},
+		{"MARCONI_LOG_LEVEL", "info", "debug, info, warn or error", oneOf(&c.LogLevel, "debug", "info", "warn", "error"), public},
+		{"MARCONI_SELFHEAL", "", "SPEC-168 self-heal hints on or off (default: on in development, off in lan and cloud)", nil, public},
+		{"MARCONI_SELFHEAL_FRESHNESS_SECONDS", secs(selfheal.DefaultFreshness), "route-state freshness window and recipient recency gate", seconds(&h.SelfHeal.Freshness), public},
+		{"MARCONI_SELFHEAL_SENDER_STALE_THRESHOLD_SECONDS", secs(selfheal.DefaultSenderStaleThreshold), "sender recency gate", seconds(&h.SelfHeal.SenderStaleThreshold), public},
+		{"MARCONI_SELFHEAL_MAX_ATTEMPTS_PER_SESSION", strconv.Itoa(selfheal.DefaultMaxAttempts), "token bucket capacity per side and session", positiveInt(&h.SelfHeal.MaxAttempts), public},
+		{"MARCONI_SELFHEAL_TOKEN_REFILL_SECONDS", secs(selfheal.DefaultRefillPeriod), "time for an empty bucket to refill", seconds(&h.SelfHeal.RefillPeriod), public},
+		{"MARCONI_SESSION_TTL_SECONDS", secs(hub.DefaultSessionTTL), "a session expires this long after its freshest proof of life", seconds(&h.SessionTTL), public},
+		{"MARCONI_HEARTBEAT_INTERVAL_SECONDS", secs(hub.DefaultHeartbeatInterval), "heartbeat interval told to clients at registration", seconds(&h.HeartbeatInterval), public},
+		{"MARCONI_TOUCH_INTERVAL_SECONDS", secs(hub.DefaultTouchInterval), "proof-of-life writes per session are coalesced to one per interval", seconds(&h.TouchInterval), public},
+		{"MARCONI_STORE_TIMEOUT_SECONDS", secs(hub.DefaultStoreTimeout), "bound on each store call of a request; past it the hub answers 503", seconds(&h.StoreTimeout), public},
+		{"MARCONI_MAX_HEADER_BYTES", strconv.Itoa(hub.DefaultMaxHeaderBytes), "bound on a request's line and headers (net/http adds 4096); past it 431 headers_too_large", positiveInt(&c.MaxHeaderBytes), public},
+		{"MARCONI_BODY_READ_TIMEOUT_SECONDS", secs(hub.DefaultBodyReadTimeout), "bound on reading a request body, apart from the store timeout (408 request_timeout past it)", seconds(&h.BodyReadTimeout), public},
 		{"MARCONI_STORE_BREAKER", "on", "after a store call times out, fail calls at once (503) until a probe reaches the store: on or off", func(c *Config, v string) error {
 			b, err := parseBool(v)
 			c.StoreBreaker = b
 			return err
-		}},
+		}, public},
 		{"MARCONI_STORE_PROBE_INTERVAL_MS", strconv.Itoa(int(breaker.DefaultProbeEvery / time.Millisecond)), "how often an open store breaker probes the store", func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 10 {
@@ -187,8 +199,8 @@ func settings(c *Config) []setting {
 			}
 			c.StoreProbeEvery = time.Duration(n) * time.Millisecond
 			return nil
-		}},
-		{"MARCONI_RECONNECT_GRACE_SECONDS", secs(fabric.DefaultGrace), "reconnect grace window of sticky affinity", seconds(&h.Fabric.Grace)},
+		}, public},
+		{"MARCONI_RECONNECT_GRACE_SECONDS", secs(fabric.DefaultGrace), "reconnect grace window of sticky affinity", seconds(&h.Fabric.Grace), public},
 		{"MARCONI_INSTANCE_ID", "", "this instance's id (default: the host name)", func(c *Config, v string) error {
 			if v == "" {
 				host, err := os.Hostname()
@@ -202,7 +214,7 @@ func settings(c *Config) []setting {
 			}
 			c.Hub.InstanceID = v
 			return nil
-		}},
+		}, public},
 		{"MARCONI_PUBLIC_URL", "", "URL clients reach this instance at (default: http://127.0.0.1:PORT)", func(c *Config, v string) error {
 			if v == "" {
 				return nil
@@ -213,9 +225,9 @@ func settings(c *Config) []setting {
 			}
 			c.Hub.PublicURL = strings.TrimRight(v, "/")
 			return nil
-		}},
-		{"MARCONI_INSTANCE_DEAD_AFTER_SECONDS", secs(fabric.DefaultDeadAfter), "an instance whose heartbeat is older is unhealthy", seconds(&h.Fabric.DeadAfter)},
-		{"MARCONI_INSTANCE_HEARTBEAT_SECONDS", secs(fabric.DefaultHeartbeatEvery), "how often this instance heartbeats into the store", seconds(&c.InstanceHeartbeat)},
+		}, public},
+		{"MARCONI_INSTANCE_DEAD_AFTER_SECONDS", secs(fabric.DefaultDeadAfter), "an instance whose heartbeat is older is unhealthy", seconds(&h.Fabric.DeadAfter), public},
+		{"MARCONI_INSTANCE_HEARTBEAT_SECONDS", secs(fabric.DefaultHeartbeatEvery), "how often this instance heartbeats into the store", seconds(&c.InstanceHeartbeat), public},
 		{"MARCONI_INSTANCE_PROBE_MILLISECONDS", fmt.Sprint(fabric.DefaultProbeEvery.Milliseconds()), "how often this instance asks Postgres which instances' connections are alive (a killed one is dead within about this long)", func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 50 || n > 60000 {
@@ -223,7 +235,7 @@ func settings(c *Config) []setting {
 			}
 			c.Hub.Fabric.ProbeEvery = time.Duration(n) * time.Millisecond
 			return nil
-		}},
+		}, public},
 		{"MARCONI_ADAPTIVE_PLACEMENT", "off", "adaptive classifier gate: off or on", func(c *Config, v string) error {
 			switch v {
 			case "on":
@@ -234,11 +246,11 @@ func settings(c *Config) []setting {
 				return fmt.Errorf("want on or off, got %q", v)
 			}
 			return nil
-		}},
+		}, public},
 		{"MARCONI_ADAPTIVE_CLIENTS", "", "comma list of client ids the classifier may place (* for all)", func(c *Config, v string) error {
 			c.Hub.Fabric.Placement.AdaptiveClients = fabric.ParseClientList(v)
 			return nil
-		}},
+		}, public},
 		{"MARCONI_ADAPTIVE_ROLLBACK_AFTER", "0", "roll the adaptive gate back once the cluster-wide placement mismatches reach this many (0: never)", func(c *Config, v string) error {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n < 0 {
@@ -246,7 +258,7 @@ func settings(c *Config) []setting {
 			}
 			c.Hub.Fabric.Placement.RollbackAfter = n
 			return nil
-		}},
+		}, public},
 		{"MARCONI_DEFAULT_RUNTIME_MODE", string(fabric.DefaultRuntimeMode), "runtime mode of a registration that names none", func(c *Config, v string) error {
 			m, err := fabric.NormalizeRuntimeMode(v)
 			if err != nil {
@@ -254,28 +266,28 @@ func settings(c *Config) []setting {
 			}
 			c.Hub.Fabric.Placement.DefaultMode = m
 			return nil
-		}},
-		{"MARCONI_DISCONNECT_POLICY", fabric.DefaultDisconnectPolicy, "retain or drop a sticky session's pending signals at an affinity reset", oneOf(&h.Fabric.DisconnectPolicy, fabric.PolicyRetain, fabric.PolicyDrop)},
+		}, public},
+		{"MARCONI_DISCONNECT_POLICY", fabric.DefaultDisconnectPolicy, "retain or drop a sticky session's pending signals at an affinity reset", oneOf(&h.Fabric.DisconnectPolicy, fabric.PolicyRetain, fabric.PolicyDrop), public},
 		{"MARCONI_API_KEYS", "", "key1=tenant/project,key2=tenant/project", func(c *Config, v string) error {
 			keys, err := parseAPIKeys(v)
 			c.Hub.APIKeys = keys
 			return err
-		}},
+		}, secret},
 		{"MARCONI_ADMIN_TOKEN", "", "admin token for /v1/ops/* (development generates one when empty)", func(c *Config, v string) error {
 			if v != "" && len(v) < 16 {
 				return errors.New("shorter than 16 characters")
 			}
 			c.Hub.AdminToken = v
 			return nil
-		}},
+		}, secret},
 		{"MARCONI_PPROF", "off", "serve Go's runtime profiles (CPU, heap, goroutines, trace) under /debug/pprof/ to the admin token: on or off", func(c *Config, v string) error {
 			b, err := parseBool(v)
 			c.Hub.Pprof = b
 			return err
-		}},
-		{"MARCONI_DEV_CREDENTIALS_FILE", "", "where development mode keeps its generated API key and admin token under Postgres (default: $XDG_STATE_HOME/marconi/dev-credentials)", nil},
-		{"MARCONI_MAX_PAYLOAD_BYTES", strconv.Itoa(signals.DefaultMaxPayloadBytes), "largest encoded payload of one signal", positiveInt(&h.MaxPayloadBytes)},
-		{"MARCONI_WS_PING_SECONDS", secs(hub.DefaultWSPingInterval), "WebSocket ping interval; a pong later than one more interval drops the peer", seconds(&h.WSPingInterval)},
+		}, public},
+		{"MARCONI_DEV_CREDENTIALS_FILE", "", "where development mode keeps its generated API key and admin token, reused at every start (default: $XDG_STATE_HOME/marconi/dev-credentials)", nil, public},
+		{"MARCONI_MAX_PAYLOAD_BYTES", strconv.Itoa(signals.DefaultMaxPayloadBytes), "largest encoded payload of one signal", positiveInt(&h.MaxPayloadBytes), public},
+		{"MARCONI_WS_PING_SECONDS", secs(hub.DefaultWSPingInterval), "WebSocket ping interval; a pong later than one more interval drops the peer", seconds(&h.WSPingInterval), public},
 		{"MARCONI_WS_READ_LIMIT_BYTES", strconv.Itoa(hub.DefaultWSReadLimit), "largest frame read from a client (1009 past it)", func(c *Config, v string) error {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n < 128 {
@@ -283,8 +295,8 @@ func settings(c *Config) []setting {
 			}
 			c.Hub.WSReadLimit = n
 			return nil
-		}},
-		{"MARCONI_WS_QUEUE_SIZE", strconv.Itoa(hub.DefaultWSQueueSize), "per-connection outgoing queue; overflow closes with 4429", positiveInt(&h.WSQueueSize)},
+		}, public},
+		{"MARCONI_WS_QUEUE_SIZE", strconv.Itoa(hub.DefaultWSQueueSize), "per-connection outgoing queue; overflow closes with 4429", positiveInt(&h.WSQueueSize), public},
 		{"MARCONI_WS_ACK_INTERVAL_MS", strconv.Itoa(int(hub.DefaultWSAckInterval / time.Millisecond)), "a connection's acks are coalesced (newest wins) and written at most once per interval, and on close", func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n <= 0 || n > 10000 {
@@ -292,7 +304,7 @@ func settings(c *Config) []setting {
 			}
 			c.Hub.WSAckInterval = time.Duration(n) * time.Millisecond
 			return nil
-		}},
+		}, public},
 		{"MARCONI_WS_FRAMES_PER_SECOND", strconv.Itoa(hub.DefaultWSFramesPerSecond), "frames a client may send per connection and second (burst twice it); past it the hub closes with 1008", func(c *Config, v string) error {
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil || n <= 0 {
@@ -300,21 +312,26 @@ func settings(c *Config) []setting {
 			}
 			c.Hub.WSFramesPerSecond = n
 			return nil
-		}},
-		{"MARCONI_MAX_CONNECTIONS", strconv.Itoa(hub.DefaultMaxConnections), "WebSockets open on this instance; past it an attach gets 429 quota_exceeded", positiveInt(&h.MaxConnections)},
-		{"MARCONI_MAX_CONNECTIONS_PER_ADDRESS", strconv.Itoa(hub.DefaultMaxConnectionsPerAddress), "WebSockets open from one client address (a load balancer in front counts as one); past it 429 quota_exceeded", positiveInt(&h.MaxConnectionsPerAddress)},
-		{"MARCONI_SEND_RATE_PER_SECOND", strconv.Itoa(hub.DefaultSendRatePerSecond), "per-session send limit (burst twice it)", positiveFloat(&h.SendRatePerSecond)},
-		{"MARCONI_QUOTA_SESSIONS_PER_PROJECT", strconv.Itoa(hub.DefaultQuotaSessionsPerProject), "live sessions per project (429 quota_exceeded past it)", positiveInt(&h.QuotaSessionsPerProject)},
-		{"MARCONI_QUOTA_ATTACHES_PER_SECOND", strconv.Itoa(hub.DefaultQuotaAttachesPerSecond), "WebSocket attaches per second per session, per instance (burst twice it); past it an attach gets 429 quota_exceeded before any store write", positiveFloat(&h.QuotaAttachesPerSecond)},
-		{"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND", strconv.Itoa(hub.DefaultQuotaRegistrationsPerSecond), "registrations per second per API key, per instance (burst twice it)", positiveFloat(&h.QuotaRegistrationsPerSecond)},
-		{"MARCONI_IDEMPOTENCY_WINDOW_SECONDS", secs(signals.DefaultIdempotencyWindow), "how long a send's idempotency_key and a registration's Idempotency-Key are remembered (a retry within it is the same call)", seconds(&h.IdempotencyWindow)},
-		{"MARCONI_RETAIN_ACKED_SECONDS", secs(hub.DefaultRetainAcked), "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked)},
-		{"MARCONI_RETAIN_EXPIRED_SECONDS", secs(hub.DefaultRetainExpired), "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired)},
-		{"MARCONI_PRUNE_INTERVAL_SECONDS", secs(hub.DefaultPruneEvery), "how often the retention loop runs", seconds(&h.Retention.Every)},
-		{"MARCONI_PENDING_SWEEP_SECONDS", secs(hub.DefaultPendingSweep), "how often the attached queues are checked against the store and those with signals left are woken (bounds the delay of a lost cross-instance wake-up)", seconds(&h.PendingSweep)},
-		{"MARCONI_SHUTDOWN_TIMEOUT_SECONDS", secs(defaultShutdownTimeout), "bound on graceful shutdown", seconds(&c.ShutdownTimeout)},
-		{"MARCONI_QUOTA_PENDING_PER_RECIPIENT", strconv.Itoa(signals.DefaultQuotaPendingPerRecipient), "unacknowledged signals one recipient may hold (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingPerRecipient)},
-		{"MARCONI_QUOTA_PENDING_BYTES_PER_PROJECT", strconv.Itoa(signals.DefaultQuotaPendingBytesPerProject), "payload bytes of the unacknowledged signals of one project (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingBytesPerProject)},
+		}, public},
+		{"MARCONI_MAX_CONNECTIONS", strconv.Itoa(hub.DefaultMaxConnections), "WebSockets open on this instance; past it an attach gets 429 quota_exceeded", positiveInt(&h.MaxConnections), public},
+		{"MARCONI_MAX_CONNECTIONS_PER_ADDRESS", strconv.Itoa(hub.DefaultMaxConnectionsPerAddress), "WebSockets open from one client address (a load balancer in front counts as one); past it 429 quota_exceeded", positiveInt(&h.MaxConnectionsPerAddress), public},
+		{"MARCONI_SEND_RATE_PER_SECOND", strconv.Itoa(hub.DefaultSendRatePerSecond), "per-session send limit (burst twice it)", positiveFloat(&h.SendRatePerSecond), public},
+		{"MARCONI_QUOTA_SESSIONS_PER_PROJECT", strconv.Itoa(hub.DefaultQuotaSessionsPerProject), "live sessions per project (429 quota_exceeded past it)", positiveInt(&h.QuotaSessionsPerProject), public},
+		{"MARCONI_QUOTA_ATTACHES_PER_SECOND", strconv.Itoa(hub.DefaultQuotaAttachesPerSecond), "WebSocket attaches per second per session, per instance (burst twice it); past it an attach gets 429 quota_exceeded before any store write", positiveFloat(&h.QuotaAttachesPerSecond), public},
+		{"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND", strconv.Itoa(hub.DefaultQuotaRegistrationsPerSecond), "registrations per second per API key, per instance (burst twice it)", positiveFloat(&h.QuotaRegistrationsPerSecond), public},
+		{"MARCONI_ALLOW_TAKEOVER", "true", "a registration with \"takeover\": true and the project's API key resumes a live session without its token: true or false", func(c *Config, v string) error {
+			b, err := parseBool(v)
+			c.Hub.NoTakeover = !b
+			return err
+		}, public},
+		{"MARCONI_IDEMPOTENCY_WINDOW_SECONDS", secs(signals.DefaultIdempotencyWindow), "how long a send's idempotency_key and a registration's Idempotency-Key are remembered (a retry within it is the same call)", seconds(&h.IdempotencyWindow), public},
+		{"MARCONI_RETAIN_ACKED_SECONDS", secs(hub.DefaultRetainAcked), "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked), public},
+		{"MARCONI_RETAIN_EXPIRED_SECONDS", secs(hub.DefaultRetainExpired), "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired), public},
+		{"MARCONI_PRUNE_INTERVAL_SECONDS", secs(hub.DefaultPruneEvery), "how often the retention loop runs", seconds(&h.Retention.Every), public},
+		{"MARCONI_PENDING_SWEEP_SECONDS", secs(hub.DefaultPendingSweep), "how often the attached queues are checked against the store and those with signals left are woken (bounds the delay of a lost cross-instance wake-up)", seconds(&h.PendingSweep), public},
+		{"MARCONI_SHUTDOWN_TIMEOUT_SECONDS", secs(defaultShutdownTimeout), "bound on graceful shutdown", seconds(&c.ShutdownTimeout), public},
+		{"MARCONI_QUOTA_PENDING_PER_RECIPIENT", strconv.Itoa(signals.DefaultQuotaPendingPerRecipient), "unacknowledged signals one recipient may hold (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingPerRecipient), public},
+		{"MARCONI_QUOTA_PENDING_BYTES_PER_PROJECT", strconv.Itoa(signals.DefaultQuotaPendingBytesPerProject), "payload bytes of the unacknowledged signals of one project (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingBytesPerProject), public},
 		{"MARCONI_TOKEN_CACHE_SIZE", strconv.Itoa(hub.DefaultTokenCacheSize), "session tokens the send path remembers, each for MARCONI_TOUCH_INTERVAL_SECONDS (0: off; the store still authorises every send)", func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 {
@@ -325,7 +342,7 @@ func settings(c *Config) []setting {
 				c.Hub.TokenCacheSize = -1
 			}
 			return nil
-		}},
+		}, public},
 		{"MARCONI_DATABASE_MAX_CONNS", strconv.Itoa(defaultDatabaseMaxConns), "Postgres connections of this instance's pool (the wake-up listener holds one more)", func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > 1000 {
@@ -333,13 +350,13 @@ func settings(c *Config) []setting {
 			}
 			c.DatabaseMaxConns = n
 			return nil
-		}},
+		}, public},
 		{"MARCONI_GROUP_COMMIT", "on", "gather concurrent durable sends, acks, heartbeats and attaches into one Postgres transaction (off: one per write, for comparison)", func(c *Config, v string) error {
 			b, err := parseBool(v)
 			c.GroupCommit = b
 			return err
-		}},
-		{"MARCONI_GROUP_COMMIT_MAX_BATCH", strconv.Itoa(pgstore.DefaultMaxBatch), "most writes one group commit carries (eight times as many may wait)", positiveInt(&c.GroupCommitMaxBatch)},
+		}, public},
+		{"MARCONI_GROUP_COMMIT_MAX_BATCH", strconv.Itoa(pgstore.DefaultMaxBatch), "most writes one group commit carries (eight times as many may wait)", positiveInt(&c.GroupCommitMaxBatch), public},
 	}
 }
 
@@ -398,12 +415,6 @@ func (s setting) kind() string {
 		return "number"
 	}
 	return "string"
-}
-
-// secret reports whether a setting's value must never be printed whole.
-func (s setting) secret() bool {
-	return s.env == "MARCONI_API_KEYS" || s.env == "MARCONI_ADMIN_TOKEN" || s.env == "MARCONI_DATABASE_URL" ||
-		strings.Contains(s.env, "TOKEN") || strings.Contains(s.env, "SECRET") || strings.Contains(s.env, "PASSWORD")
 }
 
 // settingFlag is one setting's flag: it keeps the raw text; the setting's
@@ -469,9 +480,15 @@ type resolved struct {
 // defaults, and validates them. An error names the variable. With -h it
 // prints every setting to out and returns flag.ErrHelp.
 func LoadConfig(args []string, getenv func(string) string, out io.Writer) (Config, error) {
+	return loadConfig("serve", args, getenv, out)
+}
+
+// loadConfig is LoadConfig for the command cmd (serve, config, config
+// check), whose usage -h prints above the settings.
+func loadConfig(cmd string, args []string, getenv func(string) string, out io.Writer) (Config, error) {
 	var c Config
 	all := settings(&c)
-	fs := flag.NewFlagSet("marconi serve", flag.ContinueOnError)
+	fs := flag.NewFlagSet("marconi "+cmd, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are returned as one line, not printed with the usage
 	flags := make(map[string]*settingFlag, len(all))
 	for _, s := range all {
@@ -491,12 +508,13 @@ func LoadConfig(args []string, getenv func(string) string, out io.Writer) (Confi
 	}
 	if err := fs.Parse(joinBoolValues(args, flags)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(out, "usage: marconi serve [flags]\n\nEvery flag is also an environment variable (MARCONI_FOO_BAR is --foo-bar); a flag wins.")
+			fmt.Fprintln(out, commandHelp(cmd))
+			fmt.Fprintln(out, "\nEvery flag is also an environment variable (MARCONI_FOO_BAR is --foo-bar); a flag wins.")
 			fs.SetOutput(out)
 			fs.PrintDefaults()
 			return c, err
 		}
-		return c, fmt.Errorf("%w (run 'marconi serve -h' for every setting)", err)
+		return c, fmt.Errorf("%w (run 'marconi %s -h' for every setting)", flagError(fs, err), cmd)
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments %q (settings are flags or MARCONI_* variables; run 'marconi help' for commands)", fs.Args())

@@ -12,14 +12,16 @@ import (
 	"github.com/marconihub/marconi/hub"
 )
 
-// Development credentials under a durable store.
+// Development credentials kept across restarts.
 //
 // Development mode generates an API key and an admin token when none is
-// configured. On the in-memory store nothing outlives the process, so fresh
-// ones each start cost nothing. On Postgres, sessions outlive the process and
-// yesterday's key must keep working; the store cannot give it back (it keeps
-// only hashes of secrets), so the credentials are kept in a file readable by
-// the user alone (0600) and reused at every start.
+// configured. Agents hold that key and an operator that token across a
+// restart of the hub, on either store: with a fresh key each start, a
+// restarted hub would answer its agents 401 and they would stop for good (on
+// the in-memory store they come back with 410 and register again under the
+// same key). The store cannot give a key back (it keeps only hashes of
+// secrets), so the credentials are kept in a file readable by the user alone
+// (0600) and reused at every start.
 
 // defaultDevCredentialsFile is $XDG_STATE_HOME/marconi/dev-credentials, or
 // ~/.local/state/marconi/dev-credentials.
@@ -36,10 +38,10 @@ func defaultDevCredentialsFile(getenv func(string) string) (string, error) {
 }
 
 // keepDevCredentials replaces the credentials development mode generated with
-// those kept in the file (creating it on first use), when the store is
-// durable. Configured credentials are never written.
+// those kept in the file (creating it on first use). Configured credentials
+// are never written.
 func keepDevCredentials(cfg *Config, getenv func(string) string) error {
-	if cfg.Hub.Mode != "development" || cfg.DatabaseURL == "" || (cfg.generatedAPIKey == "" && cfg.generatedAdminToken == "") {
+	if cfg.Hub.Mode != "development" || (cfg.generatedAPIKey == "" && cfg.generatedAdminToken == "") {
 		return nil
 	}
 	path := getenv("MARCONI_DEV_CREDENTIALS_FILE")

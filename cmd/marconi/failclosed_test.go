@@ -135,6 +135,9 @@ func checkRecovered(t *testing.T, m *Main, key string) {
 // TestStartsWhilePostgresDown: a hub started while Postgres is unreachable
 // serves fail-closed, then applies its migrations and serves once it is back.
 func TestStartsWhilePostgresDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (waits for retries): skipped by -short")
+	}
 	dbURL, proxy := viaProxy(t, pgtest.EmptySchema(t))
 	proxy.Cut()
 	m, out := startMain(t, map[string]string{"MARCONI_DATABASE_URL": dbURL, "MARCONI_STORE_TIMEOUT_SECONDS": "2"})

@@ -26,6 +26,9 @@ import (
 // answered 200 must be in the store with the seq it answered, and each
 // recipient's seqs must be 1..n without a gap.
 func TestKill9LosesNoAnsweredSend(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (builds the binary and kills it): skipped by -short")
+	}
 	dbURL := pgtest.Schema(t)
 	bin := filepath.Join(t.TempDir(), "marconi")
 	build := exec.Command("go", "build", "-o", bin, ".")

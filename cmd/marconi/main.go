@@ -7,12 +7,14 @@
 //	marconi demo                     tell the SPEC-168 self-heal story with two agents
 //	marconi attach URL TOKEN         hold a session's WebSocket, print and ack its signals
 //	marconi healthcheck URL          exit 0 when URL answers 200 (container health checks)
+//	marconi mcp [flags]              an MCP server for one agent (docs/mcp.md)
 //
 // Every setting is an environment variable and a flag: MARCONI_FOO_BAR is
 // --foo-bar. See docs/operations.md.
 //
-// Exit codes: 0 success (and -h), 1 a failure at run time, 2 a usage error
-// (bad flag, unknown command, bad configuration value).
+// Exit codes: 0 success (and -h on every command), 1 a failure or a refusal
+// at run time, 2 a usage error (bad flag, unknown command, bad configuration
+// value, a migrate down unconfirmed without a terminal).
 package main
 
 import (
@@ -64,12 +66,63 @@ func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(forma
 // commands lists the subcommands, in the order usage shows them.
 var commands = []struct{ name, args, help string }{
 	{"serve", "[flags]", "run the hub (the default command)"},
-	{"migrate", "up|down [N|--all [--yes]]|version", "apply, step back or show the Postgres schema"},
+	{"migrate", "up|down [N|--all]|version", "apply, step back (listing what it drops) or show the Postgres schema"},
 	{"config", "[check] [flags]", "print the effective configuration (secrets masked), or validate it"},
 	{"version", "", "print the version and build information"},
 	{"demo", "", "the SPEC-168 self-heal story with two agents, in one process"},
 	{"attach", "HUB_URL SESSION_TOKEN", "hold a session's WebSocket; print and ack its signals"},
 	{"healthcheck", "URL", "exit 0 when URL answers 200 (container health checks)"},
+	{"mcp", "[flags]", "an MCP server (stdio) that puts one agent on the hub: docs/mcp.md"},
+}
+
+// commandAbout is what each command does, as its -h prints it under the
+// usage line. "config check" is config's subcommand.
+var commandAbout = map[string]string{
+	"serve": "Runs the hub until SIGINT or SIGTERM, then shuts down gracefully. With no MARCONI_DATABASE_URL\n" +
+		"it runs on the embedded in-memory store. Every setting is a flag below and a MARCONI_* variable.",
+	"config": "Prints every setting's effective value and where it came from (flag, env or default), secrets\n" +
+		"masked. 'marconi config check' validates instead. Takes the same flags as serve.",
+	"config check": "Validates the configuration as serve would read it, and fails on what would bite at run time:\n" +
+		"lan or cloud with no API key or no admin token, a MARCONI_* variable one edit (a letter added,\n" +
+		"dropped, changed, or two swapped) away from a setting's name. With MARCONI_DATABASE_URL it\n" +
+		"reaches the database and names what is wrong.",
+	"version": "Prints the module version, VCS revision and Go version the binary was built from.",
+	"demo": "Tells SPEC-168's self-heal story step by step: an in-memory hub and two agents (the Go client)\n" +
+		"in one process. Needs nothing else and changes nothing outside the process.",
+	"attach": "Holds a session's WebSocket, prints every frame and acks each signal, until Ctrl-C.\n" +
+		"SESSION_TOKEN is the token the session's registration answered.",
+	"healthcheck": "Exits 0 when URL answers 200 within 3 s, else 1 (for container health checks, e.g. URL/readyz).",
+}
+
+// commandHelp is a command's usage line and what it does, for its -h.
+func commandHelp(cmd string) string {
+	name, _, _ := strings.Cut(cmd, " ")
+	args := ""
+	for _, k := range commands {
+		if k.name == name {
+			args = k.args
+		}
+	}
+	if cmd == "config check" {
+		args = "[flags]"
+	}
+	return strings.TrimSpace("usage: marconi "+cmd+" "+args) + "\n\n" + commandAbout[cmd]
+}
+
+// plainArgs reads the arguments of a command that takes no flags: -h prints
+// its usage (flag.ErrHelp), any other flag is a usage error.
+func (c cli) plainArgs(cmd string, args []string) ([]string, error) {
+	fs := flag.NewFlagSet("marconi "+cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	pos, err := parseInterleaved(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(c.stdout, commandHelp(cmd))
+		return nil, err
+	}
+	if err != nil {
+		return nil, usagef("%v (it takes no flags; run 'marconi %s -h')", err, cmd)
+	}
+	return pos, nil
 }
 
 func usage(w io.Writer) {
@@ -78,7 +131,8 @@ func usage(w io.Writer) {
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-12s %-36s %s\n", c.name, c.args, c.help)
 	}
-	fmt.Fprintln(w, "\nEvery setting is an environment variable MARCONI_FOO and a flag --foo: run 'marconi serve -h'.")
+	fmt.Fprintln(w, "\n'marconi help CMD' or 'marconi CMD -h' prints a command's own usage.")
+	fmt.Fprintln(w, "Every setting is an environment variable MARCONI_FOO and a flag --foo: run 'marconi serve -h'.")
 }
 
 func (c cli) run(ctx context.Context, args []string) int {
@@ -98,17 +152,16 @@ func (c cli) run(ctx context.Context, args []string) int {
 		err = c.migrate(ctx, args)
 	case "config":
 		err = c.config(ctx, args)
-	case "version":
-		err = c.version(args)
-	case "demo":
-		err = demo(ctx, args, c.stdout)
-	case "attach":
-		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		err = attach(ctx, args, c.stdout)
-	case "healthcheck":
-		err = healthcheck(ctx, args)
+	case "version", "demo", "attach", "healthcheck":
+		if args, err = c.plainArgs(cmd, args); err == nil {
+			err = c.runPlain(ctx, cmd, args)
+		}
+	case "mcp":
+		err = c.mcpCommand(ctx, args)
 	case "help":
+		if len(args) > 0 { // help CMD is CMD -h
+			return c.run(ctx, append(args[:1:1], "-h"))
+		}
 		usage(c.stdout)
 		return 0
 	default:
@@ -138,6 +191,22 @@ func (c cli) run(ctx context.Context, args []string) int {
 	}
 }
 
+// runPlain runs a command that takes no flags.
+func (c cli) runPlain(ctx context.Context, cmd string, args []string) error {
+	switch cmd {
+	case "version":
+		return c.version(args)
+	case "demo":
+		return demo(ctx, args, c.stdout)
+	case "attach":
+		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return attach(ctx, args, c.stdout)
+	default:
+		return healthcheck(ctx, args)
+	}
+}
+
 func (c cli) serve(ctx context.Context, args []string) error {
 	cfg, err := c.loadConfig("serve", args)
 	if err != nil {
@@ -162,7 +231,7 @@ func (c cli) serve(ctx context.Context, args []string) error {
 // (flag.ErrHelp), a bad flag or value is a usage error, and unknown MARCONI_*
 // variables are warned about on stderr.
 func (c cli) loadConfig(cmd string, args []string) (Config, error) {
-	cfg, err := LoadConfig(args, c.getenv, c.stdout)
+	cfg, err := loadConfig(cmd, args, c.getenv, c.stdout)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, err
@@ -170,8 +239,11 @@ func (c cli) loadConfig(cmd string, args []string) (Config, error) {
 		return cfg, usageError{err.Error()}
 	}
 	if c.environ != nil {
-		for _, w := range unknownVariables(c.environ()) {
-			fmt.Fprintf(c.stderr, "marconi %s: warning: %s\n", cmd, w)
+		for _, u := range unknownVariables(c.environ()) {
+			if u.typo && cmd == "config check" {
+				continue // an error there, not a warning (configCheck)
+			}
+			fmt.Fprintf(c.stderr, "marconi %s: warning: %s\n", cmd, u)
 		}
 	}
 	return cfg, nil

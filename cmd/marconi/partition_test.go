@@ -38,6 +38,9 @@ func metricValue(t *testing.T, base, name string) float64 {
 // instead of one timeout each, and so does /readyz once a probe confirms, and everything recovers by itself
 // when the partition heals.
 func TestPartitionFailsFast(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (waits out store timeouts): skipped by -short")
+	}
 	dbURL, proxy := viaProxy(t, pgtest.Schema(t))
 	m, out := startMain(t, map[string]string{
 		"MARCONI_DATABASE_URL":            dbURL,
@@ -101,6 +104,9 @@ func TestPartitionFailsFast(t *testing.T) {
 // server would answer nobody. Before, /readyz pinged through the exhausted
 // pool and failed. The same holds with the breaker off.
 func TestReadyzStaysUpWhileTheStoreIsSlow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (waits out store timeouts): skipped by -short")
+	}
 	for _, br := range []string{"on", "off"} {
 		t.Run("breaker "+br, func(t *testing.T) { readyzWhileSlow(t, br) })
 	}

@@ -102,6 +102,9 @@ func TestFailsClosedWhenCutAndRecovers(t *testing.T) {
 }
 
 func TestFailsClosedWhenFrozenAndRecovers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (waits out store timeouts): skipped by -short")
+	}
 	t.Parallel()
 	// createOne leaves exactly one idle connection, so the call after
 	// Freeze must use it. The second slot lets the store recover at once:

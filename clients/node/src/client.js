@@ -1,17 +1,20 @@
 // The Marconi client: one registered, attached session.
 
 import { randomBytes, randomUUID } from 'node:crypto';
-import { setMaxListeners } from 'node:events';
-import WebSocket from 'ws';
+import { EventEmitter, setMaxListeners } from 'node:events';
+import WebSocket from './ws.js';
+
+/** @typedef {import('ws').default} WebSocket the type of ws's sockets (./ws.js exports only the class) */
 import { Backoff } from './backoff.js';
 import { settle } from './config.js';
 import { Dispatcher, toSignal } from './delivery.js';
-import { ClientClosedError, MarconiError, codes, permanent } from './errors.js';
+import { ClientClosedError, MarconiError, ReplacedError, codes, permanent } from './errors.js';
 import { TransportError } from './http.js';
 import { Hubs, unavailable } from './hubs.js';
 import { keepalive } from './keepalive.js';
 import { linked } from './signals.js';
 import { closeCodes, openSocket } from './socket.js';
+import { tokenStoreOf } from './tokens.js';
 
 export { defaults } from './config.js';
 
@@ -63,8 +66,10 @@ export async function dial(config, options = {}) {
 /**
  * One registered, attached session. Use dial to make one. send, stats and
  * sessionID may be used at any time; close (or deregister) once stops it.
+ * It emits 'fatal' (with the error) once when it stops for good while
+ * running; never 'error', whose emission without a listener would throw.
  */
-export class Client {
+export class Client extends EventEmitter {
   /** @type {import('./config.js').Settled} */
   #cfg;
   /** @type {Hubs} */
@@ -98,12 +103,19 @@ export class Client {
 
   /** @type {Dispatcher} */
   #delivery;
+  /** @type {import('../index.js').TokenStore | null} keeps the token across restarts */
+  #tokens;
+  /** the token loaded at dial, for the first registration to resume with */
+  #keptToken = '';
+  #fatal = false; // 'fatal' was told
 
-  #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0, pingTimeouts: 0 };
+  #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0, pingTimeouts: 0, takeovers: 0, rateLimited: 0 };
 
   /** @param {Config} config */
   constructor(config) {
+    super();
     const { cfg, urls, log } = settle(config);
+    this.#tokens = tokenStoreOf(config);
     this.#cfg = cfg;
     this.#log = log;
     this.#backoff = new Backoff(cfg.reconnectBaseDelayMs, cfg.reconnectMaxDelayMs);
@@ -220,11 +232,16 @@ export class Client {
     const req = { to_session: to, payload: payload === undefined ? null : payload, idempotency_key: key };
     if (kind) req.kind = kind;
     const body = JSON.stringify(req);
+    const limit = { waits: 0, spentMs: 0 };
     for (let attempt = 0; ; attempt++) {
       try {
         const { auth, data } = await this.#sessionCall('POST', '/v1/signals', { body, signal: options.signal });
         return this.#sent(to, key, auth, data);
       } catch (err) {
+        if (await this.#waitRateLimit(err, limit, options.signal)) {
+          attempt--; // a 429 is no lost answer: it spends none of sendAttempts
+          continue;
+        }
         if (!unavailable(err) || attempt + 1 >= this.#cfg.sendAttempts || this.#closed || options.signal?.aborted) throw err;
         this.#stats.sendRetries++;
         this.#log.warn('marconi: send got no usable answer; retrying with the same idempotency key', {
@@ -271,6 +288,7 @@ export class Client {
 
   /** @param {AbortSignal | undefined} signal */
   async [start](signal) {
+    await this.#loadToken();
     this.#loops.push(this.#delivery.run());
     let conn;
     // With several hub URLs, each is tried once, in order, while they are unavailable.
@@ -296,7 +314,7 @@ export class Client {
    * @returns {Promise<Conn>}
    */
   async #connect(signal) {
-    if (!this.#token) await this.#register(signal); // dial: not registered yet
+    if (this.#epoch === 0) await this.#register(signal); // dial: not registered yet
     const a = this.#auth();
     try {
       return await this.#attach(signal);
@@ -440,6 +458,7 @@ export class Client {
         if (code === closeCodes.replaced) {
           this.#stopped = true;
           this.#log.warn('marconi: connection replaced by a newer one of this session; not redialing', {});
+          this.#tellFatal(new ReplacedError());
           return;
         }
         if (code === closeCodes.sessionExpired) {
@@ -448,39 +467,56 @@ export class Client {
       }
       this.#log.info('marconi: WebSocket ended, reconnecting', { status: code, reason, immediate: this.#immediate });
       const next = await this.#redial(code === closeCodes.serviceRestart);
-      if (!next) {
+      if (!('conn' in next)) {
         this.#stopped = true;
+        if (next.refused) this.#tellFatal(next.refused);
         return;
       }
-      conn = next;
+      conn = next.conn;
     }
   }
 
   /**
+   * Tells the application, once, that the client stopped for good: onFatal,
+   * then the 'fatal' event. A throwing onFatal is logged.
+   * @param {MarconiError | ReplacedError} err
+   */
+  #tellFatal(err) {
+    if (this.#fatal || this.#closing.signal.aborted) return;
+    this.#fatal = true;
+    try {
+      this.#cfg.onFatal?.(err);
+    } catch (e) {
+      this.#log.error('marconi: onFatal threw', { err: String(e) });
+    }
+    this.emit('fatal', err);
+  }
+
+  /**
    * Attaches again, waiting between attempts with backoff and draining while
-   * the WebSocket is down, until attached, closed, or refused for good (null).
-   * After a restart the hub announced (1012) the backoff's ceiling is
-   * reconnectRestartMaxDelayMs.
+   * the WebSocket is down, until attached ({conn}), closed ({}), or refused
+   * for good ({refused}: the hub's answer). After a restart the hub announced
+   * (1012) the backoff's ceiling is reconnectRestartMaxDelayMs.
    * @param {boolean} restart
-   * @returns {Promise<Conn | null>}
+   * @returns {Promise<{conn: Conn} | {refused?: MarconiError}>}
    */
   async #redial(restart) {
     const backoff = restart ? this.#backoff.capped(this.#cfg.reconnectRestartMaxDelayMs) : this.#backoff;
     for (let attempt = 0; ; attempt++) {
       if (!this.#immediate) {
         await this.#drain();
-        if (!(await this.#waitOrHeal(backoff.delay(attempt)))) return null;
+        if (!(await this.#waitOrHeal(backoff.delay(attempt)))) return {};
       }
       try {
         const conn = await this.#connect();
         this.#stats.reconnects++;
-        return conn;
+        return { conn };
       } catch (err) {
-        if (this.#closing.signal.aborted) return null;
+        if (this.#closing.signal.aborted) return {};
         this.#immediate = false;
         if (permanent(err)) {
           this.#log.error('marconi: hub refuses the session; giving up reconnecting', { err: String(err) });
-          return null;
+          return { refused: /** @type {MarconiError} */ (err) };
         }
         this.#log.warn('marconi: reconnect failed', { attempt, err: String(err) });
       }
@@ -526,6 +562,39 @@ export class Client {
   }
 
   /**
+   * Waits out err when it is a 429 whose wait fits in what is left of the
+   * call's budget (rateLimitWaitMs, limit.spentMs spent so far): the
+   * Retry-After with up to a quarter more of jitter (callers refused the same
+   * second come back spread), or the reconnect backoff when the header is
+   * missing or unreadable (but not on quota_exceeded, whose missing
+   * Retry-After means waiting does not help). Resolves true when waited (make
+   * the call again), false when err is to be thrown: not a 429, a wait beyond
+   * the budget, or the client closed or signal aborted meanwhile.
+   * @param {unknown} err
+   * @param {{waits: number, spentMs: number}} limit
+   * @param {AbortSignal} [signal]
+   */
+  async #waitRateLimit(err, limit, signal) {
+    if (!(err instanceof MarconiError) || err.status !== 429) return false;
+    const left = this.#cfg.rateLimitWaitMs - limit.spentMs;
+    let ms;
+    // A quota with no Retry-After: the hub says waiting does not help (live sessions per project).
+    if (err.retryAfterSeconds === undefined && err.code === codes.quotaExceeded) return false;
+    if (err.retryAfterSeconds === undefined) {
+      ms = this.#backoff.ceiling(limit.waits) / 2 + this.#backoff.delay(limit.waits) / 2;
+    } else {
+      ms = err.retryAfterSeconds * 1000;
+      if (ms <= left) ms = Math.min(ms + Math.random() * ms / 4, left);
+    }
+    if (ms > left) return false; // longer than the caller may wait: the 429 is the answer
+    limit.waits++;
+    limit.spentMs += ms;
+    this.#stats.rateLimited++;
+    this.#log.info('marconi: hub asks to wait (429); retrying after it', { code: err.code, wait_ms: Math.round(ms), retry_after: err.retryAfterSeconds });
+    return this.#sleep(ms, signal);
+  }
+
+  /**
    * Sleeps ms unless the client closes or signal aborts.
    * @param {number} ms
    * @param {AbortSignal} [signal]
@@ -568,25 +637,67 @@ export class Client {
   }
 
   /**
-   * Registers the session, or resumes it when the client holds a token. A
-   * resume of a session the hub no longer knows becomes a registration of the
-   * same session_id, and the application is told its state is gone.
+   * The client's first registration, at dial: a resume with the token kept
+   * in the token store when there is one (X-Marconi-Session-Token), else a
+   * registration of the configured id. A kept token of a session the hub no
+   * longer knows (410) becomes a registration of the same id; a registration
+   * refused because the id is live (403) becomes a takeover when config
+   * says takeover. The new token is kept.
    * @param {AbortSignal} [signal]
    */
   #register(signal) {
     return this.#exclusive(async () => {
       const id = this.#sessionID;
-      const token = this.#token;
+      const token = this.#keptToken;
+      this.#keptToken = '';
       let r;
       try {
-        r = await this.#postRegister(id, token, signal);
+        try {
+          r = await this.#postRegister(id, token, signal);
+        } catch (err) {
+          if (!(token && err instanceof MarconiError && err.code === codes.sessionExpired)) throw err;
+          this.#log.info('marconi: the kept token\'s session is gone; registering the id anew', { session_id: id });
+          r = await this.#postRegister(id, '', signal);
+        }
       } catch (err) {
-        if (!(token && err instanceof MarconiError && err.code === codes.sessionExpired)) throw err;
-        r = await this.#postRegister(id, '', signal);
+        if (!(this.#cfg.takeover && id && err instanceof MarconiError && err.status === 403)) throw err;
+        this.#log.warn('marconi: session is live under a token this client does not hold; taking it over', { session_id: id });
+        this.#regKey = ''; // another registration: the refused one stored nothing
+        r = await this.#postRegister(id, '', signal, true);
       }
       this.#adopt(r.data, r.status === 201);
-      if (token && r.status === 201) this.#reregistered(r.data.session_id);
+      if (r.data.taken_over === true) {
+        this.#stats.takeovers++;
+        this.#log.warn('marconi: session taken over; its former holder\'s token stopped working', { session_id: r.data.session_id });
+        // Whatever the session held at runtime belonged to the former holder.
+        this.#delivery.enqueue({ signals: [], epoch: this.#epoch, reset: { reason: 'taken_over', dropped: 0 } });
+      }
+      await this.#keep();
     });
+  }
+
+  /** Loads the kept token at dial: one of the configured session (or of any, when none is configured) is resumed with. */
+  async #loadToken() {
+    if (!this.#tokens) return;
+    let t;
+    try {
+      t = await this.#tokens.load();
+    } catch (err) {
+      throw new Error(`marconi: load the kept session token: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    }
+    if (!t?.token || (this.#cfg.sessionID && t.sessionID !== this.#cfg.sessionID)) return;
+    this.#sessionID = t.sessionID;
+    this.#keptToken = t.token;
+  }
+
+  /** Saves the current session and token to the token store; runs within #exclusive, so saves keep the order of the tokens. */
+  async #keep() {
+    if (!this.#tokens) return;
+    try {
+      await this.#tokens.save({ sessionID: this.#sessionID, token: this.#token });
+    } catch (err) {
+      throw new Error(`marconi: keep the session token: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    }
   }
 
   /**
@@ -603,6 +714,7 @@ export class Client {
       const r = await this.#postRegister(this.#sessionID, '', signal);
       this.#adopt(r.data, r.status === 201);
       this.#reregistered(r.data.session_id);
+      await this.#keep().catch((err) => this.#log.error('marconi: could not keep the new session token; a restart will not resume it', { err: String(err) }));
       this.#immediate = true;
       this.#conn?.ws.terminate(); // it belongs to the registration that is gone
     });
@@ -616,30 +728,39 @@ export class Client {
   }
 
   /**
+   * One registration (a resume when token is set, a takeover when takeover
+   * is), retried with one key when its answer is lost; a 429 is waited out.
    * @param {string} id
    * @param {string} token
    * @param {AbortSignal} [signal]
+   * @param {boolean} [takeover]
    */
-  async #postRegister(id, token, signal) {
+  async #postRegister(id, token, signal, takeover = false) {
     // One key for every attempt of this registration, kept until an answer is
     // adopted: the hub answers a retry of a registration it made (its answer
     // lost) with a new token instead of 403. The key is a secret: never logged.
-    if (!this.#regKey) this.#regKey = randomBytes(16).toString('base64url');
+    if (!this.#regKey) this.#regKey = randomBytes(24).toString('base64url'); // 192 bits; the hub wants 128 or more
     /** @type {Record<string, string>} */
     const headers = { 'idempotency-key': this.#regKey };
     if (token) headers['x-marconi-session-token'] = token;
-    /** @type {Record<string, string>} */
+    /** @type {Record<string, string | boolean>} */
     const req = { surface: this.#cfg.surface };
     if (id) req.session_id = id;
+    if (takeover) req.takeover = true;
     if (this.#cfg.runtimeMode) req.runtime_mode = this.#cfg.runtimeMode;
     if (this.#cfg.clientID) req.client_id = this.#cfg.clientID;
     const body = JSON.stringify(req);
+    const limit = { waits: 0, spentMs: 0 };
     for (let attempt = 0; ; attempt++) {
       try {
         const r = await this.#hubs.call('POST', '/v1/sessions', this.#cfg.apiKey, { headers, body, signal });
         if (!r.data?.token) throw new TransportError(`marconi: register answered ${r.status} without a token`);
         return r;
       } catch (err) {
+        if (await this.#waitRateLimit(err, limit, signal)) {
+          attempt--; // a 429 is no lost answer: it spends none of sendAttempts
+          continue;
+        }
         if (!unavailable(err) || attempt + 1 >= this.#cfg.sendAttempts || this.#closed || signal?.aborted) throw err;
         this.#log.warn('marconi: registration got no usable answer; registering again with the same idempotency key', {
           session_id: id, attempt, err: String(err),
@@ -659,7 +780,7 @@ export class Client {
     this.#regKey = ''; // answered: the next registration is another one
     this.#sessionID = data.session_id;
     this.#token = data.token;
-    if (created) this.#epoch++;
+    if (created || this.#epoch === 0) this.#epoch++; // the first registration, a resume included, is epoch 1
     if (data.heartbeat_interval_seconds > 0) this.#heartbeatMs = data.heartbeat_interval_seconds * 1000;
   }
 

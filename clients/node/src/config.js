@@ -9,6 +9,7 @@ export const defaults = Object.freeze({
   sendAttempts: 4,
   pingIntervalMs: 20000,
   pingTimeoutMs: 10000,
+  rateLimitWaitMs: 60000,
 });
 
 /**
@@ -39,12 +40,15 @@ export function settle(config) {
     sendAttempts: config.sendAttempts ?? defaults.sendAttempts,
     pingIntervalMs: config.pingIntervalMs ?? defaults.pingIntervalMs,
     pingTimeoutMs: config.pingTimeoutMs ?? defaults.pingTimeoutMs,
+    rateLimitWaitMs: config.rateLimitWaitMs ?? defaults.rateLimitWaitMs,
   };
   for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'reconnectRestartMaxDelayMs', 'requestTimeoutMs', 'sendAttempts', 'pingTimeoutMs'])) {
     if (!Number.isFinite(cfg[k]) || cfg[k] <= 0) throw new TypeError(`marconi: ${k} must be a positive number`);
   }
   if (!Number.isFinite(cfg.pingIntervalMs) || cfg.pingIntervalMs < 0) throw new TypeError('marconi: pingIntervalMs must be 0 (off) or a positive number');
   if (!Number.isInteger(cfg.sendAttempts)) throw new TypeError('marconi: sendAttempts must be a whole number');
+  if (!Number.isFinite(cfg.rateLimitWaitMs) || cfg.rateLimitWaitMs < 0) throw new TypeError('marconi: rateLimitWaitMs must be 0 (never wait) or a positive number');
+  checkTokenKeeping(config);
   for (const k of /** @type {const} */ (['hubURL', 'apiKey', 'surface', 'sessionID', 'runtimeMode', 'clientID'])) {
     if (config[k] !== undefined && typeof config[k] !== 'string') throw new TypeError(`marconi: ${k} must be a string`);
   }
@@ -56,6 +60,24 @@ export function settle(config) {
   if (config.reconnectRestartMaxDelayMs === undefined) cfg.reconnectRestartMaxDelayMs = Math.max(cfg.reconnectRestartMaxDelayMs, cfg.reconnectBaseDelayMs);
   cfg.reconnectRestartMaxDelayMs = Math.min(cfg.reconnectRestartMaxDelayMs, cfg.reconnectMaxDelayMs);
   return { cfg, urls, log: { ...silent, ...bindLogger(config.logger) } };
+}
+
+/**
+ * Checks the token keeping fields: tokenFile a path, tokenStore an object
+ * with load and save, not both; takeover a boolean; onFatal a function.
+ * @param {Config} config
+ */
+function checkTokenKeeping(config) {
+  if (config.tokenFile !== undefined && (typeof config.tokenFile !== 'string' || config.tokenFile === '')) {
+    throw new TypeError('marconi: tokenFile must be a path');
+  }
+  const ts = config.tokenStore;
+  if (ts !== undefined && (ts === null || typeof ts.load !== 'function' || typeof ts.save !== 'function')) {
+    throw new TypeError('marconi: tokenStore must have load() and save(token)');
+  }
+  if (ts !== undefined && config.tokenFile !== undefined) throw new TypeError('marconi: set tokenFile or tokenStore, not both');
+  if (config.takeover !== undefined && typeof config.takeover !== 'boolean') throw new TypeError('marconi: takeover must be a boolean');
+  if (config.onFatal !== undefined && typeof config.onFatal !== 'function') throw new TypeError('marconi: onFatal must be a function');
 }
 
 /**

@@ -39,6 +39,7 @@ export class ClientClosedError extends Error {
 export const codes = Object.freeze({
   sessionExpired: 'session_expired',
   wrongInstance: 'wrong_instance',
+  quotaExceeded: 'quota_exceeded',
   // The code of a MarconiError built from an answer that did not carry the
   // hub's error body (a proxy's page, an empty body).
   unexpected: 'unexpected_response',
@@ -53,7 +54,7 @@ export const codes = Object.freeze({
  * @returns {MarconiError}
  */
 export function decodeError(status, body, retryAfter = null) {
-  const seconds = retryAfter != null && /^\d+$/.test(retryAfter) ? Number(retryAfter) : undefined;
+  const seconds = parseRetryAfter(retryAfter, Date.now());
   let e;
   try {
     e = JSON.parse(body)?.error;
@@ -69,6 +70,42 @@ export function decodeError(status, body, retryAfter = null) {
     instanceURL: typeof e.instance_url === 'string' ? e.instance_url : undefined,
     retryAfterSeconds: seconds,
   });
+}
+
+/** The largest Retry-After read as seconds (a day); larger is taken as unreadable. */
+const maxRetryAfterSeconds = 86400;
+
+/**
+ * Reads a Retry-After header (delay-seconds or an HTTP date) as seconds;
+ * undefined when missing, unreadable, or not in the future.
+ * @param {string | null} h
+ * @param {number} nowMs
+ * @returns {number | undefined}
+ */
+export function parseRetryAfter(h, nowMs) {
+  if (h == null || h.trim() === '') return undefined;
+  const v = h.trim();
+  if (/^-?\d+$/.test(v)) {
+    const n = Number(v);
+    return n > 0 && n <= maxRetryAfterSeconds ? n : undefined;
+  }
+  const at = Date.parse(v);
+  if (!/[a-z]/i.test(v) || Number.isNaN(at) || at <= nowMs) return undefined;
+  return (at - nowMs) / 1000;
+}
+
+/**
+ * Thrown (as the reason of the 'fatal' event and onFatal) when a newer
+ * connection of the session replaced the client's (close 4409): another
+ * process resumed the session or took it over. The client does not fight it.
+ */
+export class ReplacedError extends Error {
+  constructor() {
+    super('marconi: session taken by a newer connection (4409); not reconnecting');
+    this.name = 'ReplacedError';
+    /** @type {'replaced'} A stable code, as a MarconiError's. */
+    this.code = 'replaced';
+  }
 }
 
 /**

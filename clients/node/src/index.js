@@ -2,5 +2,6 @@
 // See docs/client.md in the repository.
 
 export { Client, dial, defaults } from './client.js';
-export { ClientClosedError, MarconiError } from './errors.js';
+export { ClientClosedError, MarconiError, ReplacedError } from './errors.js';
+export { fileTokenStore } from './tokens.js';
 export { TransportError } from './http.js';

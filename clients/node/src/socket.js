@@ -1,6 +1,8 @@
 // Opening the session's WebSocket: handshake, the hub's refusal, the welcome.
 
-import WebSocket from 'ws';
+import WebSocket from './ws.js';
+
+/** @typedef {import('ws').default} WebSocket the type of ws's sockets (./ws.js exports only the class) */
 import { decodeError } from './errors.js';
 import { TransportError } from './http.js';
 

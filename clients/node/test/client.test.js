@@ -71,13 +71,22 @@ test('errors of the hub are MarconiError with the hub\'s code; bad config is a T
   await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: /** @type {any} */ (42) }), TypeError);
 });
 
-test('a 429 is returned at once, not retried, with the hub\'s Retry-After', async (t) => {
+test('a 429 is waited out for its Retry-After and the send stored once; with rateLimitWaitMs 0 it is returned at once', async (t) => {
   const slow = await startHub(env.bins.marconi, { env: { MARCONI_SEND_RATE_PER_SECOND: '1' } }); // burst 2
   t.after(() => slow.stop());
+  const inbox = new Inbox();
   const a = await dial({ hubURL: slow.url, apiKey, surface: 'claude_code', sessionID: 'rate-a' });
-  const b = await dial({ hubURL: slow.url, apiKey, surface: 'claude_code', sessionID: 'rate-b' });
-  t.after(async () => { await a.close(); await b.close(); });
-  const results = await Promise.allSettled([1, 2, 3, 4].map((n) => a.send('rate-b', 'chat', { n })));
+  const b = await dial({ hubURL: slow.url, apiKey, surface: 'claude_code', sessionID: 'rate-b', onSignal: inbox.on });
+  const c = await dial({ hubURL: slow.url, apiKey, surface: 'claude_code', sessionID: 'rate-c', rateLimitWaitMs: 0 });
+  t.after(async () => { await a.close(); await b.close(); await c.close(); });
+
+  const sent = await Promise.all([1, 2, 3, 4].map((n) => a.send('rate-b', 'chat', { n })));
+  assert.deepEqual(sent.map((r) => r.seq).sort(), [1, 2, 3, 4]);
+  assert.ok(a.stats().rateLimited >= 1, 'the burst of two was exceeded and waited out');
+  assert.equal(a.stats().sendRetries, 0);
+  await waitFor('b to get 1..4', () => inbox.signals.length === 4);
+
+  const results = await Promise.allSettled([1, 2, 3, 4].map((n) => c.send('rate-b', 'chat', { n })));
   const refused = results.flatMap((r) => (r.status === 'rejected' ? [r.reason] : []));
   assert.ok(refused.length >= 1, 'the burst of two is exceeded');
   for (const err of refused) {
@@ -86,7 +95,7 @@ test('a 429 is returned at once, not retried, with the hub\'s Retry-After', asyn
     assert.equal(err.code, 'too_many_requests');
     assert.equal(err.retryAfterSeconds, 1);
   }
-  assert.equal(a.stats().sendRetries, 0);
+  assert.equal(c.stats().rateLimited, 0);
 });
 
 test('close 4409: a newer connection of the session replaces the client\'s, and the client does not fight it', async (t) => {

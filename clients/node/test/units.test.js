@@ -82,6 +82,11 @@ test('decodeError keeps the hub\'s code and survives bodies that are not the hub
     assert.equal(e.hubMessage, msg);
   }
   assert.equal(decodeError(429, '', 'soon').retryAfterSeconds, undefined);
+  assert.equal(decodeError(429, '', '-3').retryAfterSeconds, undefined);
+  assert.equal(decodeError(429, '', '0').retryAfterSeconds, undefined);
+  assert.equal(decodeError(429, '', '99999999').retryAfterSeconds, undefined);
+  const at = decodeError(429, '', new Date(Date.now() + 30000).toUTCString()).retryAfterSeconds ?? 0;
+  assert.ok(at > 25 && at <= 30, `an HTTP date 30 s ahead reads as ${at} s`);
   assert.equal(permanent(decodeError(403, '{"error":{"code":"forbidden","message":""}}')), true);
   assert.equal(permanent(decodeError(503, '{"error":{"code":"draining","message":""}}')), false);
   assert.equal(permanent(new Error('x')), false);

@@ -1,4 +1,4 @@
-package hub
+package sessions
 
 import (
 	"context"
@@ -41,7 +41,7 @@ func TestKeyedMutex(t *testing.T) {
 func TestProjectRooms(t *testing.T) {
 	m := newProjectRooms()
 	now := time.Now()
-	full, room := TenantProject{TenantID: "t", ProjectID: "full"}, TenantProject{TenantID: "t", ProjectID: "room"}
+	full, room := Project{TenantID: "t", ProjectID: "full"}, Project{TenantID: "t", ProjectID: "room"}
 	if got := m.spend(room, now); got != roomCount {
 		t.Fatalf("nothing remembered: %v, want a count", got)
 	}
@@ -73,20 +73,5 @@ func TestProjectRooms(t *testing.T) {
 	m.sweep(now.Add(time.Second))
 	if len(m.rooms) != 0 {
 		t.Fatal("sweep kept a project past its time")
-	}
-}
-
-// An empty bucket says how long until its next token.
-func TestRateLimiterWait(t *testing.T) {
-	now := time.Now()
-	l := newRateLimiter[string](4, func() time.Time { return now })
-	for range 8 {
-		if ok, _ := l.take("k"); !ok {
-			t.Fatal("refused within the burst")
-		}
-	}
-	ok, wait := l.take("k")
-	if ok || wait != 250*time.Millisecond {
-		t.Fatalf("past the burst: ok %v, wait %v; want refused with 250ms to wait", ok, wait)
 	}
 }

@@ -1,0 +1,97 @@
+package bootstrap_test
+
+import (
+	"context"
+	"testing"
+
+	bootstrap "github.com/marconihub/marconi/bootstrap-client"
+	"github.com/marconihub/marconi/hub/hubtest"
+)
+
+// With DeferAck the client acknowledges nothing by itself: a signal handed to
+// OnSignal and never acknowledged comes again to the session's next client;
+// Ack acknowledges it and every earlier one, for good.
+func TestDeferAckLeavesAckToTheApplication(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{})
+	ctx := context.Background()
+	store := bootstrap.FileTokenStore(t.TempDir() + "/bob.json")
+	dial := func(in *inbox) *bootstrap.Client {
+		c, err := bootstrap.Dial(ctx, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "bob",
+			Surface: "claude_code", DeferAck: true, OnSignal: in.on, TokenStore: store})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	alice, err := bootstrap.Dial(ctx, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "alice", Surface: "claude_code"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alice.Close()
+
+	var first inbox
+	bob := dial(&first)
+	for _, s := range []string{"one", "two", "three"} {
+		if _, err := alice.Send(ctx, "bob", "", map[string]string{"text": s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "three signals", func() bool { return first.len() == 3 })
+	bob.Close()
+
+	var second inbox
+	bob = dial(&second)
+	waitFor(t, "the three again", func() bool { return second.len() == 3 })
+	if err := bob.Ack(ctx, second.sigs[1]); err != nil { // one and two
+		t.Fatal(err)
+	}
+	bob.Close()
+
+	var third inbox
+	bob = dial(&third)
+	defer bob.Close()
+	waitFor(t, "three alone", func() bool { return third.len() == 1 })
+	if third.sigs[0].Seq != 3 {
+		t.Fatalf("after acking up to two, the next client got seq %d", third.sigs[0].Seq)
+	}
+	if err := bob.Ack(ctx, second.sigs[0]); err != nil { // a signal this client never held: nothing
+		t.Fatal(err)
+	}
+}
+
+// DialPiggyback attaches no WebSocket: the session reads by drain.
+func TestDialPiggybackDrains(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{})
+	ctx := context.Background()
+	var in inbox
+	cx, err := bootstrap.DialPiggyback(ctx, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "cx",
+		Surface: "codex", OnSignal: in.on})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cx.Close()
+	alice, err := bootstrap.Dial(ctx, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "alice", Surface: "claude_code"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alice.Close()
+	res, err := alice.Send(ctx, "cx", "", map[string]string{"text": "hi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Delivery == "pushed_to_ws" {
+		t.Fatalf("pushed to a piggyback-only session: %+v", res)
+	}
+	upTo, err := cx.Drain(ctx)
+	if err != nil || upTo != res.Seq {
+		t.Fatalf("drain: %d %v, want up to %d", upTo, err, res.Seq)
+	}
+	waitFor(t, "the drained signal", func() bool { return in.len() == 1 })
+	state, err := cx.Heartbeat(ctx)
+	if err != nil || state == "attached" {
+		t.Fatalf("heartbeat: %q %v", state, err)
+	}
+	if reg := cx.Registration(); reg.SessionID != "cx" || reg.TenantID != "t1" || reg.ProjectID != "p1" || reg.Surface != "codex" {
+		t.Fatalf("registration: %+v", reg)
+	}
+}

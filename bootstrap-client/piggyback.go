@@ -1,0 +1,66 @@
+package bootstrap
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+)
+
+// DialPiggyback registers the session (or resumes the one named by
+// cfg.SessionID) without attaching a WebSocket, for a surface the hub serves
+// by drain and piggyback only (codex). The client heartbeats, hands the
+// signals of heartbeat and send answers (pending) to OnSignal, and Drain
+// fetches the rest on demand. Config.TokenStore and Config.Takeover work as
+// with Dial, and so do Send, Ack, Stats and Close.
+func DialPiggyback(ctx context.Context, cfg Config) (*Client, error) {
+	c, err := newClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.loadToken(ctx); err != nil {
+		c.closeIdle()
+		return nil, err
+	}
+	c.wg.Add(1)
+	go c.dispatch()
+	err = c.register(ctx)
+	for i := 1; i < len(c.urls) && unavailable(err) && ctx.Err() == nil; i++ {
+		err = c.register(ctx) // the failed URL was left: try the next
+	}
+	if err != nil {
+		c.cancel()
+		c.wg.Wait()
+		c.closeIdle()
+		return nil, err
+	}
+	c.wg.Add(1)
+	go c.heartbeatLoop()
+	return c, nil
+}
+
+// Drain fetches the signals the hub holds for the session beyond the highest
+// one handed to OnSignal (GET /v1/signals, one page) and queues them for
+// OnSignal, waiting for room. It returns the highest seq fetched, 0 when
+// there was none: OnSignal has seen it once the dispatcher reached it.
+func (c *Client) Drain(ctx context.Context) (int64, error) {
+	if c.ctx.Err() != nil {
+		return 0, errClosed
+	}
+	var res drainResponse
+	path := "/v1/signals?after_seq=" + strconv.FormatInt(c.drainAfter(), 10) + "&limit=" + strconv.Itoa(drainLimit)
+	a, err := c.sessionCall(ctx, http.MethodGet, path, nil, &res)
+	if err != nil {
+		return 0, fmt.Errorf("bootstrap: drain: %w", err)
+	}
+	if len(res.Signals) == 0 {
+		return 0, nil
+	}
+	if !c.enqueue(ctx, delivery{signals: res.Signals, epoch: a.epoch}) {
+		if ctx.Err() != nil {
+			return 0, fmt.Errorf("bootstrap: drain: %w", ctx.Err())
+		}
+		return 0, errClosed
+	}
+	return res.Signals[len(res.Signals)-1].Seq, nil
+}

@@ -1,0 +1,104 @@
+package bootstrap
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+)
+
+// SessionToken is a session's id and its current token, as a TokenStore
+// keeps them between runs of the agent.
+type SessionToken struct {
+	SessionID string `json:"session_id"`
+	Token     string `json:"token"`
+}
+
+// TokenStore keeps the session token across restarts of the agent, so that a
+// restarted agent resumes its session (X-Marconi-Session-Token) instead of
+// being refused as another holder of a live id. Dial loads it once; the
+// client saves every new token the hub gives it (registration, resume,
+// re-registration, takeover). Implementations must be safe for concurrent
+// use.
+type TokenStore interface {
+	// Load returns the kept token, or the zero SessionToken and nil when
+	// nothing is kept. Any other error stops Dial.
+	Load(ctx context.Context) (SessionToken, error)
+	// Save replaces the kept token with t.
+	Save(ctx context.Context, t SessionToken) error
+}
+
+// FileTokenStore keeps the token in a JSON file at path, readable by its
+// owner only (0600), replaced atomically (a temporary file renamed over it)
+// so a crash mid-write leaves the old token or the new one, never half of
+// either. Its directory is created (0700) when missing. The token is a
+// credential of the session: keep the file where only the agent's user can
+// read it.
+func FileTokenStore(path string) TokenStore {
+	return &fileTokenStore{path: path}
+}
+
+type fileTokenStore struct {
+	path string
+	mu   sync.Mutex // serializes saves of this process
+}
+
+func (f *fileTokenStore) Load(context.Context) (SessionToken, error) {
+	data, err := os.ReadFile(f.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return SessionToken{}, nil
+	}
+	if err != nil {
+		return SessionToken{}, fmt.Errorf("bootstrap: read token file: %w", err)
+	}
+	var t SessionToken
+	if err := json.Unmarshal(data, &t); err != nil {
+		return SessionToken{}, fmt.Errorf("bootstrap: token file %s is not a kept session token: %w", f.path, err)
+	}
+	if (t.SessionID == "") != (t.Token == "") {
+		return SessionToken{}, fmt.Errorf("bootstrap: token file %s holds a session id or a token without the other", f.path)
+	}
+	return t, nil
+}
+
+func (f *fileTokenStore) Save(_ context.Context, t SessionToken) error {
+	data, err := json.Marshal(t)
+	if err != nil {
+		return fmt.Errorf("bootstrap: encode token: %w", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	dir := filepath.Dir(f.path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("bootstrap: token file directory: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(f.path)+".*")
+	if err != nil {
+		return fmt.Errorf("bootstrap: write token file: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // after the rename there is nothing left to remove
+	if err := writeSynced(tmp, data); err != nil {
+		return fmt.Errorf("bootstrap: write token file: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), f.path); err != nil {
+		return fmt.Errorf("bootstrap: write token file: %w", err)
+	}
+	return nil
+}
+
+// writeSynced writes data to a file made 0600 and closes it once it is on
+// disk.
+func writeSynced(f *os.File, data []byte) error {
+	err := f.Chmod(0o600)
+	if err == nil {
+		_, err = f.Write(data)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	return errors.Join(err, f.Close())
+}

@@ -1,0 +1,115 @@
+package bootstrap_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	bootstrap "github.com/marconihub/marconi/bootstrap-client"
+	"github.com/marconihub/marconi/hub/hubtest"
+)
+
+// TestFileTokenStore: nothing kept reads as the zero token; a save creates the
+// directory 0700 and the file 0600, replaces the kept token whole and leaves
+// no temporary file; a file that is not a kept token is an error, not an
+// empty token.
+func TestFileTokenStore(t *testing.T) {
+	ctx := t.Context()
+	dir := filepath.Join(t.TempDir(), "state", "agent")
+	path := filepath.Join(dir, "token.json")
+	s := bootstrap.FileTokenStore(path)
+
+	got, err := s.Load(ctx)
+	if err != nil || got != (bootstrap.SessionToken{}) {
+		t.Fatalf("Load with no file = %+v, %v; want the zero token and nil", got, err)
+	}
+	for _, want := range []bootstrap.SessionToken{{SessionID: "alice", Token: "t-1"}, {SessionID: "alice", Token: "t-2"}} {
+		if err := s.Save(ctx, want); err != nil {
+			t.Fatalf("Save: %v", err)
+		}
+		got, err := s.Load(ctx)
+		if err != nil || got != want {
+			t.Fatalf("Load after Save(%+v) = %+v, %v", want, got, err)
+		}
+	}
+	wantMode(t, dir, 0o700|os.ModeDir)
+	wantMode(t, path, 0o600)
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("directory holds %d entries after two saves, want only the token file", len(entries))
+	}
+
+	for _, bad := range []string{"not json", `{"session_id":"alice"}`} {
+		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.Load(ctx); err == nil {
+			t.Errorf("Load of %q = %+v, nil; want an error", bad, got)
+		}
+	}
+}
+
+func wantMode(t *testing.T, path string, want os.FileMode) {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode() != want {
+		t.Errorf("%s has mode %v, want %v", path, fi.Mode(), want)
+	}
+}
+
+// TestTokenStoreResumesARestartedAgent: an agent that keeps its token in a
+// file and stops without deregistering (a restart) starts again under its
+// name: Dial resumes the live session with the kept token instead of being
+// refused, the new token is kept, and what was sent meanwhile is delivered.
+// The same start without the kept token is refused 403 (the session is live).
+func TestTokenStoreResumesARestartedAgent(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{})
+	path := filepath.Join(t.TempDir(), "kept", "token.json")
+	store := bootstrap.FileTokenStore(path)
+	sender := dial(t, h.URL, h.APIKey, "kept-sender", nil)
+
+	first := dialConfig(t, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "kept-agent", TokenStore: store})
+	kept1, err := store.Load(t.Context())
+	if err != nil || kept1.SessionID != "kept-agent" || kept1.Token == "" {
+		t.Fatalf("kept after the first Dial: %+v, %v; want kept-agent's token", kept1, err)
+	}
+	_ = first.Close() // the process ends; the session stays live until its TTL
+	sendN(t, sender, "kept-agent", 1, 2)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	_, err = bootstrap.Dial(ctx, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "kept-agent", Surface: "claude_code"})
+	wantHubError(t, err, 403, "forbidden")
+
+	var in inbox
+	resets := 0
+	second := dialConfig(t, bootstrap.Config{
+		HubURL: h.URL, APIKey: h.APIKey, SessionID: "kept-agent", TokenStore: store,
+		OnSignal: in.on, OnAffinityReset: func() { resets++ },
+	})
+	waitFor(t, "the restarted agent to get what was sent meanwhile", func() bool { return in.len() == 2 })
+	wantPayloads(t, "restarted agent", &in, 2)
+	kept2, err := store.Load(t.Context())
+	if err != nil || kept2.SessionID != "kept-agent" || kept2.Token == "" || kept2.Token == kept1.Token {
+		t.Fatalf("kept after the resume: %+v, %v; want a new token (a resume rotates it)", kept2, err)
+	}
+	if st := second.Stats(); st.Reregistrations != 0 || st.Takeovers != 0 || resets != 0 {
+		t.Errorf("resume: stats %+v, %d affinity resets; want a plain resume", st, resets)
+	}
+	_ = second.Close()
+}
+
+// wantHubError fails unless err carries the hub's answer status/code.
+func wantHubError(t *testing.T, err error, status int, code string) {
+	t.Helper()
+	var he *bootstrap.Error
+	if !errors.As(err, &he) || he.Status != status || he.Code != code {
+		t.Fatalf("err = %v, want the hub's %d %s", err, status, code)
+	}
+}

@@ -1,0 +1,90 @@
+// Keeping the session token across restarts: a file (0600, replaced
+// atomically) or the application's own store.
+
+import { randomBytes } from 'node:crypto';
+import { mkdir, open, readFile, rename, rm } from 'node:fs/promises';
+import path from 'node:path';
+
+/**
+ * @typedef {import('../index.js').SessionToken} SessionToken
+ * @typedef {import('../index.js').TokenStore} TokenStore
+ */
+
+/**
+ * A TokenStore keeping the token in a JSON file at file: readable by its
+ * owner only (0600), replaced atomically (a temporary file renamed over it),
+ * its directory created (0700) when missing.
+ * @param {string} file
+ * @returns {TokenStore}
+ */
+export function fileTokenStore(file) {
+  /** @type {Promise<void>} serializes the saves of this process */
+  let saving = Promise.resolve();
+  return {
+    async load() {
+      let text;
+      try {
+        text = await readFile(file, 'utf8');
+      } catch (err) {
+        if (/** @type {NodeJS.ErrnoException} */ (err).code === 'ENOENT') return null;
+        throw err;
+      }
+      let t;
+      try {
+        t = JSON.parse(text);
+      } catch {
+        t = null;
+      }
+      if (!isToken(t)) throw new Error(`marconi: token file ${file} is not a kept session token`);
+      return { sessionID: t.session_id, token: t.token };
+    },
+    save(t) {
+      const next = saving.then(() => writeAtomically(file, JSON.stringify({ session_id: t.sessionID, token: t.token })));
+      saving = next.catch(() => {});
+      return next;
+    },
+  };
+}
+
+/** @param {any} t */
+function isToken(t) {
+  return t !== null && typeof t === 'object' && typeof t.session_id === 'string' && typeof t.token === 'string' &&
+    t.session_id !== '' && t.token !== '';
+}
+
+/**
+ * Writes data to file through a temporary file in its directory, synced,
+ * then renamed over it: a crash leaves the old content or the new, whole.
+ * @param {string} file
+ * @param {string} data
+ */
+async function writeAtomically(file, data) {
+  const dir = path.dirname(file);
+  await mkdir(dir, { recursive: true, mode: 0o700 });
+  const tmp = path.join(dir, `.${path.basename(file)}.${randomBytes(6).toString('hex')}`);
+  const fh = await open(tmp, 'wx', 0o600);
+  try {
+    await fh.writeFile(data);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+  try {
+    await rename(tmp, file);
+  } catch (err) {
+    await rm(tmp, { force: true });
+    throw err;
+  }
+}
+
+/**
+ * The token store config names: tokenStore, else a file store on tokenFile,
+ * else none.
+ * @param {import('../index.js').Config} config
+ * @returns {TokenStore | null}
+ */
+export function tokenStoreOf(config) {
+  if (config.tokenStore) return config.tokenStore;
+  if (config.tokenFile) return fileTokenStore(config.tokenFile);
+  return null;
+}

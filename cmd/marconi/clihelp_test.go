@@ -1,0 +1,195 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/marconihub/marconi/internal/pgtest"
+)
+
+// TestEveryCommandHasHelp: -h, --help and help CMD exit 0 on every command
+// and subcommand and print that command's own usage on stdout.
+func TestEveryCommandHasHelp(t *testing.T) {
+	tests := []struct {
+		args  []string
+		usage string // the usage line's start
+		also  string // a word of that command's own text
+	}{
+		{[]string{"-h"}, "usage: marconi <command>", "healthcheck"},
+		{[]string{"--help"}, "usage: marconi <command>", "healthcheck"},
+		{[]string{"help"}, "usage: marconi <command>", "healthcheck"},
+		{[]string{"serve", "-h"}, "usage: marconi serve [flags]", "-database-url"},
+		{[]string{"serve", "--help"}, "usage: marconi serve [flags]", "-database-url"},
+		{[]string{"migrate", "-h"}, "usage: marconi migrate up | down", "'down -h'"},
+		{[]string{"migrate", "--help"}, "usage: marconi migrate up | down", "'down -h'"},
+		{[]string{"migrate", "up", "-h"}, "usage: marconi migrate up [--database-url URL]", "printing each step"},
+		{[]string{"migrate", "down", "--help"}, "usage: marconi migrate down [N | --all]", "MARCONI_INSTANCE_DEAD_AFTER_SECONDS"},
+		{[]string{"migrate", "down", "2", "-h"}, "usage: marconi migrate down [N | --all]", "-force"},
+		{[]string{"migrate", "version", "-h"}, "usage: marconi migrate version", "dirty"},
+		{[]string{"config", "-h"}, "usage: marconi config [check] [flags]", "secrets\nmasked"},
+		{[]string{"config", "--help"}, "usage: marconi config [check] [flags]", "-ws-queue-size"},
+		{[]string{"config", "check", "-h"}, "usage: marconi config check [flags]", "two swapped"},
+		{[]string{"version", "-h"}, "usage: marconi version", "VCS revision"},
+		{[]string{"version", "--help"}, "usage: marconi version", "VCS revision"},
+		{[]string{"demo", "-h"}, "usage: marconi demo", "SPEC-168"},
+		{[]string{"demo", "--help"}, "usage: marconi demo", "SPEC-168"},
+		{[]string{"attach", "-h"}, "usage: marconi attach HUB_URL SESSION_TOKEN", "acks"},
+		{[]string{"attach", "http://x", "--help"}, "usage: marconi attach HUB_URL SESSION_TOKEN", "acks"},
+		{[]string{"healthcheck", "-h"}, "usage: marconi healthcheck URL", "exits 0"},
+		{[]string{"help", "migrate"}, "usage: marconi migrate up | down", "'down -h'"},
+		{[]string{"help", "demo"}, "usage: marconi demo", "SPEC-168"},
+	}
+	for _, tt := range tests {
+		code, stdout, stderr := runCLI(t, nil, "", false, tt.args...)
+		if code != 0 || stderr != "" {
+			t.Errorf("%v: exit %d, stderr %q; want 0 and none", tt.args, code, stderr)
+		}
+		if !strings.HasPrefix(stdout, tt.usage) || !strings.Contains(strings.ToLower(stdout), strings.ToLower(tt.also)) {
+			t.Errorf("%v: stdout does not start with %q or lacks %q:\n%s", tt.args, tt.usage, tt.also, stdout)
+		}
+	}
+}
+
+// TestUnknownFlagSuggestsTheNearest: a misspelt flag is a usage error that
+// names the flag it was probably meant to be, on every command.
+func TestUnknownFlagSuggestsTheNearest(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--databse-url", "postgres://x"}, "(did you mean --database-url?)"},
+		{[]string{"--ws-queue-sise", "3"}, "(did you mean --ws-queue-size?)"},
+		{[]string{"config", "--mdoe", "lan"}, "(did you mean --mode?)"},
+		{[]string{"config", "check", "--admin-tokn", "x"}, "(did you mean --admin-token?)"},
+		{[]string{"migrate", "down", "--frce"}, "(did you mean --force?)"},
+		{[]string{"migrate", "up", "--database-ur", "x"}, "(did you mean --database-url?)"},
+		{[]string{"version", "--verbose"}, "takes no flags"},
+		{[]string{"demo", "--fast"}, "takes no flags"},
+	}
+	for _, tt := range tests {
+		code, _, stderr := runCLI(t, nil, "", false, tt.args...)
+		if code != 2 || !strings.Contains(stderr, tt.want) || strings.Count(stderr, "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and one line with %q", tt.args, code, stderr, tt.want)
+		}
+	}
+	// Far from every flag: no guess.
+	if _, _, stderr := runCLI(t, nil, "", false, "serve", "--frobnicate"); strings.Contains(stderr, "did you mean") {
+		t.Errorf("a guess for a flag near nothing: %q", stderr)
+	}
+}
+
+// TestConfigMasksWhatIsDeclaredSecret: masking follows each setting's
+// declaration, not its name: the token cache's size prints, and the secret
+// settings are exactly the credentials.
+func TestConfigMasksWhatIsDeclaredSecret(t *testing.T) {
+	kv := map[string]string{"MARCONI_TOKEN_CACHE_SIZE": "512", "MARCONI_ADMIN_TOKEN": "admin-secret-0123456789"}
+	code, stdout, stderr := runCLI(t, kv, "", false, "config")
+	if code != 0 || !strings.Contains(stdout, "MARCONI_TOKEN_CACHE_SIZE=512\t# env\n") ||
+		!strings.Contains(stdout, "MARCONI_ADMIN_TOKEN=****\t# env\n") || strings.Contains(stdout, "admin-secret") {
+		t.Errorf("exit %d %s:\n%s", code, stderr, stdout)
+	}
+	var c Config
+	var secrets []string
+	for _, s := range settings(&c) {
+		if s.visibility == secret {
+			secrets = append(secrets, s.env)
+		}
+	}
+	if strings.Join(secrets, " ") != "MARCONI_DATABASE_URL MARCONI_API_KEYS MARCONI_ADMIN_TOKEN" {
+		t.Errorf("secret settings: %v", secrets)
+	}
+}
+
+// TestConfigCheckFailsOnWhatWouldBite: config check fails, naming each
+// problem, where the hub would start but not work as meant.
+func TestConfigCheckFailsOnWhatWouldBite(t *testing.T) {
+	const admin, key = "admin-secret-0123456789", "key-secretsecret0001=acme/web"
+	tests := []struct {
+		name   string
+		kv     map[string]string
+		code   int
+		stderr []string // substrings; none when empty
+	}{
+		{"cloud with nothing", map[string]string{"MARCONI_MODE": "cloud"}, 2,
+			[]string{"2 problems", "MARCONI_ADMIN_TOKEN: empty in cloud mode", "MARCONI_API_KEYS: empty in cloud mode"}},
+		{"lan without API keys", map[string]string{"MARCONI_MODE": "lan", "MARCONI_ADMIN_TOKEN": admin}, 2,
+			[]string{"MARCONI_API_KEYS: empty in lan mode and the in-memory store starts with none: no agent can register"}},
+		{"lan without admin token", map[string]string{"MARCONI_MODE": "lan", "MARCONI_API_KEYS": key}, 2,
+			[]string{"MARCONI_ADMIN_TOKEN: empty in lan mode"}},
+		{"lan with both", map[string]string{"MARCONI_MODE": "lan", "MARCONI_API_KEYS": key, "MARCONI_ADMIN_TOKEN": admin}, 0, nil},
+		{"development generates both", map[string]string{}, 0, nil},
+		{"a typo one letter off", map[string]string{"MARCONI_DATABSE_URL": "postgres://db/marconi"}, 2,
+			[]string{"MARCONI_DATABSE_URL is not a setting: did you mean MARCONI_DATABASE_URL?"}},
+		{"a name far from any", map[string]string{"MARCONI_FROBNICATE": "1"}, 0,
+			[]string{"warning: unknown variable MARCONI_FROBNICATE is ignored"}},
+	}
+	for _, tt := range tests {
+		code, stdout, stderr := runCLI(t, tt.kv, "", false, "config", "check")
+		if code != tt.code {
+			t.Errorf("%s: exit %d, want %d (stderr %q)", tt.name, code, tt.code, stderr)
+		}
+		if (code == 0) != strings.Contains(stdout, "configuration ok") {
+			t.Errorf("%s: exit %d with stdout %q", tt.name, code, stdout)
+		}
+		if len(tt.stderr) == 0 && stderr != "" {
+			t.Errorf("%s: stderr %q", tt.name, stderr)
+		}
+		for _, want := range tt.stderr {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("%s: stderr %q lacks %q", tt.name, stderr, want)
+			}
+		}
+		if strings.Contains(stderr, "secret") {
+			t.Errorf("%s: a secret on stderr: %q", tt.name, stderr)
+		}
+	}
+}
+
+// TestConfigCheckCountsTheKeysInTheStore: in lan mode on Postgres, API keys
+// made through /v1/ops/api_keys count: with none configured and none in the
+// store config check fails; once one is made, it passes.
+func TestConfigCheckCountsTheKeysInTheStore(t *testing.T) {
+	dbURL := pgtest.Schema(t)
+	const admin = "admin-secret-0123456789"
+	kv := map[string]string{"MARCONI_MODE": "lan", "MARCONI_ADMIN_TOKEN": admin, "MARCONI_DATABASE_URL": dbURL,
+		"MARCONI_PUBLIC_URL": "http://127.0.0.1:1"}
+	if code, _, stderr := runCLI(t, kv, "", false, "config", "check"); code != 2 || !strings.Contains(stderr, "and the store holds none") {
+		t.Errorf("no key anywhere: exit %d %q", code, stderr)
+	}
+	m, _ := startMain(t, map[string]string{"MARCONI_MODE": "lan", "MARCONI_ADMIN_TOKEN": admin, "MARCONI_DATABASE_URL": dbURL,
+		"MARCONI_PUBLIC_URL": "http://127.0.0.1:1"})
+	pollUntil(t, "the hub to be ready", func() bool { return get(t, m.URL()+"/readyz") == 200 })
+	if st := authorized(t, "POST", m.URL()+"/v1/ops/api_keys", admin, `{"tenant_id":"acme","project_id":"web"}`); st != 201 {
+		t.Fatalf("make an API key: %d", st)
+	}
+	if code, stdout, stderr := runCLI(t, kv, "", false, "config", "check"); code != 0 || !strings.Contains(stdout, "configuration ok") {
+		t.Errorf("a key in the store: exit %d %q %q", code, stdout, stderr)
+	}
+}
+
+// TestBannerNamesTheNextSteps: a development hub's banner says where the
+// dashboard is, how to see the demo and where the credentials are kept.
+func TestBannerNamesTheNextSteps(t *testing.T) {
+	creds := t.TempDir() + "/creds"
+	s := serve(t, map[string]string{"MARCONI_DEV_CREDENTIALS_FILE": creds})
+	banner := s.banner.String()
+	for _, want := range []string{"Next steps:", "marconi demo", "dashboard: " + s.url + "/", "development credentials kept in " + creds} {
+		if !strings.Contains(banner, want) {
+			t.Errorf("the banner lacks %q:\n%s", want, banner)
+		}
+	}
+}
+
+func TestEditDistance(t *testing.T) {
+	for _, tt := range []struct {
+		a, b string
+		d    int
+	}{
+		{"mode", "mode", 0}, {"mdoe", "mode", 1}, {"MARCONI_DATABSE_URL", "MARCONI_DATABASE_URL", 1},
+		{"frce", "force", 1}, {"", "abc", 3}, {"abc", "", 3}, {"kitten", "sitting", 3}, {"ca", "abc", 3},
+	} {
+		if d := editDistance(tt.a, tt.b); d != tt.d {
+			t.Errorf("editDistance(%q, %q) = %d, want %d", tt.a, tt.b, d, tt.d)
+		}
+	}
+}

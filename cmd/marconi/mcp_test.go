@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/marconihub/marconi/mcpbridge"
+)
+
+// marconi mcp's settings: a flag wins over its variable, booleans and sizes
+// are checked and named, the state directory has its default, and -h never
+// prints a variable's value.
+func TestMCPConfig(t *testing.T) {
+	env := map[string]string{
+		"MARCONI_HUB_URL": "http://a:8080, http://b:8080", "MARCONI_API_KEY": "mak_secret",
+		"MARCONI_SESSION_ID": "from-env", "HOME": "/home/agent",
+	}
+	getenv := func(k string) string { return env[k] }
+	c := cli{getenv: getenv, stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
+
+	cfg, err := c.loadMCPConfig([]string{"--session", "alice", "--takeover", "--surface", "codex"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := mcpbridge.Config{HubURLs: []string{"http://a:8080", "http://b:8080"}, APIKey: "mak_secret",
+		SessionID: "alice", Surface: "codex", Takeover: true,
+		StateDir: filepath.Join("/home/agent", ".local", "state", "marconi", "mcp")}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Fatalf("config\n got %+v\nwant %+v", cfg, want)
+	}
+
+	for _, bad := range []struct {
+		args []string
+		env  map[string]string
+		says string
+	}{
+		{[]string{"--inbox-size", "0"}, nil, "MARCONI_MCP_INBOX_SIZE"},
+		{nil, map[string]string{"MARCONI_DEREGISTER_ON_EXIT": "maybe"}, "MARCONI_DEREGISTER_ON_EXIT"},
+		{[]string{"--runtime-mode", "pinned"}, nil, "MARCONI_RUNTIME_MODE"},
+		{[]string{"--session", ".."}, nil, "MARCONI_SESSION_ID"},
+		{[]string{"--hub", ""}, map[string]string{"MARCONI_HUB_URL": ""}, "MARCONI_HUB_URL"},
+		{[]string{"extra"}, nil, "unexpected arguments"},
+	} {
+		e := map[string]string{}
+		for k, v := range env {
+			e[k] = v
+		}
+		for k, v := range bad.env {
+			e[k] = v
+		}
+		c := cli{getenv: func(k string) string { return e[k] }, stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
+		_, err := c.loadMCPConfig(bad.args)
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), bad.says) {
+			t.Errorf("%v %v: %v, want a usage error naming %s", bad.args, bad.env, err, bad.says)
+		}
+	}
+
+	var out bytes.Buffer
+	c.stdout = &out
+	if _, err := c.loadMCPConfig([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	if !strings.Contains(out.String(), "MARCONI_STATE_DIR") || strings.Contains(out.String(), "mak_secret") {
+		t.Fatalf("-h lists the settings without values:\n%s", out.String())
+	}
+	if code := c.run(context.Background(), []string{"mcp", "--surface", "nope"}); code != 2 {
+		t.Fatalf("a bad setting exits %d, want 2", code)
+	}
+}
+
+// --state-dir none keeps nothing; without a session there is no default.
+func TestMCPStateDir(t *testing.T) {
+	getenv := func(k string) string { return map[string]string{"XDG_STATE_HOME": "/state", "HOME": "/home/a"}[k] }
+	for _, c := range []struct{ given, session, want string }{
+		{"", "alice", "/state/marconi/mcp"},
+		{"none", "alice", ""},
+		{"/tmp/s", "alice", "/tmp/s"},
+		{"", "", ""},
+	} {
+		if got := stateDir(c.given, c.session, getenv); got != c.want {
+			t.Errorf("stateDir(%q, %q) = %q, want %q", c.given, c.session, got, c.want)
+		}
+	}
+}

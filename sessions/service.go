@@ -1,0 +1,172 @@
+package sessions
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/internal/ratelimit"
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+// Store is the part of the session registry the service uses;
+// sessionstore.Store meets it, and each method returns the errors documented
+// there.
+type Store interface {
+	CreateSession(ctx context.Context, s sessionstore.Session, now time.Time) (sessionstore.Session, error)
+	ResumeSession(ctx context.Context, k sessionstore.Key, oldHash, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error)
+	RetryRegistration(ctx context.Context, k sessionstore.Key, keyHash []byte, since time.Time, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error)
+	GetSession(ctx context.Context, k sessionstore.Key, now time.Time) (sessionstore.Session, error)
+	CountSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) (int, error)
+	TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error
+	DeleteSession(ctx context.Context, k sessionstore.Key) error
+}
+
+// Placer is what registration needs of the fabric: the runtime mode of a
+// new session and, for a sticky one, its instance (fabric.Fabric meets it).
+type Placer interface {
+	RuntimeMode(explicit fabric.Mode, clientID string, h fabric.Hints) (fabric.Mode, fabric.ModeSource)
+	Assign(ctx context.Context) (string, error)
+	CountAdaptivePlacement(ctx context.Context)
+}
+
+// Revoker is told when a session token stops working, so that nothing it
+// opened keeps working: the hub drops it from its token cache and closes the
+// WebSockets opened with it. Its methods are best effort and return nothing.
+type Revoker interface {
+	// Replaced: sess (the row after the change) holds a new token; the
+	// token hashed oldHash (nil when unknown) no longer works.
+	Replaced(ctx context.Context, sess sessionstore.Session, oldHash []byte)
+	// Ended: sess (the row before the change) was deregistered.
+	Ended(ctx context.Context, sess sessionstore.Session)
+}
+
+// Config is the service's configuration. hub.Config holds the defaults and
+// fills every field; New refuses a zero one.
+type Config struct {
+	// SessionTTL: a session expires this long after its freshest proof of life.
+	SessionTTL time.Duration
+	// QuotaSessionsPerProject caps the live sessions of one project.
+	QuotaSessionsPerProject int
+	// QuotaRegistrationsPerSecond is the registration rate per API key, in
+	// this instance's memory; the burst is twice it.
+	QuotaRegistrationsPerSecond float64
+	// RetryWindow is how long after a registration its Idempotency-Key
+	// still retries it.
+	RetryWindow time.Duration
+	// AllowTakeover is MARCONI_ALLOW_TAKEOVER: a registration with
+	// takeover true and an API key of the session's project resumes a live
+	// session without its token.
+	AllowTakeover bool
+}
+
+func (c Config) validate() error {
+	if c.SessionTTL <= 0 || c.QuotaSessionsPerProject <= 0 || c.QuotaRegistrationsPerSecond <= 0 || c.RetryWindow <= 0 {
+		return errors.New("sessions: session TTL, quotas and retry window must be positive")
+	}
+	return nil
+}
+
+// Deps are the service's collaborators. Store and Placer are required.
+type Deps struct {
+	Store  Store
+	Placer Placer
+	// Revoker is told of tokens that stop working; nil tells nobody.
+	Revoker  Revoker
+	Registry prometheus.Registerer
+	Logger   *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Service registers, resumes, takes over, heartbeats and deregisters
+// sessions. It is safe for concurrent use.
+type Service struct {
+	cfg     Config
+	store   Store
+	placer  Placer
+	revoker Revoker
+	log     *slog.Logger
+	now     func() time.Time
+	metrics *metrics
+
+	// registrations is the per-API-key registration quota; newSessions
+	// serialises the count-then-create of one project's new sessions.
+	registrations *ratelimit.Limiter[[32]byte]
+	newSessions   *keyedMutex[Project]
+	rooms         *projectRooms
+}
+
+// New builds a Service and registers its metrics on d.Registry.
+func New(cfg Config, d Deps) (*Service, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if d.Store == nil || d.Placer == nil || d.Registry == nil {
+		return nil, errors.New("sessions: a store, a placer and a registry are required")
+	}
+	if d.Revoker == nil {
+		d.Revoker = noRevoker{}
+	}
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	m, err := newMetrics(d.Registry)
+	if err != nil {
+		return nil, err
+	}
+	return &Service{
+		cfg: cfg, store: d.Store, placer: d.Placer, revoker: d.Revoker, log: d.Logger, now: d.Now, metrics: m,
+		registrations: ratelimit.New[[32]byte](cfg.QuotaRegistrationsPerSecond, d.Now),
+		newSessions:   newKeyedMutex[Project](),
+		rooms:         newProjectRooms(),
+	}, nil
+}
+
+// Sweep forgets the quota state that has run out (refilled registration
+// buckets, project counts past their recount); the hub runs it on a timer.
+func (s *Service) Sweep() {
+	s.registrations.Sweep()
+	s.rooms.sweep(s.now())
+}
+
+type noRevoker struct{}
+
+func (noRevoker) Replaced(context.Context, sessionstore.Session, []byte) {}
+func (noRevoker) Ended(context.Context, sessionstore.Session)            {}
+
+// TokenPrefix starts every session token, so that a credential of another
+// kind is refused before any lookup.
+const TokenPrefix = "mst_"
+
+// NewToken returns a fresh session token: TokenPrefix and 32 random bytes,
+// base64url.
+func NewToken() string {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("sessions: crypto/rand failed: " + err.Error())
+	}
+	return TokenPrefix + base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// HashToken is how a session token is stored and looked up: its SHA-256
+// (a 256-bit random value needs no slow hash).
+func HashToken(token string) []byte {
+	h := sha256.Sum256([]byte(token))
+	return h[:]
+}
+
+// keyAttrs is the structured-log group of a session key, as the hub logs it.
+func keyAttrs(k sessionstore.Key) slog.Attr {
+	return slog.Group("session", "tenant_id", k.TenantID, "project_id", k.ProjectID, "session_id", k.SessionID)
+}
