@@ -40,10 +40,7 @@ type Conn struct {
 	attachedAt  time.Time
 	welcome     Welcome
 	acks        *acks
-	frames      bucket // the reader's frame rate
-	// refused is set by the reader when it asked the writer to close the
-	// connection for what the client sent; the reader's alone.
-	refused bool
+	budget      frameBudget // what the client may still send
 
 	// ctx ends when the connection does: the reader, a writer or a ping
 	// that fails cancels it, and the others stop.
@@ -137,7 +134,7 @@ func (h *Hub) start(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 	c := &Conn{
 		h: h, ws: ws, key: sess.Key, incarnation: sess.RegisteredAt, attachedAt: now, welcome: welcome,
 		kicked: make(chan struct{}),
-		frames: bucket{tokens: 2 * h.cfg.FramesPerSecond, at: now},
+		budget: frameBudget{frames: bucket{tokens: 2 * h.cfg.FramesPerSecond, at: now}},
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.acks = newAcks(c)

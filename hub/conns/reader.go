@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -22,7 +23,7 @@ func (c *Conn) readLoop(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if c.refused {
+		if c.budget.isRefused() {
 			// The writer is closing the connection (1008 or 1007). Read on
 			// (and discard) until the close handshake ends, as the writer's
 			// Close expects; ending here would cancel the connection under
@@ -87,21 +88,57 @@ func (c *Conn) ackUpTo(ctx context.Context, seq int64) {
 	}
 }
 
-// takeFrame spends a token of the connection's frame budget for a frame
-// the client sent. Past the budget it refuses the connection (1008, quota
+// frameBudget is what a client may still send on its connection: a bucket
+// of frames, and whether the connection was refused for what it sent. The
+// reader spends it, and so do the library's control-frame callbacks, which
+// run on whichever goroutine reads (the reader, or a Close waiting for the
+// peer's close frame). It is safe for concurrent use.
+type frameBudget struct {
+	mu      sync.Mutex
+	frames  bucket
+	refused bool // the writer is closing the connection for what the client sent
+}
+
+// take spends a frame at rate a second; past the budget it marks the
+// connection refused. It reports false past the budget and after a refusal,
+// and overBudget true only for the frame that went past it.
+func (b *frameBudget) take(now time.Time, rate float64) (ok, overBudget bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.refused:
+		return false, false
+	case !b.frames.take(now, rate):
+		b.refused = true
+		return false, true
+	}
+	return true, false
+}
+
+// refuse marks the connection refused.
+func (b *frameBudget) refuse() {
+	b.mu.Lock()
+	b.refused = true
+	b.mu.Unlock()
+}
+
+func (b *frameBudget) isRefused() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.refused
+}
+
+// takeFrame spends the connection's frame budget for a frame the client
+// sent. Past the budget it closes the connection (1008, quota
 // frames_per_second) and reports false, as it does for every frame after a
-// refusal. Only the reader calls it: from readLoop, and from the library's
-// control-frame callbacks, which run inside the reader's Read.
+// refusal.
 func (c *Conn) takeFrame(now time.Time) bool {
-	if c.refused {
-		return false
-	}
-	if !c.frames.take(now, c.h.cfg.FramesPerSecond) {
+	ok, over := c.budget.take(now, c.h.cfg.FramesPerSecond)
+	if over {
 		c.h.cfg.OnQuotaRefused(marconi.QuotaFramesPerSecond)
-		c.refuse(DisconnectFrameRate)
-		return false
+		c.kick(DisconnectFrameRate)
 	}
-	return true
+	return ok
 }
 
 // controlFrame counts a ping or pong from the client against the frame
@@ -114,12 +151,12 @@ func (c *Conn) controlFrame() bool {
 // refuse asks the writer to close the connection with d, and makes the
 // reader discard what the client sends until the close handshake ends.
 func (c *Conn) refuse(d Disconnect) {
-	c.refused = true
+	c.budget.refuse()
 	c.kick(d)
 }
 
 // bucket is a token bucket of rate tokens a second and a burst of twice
-// that. It is not safe for concurrent use: the reader owns it.
+// that. It is not safe for concurrent use: frameBudget guards it.
 type bucket struct {
 	tokens float64
 	at     time.Time
