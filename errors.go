@@ -1,6 +1,9 @@
-// Package marconi holds what every part of the hub shares: the error a client
-// may see, with its stable code from docs/api.md. The packages of the house
-// are described in DESIGN.md; the wire contract in docs/api.md.
+// Package marconi is the wire vocabulary that the hub and its Go client
+// share: error codes and the error a client may see, close codes, frame
+// types, header names, surfaces, route states, deliveries, self-heal
+// outcomes and modes, each declared once (docs/api.md is the contract they
+// spell). It holds plain words and no server code, so the client can import
+// it; docs/architecture.md describes the packages around it.
 package marconi
 
 import (
@@ -9,42 +12,56 @@ import (
 	"time"
 )
 
+// Code is the stable code of an error answered to a client (the code field
+// of the {"error": {...}} body, and of an error frame).
+type Code string
+
 // Stable error codes of the wire contract (docs/api.md).
 const (
-	CodeInvalidJSON            = "invalid_json"
-	CodeInvalidField           = "invalid_field"
-	CodeInvalidSurface         = "invalid_surface"
-	CodeInvalidRuntimeMode     = "invalid_runtime_mode"
-	CodeReservedRuntimeMode    = "reserved_runtime_mode"
-	CodeUnauthorized           = "unauthorized"
-	CodeForbidden              = "forbidden"
-	CodeRecipientNotRegistered = "recipient_not_registered"
-	CodeNotFound               = "not_found"
-	CodeWrongInstance          = "wrong_instance"
-	CodeNotAdaptivePlacement   = "not_adaptive_placement"
-	CodeSessionExpired         = "session_expired"
-	CodePayloadTooLarge        = "payload_too_large"
-	CodeRequestTimeout         = "request_timeout"
-	CodeTooManyRequests        = "too_many_requests"
-	CodeQuotaExceeded          = "quota_exceeded"
-	CodeRegistryUnavailable    = "registry_unavailable"
-	CodeDraining               = "draining"
-	CodeUpgradeRequired        = "upgrade_required"
+	CodeInvalidJSON            Code = "invalid_json"
+	CodeInvalidField           Code = "invalid_field"
+	CodeInvalidSurface         Code = "invalid_surface"
+	CodeInvalidRuntimeMode     Code = "invalid_runtime_mode"
+	CodeReservedRuntimeMode    Code = "reserved_runtime_mode"
+	CodeUnauthorized           Code = "unauthorized"
+	CodeForbidden              Code = "forbidden"
+	CodeRecipientNotRegistered Code = "recipient_not_registered"
+	CodeNotFound               Code = "not_found"
+	CodeWrongInstance          Code = "wrong_instance"
+	CodeNotAdaptivePlacement   Code = "not_adaptive_placement"
+	CodeSessionExpired         Code = "session_expired"
+	CodePayloadTooLarge        Code = "payload_too_large"
+	CodeRequestTimeout         Code = "request_timeout"
+	CodeTooManyRequests        Code = "too_many_requests"
+	CodeQuotaExceeded          Code = "quota_exceeded"
+	CodeRegistryUnavailable    Code = "registry_unavailable"
+	CodeDraining               Code = "draining"
+	CodeUpgradeRequired        Code = "upgrade_required"
+	CodeInternal               Code = "internal"
 	// CodeBadRequest, CodeHeadersTooLarge and CodeNotImplemented answer a
 	// request net/http refuses before the hub sees it: malformed HTTP (bad
 	// header bytes, duplicate Content-Length...), headers past
 	// MARCONI_MAX_HEADER_BYTES, a transfer coding it does not know.
-	CodeBadRequest      = "bad_request"
-	CodeHeadersTooLarge = "headers_too_large"
-	CodeNotImplemented  = "not_implemented"
-	CodeInternal               = "internal"
+	CodeBadRequest      Code = "bad_request"
+	CodeHeadersTooLarge Code = "headers_too_large"
+	CodeNotImplemented  Code = "not_implemented"
 )
+
+// Codes lists every Code, in the order of docs/api.md's table.
+var Codes = []Code{
+	CodeInvalidJSON, CodeInvalidField, CodeInvalidSurface, CodeInvalidRuntimeMode,
+	CodeReservedRuntimeMode, CodeUnauthorized, CodeForbidden, CodeRecipientNotRegistered,
+	CodeNotFound, CodeWrongInstance, CodeNotAdaptivePlacement, CodeSessionExpired,
+	CodePayloadTooLarge, CodeRequestTimeout, CodeTooManyRequests, CodeQuotaExceeded,
+	CodeRegistryUnavailable, CodeDraining, CodeUpgradeRequired, CodeInternal,
+	CodeBadRequest, CodeHeadersTooLarge, CodeNotImplemented,
+}
 
 // Error is an error a client may see: a stable Code and a human-readable
 // Message. Anything that is not an *Error is internal and answered as
 // "internal" without its text.
 type Error struct {
-	Code    string
+	Code    Code
 	Message string
 	// InstanceID and InstanceURL are set with CodeWrongInstance.
 	InstanceID  string
@@ -57,15 +74,15 @@ type Error struct {
 }
 
 // Error implements error.
-func (e *Error) Error() string { return e.Code + ": " + e.Message }
+func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
 
 // Errorf returns an *Error with code and a formatted message.
-func Errorf(code, format string, args ...any) *Error {
+func Errorf(code Code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
 // ErrorCode returns the code of the *Error in err's chain, or CodeInternal.
-func ErrorCode(err error) string {
+func ErrorCode(err error) Code {
 	if e, ok := errors.AsType[*Error](err); ok {
 		return e.Code
 	}

@@ -189,12 +189,6 @@ type Client struct {
 	reconnects, selfHeals, reregistrations, droppedAtReset, pingTimeouts, takeovers, rateLimited atomic.Int64
 }
 
-// Close codes of the hub (docs/api.md, WebSocket).
-const (
-	statusReplaced       websocket.StatusCode = 4409
-	statusSessionExpired websocket.StatusCode = 4410
-)
-
 const (
 	defaultHeartbeat = 20 * time.Second
 	// readLimit bounds one WebSocket message from the hub: a signal's payload

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/marconihub/marconi"
 )
 
 // delivery is a batch of signals for the dispatcher, tagged with the
@@ -40,7 +42,7 @@ func (c *Client) connect(ctx context.Context) (*websocket.Conn, uint64, error) {
 	a := c.currentAuth()
 	conn, gen, err := c.attach(ctx)
 	var he *Error
-	if errors.As(err, &he) && he.Code == codeSessionExpired {
+	if errors.As(err, &he) && he.Code == marconi.CodeSessionExpired {
 		if err := c.reregister(ctx, a.token); err != nil {
 			return nil, 0, err
 		}
@@ -93,7 +95,7 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 			if hop == 0 && unavailable(he) {
 				c.failover(idx, he)
 			}
-			if he.Code == codeWrongInstance && he.instanceURL != "" && hop < maxWrongInstanceHops {
+			if he.Code == marconi.CodeWrongInstance && he.instanceURL != "" && hop < maxWrongInstanceHops {
 				c.log.Debug("marconi: following wrong_instance", "instance_url", he.instanceURL)
 				base = trimSlash(he.instanceURL)
 				continue
@@ -153,10 +155,10 @@ func readWelcome(ctx context.Context, conn *websocket.Conn) (welcome, error) {
 		return welcome{}, fmt.Errorf("bootstrap: wait for welcome: %w", err)
 	}
 	var w struct {
-		Type string `json:"type"`
+		Type marconi.FrameType `json:"type"`
 		welcome
 	}
-	if err := json.Unmarshal(data, &w); err != nil || w.Type != "welcome" {
+	if err := json.Unmarshal(data, &w); err != nil || w.Type != marconi.FrameWelcome {
 		return welcome{}, fmt.Errorf("bootstrap: first frame is not a welcome: %.100s", data)
 	}
 	return w.welcome, nil
@@ -226,12 +228,12 @@ func (c *Client) supervise(conn *websocket.Conn, gen uint64) {
 		}
 		if !immediate {
 			switch status {
-			case statusReplaced:
+			case marconi.CloseReplaced:
 				c.stop()
 				c.log.Warn("marconi: connection replaced by a newer one of this session; not redialing")
 				c.fatal(ErrReplaced)
 				return
-			case statusSessionExpired:
+			case marconi.CloseSessionExpired:
 				if rerr := c.reregister(c.ctx, a.token); rerr != nil {
 					c.log.Warn("marconi: re-register after 4410 failed", "err", rerr)
 				}
@@ -239,7 +241,7 @@ func (c *Client) supervise(conn *websocket.Conn, gen uint64) {
 		}
 		c.log.Info("marconi: WebSocket ended, reconnecting", "status", int(status), "err", err, "immediate", immediate)
 		var rerr error
-		if conn, gen, rerr = c.redial(status == websocket.StatusServiceRestart); rerr != nil {
+		if conn, gen, rerr = c.redial(status == marconi.CloseRestarting); rerr != nil {
 			c.stop()
 			if c.ctx.Err() == nil {
 				c.fatal(rerr)
@@ -301,7 +303,7 @@ func (c *Client) readLoop(conn *websocket.Conn, epoch uint64, hold *readerHold) 
 			c.log.Warn("marconi: undecodable frame", "err", err)
 			continue
 		}
-		if f.Type != "signal" {
+		if f.Type != marconi.FrameSignal {
 			c.log.Debug("marconi: ignoring frame", "type", f.Type)
 			continue
 		}
@@ -480,7 +482,7 @@ func (c *Client) ack(epoch uint64, upTo int64) {
 	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	defer cancel()
 	if conn != nil {
-		frame, _ := json.Marshal(ackRequest{Type: "ack", UpToSeq: upTo})
+		frame, _ := json.Marshal(ackRequest{Type: marconi.FrameAck, UpToSeq: upTo})
 		if err := conn.Write(ctx, websocket.MessageText, frame); err == nil {
 			return
 		}

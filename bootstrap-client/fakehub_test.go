@@ -17,6 +17,8 @@ import (
 
 	"github.com/coder/websocket"
 	"go.uber.org/goleak"
+
+	"github.com/marconihub/marconi"
 )
 
 // fakeHub speaks just enough of the wire contract to drive the client's
@@ -90,7 +92,7 @@ func newFakeHub(t *testing.T) *fakeHub {
 	h.srv = httptest.NewServer(mux)
 	h.front = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/ws" {
-			writeJSON(w, 409, map[string]any{"error": map[string]any{"code": codeWrongInstance, "message": "elsewhere", "instance_id": "b", "instance_url": h.srv.URL + "/"}})
+			writeJSON(w, 409, map[string]any{"error": map[string]any{"code": marconi.CodeWrongInstance, "message": "elsewhere", "instance_id": "b", "instance_url": h.srv.URL + "/"}})
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -104,7 +106,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func hubError(w http.ResponseWriter, status int, code string) {
+func hubError(w http.ResponseWriter, status int, code marconi.Code) {
 	writeJSON(w, status, map[string]any{"error": map[string]any{"code": code, "message": code}})
 }
 
@@ -154,7 +156,7 @@ func (h *fakeHub) auth(w http.ResponseWriter, r *http.Request) bool {
 	defer h.mu.Unlock()
 	switch {
 	case h.expired:
-		hubError(w, 410, codeSessionExpired)
+		hubError(w, 410, marconi.CodeSessionExpired)
 	case r.Header.Get("Authorization") != "Bearer "+h.token:
 		hubError(w, 401, "unauthorized")
 	default:
@@ -387,7 +389,7 @@ func TestFakeReplacedIsNotRedialed(t *testing.T) {
 	defer h.close()
 	c := dialFake(t, h.srv.URL, Config{})
 	defer c.Close()
-	h.closeWS(statusReplaced)
+	h.closeWS(marconi.CloseReplaced)
 	eventually(t, "the client to stand down", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()

@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/marconihub/marconi"
 )
 
 // maxAnswer bounds how much of one HTTP answer the client reads: a drain or
@@ -117,7 +119,7 @@ func (c *Client) sessionCall(ctx context.Context, method, path string, in, out a
 		switch {
 		case he.Status == http.StatusUnauthorized && c.tokenRotated(a.token):
 			continue
-		case he.Code == codeSessionExpired && !reregistered:
+		case he.Code == marconi.CodeSessionExpired && !reregistered:
 			reregistered = true
 			if rerr := c.reregister(ctx, a.token); rerr != nil {
 				return a, errors.Join(err, rerr)
@@ -133,7 +135,8 @@ func (c *Client) sessionCall(ctx context.Context, method, path string, in, out a
 // client has read the answer.
 func (c *Client) tokenRotated(token string) bool {
 	c.regMu.Lock()
-	c.regMu.Unlock() // only waits for a registration in flight
+	//lint:ignore SA2001 the lock is taken only to wait for a registration in flight
+	c.regMu.Unlock()
 	return c.currentAuth().token != token
 }
 
@@ -157,7 +160,7 @@ func (c *Client) register(ctx context.Context) error {
 	c.keptToken = ""
 	res, status, err := c.postRegister(ctx, id, token, false)
 	var he *Error
-	if token != "" && errors.As(err, &he) && he.Code == codeSessionExpired {
+	if token != "" && errors.As(err, &he) && he.Code == marconi.CodeSessionExpired {
 		c.log.Info("marconi: the kept token's session is gone; registering the id anew", "session_id", id)
 		res, status, err = c.postRegister(ctx, id, "", false)
 	}
@@ -225,9 +228,9 @@ func (c *Client) postRegister(ctx context.Context, id, token string, takeover bo
 	if c.regKey == "" {
 		c.regKey = newRegistrationKey()
 	}
-	h := http.Header{"Idempotency-Key": {c.regKey}}
+	h := http.Header{marconi.HeaderIdempotencyKey: {c.regKey}}
 	if token != "" {
-		h.Set("X-Marconi-Session-Token", token)
+		h.Set(marconi.HeaderSessionToken, token)
 	}
 	req := registerRequest{SessionID: id, Surface: c.cfg.Surface, RuntimeMode: c.cfg.RuntimeMode, ClientID: c.cfg.ClientID, Takeover: takeover}
 	var limit rateLimit
@@ -282,7 +285,7 @@ func (c *Client) waitRateLimit(ctx context.Context, l *rateLimit, err error) (re
 		left = min(left, time.Until(dl))
 	}
 	d := he.RetryAfter
-	if d <= 0 && he.Code == codeQuotaExceeded {
+	if d <= 0 && he.Code == marconi.CodeQuotaExceeded {
 		return false, nil // a quota with no Retry-After: the hub says waiting does not help
 	}
 	if d <= 0 {
@@ -493,7 +496,7 @@ func (c *Client) Deregister(ctx context.Context) error {
 		if !errors.As(err, &he) {
 			break
 		}
-		if he.Code == codeSessionExpired {
+		if he.Code == marconi.CodeSessionExpired {
 			err = nil // gone already
 			break
 		}

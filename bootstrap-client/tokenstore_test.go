@@ -109,7 +109,7 @@ func TestTokenStoreResumesARestartedAgent(t *testing.T) {
 func wantHubError(t *testing.T, err error, status int, code string) {
 	t.Helper()
 	var he *bootstrap.Error
-	if !errors.As(err, &he) || he.Status != status || he.Code != code {
+	if !errors.As(err, &he) || he.Status != status || string(he.Code) != code {
 		t.Fatalf("err = %v, want the hub's %d %s", err, status, code)
 	}
 }

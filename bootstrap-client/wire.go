@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/marconihub/marconi"
 )
 
 // Error is an error answered by the hub: the HTTP status and the stable code
@@ -15,7 +17,7 @@ import (
 // Use errors.As to get it from an error returned by this package.
 type Error struct {
 	Status  int
-	Code    string
+	Code    marconi.Code
 	Message string
 	// RetryAfter is the answer's Retry-After header (429, 503), zero when
 	// it had none or one the client could not read.
@@ -57,24 +59,19 @@ func parseRetryAfter(h string, now time.Time) time.Duration {
 // number of seconds (a day); anything larger is taken as unreadable.
 const maxRetryAfterSeconds = 86400
 
-// Error codes the client acts on.
-const (
-	codeSessionExpired = "session_expired"
-	codeWrongInstance  = "wrong_instance"
-	codeQuotaExceeded  = "quota_exceeded"
-	// codeUnexpected is the code of an *Error built from an answer that did not
-	// carry the hub's error body (a proxy's page, an empty body).
-	codeUnexpected = "unexpected_response"
-)
+// codeUnexpected is the code of an *Error built from an answer that did not
+// carry the hub's error body (a proxy's page, an empty body). It is the
+// client's own: the hub never sends it.
+const codeUnexpected marconi.Code = "unexpected_response"
 
 // decodeError turns a non-2xx answer into an *Error. It never fails: a body
 // that is not the hub's error object still yields the status.
 func decodeError(status int, body []byte) *Error {
 	var w struct {
 		Error struct {
-			Code        string  `json:"code"`
-			Message     string  `json:"message"`
-			InstanceURL *string `json:"instance_url"`
+			Code        marconi.Code `json:"code"`
+			Message     string       `json:"message"`
+			InstanceURL *string      `json:"instance_url"`
 		} `json:"error"`
 	}
 	if err := json.Unmarshal(body, &w); err != nil || w.Error.Code == "" {
@@ -109,9 +106,12 @@ type Signal struct {
 // hub observed (SPEC-168); the client has already acted on SenderRouteStale
 // when Send returns. SelfhealOutcome is "" when the hub sent null.
 type SendResult struct {
-	SignalID, Delivery, RecipientRouteState, SelfhealOutcome string
-	Seq                                                      int64
-	RecipientRouteStale, SenderRouteStale, Duplicate         bool
+	SignalID                                         string
+	Delivery                                         marconi.Delivery
+	RecipientRouteState                              marconi.RouteState
+	SelfhealOutcome                                  marconi.Outcome
+	Seq                                              int64
+	RecipientRouteStale, SenderRouteStale, Duplicate bool
 }
 
 // Stats counts what the client did to keep its route. Reconnects counts every
@@ -140,15 +140,15 @@ type sendRequest struct {
 
 // sendResponse is the hub's 200 answer to POST /v1/signals.
 type sendResponse struct {
-	SignalID            string   `json:"signal_id"`
-	Seq                 int64    `json:"seq"`
-	Delivery            string   `json:"delivery"`
-	RecipientRouteState string   `json:"recipient_route_state"`
-	SelfhealOutcome     *string  `json:"selfheal_outcome"`
-	RecipientRouteStale bool     `json:"recipient_route_stale"`
-	SenderRouteStale    bool     `json:"sender_route_stale"`
-	Duplicate           bool     `json:"duplicate"`
-	Pending             []Signal `json:"pending"`
+	SignalID            string             `json:"signal_id"`
+	Seq                 int64              `json:"seq"`
+	Delivery            marconi.Delivery   `json:"delivery"`
+	RecipientRouteState marconi.RouteState `json:"recipient_route_state"`
+	SelfhealOutcome     *marconi.Outcome   `json:"selfheal_outcome"`
+	RecipientRouteStale bool               `json:"recipient_route_stale"`
+	SenderRouteStale    bool               `json:"sender_route_stale"`
+	Duplicate           bool               `json:"duplicate"`
+	Pending             []Signal           `json:"pending"`
 }
 
 func (r sendResponse) result() SendResult {
@@ -204,12 +204,12 @@ type drainResponse struct {
 // ackRequest is both the body of POST /v1/signals/ack and, with Type "ack",
 // the WebSocket ack frame.
 type ackRequest struct {
-	Type    string `json:"type,omitempty"`
-	UpToSeq int64  `json:"up_to_seq"`
+	Type    marconi.FrameType `json:"type,omitempty"`
+	UpToSeq int64             `json:"up_to_seq"`
 }
 
 // frame is one message from the hub on the WebSocket after the welcome.
 type frame struct {
-	Type string `json:"type"`
+	Type marconi.FrameType `json:"type"`
 	Signal
 }

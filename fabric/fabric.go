@@ -102,6 +102,9 @@ type Fabric struct {
 	// connected and no longer is.
 	seenConnected map[string]time.Time
 	gone          map[string]bool
+	probeServer   string     // the server that seenConnected was seen on
+	lastRead      time.Time  // the latest successful read of the instance table
+	outage        outage     // the latest span the table could not be read
 	lastProbe     time.Time  // when Probe last read the prober
 	probeMu       sync.Mutex // serializes confirmHealthy's probes
 }
@@ -204,6 +207,7 @@ func (f *Fabric) heartbeat(ctx context.Context) error {
 func (f *Fabric) Refresh(ctx context.Context) error {
 	list, err := f.store.ListInstances(ctx)
 	if err != nil {
+		f.readFailed()
 		return fmt.Errorf("list instances: %w", err)
 	}
 	byID := make(map[string]sessionstore.Instance, len(list))
@@ -212,6 +216,7 @@ func (f *Fabric) Refresh(ctx context.Context) error {
 	}
 	f.mu.Lock()
 	f.instances, f.loaded = byID, true
+	f.readSucceeded()
 	f.mu.Unlock()
 
 	c, err := f.store.Counts(ctx)
@@ -288,13 +293,14 @@ func (f *Fabric) restartedSince(instance string, at time.Time) (time.Time, bool)
 }
 
 // healthyAt reports whether in is healthy at now: not draining, a heartbeat
-// younger than DeadAfter, and its process not seen gone (Probe). The caller
-// holds f.mu (read or write) or owns in's view otherwise.
+// younger than DeadAfter (not counting a store outage: heartbeatAge), and
+// its process not seen gone (Probe). The caller holds f.mu (read or write)
+// or owns in's view otherwise.
 func (f *Fabric) healthyAt(in sessionstore.Instance, now time.Time) bool {
 	if in.ID == f.cfg.InstanceID {
 		return !f.draining.Load()
 	}
-	return !in.Draining && now.Sub(in.LastHeartbeatAt) < f.cfg.DeadAfter && !f.gone[in.ID]
+	return !in.Draining && f.heartbeatAge(in.LastHeartbeatAt, now) < f.cfg.DeadAfter && !f.gone[in.ID]
 }
 
 // Reporter reports whether this instance is the one that exports the

@@ -164,11 +164,15 @@ func TestSummaryCanaryView(t *testing.T) {
 	}
 }
 
-// fakeProber answers ConnectedInstances from a set the test sets.
-type fakeProber struct{ live map[string]bool }
+// fakeProber answers ConnectedInstances from a set the test sets, as seen
+// on server.
+type fakeProber struct {
+	live   map[string]bool
+	server string
+}
 
-func (p *fakeProber) ConnectedInstances(context.Context) (map[string]bool, error) {
-	return maps.Clone(p.live), nil
+func (p *fakeProber) ConnectedInstances(context.Context) (map[string]bool, string, error) {
+	return maps.Clone(p.live), p.server, nil
 }
 
 // Probe judges only a process it saw connected: one never seen (an older
@@ -228,6 +232,41 @@ func TestProbeJudgesOnlyProcessesSeenConnected(t *testing.T) {
 	}
 	if !a.Healthy(ctx, "b") || process("b") != ProcessUnknown {
 		t.Fatalf("b restarted, listener not up yet: healthy %v, process %q; want healthy by its heartbeat, unknown", a.Healthy(ctx, "b"), process("b"))
+	}
+}
+
+// After a failover the prober answers from another server, where no
+// listener has taken its lock yet: an instance seen connected before is not
+// declared dead for that (its heartbeat judges it), becomes connected again
+// once its lock is seen there, and is gone if its lock goes after that.
+func TestProbeOnAnotherServerForgetsWhoWasConnected(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	a := newTestFabric(t, st, clk, "a")
+	p := &fakeProber{live: map[string]bool{"b": true}, server: "primary"}
+	a.SetProber(p)
+	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
+		t.Fatal(err)
+	}
+	probe := func(live bool, server string) {
+		t.Helper()
+		p.live["b"], p.server = live, server
+		if err := a.Probe(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Tick(ctx); err != nil { // sees b connected on the primary
+		t.Fatal(err)
+	}
+	probe(false, "promoted standby")
+	if !a.Healthy(ctx, "b") || !a.HoldsQueue(ctx, "b", clk.t) {
+		t.Fatal("b, seen connected on the old primary, is dead on the new one before its listener could reconnect")
+	}
+	probe(true, "promoted standby")
+	probe(false, "promoted standby")
+	if a.Healthy(ctx, "b") {
+		t.Fatal("b, seen connected on the new primary and then not, is still healthy")
 	}
 }
 
@@ -331,5 +370,60 @@ func TestHealthGaugeFollowsTheProbe(t *testing.T) {
 	clk.t = clk.t.Add(DefaultDeadAfter) // c's heartbeat grows old; no refresh
 	if v, _ := healthGauge(t, reg, "c"); v != 0 {
 		t.Fatalf("c with a heartbeat %v old: %v, want 0", DefaultDeadAfter, v)
+	}
+}
+
+// downStore is a store whose instance table cannot be read or written while
+// down is set: Postgres failing over.
+type downStore struct {
+	sessionstore.Store
+	down bool
+}
+
+func (s *downStore) ListInstances(ctx context.Context) ([]sessionstore.Instance, error) {
+	if s.down {
+		return nil, sessionstore.ErrUnavailable
+	}
+	return s.Store.ListInstances(ctx)
+}
+
+// A store outage does not age heartbeats: no instance can heartbeat while
+// it lasts, so an instance alive throughout is not dead when the store
+// comes back after longer than DeadAfter; one that died during it is dead
+// within DeadAfter of the store's return.
+func TestStoreOutageDoesNotAgeHeartbeats(t *testing.T) {
+	ctx := context.Background()
+	st := &downStore{Store: memstore.New()}
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	a := newTestFabric(t, st, clk, "a")
+	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
+		t.Fatal(err)
+	}
+	tick := func(wantErr bool) {
+		t.Helper()
+		if err := a.Tick(ctx); (err != nil) != wantErr {
+			t.Fatalf("tick: %v, want an error %v", err, wantErr)
+		}
+	}
+	tick(false)
+	clk.t = clk.t.Add(time.Second)
+	st.down = true
+	tick(true)
+	clk.t = clk.t.Add(3 * DefaultDeadAfter)
+	if !a.Healthy(ctx, "b") {
+		t.Fatal("b unhealthy while the store is down: its heartbeat could not be written")
+	}
+	st.down = false
+	tick(false)
+	if !a.Healthy(ctx, "b") {
+		t.Fatal("b unhealthy as soon as the store is back, before it could heartbeat")
+	}
+	clk.t = clk.t.Add(DefaultDeadAfter - 2*time.Second)
+	if !a.Healthy(ctx, "b") {
+		t.Fatal("b unhealthy within DeadAfter of the store's return")
+	}
+	clk.t = clk.t.Add(2 * time.Second)
+	if a.Healthy(ctx, "b") {
+		t.Fatal("b, silent for DeadAfter since the store came back, is still healthy")
 	}
 }

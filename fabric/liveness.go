@@ -11,8 +11,10 @@ import (
 // listener connection holds). Implementations are safe for concurrent use.
 type Prober interface {
 	// ConnectedInstances returns the ids of the instances whose process
-	// holds its connection now.
-	ConnectedInstances(ctx context.Context) (map[string]bool, error)
+	// holds its connection now, and which server holds those connections:
+	// an identity that changes when the database fails over or restarts,
+	// since every connection is lost then.
+	ConnectedInstances(ctx context.Context) (live map[string]bool, server string, err error)
 }
 
 // Process states of an instance in the summary.
@@ -32,16 +34,27 @@ func (f *Fabric) SetProber(p Prober) { f.prober = p }
 // heartbeat's age. An instance never seen connected (an older binary, one
 // whose listener has not yet connected) is judged by its heartbeat only.
 // Run calls it every ProbeEvery; it does nothing without a prober.
+//
+// A connection seen on one server says nothing of the next: when the
+// prober answers from another server (the database failed over or
+// restarted), every instance is judged by its heartbeat again until it is
+// seen connected there, so an instance whose listener has not yet reconnected
+// is not declared dead.
 func (f *Fabric) Probe(ctx context.Context) error {
 	if f.prober == nil {
 		return nil
 	}
-	live, err := f.prober.ConnectedInstances(ctx)
+	live, server, err := f.prober.ConnectedInstances(ctx)
 	if err != nil {
 		return fmt.Errorf("probe instances: %w", err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if server != f.probeServer {
+		clear(f.seenConnected)
+		clear(f.gone)
+		f.probeServer = server
+	}
 	f.lastProbe = time.Now()          // wall time: it only spaces the probes
 	for id := range f.seenConnected { // forget instances pruned from the table
 		if _, ok := f.instances[id]; !ok {
@@ -123,4 +136,52 @@ func (f *Fabric) runProbe(ctx context.Context) {
 			f.log.Debug("fabric probe", "err", err)
 		}
 	}
+}
+
+// outage is a span during which this instance could not read the instance
+// table: the store was down or failing over, so no instance could
+// heartbeat either, and a heartbeat's age does not count it.
+type outage struct {
+	since time.Time // the last successful read before it; zero: none yet
+	end   time.Time // the first successful read after it; zero while it lasts
+}
+
+// readFailed notes that the instance table could not be read: an outage
+// starts, unless one is going on or nothing was ever read.
+func (f *Fabric) readFailed() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.loaded && (f.outage.since.IsZero() || !f.outage.end.IsZero()) {
+		f.outage = outage{since: f.lastRead}
+	}
+}
+
+// readSucceeded notes a successful read: an outage going on ends. The
+// caller holds f.mu.
+func (f *Fabric) readSucceeded() {
+	f.lastRead = f.now()
+	if !f.outage.since.IsZero() && f.outage.end.IsZero() {
+		f.outage.end = f.lastRead
+	}
+}
+
+// heartbeatAge is how old a heartbeat sent at hb is at now, not counting
+// the latest outage: while it lasts, ages are frozen as of the last read;
+// after it, they resume where they stood, so that an instance alive
+// throughout has its DeadAfter window, less what it had used, to heartbeat
+// again, and one that died during the outage is dead within that window.
+// The caller holds f.mu.
+func (f *Fabric) heartbeatAge(hb, now time.Time) time.Duration {
+	o := f.outage
+	switch {
+	case o.since.IsZero():
+		return now.Sub(hb)
+	case o.end.IsZero():
+		return o.since.Sub(hb)
+	case hb.Before(o.since):
+		return now.Sub(hb) - o.end.Sub(o.since)
+	case hb.Before(o.end):
+		return now.Sub(o.end)
+	}
+	return now.Sub(hb)
 }

@@ -3,26 +3,27 @@ package fabric
 import (
 	"errors"
 	"fmt"
+
+	"github.com/marconihub/marconi"
 )
 
-// Mode is a session's runtime mode (the runtime_mode field).
-type Mode string
+// Mode is a session's runtime mode, the root package's word.
+type Mode = marconi.RuntimeMode
 
 // Runtime modes that are implemented.
 const (
-	ModeStateless Mode = "stateless"
-	ModeSticky    Mode = "sticky"
+	ModeStateless = marconi.RuntimeStateless
+	ModeSticky    = marconi.RuntimeSticky
 )
 
-// ModeSource is what chose a session's runtime mode (the runtime_mode_source
-// field).
-type ModeSource string
+// ModeSource is what chose a session's runtime mode, the root package's word.
+type ModeSource = marconi.ModeSource
 
 // Sources of a session's runtime mode.
 const (
-	SourceExplicit ModeSource = "explicit"
-	SourceAdaptive ModeSource = "adaptive-classifier"
-	SourceDefault  ModeSource = "default"
+	SourceExplicit = marconi.SourceExplicit
+	SourceAdaptive = marconi.SourceAdaptive
+	SourceDefault  = marconi.SourceDefault
 )
 
 // ErrReservedMode is returned by NormalizeRuntimeMode for soft_sticky, pinned

@@ -13,7 +13,9 @@ import (
 // holder's pending sweep, it never loses it. Implementations are safe for
 // concurrent use.
 type Bus interface {
-	// Publish tells instance that k has a new signal with seq. It returns an
+	// Publish tells instance that k has a new signal with seq, or, with
+	// seq CheckSeq, that k's row changed and its connection is to be
+	// checked against it. It returns an
 	// error when the wake-up could not be handed to the bus; the caller
 	// logs it and relies on the sweep.
 	Publish(ctx context.Context, instance string, k sessionstore.Key, seq int64) error
@@ -24,6 +26,12 @@ type Bus interface {
 	// at once when the bus has nothing to listen to.
 	Listen(ctx context.Context, instance string, onWake func(k sessionstore.Key, seq int64), onConnect func()) error
 }
+
+// CheckSeq is the seq of a check wake-up: not a new signal, but a change of
+// the session's row made elsewhere (its token replaced, the session ended),
+// which the instance holding its connection checks the connection against.
+// Signal seqs start at 1.
+const CheckSeq int64 = 0
 
 // NoBus is the bus of a lone instance (the in-memory store): there is no
 // other instance to wake. It is safe for concurrent use.

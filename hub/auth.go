@@ -133,10 +133,8 @@ const (
 )
 
 // sessionAuth authenticates a session token and loads the caller's session
-// as it was before this call (the self-heal gates need that). After the
-// handler, whatever it answered, it records the call as proof of life
-// (last_verb_at), at most once per TouchInterval; heartbeats write their own,
-// and a deregistered session has nothing left to touch.
+// as it was before this call (the self-heal gates need that). A handler's
+// session_expired drops the token from the cache.
 func (s *Server) sessionAuth(next echo.HandlerFunc) echo.HandlerFunc {
 	return s.authSession(next, false)
 }
@@ -174,9 +172,19 @@ func (s *Server) authSession(next echo.HandlerFunc, cached bool) echo.HandlerFun
 		if e, ok := errors.AsType[*marconi.Error](err); ok && e.Code == marconi.CodeSessionExpired {
 			s.tokens.drop(h[:])
 		}
-		if p := c.Path(); p != "/v1/heartbeat" && p != "/v1/session" {
-			s.touchVerb(c, sess)
-		}
+		return err
+	}
+}
+
+// provesLife records a session's call as its proof of life (last_verb_at)
+// once the handler has answered, whatever it answered, at most once per
+// TouchInterval. It follows sessionAuth or sendAuth on the routes whose
+// handler writes none of its own: not on heartbeats, which do, nor on
+// deregistration, which leaves nothing to touch.
+func (s *Server) provesLife(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		err := next(c)
+		s.touchVerb(c, session(c))
 		return err
 	}
 }
@@ -196,7 +204,9 @@ func (s *Server) authenticateSessionCtx(ctx context.Context, token string) (sess
 	if subtle.ConstantTimeCompare(sess.TokenHash, h) != 1 {
 		return sessionstore.Session{}, marconi.Errorf(marconi.CodeSessionExpired, "this session token matches no live session; register again")
 	}
-	return sess, nil
+	// The token is used: the registration that made it can no longer be
+	// retried (its Idempotency-Key would otherwise mint the next token).
+	return s.sessions.SpendRegistrationKey(ctx, sess)
 }
 
 // session returns the caller's session loaded by sessionAuth.

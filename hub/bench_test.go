@@ -382,7 +382,7 @@ func BenchmarkSendToFrame(b *testing.B) {
 // goroutine stacks per connection after a GC, and goroutines per connection,
 // split into the hub's and the in-process client's. ns/op is the time of one
 // attach (welcome read), registration excluded. The heap and stack figures
-// include the client end of each connection; docs/benchmarks.md has the
+// include the client end of each connection; docs/benchmarks-history.md has the
 // hub-only figure measured across processes with cmd/marconi-bench.
 func BenchmarkIdleWebSocket(b *testing.B) {
 	const maxConns = 5000
@@ -462,7 +462,7 @@ func BenchmarkSelfHealEvaluate(b *testing.B) {
 		r, s := party("r", true), party("s", true)
 		b.ReportAllocs()
 		for range b.N {
-			ev.Evaluate(r, s)
+			ev.Spend(r, s)
 		}
 	})
 	b.Run("recipient_offline_one_session", func(b *testing.B) {
@@ -472,7 +472,7 @@ func BenchmarkSelfHealEvaluate(b *testing.B) {
 		r, s := party("r", false), party("s", true)
 		b.ReportAllocs()
 		for range b.N {
-			ev.Evaluate(r, s)
+			ev.Spend(r, s)
 		}
 	})
 	b.Run("both_offline_100k_sessions", func(b *testing.B) {
@@ -487,7 +487,7 @@ func BenchmarkSelfHealEvaluate(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := range b.N {
-			ev.Evaluate(ids[i%len(ids)], s)
+			ev.Spend(ids[i%len(ids)], s)
 		}
 		b.ReportMetric(float64(ev.Len()), "buckets")
 	})
@@ -499,7 +499,7 @@ func BenchmarkSelfHealEvaluate(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			r, s := party(fmt.Sprintf("r%d", next.Add(1)), false), party("s", true)
 			for pb.Next() {
-				ev.Evaluate(r, s)
+				ev.Spend(r, s)
 			}
 		})
 	})

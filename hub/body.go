@@ -19,7 +19,9 @@ const envelopeBytes = 16 << 10
 
 // maxBodyBytes is the largest body any endpoint takes (a send with the
 // largest payload); each handler applies its own, smaller limit on top.
-func (s *Server) maxBodyBytes() int64 { return int64(s.cfg.MaxPayloadBytes) + envelopeBytes }
+func (s *Server) maxBodyBytes() int64 {
+	return int64(s.signals.Config().MaxPayloadBytes) + envelopeBytes
+}
 
 // readBody reads the whole request body into memory once the credential is
 // checked and before the handler's store calls (withBody), within

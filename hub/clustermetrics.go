@@ -7,9 +7,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
-	"github.com/marconihub/marconi/signals/selfheal"
 )
 
 // Cluster-wide gauges (pending signals, sessions by route state) describe
@@ -25,7 +25,7 @@ import (
 // WebSocket when alive (live) from piggyback-only ones (codex), for which
 // route_without_queue is the normal state.
 func surfaceClass(surface string) string {
-	if selfheal.Surface(surface).Live() {
+	if marconi.Surface(surface).Live() {
 		return "live"
 	}
 	return "piggyback"
@@ -42,7 +42,7 @@ var (
 )
 
 // routeStates are the route states a live session can be in.
-var routeStates = []signals.RouteState{signals.StateAttached, signals.StateRouteWithoutQueue, signals.StateStale}
+var routeStates = []marconi.RouteState{marconi.StateAttached, marconi.StateRouteWithoutQueue, marconi.StateStale}
 
 // clusterGauges holds the last sample of the cluster-wide gauges. It is a
 // prometheus.Collector that exports them only while reporter() is true and a

@@ -2,9 +2,9 @@
 // credentials and the wiring of the connection hub (hub/conns), which owns
 // the attached WebSockets.
 //
-// hub knows sessionstore, signals, fabric and hub/conns; nothing imports hub
-// but cmd/marconi (and tests, through hubtest). Handlers decode and validate
-// the wire format, authenticate the caller, hand typed requests to signals,
-// fabric and conns, and map their errors onto the one error shape of
-// docs/api.md.
+// hub knows sessionstore, sessions, signals, fabric and hub/conns; nothing
+// imports hub but cmd/marconi (and tests, through hubtest). Handlers decode
+// and validate the wire format, authenticate the caller, hand typed requests
+// to sessions, signals, fabric and conns, and map their errors onto the one
+// error shape of docs/api.md.
 package hub

@@ -17,7 +17,7 @@ import (
 )
 
 // statusByCode is the one table from error code to HTTP status.
-var statusByCode = map[string]int{
+var statusByCode = map[marconi.Code]int{
 	marconi.CodeInvalidJSON:            http.StatusBadRequest,
 	marconi.CodeInvalidField:           http.StatusBadRequest,
 	marconi.CodeInvalidSurface:         http.StatusBadRequest,
@@ -43,16 +43,24 @@ var statusByCode = map[string]int{
 	marconi.CodeInternal:               http.StatusInternalServerError,
 }
 
+// statusOf is code's HTTP status; a code missing from the table is a 500.
+func statusOf(code marconi.Code) int {
+	if status, ok := statusByCode[code]; ok {
+		return status
+	}
+	return http.StatusInternalServerError
+}
+
 // errorBody is the wire shape of every error.
 type errorBody struct {
 	Error errorDetail `json:"error"`
 }
 
 type errorDetail struct {
-	Code        string `json:"code"`
-	Message     string `json:"message"`
-	InstanceID  string `json:"instance_id,omitempty"`
-	InstanceURL string `json:"instance_url,omitempty"`
+	Code        marconi.Code `json:"code"`
+	Message     string       `json:"message"`
+	InstanceID  string       `json:"instance_id,omitempty"`
+	InstanceURL string       `json:"instance_url,omitempty"`
 }
 
 // publicError turns any error into the *marconi.Error a client may see.
@@ -97,10 +105,6 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	if pe.Code == marconi.CodeRegistryUnavailable {
 		pe = s.withStoreClass(pe, err)
 	}
-	status := statusByCode[pe.Code]
-	if status == 0 {
-		status = http.StatusInternalServerError
-	}
 	if pe.Code == marconi.CodeQuotaExceeded {
 		s.QuotaRefused(pe.Quota)
 	}
@@ -113,19 +117,28 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	default:
 		// The activity log: every refusal at info, by code. Neither the
 		// message nor anything logged here carries a secret.
-		attrs := []any{"method", c.Request().Method, "route", c.Path(), "status", status, "code", pe.Code, "detail", pe.Message}
+		attrs := []any{"method", c.Request().Method, "route", c.Path(), "status", statusOf(pe.Code), "code", pe.Code, "detail", pe.Message}
 		if sess, ok := c.Get(ctxSession).(sessionstore.Session); ok {
 			attrs = append(attrs, keyAttrs(sess.Key))
 		}
 		s.log.Info("request refused", attrs...)
 	}
+	s.writeError(c, pe)
+}
+
+// writeError answers pe in the one error shape, with its status from
+// statusByCode and its Retry-After. It logs and counts nothing: errorHandler
+// does that for a failed request, and /readyz answers through it directly.
+func (s *Server) writeError(c echo.Context, pe *marconi.Error) {
+	status := statusOf(pe.Code)
 	switch {
 	case pe.RetryAfter > 0:
-		c.Response().Header().Set("Retry-After", strconv.Itoa(int((pe.RetryAfter+time.Second-1)/time.Second)))
+		c.Response().Header().Set(marconi.HeaderRetryAfter, strconv.Itoa(int((pe.RetryAfter+time.Second-1)/time.Second)))
 	case pe.Code == marconi.CodeTooManyRequests:
-		c.Response().Header().Set("Retry-After", "1")
+		c.Response().Header().Set(marconi.HeaderRetryAfter, "1")
 	}
 	body := errorBody{Error: errorDetail{Code: pe.Code, Message: pe.Message, InstanceID: pe.InstanceID, InstanceURL: pe.InstanceURL}}
+	var err error
 	if c.Request().Method == http.MethodHead {
 		err = c.NoContent(status)
 	} else {

@@ -40,6 +40,9 @@ var statusOfCode = map[string]int{
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
 
+// validID is the contract's rule for session ids, tenants and projects.
+func validID(id string) bool { return id != "." && id != ".." && idPattern.MatchString(id) }
+
 // fuzzRoutes are the endpoints FuzzHTTP drives, each with the credential it
 // is meant for.
 var fuzzRoutes = []struct {
@@ -108,6 +111,8 @@ func FuzzHTTP(f *testing.F) {
 		fuzzers = append(fuzzers, newHTTPFuzzer(f, st))
 	}
 	f.Add(uint8(1), "", "", []byte(`{"to_session":"bob","payload":{"a":1}}`))
+	f.Add(uint8(0), "", "", []byte(`{"session_id":"bob","surface":"codex","takeover":true}`))
+	f.Add(uint8(0), "", "", []byte(`{"session_id":"..","surface":"codex"}`))
 	f.Fuzz(func(t *testing.T, route uint8, target, auth string, body []byte) {
 		for _, z := range fuzzers {
 			z.check(t, int(route)%len(fuzzRoutes), target, auth, body)
@@ -211,6 +216,7 @@ func (z *httpFuzzer) checkRegistered(rec *httptest.ResponseRecorder, body []byte
 	var req struct {
 		SessionID string `json:"session_id"`
 		Surface   string `json:"surface"`
+		Takeover  bool   `json:"takeover"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil {
 		return fmt.Errorf("accepted a body that is not JSON: %v", err)
@@ -220,11 +226,12 @@ func (z *httpFuzzer) checkRegistered(rec *httptest.ResponseRecorder, body []byte
 		Token     string `json:"token"`
 		Surface   string `json:"surface"`
 		TenantID  string `json:"tenant_id"`
+		TakenOver bool   `json:"taken_over"`
 	}
 	if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil {
 		return err
 	}
-	if !idPattern.MatchString(resp.SessionID) || (req.SessionID != "" && req.SessionID != resp.SessionID) {
+	if !validID(resp.SessionID) || (req.SessionID != "" && req.SessionID != resp.SessionID) {
 		return fmt.Errorf("session_id %q for a request of %q", resp.SessionID, req.SessionID)
 	}
 	if resp.TenantID != "t1" {
@@ -232,6 +239,17 @@ func (z *httpFuzzer) checkRegistered(rec *httptest.ResponseRecorder, body []byte
 	}
 	if rec.Code == http.StatusCreated && resp.Surface != req.Surface {
 		return fmt.Errorf("surface %q for a request of %q", resp.Surface, req.Surface)
+	}
+	if resp.TakenOver != (rec.Code == http.StatusOK) || (resp.TakenOver && !req.Takeover) {
+		return fmt.Errorf("%d with taken_over %v for a request with takeover %v", rec.Code, resp.TakenOver, req.Takeover)
+	}
+	// A takeover of the fixture's own sessions: the fixture keeps them
+	// under their new tokens.
+	for _, a := range []*agent{&z.alice, &z.bob} {
+		if resp.TakenOver && a.ID == resp.SessionID {
+			a.Token = resp.Token
+			return nil
+		}
 	}
 	if d := z.do("DELETE", "/v1/session", bearerHeader(resp.Token), nil); d.Code != http.StatusNoContent {
 		return fmt.Errorf("deregister the fuzzed session: %d %s", d.Code, d.Body)
@@ -413,7 +431,7 @@ func checkRouteState(rec *httptest.ResponseRecorder, rest string) error {
 		return fmt.Errorf("view of %s/%s/%s for path %q", v.TenantID, v.ProjectID, v.SessionID, rest)
 	}
 	for _, p := range parts {
-		if !idPattern.MatchString(p) {
+		if !validID(p) {
 			return fmt.Errorf("accepted the id %q", p)
 		}
 	}
@@ -433,7 +451,7 @@ func checkKeyCreated(rec *httptest.ResponseRecorder, body []byte) error {
 	if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil {
 		return err
 	}
-	if !idPattern.MatchString(req.TenantID) || !idPattern.MatchString(req.ProjectID) ||
+	if !validID(req.TenantID) || !validID(req.ProjectID) ||
 		resp.TenantID != req.TenantID || resp.ProjectID != req.ProjectID || !utf8.ValidString(resp.APIKey) || resp.APIKey == "" {
 		return fmt.Errorf("key for %q/%q", resp.TenantID, resp.ProjectID)
 	}

@@ -29,7 +29,7 @@ func (s *Server) createAPIKey(c echo.Context) error {
 	}
 	for name, v := range map[string]string{"tenant_id": req.TenantID, "project_id": req.ProjectID} {
 		if !signals.ValidSessionID(v) {
-			return marconi.Errorf(marconi.CodeInvalidField, "%s must match [A-Za-z0-9._-]{1,128}", name)
+			return marconi.Errorf(marconi.CodeInvalidField, "%s must match %s", name, signals.IDForm)
 		}
 	}
 	key := NewAPIKey()
@@ -73,7 +73,7 @@ type routeStateJSON struct {
 	TenantID              string             `json:"tenant_id"`
 	ProjectID             string             `json:"project_id"`
 	SessionID             string             `json:"session_id"`
-	RouteState            signals.RouteState `json:"route_state"`
+	RouteState            marconi.RouteState `json:"route_state"`
 	Queue                 routeQueueJSON     `json:"queue"`
 	Store                 *routeStoreJSON    `json:"store"`
 	FreshestProofOfLife   *time.Time         `json:"freshest_proof_of_life"`
@@ -101,7 +101,7 @@ func (s *Server) routeState(ctx context.Context, k sessionstore.Key, sess *sessi
 	if sess == nil {
 		got, err := s.store.GetSession(ctx, k, now)
 		if errors.Is(err, sessionstore.ErrNotFound) {
-			out.RouteState = signals.StateNotRegistered
+			out.RouteState = marconi.StateNotRegistered
 			out.Explanation = explain(out.RouteState, 0, fresh)
 			return out, nil
 		}
@@ -133,7 +133,7 @@ func (s *Server) routeState(ctx context.Context, k sessionstore.Key, sess *sessi
 	out.ProofOfLifeAgeSeconds = &age
 	out.Selfheal = &routeSelfhealJSON{
 		Enabled:         s.selfheal.Config().Enabled,
-		EligibleSurface: selfheal.Surface(sess.Surface).Live(),
+		EligibleSurface: marconi.Surface(sess.Surface).Live(),
 		RecipientTokens: s.selfheal.Tokens(selfheal.SideRecipient, k.TenantID, k.ProjectID, k.SessionID),
 		SenderTokens:    s.selfheal.Tokens(selfheal.SideSender, k.TenantID, k.ProjectID, k.SessionID),
 	}
@@ -143,7 +143,7 @@ func (s *Server) routeState(ctx context.Context, k sessionstore.Key, sess *sessi
 	}
 	out.PendingSignals = n
 	out.Explanation = explain(out.RouteState, now.Sub(pol), fresh)
-	if out.RouteState == signals.StateRouteWithoutQueue {
+	if out.RouteState == marconi.StateRouteWithoutQueue {
 		switch {
 		case !out.Selfheal.EligibleSurface:
 			out.Explanation = "The agent proved it was alive " + now.Sub(pol).Round(time.Second).String() + " ago and holds no WebSocket: its surface (" +
@@ -154,7 +154,7 @@ func (s *Server) routeState(ctx context.Context, k sessionstore.Key, sess *sessi
 		}
 	}
 	switch {
-	case out.RouteState == signals.StateAttached || r.InstanceID == "":
+	case out.RouteState == marconi.StateAttached || r.InstanceID == "":
 	case !r.InstanceHealthy:
 		out.Explanation += " Its last queue was on instance " + r.InstanceID + ", which is unhealthy."
 	case !r.Attached:
@@ -175,15 +175,15 @@ func freshestSource(s sessionstore.Session) string {
 }
 
 // explain says in one sentence what a route state means and what heals it.
-func explain(state signals.RouteState, age, fresh time.Duration) string {
+func explain(state marconi.RouteState, age, fresh time.Duration) string {
 	a := age.Round(time.Second).String()
 	switch state {
-	case signals.StateAttached:
+	case marconi.StateAttached:
 		return "A WebSocket queue is attached on a healthy instance: sends are pushed at once."
-	case signals.StateRouteWithoutQueue:
+	case marconi.StateRouteWithoutQueue:
 		return "The agent proved it was alive " + a + " ago but holds no WebSocket on a healthy instance. " +
 			"Signals are stored and wait. Its own next send carries sender_route_stale and its client reconnects; a heartbeat or drain also collects them."
-	case signals.StateStale:
+	case marconi.StateStale:
 		return "No WebSocket, and no proof of life for " + a + " (more than the " + fresh.String() + " freshness window): " +
 			"the agent looks genuinely offline. Signals are stored until it attaches or drains, or the session expires."
 	default:
@@ -214,12 +214,12 @@ func (s *Server) routeStateList(c echo.Context) error {
 	f := sessionstore.SessionFilter{TenantID: c.QueryParam("tenant_id"), ProjectID: c.QueryParam("project_id")}
 	for name, v := range map[string]string{"tenant_id": f.TenantID, "project_id": f.ProjectID} {
 		if v != "" && !signals.ValidSessionID(v) {
-			return marconi.Errorf(marconi.CodeInvalidField, "%s must match [A-Za-z0-9._-]{1,128}", name)
+			return marconi.Errorf(marconi.CodeInvalidField, "%s must match %s", name, signals.IDForm)
 		}
 	}
-	state := signals.RouteState(c.QueryParam("state"))
+	state := marconi.RouteState(c.QueryParam("state"))
 	switch state {
-	case "", signals.StateAttached, signals.StateRouteWithoutQueue, signals.StateStale:
+	case "", marconi.StateAttached, marconi.StateRouteWithoutQueue, marconi.StateStale:
 	default:
 		return marconi.Errorf(marconi.CodeInvalidField, "state must be attached, route_without_queue or stale")
 	}

@@ -17,7 +17,7 @@ import (
 
 // BenchmarkSampleCluster: one sample of the cluster-wide gauges (pending
 // total, and every live session listed and classified by route state) on
-// the in-memory store. docs/benchmarks.md, "Operator metrics".
+// the in-memory store. docs/benchmarks-history.md, "Operator metrics".
 func BenchmarkSampleCluster(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("sessions=%d", n), func(b *testing.B) {

@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessionstore"
 )
@@ -16,7 +17,7 @@ func (s *Server) place(ctx context.Context, sess sessionstore.Session) (conns.We
 		return conns.Welcome{}, err
 	}
 	return conns.Welcome{
-		Type: "welcome", SessionID: sess.SessionID, InstanceID: s.cfg.InstanceID,
+		Type: marconi.FrameWelcome, SessionID: sess.SessionID, InstanceID: s.cfg.InstanceID,
 		Resumed: p.Resumed, AffinityReset: p.AffinityReset, Dropped: p.Dropped,
 	}, nil
 }

@@ -36,4 +36,11 @@ func TestAnyAuthenticatedCallIsProofOfLife(t *testing.T) {
 	if v := routeState(t, h, "alice")["store"].(map[string]any)["last_verb_at"]; v != clock.Now().Format(time.RFC3339) {
 		t.Fatalf("last_verb_at after the interval = %v, want %s", v, clock.Now().Format(time.RFC3339))
 	}
+	clock.Advance(5 * time.Second)
+	if st, r := call(t, "POST", h.URL+"/v1/signals/ack", a.Token, map[string]any{"up_to_seq": 0}); st != 200 {
+		t.Fatalf("ack: %d %v", st, r)
+	}
+	if v := routeState(t, h, "alice")["store"].(map[string]any)["last_verb_at"]; v != clock.Now().Format(time.RFC3339) {
+		t.Fatalf("last_verb_at after an ack = %v, want %s", v, clock.Now().Format(time.RFC3339))
+	}
 }

@@ -362,17 +362,30 @@ func (m *model) register(rt *rapid.T) {
 		inc: m.inc, keys: map[string]modelSignal{}, answers: map[string]string{}, burned: map[string]bool{}}
 }
 
+// resume resumes a live session with its token, or takes it over with its
+// project's key: a new token, the old one stale, and the WebSocket opened
+// with the old one closed with 4409 wherever it is.
 func (m *model) resume(rt *rapid.T) {
-	// The contract leaves a resume's effect on a live WebSocket open.
-	s := m.draw(rt, func(s *modelSession) bool { return s.live && s.conn == nil })
+	s := m.draw(rt, func(s *modelSession) bool { return s.live })
 	if s == nil {
-		rt.Skip("no live session without a WebSocket")
+		rt.Skip("no live session")
 	}
-	st, body := m.do(rt, "POST", "/v1/sessions", m.keys[s.scope], map[string]any{"session_id": s.id, "surface": "claude_code"},
-		"X-Marconi-Session-Token", s.token)
-	expect(rt, "resume "+s.id, st, body, 200, "")
+	body, hdr, what := map[string]any{"session_id": s.id, "surface": "claude_code"}, []string{"X-Marconi-Session-Token", s.token}, "resume"
+	if rapid.Bool().Draw(rt, "takeover") {
+		body["takeover"], hdr, what = true, nil, "takeover"
+	}
+	st, got := m.do(rt, "POST", "/v1/sessions", m.keys[s.scope], body, hdr...)
+	expect(rt, what+" "+s.id, st, got, 200, "")
+	if got["taken_over"] != (what == "takeover") {
+		rt.Fatalf("%s of %s answered taken_over %v", what, s.id, got["taken_over"])
+	}
 	s.stale = append(s.stale, s.token)
-	s.token = body["token"].(string)
+	s.token = got["token"].(string)
+	if s.conn != nil {
+		m.closed(rt, s.conn, "replaced")
+		s.conn = nil
+		m.eventually(rt, "every instance sees the detach", func() bool { return m.routeState(rt, s) == "route_without_queue@<nil>" })
+	}
 }
 
 func (m *model) send(rt *rapid.T) {
@@ -642,7 +655,7 @@ func recipientOf(sig modelSignal) string {
 	return p.To
 }
 
-// staleToken: a token replaced by a resume or of a deregistered session
+// staleToken: a token replaced by a resume or a takeover, or of a deregistered session
 // answers 410 and reaches nothing.
 func (m *model) staleToken(rt *rapid.T) {
 	var c []string

@@ -24,9 +24,9 @@ func BenchmarkRegister(b *testing.B) {
 				b.ReportAllocs()
 				b.ResetTimer()
 				for i := range b.N {
-					id, key := fmt.Sprintf("reg-%d", i), fmt.Sprintf("key-%d", i)
+					id, key := fmt.Sprintf("reg-%d", i), fmt.Sprintf("registration-key-%030d", i)
 					if mode == "retry" {
-						id, key = "reg-retried", "key-retried"
+						id, key = "reg-retried", "registration-key-retried-0000"
 					}
 					body, _ := json.Marshal(map[string]any{"session_id": id, "surface": "claude_code"})
 					req, err := http.NewRequest(http.MethodPost, h.URL+"/v1/sessions", bytes.NewReader(body))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/signals/selfheal"
@@ -87,7 +88,7 @@ func checkDelivery(t *testing.T, what string, resp map[string]any, delivery, rou
 func healCounts(t *testing.T, h *hubtest.Hub) map[string]float64 {
 	t.Helper()
 	m := make(map[string]float64)
-	for _, o := range selfheal.AllOutcomes() {
+	for _, o := range marconi.Outcomes {
 		m[string(o)] = metric(t, h, selfheal.MetricName, "outcome", string(o))
 	}
 	return m
@@ -573,7 +574,7 @@ func TestSPEC168_AC11_MetricExportedFromStart(t *testing.T) {
 				}
 			}
 			want := map[string]bool{}
-			for _, o := range selfheal.AllOutcomes() {
+			for _, o := range marconi.Outcomes {
 				want[fmt.Sprintf("%s{outcome=%q} 0", selfheal.MetricName, o)] = true
 			}
 			if !maps.Equal(got, want) {

@@ -29,7 +29,7 @@ import (
 // environment; zero durations and sizes mean the documented defaults.
 type Config struct {
 	// Mode is development, lan or cloud.
-	Mode string
+	Mode marconi.DeploymentMode
 	// InstanceID names this hub instance in the shared registry.
 	InstanceID string
 	// PublicURL is where clients reach this instance (sticky placement).
@@ -88,7 +88,7 @@ type Config struct {
 	// MaxConnectionsPerAddress is MARCONI_MAX_CONNECTIONS_PER_ADDRESS
 	// (25000): WebSockets open from one client address.
 	MaxConnectionsPerAddress int
-	// DevAPIKeys maps API key to tenant/project, from MARCONI_API_KEYS.
+	// APIKeys maps API key to tenant/project, from MARCONI_API_KEYS.
 	APIKeys map[string]TenantProject
 	// AdminToken guards /v1/ops/*.
 	AdminToken string
@@ -109,13 +109,16 @@ type Config struct {
 	// history the dashboard reads (GET /v1/ops/selfheal/history); the
 	// history keeps the last 20.
 	SelfhealHistoryBucket time.Duration
+	// RegistrationRetry is MARCONI_REGISTRATION_RETRY_SECONDS (300): how
+	// long a registration's Idempotency-Key retries it, unless the token it
+	// made is used first.
+	RegistrationRetry time.Duration
 	// NoTakeover is MARCONI_ALLOW_TAKEOVER=false: a registration with
 	// "takeover": true of a live session is refused (403) as any other
 	// registration of a live id without its token.
 	NoTakeover bool
 	// IdempotencyWindow is MARCONI_IDEMPOTENCY_WINDOW_SECONDS (86400): how
-	// long a send's idempotency key and a registration's Idempotency-Key
-	// are remembered (signals.Config).
+	// long a send's idempotency key is remembered (signals.Config).
 	IdempotencyWindow time.Duration
 	// Pprof is MARCONI_PPROF (off): serve Go's runtime profiles under
 	// /debug/pprof/ to a request carrying the admin token.
@@ -142,7 +145,7 @@ type TenantProject struct {
 // Defaults of Config's zero fields, each set here only (the send path's,
 // self-heal's and the fabric's are set in their packages).
 const (
-	DefaultMode              = "development"
+	DefaultMode              = marconi.Development
 	DefaultSessionTTL        = time.Hour
 	DefaultHeartbeatInterval = 20 * time.Second
 	DefaultTouchInterval     = 5 * time.Second
@@ -165,6 +168,8 @@ const (
 	DefaultPendingSweep                = 5 * time.Second
 	DefaultHistoryBucket               = 30 * time.Second
 	DefaultTokenCacheSize              = 10000
+	// DefaultRegistrationRetry is how long a registration's Idempotency-Key retries it.
+	DefaultRegistrationRetry = 5 * time.Minute
 
 	DefaultWSAckInterval            = 5 * time.Millisecond
 	DefaultWSFramesPerSecond        = 100
@@ -200,9 +205,6 @@ func (c *Config) setDefaults() {
 	if c.QuotaRegistrationsPerSecond == 0 {
 		c.QuotaRegistrationsPerSecond = DefaultQuotaRegistrationsPerSecond
 	}
-	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = signals.DefaultMaxPayloadBytes
-	}
 	if c.SendRatePerSecond == 0 {
 		c.SendRatePerSecond = DefaultSendRatePerSecond
 	}
@@ -236,25 +238,7 @@ func (c *Config) setDefaults() {
 	if c.MaxConnectionsPerAddress == 0 {
 		c.MaxConnectionsPerAddress = DefaultMaxConnectionsPerAddress
 	}
-	// A zero SelfHeal is "the defaults for this mode"; otherwise only zero
-	// knobs take their defaults and Enabled is as given.
-	def := selfheal.DefaultConfig()
-	if c.SelfHeal == (selfheal.Config{}) {
-		def.Enabled = selfheal.DefaultEnabled(c.Mode)
-		c.SelfHeal = def
-	}
-	if c.SelfHeal.Freshness == 0 {
-		c.SelfHeal.Freshness = def.Freshness
-	}
-	if c.SelfHeal.SenderStaleThreshold == 0 {
-		c.SelfHeal.SenderStaleThreshold = def.SenderStaleThreshold
-	}
-	if c.SelfHeal.MaxAttempts == 0 {
-		c.SelfHeal.MaxAttempts = def.MaxAttempts
-	}
-	if c.SelfHeal.RefillPeriod == 0 {
-		c.SelfHeal.RefillPeriod = def.RefillPeriod
-	}
+	c.SelfHeal = c.SelfHeal.WithDefaults(c.Mode)
 	if c.Retention.Acked == 0 {
 		c.Retention.Acked = DefaultRetainAcked
 	}
@@ -266,6 +250,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.PendingSweep == 0 {
 		c.PendingSweep = DefaultPendingSweep
+	}
+	if c.RegistrationRetry == 0 {
+		c.RegistrationRetry = DefaultRegistrationRetry
 	}
 	if c.SelfhealHistoryBucket == 0 {
 		c.SelfhealHistoryBucket = DefaultHistoryBucket
@@ -438,7 +425,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		SessionTTL:                  cfg.SessionTTL,
 		QuotaSessionsPerProject:     cfg.QuotaSessionsPerProject,
 		QuotaRegistrationsPerSecond: cfg.QuotaRegistrationsPerSecond,
-		RetryWindow:                 s.signals.Config().IdempotencyWindow,
+		RetryWindow:                 cfg.RegistrationRetry,
 		AllowTakeover:               !cfg.NoTakeover,
 	}, sessions.Deps{Store: d.Store, Placer: s.fabric, Revoker: revoker{s}, Registry: d.Registry, Logger: d.Logger, Now: d.Now})
 	if err != nil {
@@ -468,10 +455,10 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	v1.POST("/sessions", s.register, s.apiKeyAuth, s.withBody)
 	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth, s.withBody)
 	v1.DELETE("/session", s.deregister, s.sessionAuth, s.withBody)
-	v1.POST("/signals", s.send, s.sendAuth, s.withBody)
-	v1.GET("/signals", s.drain, s.sessionAuth, s.withBody)
-	v1.POST("/signals/ack", s.ack, s.sessionAuth, s.withBody)
-	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth, s.withBody)
+	v1.POST("/signals", s.send, s.sendAuth, s.withBody, s.provesLife)
+	v1.GET("/signals", s.drain, s.sessionAuth, s.withBody, s.provesLife)
+	v1.POST("/signals/ack", s.ack, s.sessionAuth, s.withBody, s.provesLife)
+	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth, s.withBody, s.provesLife)
 	v1.GET("/ws", s.attach)
 
 	ops := v1.Group("/ops", s.adminAuth, s.withBody)
@@ -755,7 +742,8 @@ func (s *Server) healthz(c echo.Context) error {
 
 func (s *Server) readyz(c echo.Context) error {
 	if s.Draining() {
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "draining", Message: "this instance is draining"}})
+		s.writeError(c, marconi.Errorf(marconi.CodeDraining, "this instance is draining"))
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
 	defer cancel()
@@ -764,7 +752,8 @@ func (s *Server) readyz(c echo.Context) error {
 	// failure only (docs/security.md).
 	admin := s.isAdmin(c)
 	if s.storeNotReady.Load() {
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: s.notReadyMessage(admin)}})
+		s.writeError(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s", s.notReadyMessage(admin)))
+		return nil
 	}
 	ping := s.store.Ping
 	switch r := s.store.(type) {
@@ -785,7 +774,8 @@ func (s *Server) readyz(c echo.Context) error {
 				msg += " (" + cause + ")"
 			}
 		}
-		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})
+		s.writeError(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s", msg))
+		return nil
 	}
 	if msg := s.schemaMismatch(admin); msg != "" {
 		return c.JSON(http.StatusServiceUnavailable, errorBody{Error: errorDetail{Code: "registry_unavailable", Message: msg}})

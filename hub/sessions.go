@@ -10,7 +10,6 @@ import (
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
-	"github.com/marconihub/marconi/hub/conns"
 	"github.com/marconihub/marconi/sessions"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
@@ -67,7 +66,8 @@ func (s *Server) register(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.sessions.SpendRegistration(sha256.Sum256([]byte(bearer(c)))); err != nil {
+	apiKeyHash := sha256.Sum256([]byte(bearer(c)))
+	if err := s.sessions.SpendRegistration(apiKeyHash); err != nil {
 		return err
 	}
 	var req registerRequest
@@ -77,6 +77,7 @@ func (s *Server) register(c echo.Context) error {
 	h := c.Request().Header
 	reg, err := s.sessions.Register(c.Request().Context(), sessions.RegisterRequest{
 		Project:     sessions.Project{TenantID: owner.TenantID, ProjectID: owner.ProjectID},
+		APIKeyHash:  apiKeyHash[:],
 		SessionID:   req.SessionID,
 		Surface:     req.Surface,
 		RuntimeMode: req.RuntimeMode,
@@ -180,11 +181,12 @@ func (s *Server) touchVerb(c echo.Context, sess sessionstore.Session) {
 // connection hub closes what it opened.
 type revoker struct{ s *Server }
 
-func (r revoker) Replaced(_ context.Context, _ sessionstore.Session, oldHash []byte) {
+func (r revoker) Replaced(ctx context.Context, sess sessionstore.Session, oldHash []byte) {
 	r.s.tokens.drop(oldHash)
+	r.s.conns.TokenReplaced(ctx, sess)
 }
 
-func (r revoker) Ended(_ context.Context, sess sessionstore.Session) {
+func (r revoker) Ended(ctx context.Context, sess sessionstore.Session) {
 	r.s.tokens.drop(sess.TokenHash)
-	r.s.conns.Kick(sess.Key, conns.DisconnectDeregistered)
+	r.s.conns.SessionEnded(ctx, sess)
 }

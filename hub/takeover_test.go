@@ -56,7 +56,9 @@ func TestTakeover(t *testing.T) {
 			}
 			for what, req := range map[string]func() (int, map[string]any){
 				"heartbeat": func() (int, map[string]any) { return call(t, "POST", h.URL+"/v1/heartbeat", alice.Token, nil) },
-				"send":      func() (int, map[string]any) { return call(t, "POST", h.URL+"/v1/signals", alice.Token, map[string]any{"to_session": "bob", "payload": 3}) },
+				"send": func() (int, map[string]any) {
+					return call(t, "POST", h.URL+"/v1/signals", alice.Token, map[string]any{"to_session": "bob", "payload": 3})
+				},
 			} {
 				if st, r := req(); st != http.StatusGone || errCode(r) != "session_expired" {
 					t.Errorf("%s with the token taken over: %d %v, want 410 session_expired", what, st, r)

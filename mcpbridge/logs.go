@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 API.md makes reconnects and self-heal events MCP log messages; the SDK deprecates logging from protocol 2026-07-28 but keeps it working for at least a year.
+
 package mcpbridge
 
 import (

@@ -1,9 +1,6 @@
 package mcpbridge_test
 
 import (
-	"bytes"
-	"encoding/json"
-	"net/http"
 	"slices"
 	"testing"
 
@@ -15,7 +12,6 @@ import (
 // server is told (an error log message) that its client stopped for good.
 func TestTakeoverByAHostWithoutItsToken(t *testing.T) {
 	h := hubtest.Start(t, hubtest.Options{})
-	requireTakeover(t, h)
 	alice := startAgent(t, "alice", h.URL, h.APIKey)
 	old := startAgent(t, "bob", h.URL, h.APIKey)
 	alice.send("bob", "waiting", nil)
@@ -35,30 +31,5 @@ func TestTakeoverByAHostWithoutItsToken(t *testing.T) {
 	code, _ := old.toolErr("send_signal", map[string]any{"to": "alice", "text": "I am the old bob"})
 	if code != "unauthorized" && code != "session_expired" && code != "forbidden" {
 		t.Fatalf("the former holder's send: %s", code)
-	}
-}
-
-// requireTakeover skips the test on a hub without the takeover API
-// (docs/api.md, Sessions), which the sessions service brings.
-func requireTakeover(t *testing.T, h *hubtest.Hub) {
-	t.Helper()
-	post := func(body map[string]any) int {
-		b, _ := json.Marshal(body)
-		req, _ := http.NewRequest(http.MethodPost, h.URL+"/v1/sessions", bytes.NewReader(b))
-		req.Header.Set("Authorization", "Bearer "+h.APIKey)
-		req.Header.Set("Content-Type", "application/json")
-		req.Close = true
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	if post(map[string]any{"session_id": "probe", "surface": "codex"}) != http.StatusCreated {
-		t.Fatal("probe registration refused")
-	}
-	if post(map[string]any{"session_id": "probe", "surface": "codex", "takeover": true}) == http.StatusForbidden {
-		t.Skip("this hub has no takeover (docs/api.md, Sessions): run once the sessions service is merged")
 	}
 }

@@ -86,7 +86,7 @@ func toolError(code, message string) *mcp.CallToolResult {
 func hubError(err error) *mcp.CallToolResult {
 	var he *bootstrap.Error
 	if errors.As(err, &he) {
-		return toolError(he.Code, he.Message)
+		return toolError(string(he.Code), he.Message)
 	}
 	return toolError(codeHubUnreachable, err.Error())
 }
@@ -212,12 +212,13 @@ func (b *Bridge) sendSignal(ctx context.Context, req *mcp.CallToolRequest) (*mcp
 		sigs, token, _ = b.inbox.take(receivedMax)
 	}
 	out := sendOut{
-		SignalID: res.SignalID, Seq: res.Seq, Delivery: res.Delivery, RecipientRouteState: res.RecipientRouteState,
+		SignalID: res.SignalID, Seq: res.Seq, Delivery: string(res.Delivery), RecipientRouteState: string(res.RecipientRouteState),
 		RecipientRouteStale: res.RecipientRouteStale, SenderRouteStale: res.SenderRouteStale,
 		Duplicate: res.Duplicate, Received: signalsOut(sigs),
 	}
 	if res.SelfhealOutcome != "" {
-		out.SelfhealOutcome = &res.SelfhealOutcome
+		o := string(res.SelfhealOutcome)
+		out.SelfhealOutcome = &o
 	}
 	sentence := fmt.Sprintf("Sent to %s (seq %d): %s.", *a.To, res.Seq, res.Delivery)
 	if len(sigs) > 0 {

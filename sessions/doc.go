@@ -6,6 +6,8 @@
 // typed results and marconi.Error codes, and knows nothing of HTTP: hub
 // decodes, calls it and encodes (docs/api.md, "Sessions").
 //
-// Beside signals.Service; it knows sessionstore and fabric through the small
-// interfaces it declares (Store, Placer, Revoker), never hub.
+// Beside signals.Service; it reaches the store, the fabric and the
+// connections through the small interfaces it declares (Store, Placer,
+// Revoker), shares the identifier and surface rules of signals, and never
+// imports hub.
 package sessions

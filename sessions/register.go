@@ -3,6 +3,7 @@ package sessions
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"time"
 
@@ -12,13 +13,15 @@ import (
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
-	"github.com/marconihub/marconi/signals/selfheal"
 )
 
 // RegisterRequest is one registration (POST /v1/sessions), authenticated
 // by an API key of Project.
 type RegisterRequest struct {
 	Project Project
+	// APIKeyHash is the SHA-256 of the API key that authenticated the
+	// request: a retry with the Idempotency-Key must come with the same.
+	APIKeyHash []byte
 	// SessionID is the id asked for; empty makes a UUID.
 	SessionID   string
 	Surface     string
@@ -74,13 +77,20 @@ func (r Registration) Created() bool {
 
 var clientIDRe = regexp.MustCompile(`^[\x21-\x7e]{1,128}$`)
 
+// MinRegistrationKeyChars is the shortest registration Idempotency-Key:
+// 22 base64url characters carry 128 bits. The key can mint the session's
+// next token until it is spent, so it must not be guessable.
+const MinRegistrationKeyChars = 22
+
+var registrationKeyRe = regexp.MustCompile(fmt.Sprintf(`^[A-Za-z0-9_-]{%d,%d}$`, MinRegistrationKeyChars, signals.MaxIdempotencyKeyBytes))
+
 // validate checks a request's fields, each refusal naming the field.
 func (r RegisterRequest) validate() error {
 	if r.SessionID != "" && !signals.ValidSessionID(r.SessionID) {
-		return marconi.Errorf(marconi.CodeInvalidField, "session_id must match [A-Za-z0-9._-]{1,128}")
+		return marconi.Errorf(marconi.CodeInvalidField, "session_id must match %s", signals.IDForm)
 	}
-	if !selfheal.Surface(r.Surface).Valid() {
-		return marconi.Errorf(marconi.CodeInvalidSurface, "surface %q is not one of %s", r.Surface, selfheal.SurfaceNames)
+	if !marconi.Surface(r.Surface).Valid() {
+		return marconi.Errorf(marconi.CodeInvalidSurface, "surface %q is not one of %s", r.Surface, marconi.SurfaceNames)
 	}
 	if r.ClientID != "" && !clientIDRe.MatchString(r.ClientID) {
 		return marconi.Errorf(marconi.CodeInvalidField, "client_id must be 1 to 128 printable ASCII characters")
@@ -93,16 +103,16 @@ func (r RegisterRequest) validate() error {
 			return marconi.Errorf(marconi.CodeInvalidRuntimeMode, "runtime_mode %q is unknown; use stateless or sticky", r.RuntimeMode)
 		}
 	}
-	if !signals.ValidText(r.IdempotencyKey, signals.MaxIdempotencyKeyBytes) {
-		return marconi.Errorf(marconi.CodeInvalidField, "Idempotency-Key must be UTF-8 text of at most %d bytes without control characters",
-			signals.MaxIdempotencyKeyBytes)
+	if r.IdempotencyKey != "" && !registrationKeyRe.MatchString(r.IdempotencyKey) {
+		return marconi.Errorf(marconi.CodeInvalidField, "Idempotency-Key must be %d to %d base64url characters ([A-Za-z0-9_-]): at least 128 random bits",
+			MinRegistrationKeyChars, signals.MaxIdempotencyKeyBytes)
 	}
 	return nil
 }
 
 // Register creates a session, or resumes a live one with its current
-// token, or answers the retry of a registration whose answer was lost
-// (docs/api.md, "Sessions"). The quota of registrations per second is not
+// token, or answers the retry of a registration whose answer was lost, or
+// takes a live one over by its project's API key (docs/api.md, "Sessions"). The quota of registrations per second is not
 // spent here: the caller spends it first (SpendRegistration), before it
 // reads the request.
 func (s *Service) Register(ctx context.Context, req RegisterRequest) (Registration, error) {
@@ -222,8 +232,9 @@ func (s *Service) resume(ctx context.Context, k sessionstore.Key, reg registrati
 }
 
 // retry answers a registration of the live session k that carries the
-// Idempotency-Key of the registration that made its current token, within
-// the retry window: the retry of a registration whose answer was lost. The
+// Idempotency-Key of the registration that made its current token, with
+// the same API key, within the retry window and before that token was
+// first used: the retry of a registration whose answer was lost. The
 // lost token was never seen and is stored only hashed, so it cannot be sent
 // again: the session gets a new token instead, the lost one stops working,
 // and the answer is the registration's (201). done is false, and nothing
@@ -234,7 +245,7 @@ func (s *Service) retry(ctx context.Context, k sessionstore.Key, reg registratio
 		return Registration{}, false, nil
 	}
 	since := reg.now.Add(-s.cfg.RetryWindow)
-	sess, err := s.store.RetryRegistration(ctx, k, reg.keyHash, since, HashToken(reg.token), reg.touch(s.cfg.SessionTTL), reg.now)
+	sess, err := s.store.RetryRegistration(ctx, k, reg.keyHash, reg.APIKeyHash, since, HashToken(reg.token), reg.touch(s.cfg.SessionTTL), reg.now)
 	switch {
 	case errors.Is(err, sessionstore.ErrNotFound):
 		return Registration{}, false, nil
@@ -268,6 +279,9 @@ func (s *Service) create(ctx context.Context, reg registration) (Registration, e
 		RegisteredAt:        reg.now,
 		ExpiresAt:           reg.now.Add(s.cfg.SessionTTL),
 	}
+	if reg.keyHash != nil {
+		sess.RegistrationAPIKeyHash = reg.APIKeyHash
+	}
 	// Count and create under the project's lock, so that this instance's
 	// concurrent registrations cannot pass the quota together.
 	unlock, err := s.newSessions.lock(ctx, reg.Project)
@@ -299,6 +313,21 @@ func (s *Service) create(ctx context.Context, reg registration) (Registration, e
 	s.log.Info("session registered", keyAttrs(sess.Key), "surface", sess.Surface, "runtime_mode", sess.RuntimeMode,
 		"runtime_mode_source", sess.RuntimeModeSource, "assigned_instance", sess.AssignedInstance)
 	return Registration{Session: sess, Token: reg.token, Outcome: OutcomeCreated}, nil
+}
+
+// SpendRegistrationKey spends the Idempotency-Key of the registration that
+// made sess's token, if it is still unspent: sess is the session a request
+// just authenticated with that token, and its first authenticated use ends
+// the registration's retries. It returns sess as it is then.
+func (s *Service) SpendRegistrationKey(ctx context.Context, sess sessionstore.Session) (sessionstore.Session, error) {
+	if sess.RegistrationKeyHash == nil {
+		return sess, nil
+	}
+	if err := s.store.SpendRegistrationKey(ctx, sess.Key, sess.TokenHash); err != nil {
+		return sess, err
+	}
+	sess.RegistrationKeyHash, sess.RegistrationAPIKeyHash = nil, nil
+	return sess, nil
 }
 
 // Heartbeat records sess's proof of life and extends its expiry; it

@@ -22,7 +22,8 @@ import (
 type Store interface {
 	CreateSession(ctx context.Context, s sessionstore.Session, now time.Time) (sessionstore.Session, error)
 	ResumeSession(ctx context.Context, k sessionstore.Key, oldHash, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error)
-	RetryRegistration(ctx context.Context, k sessionstore.Key, keyHash []byte, since time.Time, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error)
+	RetryRegistration(ctx context.Context, k sessionstore.Key, keyHash, apiKeyHash []byte, since time.Time, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error)
+	SpendRegistrationKey(ctx context.Context, k sessionstore.Key, tokenHash []byte) error
 	GetSession(ctx context.Context, k sessionstore.Key, now time.Time) (sessionstore.Session, error)
 	CountSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) (int, error)
 	TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error
@@ -58,8 +59,9 @@ type Config struct {
 	// QuotaRegistrationsPerSecond is the registration rate per API key, in
 	// this instance's memory; the burst is twice it.
 	QuotaRegistrationsPerSecond float64
-	// RetryWindow is how long after a registration its Idempotency-Key
-	// still retries it.
+	// RetryWindow is MARCONI_REGISTRATION_RETRY_SECONDS: how long after a
+	// registration its Idempotency-Key still retries it (unless the token
+	// it made was used first).
 	RetryWindow time.Duration
 	// AllowTakeover is MARCONI_ALLOW_TAKEOVER: a registration with
 	// takeover true and an API key of the session's project resumes a live

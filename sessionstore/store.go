@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"time"
+
+	"github.com/marconihub/marconi"
 )
 
 // Key names one session. Session ids are unique within a (tenant, project):
@@ -38,12 +40,16 @@ type Session struct {
 	// RegistrationKeyHash is the SHA-256 of the Idempotency-Key of the
 	// registration that created the session and made its current token;
 	// nil when it had none, and cleared by a resume (the resume made the
-	// token). RetryRegistration matches it.
+	// token) and by SpendRegistrationKey. RetryRegistration matches it.
 	RegistrationKeyHash []byte
-	RegisteredAt        time.Time
-	LastSeenAt          time.Time // heartbeats and WebSocket activity; zero when never seen
-	LastVerbAt          time.Time // any authenticated session call; zero when none yet
-	ExpiresAt           time.Time
+	// RegistrationAPIKeyHash is the SHA-256 of the API key of that
+	// registration, kept and cleared with RegistrationKeyHash: a retry must
+	// come with the same API key.
+	RegistrationAPIKeyHash []byte
+	RegisteredAt           time.Time
+	LastSeenAt             time.Time // heartbeats and WebSocket activity; zero when never seen
+	LastVerbAt             time.Time // any authenticated session call; zero when none yet
+	ExpiresAt              time.Time
 	// AssignedInstance is the instance a sticky session is placed on; empty for stateless.
 	AssignedInstance string
 	// QueueInstance is the instance holding the session's WebSocket queue; empty when none.
@@ -105,8 +111,8 @@ type Signal struct {
 	IdempotencyKey string
 	// Delivery and RouteState record how the send was classified, so that a
 	// duplicate send can answer with the first response.
-	Delivery   string
-	RouteState string
+	Delivery   marconi.Delivery
+	RouteState marconi.RouteState
 }
 
 // NewSignal is what AppendSignal stores. The store assigns Seq.
@@ -121,8 +127,8 @@ type NewSignal struct {
 	// IdempotencySince bounds the idempotency window: an earlier signal from
 	// the same sender with the same key created at or after it is a duplicate.
 	IdempotencySince time.Time
-	Delivery         string
-	RouteState       string
+	Delivery         marconi.Delivery
+	RouteState       marconi.RouteState
 	// Limits are the store-side quotas this append must respect; zero
 	// fields are unlimited.
 	Limits Limits
@@ -226,17 +232,25 @@ type Store interface {
 	// ResumeSession swaps the token hash of a live session from oldHash to
 	// newHash and applies t. Returns ErrNotFound when no live session has the
 	// key, ErrTokenMismatch when oldHash is not its current hash.
-	// A resume clears RegistrationKeyHash: the token is no longer the one
-	// that registration made.
+	// A resume clears RegistrationKeyHash and RegistrationAPIKeyHash: the
+	// token is no longer the one that registration made.
 	ResumeSession(ctx context.Context, k Key, oldHash, newHash []byte, t Touch, now time.Time) (Session, error)
 	// RetryRegistration answers the retry of a registration whose answer was
 	// lost: it swaps the token hash of the live session k to newHash and
-	// applies t, when the session's RegistrationKeyHash is keyHash (not
-	// empty) and it was registered at or after since. Returns ErrNotFound
-	// otherwise (no live session, no key or another, registered before
-	// since, resumed since): one lookup either way, since a registration
-	// tries it before creating. ErrConflict when newHash is another session's.
-	RetryRegistration(ctx context.Context, k Key, keyHash []byte, since time.Time, newHash []byte, t Touch, now time.Time) (Session, error)
+	// applies t, when the session's RegistrationKeyHash is keyHash and its
+	// RegistrationAPIKeyHash is apiKeyHash (neither empty) and it was
+	// registered at or after since. Returns ErrNotFound otherwise (no live
+	// session, no key or another, another API key, registered before since,
+	// resumed or its token used since): one lookup either way, since a
+	// registration tries it before creating. ErrConflict when newHash is
+	// another session's.
+	RetryRegistration(ctx context.Context, k Key, keyHash, apiKeyHash []byte, since time.Time, newHash []byte, t Touch, now time.Time) (Session, error)
+	// SpendRegistrationKey clears RegistrationKeyHash and
+	// RegistrationAPIKeyHash of session k while its token hash is
+	// tokenHash: the first authenticated use of the token a registration
+	// made spends that registration's Idempotency-Key. Nothing changes, and
+	// no error, when the session holds another token or no key.
+	SpendRegistrationKey(ctx context.Context, k Key, tokenHash []byte) error
 	// SessionByToken returns the live session whose token hash is h.
 	// Returns ErrNotFound when none.
 	SessionByToken(ctx context.Context, h []byte, now time.Time) (Session, error)

@@ -4,6 +4,8 @@
 // for recipient and sender, counts, and hands the signal to the recipient's
 // queue through a Router. It also serves drain and ack.
 //
-// signals knows sessionstore and fabric, never hub: the hub's queue registry
-// reaches it through the Router interface declared here.
+// signals knows sessionstore and the root package's wire words, never
+// fabric or hub: the connection hub (hub/conns) reaches it through the
+// Router interface declared here, and the store through Store, the few
+// methods it calls.
 package signals

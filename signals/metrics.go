@@ -1,6 +1,10 @@
 package signals
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/marconihub/marconi"
+)
 
 type metrics struct {
 	sent        *prometheus.CounterVec
@@ -34,7 +38,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			return nil, err
 		}
 	}
-	for _, d := range []Delivery{DeliveryPushed, DeliveryQueuedOffline, DeliveryNotAvailableOffline} {
+	for _, d := range marconi.Deliveries {
 		m.sent.WithLabelValues(string(d))
 	}
 	return m, nil

@@ -4,30 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
-)
-
-// RouteState is whether the hub can reach a session (docs/api.md "Route
-// state"); it is the route_state field on the wire.
-type RouteState string
-
-// Route states of a session.
-const (
-	StateAttached          RouteState = "attached"
-	StateRouteWithoutQueue RouteState = "route_without_queue"
-	StateStale             RouteState = "stale"
-	StateNotRegistered     RouteState = "not_registered"
-)
-
-// Delivery is how a send was classified; it is the delivery field of a send's
-// answer.
-type Delivery string
-
-// Delivery classifications of a send.
-const (
-	DeliveryPushed              Delivery = "pushed_to_ws"
-	DeliveryQueuedOffline       Delivery = "queued_offline"
-	DeliveryNotAvailableOffline Delivery = "not_available_offline"
 )
 
 // Route is where a session's WebSocket queue is, as the queue registry and the
@@ -55,25 +33,25 @@ type Router interface {
 }
 
 // Classify is the route state of a live session given its route.
-func Classify(s sessionstore.Session, r Route, now time.Time, freshness time.Duration) RouteState {
+func Classify(s sessionstore.Session, r Route, now time.Time, freshness time.Duration) marconi.RouteState {
 	switch {
 	case r.Attached:
-		return StateAttached
+		return marconi.StateAttached
 	case now.Sub(s.FreshestProofOfLife()) <= freshness:
-		return StateRouteWithoutQueue
+		return marconi.StateRouteWithoutQueue
 	default:
-		return StateStale
+		return marconi.StateStale
 	}
 }
 
 // DeliveryFor maps a recipient's route state to the send's delivery field.
-func DeliveryFor(state RouteState) Delivery {
+func DeliveryFor(state marconi.RouteState) marconi.Delivery {
 	switch state {
-	case StateAttached:
-		return DeliveryPushed
-	case StateRouteWithoutQueue:
-		return DeliveryQueuedOffline
+	case marconi.StateAttached:
+		return marconi.DeliveryPushed
+	case marconi.StateRouteWithoutQueue:
+		return marconi.DeliveryQueuedOffline
 	default:
-		return DeliveryNotAvailableOffline
+		return marconi.DeliveryNotAvailableOffline
 	}
 }

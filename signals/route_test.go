@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -15,16 +16,16 @@ func TestClassifyAndDelivery(t *testing.T) {
 		name       string
 		seen, verb time.Time
 		route      Route
-		want       RouteState
-		delivery   Delivery
+		want       marconi.RouteState
+		delivery   marconi.Delivery
 	}{
-		{"attached wins over staleness", time.Time{}, time.Time{}, Route{Attached: true}, StateAttached, DeliveryPushed},
-		{"seen within the window", now.Add(-299 * time.Second), time.Time{}, Route{}, StateRouteWithoutQueue, DeliveryQueuedOffline},
-		{"verb is proof of life too", time.Time{}, now.Add(-10 * time.Second), Route{}, StateRouteWithoutQueue, DeliveryQueuedOffline},
-		{"exactly at the window still fresh", now.Add(-300 * time.Second), time.Time{}, Route{}, StateRouteWithoutQueue, DeliveryQueuedOffline},
-		{"older than the window", now.Add(-301 * time.Second), now.Add(-400 * time.Second), Route{}, StateStale, DeliveryNotAvailableOffline},
-		{"queue on an unhealthy instance is no queue", now.Add(-time.Second), time.Time{}, Route{InstanceID: "b"}, StateRouteWithoutQueue, DeliveryQueuedOffline},
-		{"never seen, registered long ago", time.Time{}, time.Time{}, Route{}, StateStale, DeliveryNotAvailableOffline},
+		{"attached wins over staleness", time.Time{}, time.Time{}, Route{Attached: true}, marconi.StateAttached, marconi.DeliveryPushed},
+		{"seen within the window", now.Add(-299 * time.Second), time.Time{}, Route{}, marconi.StateRouteWithoutQueue, marconi.DeliveryQueuedOffline},
+		{"verb is proof of life too", time.Time{}, now.Add(-10 * time.Second), Route{}, marconi.StateRouteWithoutQueue, marconi.DeliveryQueuedOffline},
+		{"exactly at the window still fresh", now.Add(-300 * time.Second), time.Time{}, Route{}, marconi.StateRouteWithoutQueue, marconi.DeliveryQueuedOffline},
+		{"older than the window", now.Add(-301 * time.Second), now.Add(-400 * time.Second), Route{}, marconi.StateStale, marconi.DeliveryNotAvailableOffline},
+		{"queue on an unhealthy instance is no queue", now.Add(-time.Second), time.Time{}, Route{InstanceID: "b"}, marconi.StateRouteWithoutQueue, marconi.DeliveryQueuedOffline},
+		{"never seen, registered long ago", time.Time{}, time.Time{}, Route{}, marconi.StateStale, marconi.DeliveryNotAvailableOffline},
 	}
 	for _, tt := range tests {
 		s := sessionstore.Session{RegisteredAt: reg, LastSeenAt: tt.seen, LastVerbAt: tt.verb}

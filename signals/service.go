@@ -25,8 +25,7 @@ type Config struct {
 	// encoded payload of one signal.
 	MaxPayloadBytes int
 	// IdempotencyWindow is MARCONI_IDEMPOTENCY_WINDOW_SECONDS (86400): how
-	// long a send's idempotency key, and a registration's Idempotency-Key,
-	// is remembered.
+	// long a send's idempotency key is remembered.
 	IdempotencyWindow time.Duration
 	// Freshness is the route-state freshness window,
 	// MARCONI_SELFHEAL_FRESHNESS_SECONDS (300), whether or not self-heal is on.
@@ -50,7 +49,18 @@ const (
 	DefaultQuotaPendingBytesPerProject = 256 << 20
 )
 
-func (c *Config) setDefaults() {
+// Store is what the send path uses of sessionstore.Store; the methods'
+// contracts, and the errors they return, are documented there.
+type Store interface {
+	GetSession(ctx context.Context, k sessionstore.Key, now time.Time) (sessionstore.Session, error)
+	AppendSignal(ctx context.Context, s sessionstore.NewSignal, now time.Time) (sig sessionstore.Signal, duplicate bool, err error)
+	PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq int64, limit int) ([]sessionstore.Signal, error)
+	AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int64, at time.Time) (int, error)
+}
+
+// WithDefaults returns c with each zero field set to its default; each
+// default is applied here only.
+func (c Config) WithDefaults() Config {
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = DefaultMaxPayloadBytes
 	}
@@ -72,12 +82,36 @@ func (c *Config) setDefaults() {
 	if c.Quotas.PendingBytesPerProject == 0 {
 		c.Quotas.PendingBytesPerProject = DefaultQuotaPendingBytesPerProject
 	}
+	return c
+}
+
+// ErrInvalidConfig is returned (wrapped) by New for a Config field out of
+// range; the message names the field.
+var ErrInvalidConfig = errors.New("invalid send path config")
+
+// validate checks c once its defaults are applied.
+func (c Config) validate() error {
+	switch {
+	case c.MaxPayloadBytes < 0:
+		return fmt.Errorf("%w: MaxPayloadBytes must be positive, got %d", ErrInvalidConfig, c.MaxPayloadBytes)
+	case c.IdempotencyWindow < 0:
+		return fmt.Errorf("%w: IdempotencyWindow must be positive, got %v", ErrInvalidConfig, c.IdempotencyWindow)
+	case c.Freshness < 0:
+		return fmt.Errorf("%w: Freshness must be positive, got %v", ErrInvalidConfig, c.Freshness)
+	case c.PiggybackLimit < 0:
+		return fmt.Errorf("%w: PiggybackLimit must be positive, got %d", ErrInvalidConfig, c.PiggybackLimit)
+	case c.DrainLimit < 0:
+		return fmt.Errorf("%w: DrainLimit must be positive, got %d", ErrInvalidConfig, c.DrainLimit)
+	case c.Quotas.PendingPerRecipient < 0 || c.Quotas.PendingBytesPerProject < 0:
+		return fmt.Errorf("%w: Quotas must not be negative, got %+v", ErrInvalidConfig, c.Quotas)
+	}
+	return nil
 }
 
 // Service is the send path. It is safe for concurrent use.
 type Service struct {
 	cfg      Config
-	store    sessionstore.Store
+	store    Store
 	router   Router
 	selfheal *selfheal.Evaluator
 	now      func() time.Time
@@ -85,10 +119,17 @@ type Service struct {
 	metrics  *metrics
 }
 
-// New builds the send path. sh may be disabled (its Config().Enabled false)
-// but not nil.
-func New(cfg Config, store sessionstore.Store, router Router, sh *selfheal.Evaluator, now func() time.Time, reg prometheus.Registerer, log *slog.Logger) (*Service, error) {
-	cfg.setDefaults()
+// New builds the send path. store, router, sh and now are required; sh may
+// be disabled (its Config().Enabled false) but not nil. A Config field out
+// of range is an error wrapping ErrInvalidConfig.
+func New(cfg Config, store Store, router Router, sh *selfheal.Evaluator, now func() time.Time, reg prometheus.Registerer, log *slog.Logger) (*Service, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if store == nil || router == nil || sh == nil || now == nil {
+		return nil, errors.New("signals: store, router, self-heal evaluator and clock are required")
+	}
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
@@ -120,8 +161,8 @@ type SendRequest struct {
 // SendResult is the answer to a send.
 type SendResult struct {
 	Signal     sessionstore.Signal
-	Delivery   Delivery
-	RouteState RouteState
+	Delivery   marconi.Delivery
+	RouteState marconi.RouteState
 	Duplicate  bool
 	SelfHeal   selfheal.Result
 	// Pending are the sender's own unacknowledged signals when it has no
@@ -134,8 +175,18 @@ var (
 	kindPattern = regexp.MustCompile(`^[A-Za-z0-9._:/-]{1,64}$`)
 )
 
-// ValidSessionID reports whether id has the form of a session id.
-func ValidSessionID(id string) bool { return idPattern.MatchString(id) }
+// IDForm says, in a refusal's message, what a session id, a tenant and a
+// project look like.
+const IDForm = "[A-Za-z0-9._-]{1,128}, and not . or .."
+
+// ValidSessionID reports whether id has the form of a session id (also
+// that of a tenant or a project): IDForm. "." and ".." are refused because
+// browsers and proxies normalise such path segments away, so no
+// /v1/ops/.../{session} path could name them and an operator could neither
+// see nor end such a session.
+func ValidSessionID(id string) bool {
+	return id != "." && id != ".." && idPattern.MatchString(id)
+}
 
 // ValidText reports whether s is text a store and a log can take as it is:
 // valid UTF-8 of at most max bytes, with no NUL or other control character
@@ -183,8 +234,8 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 		CreatedAt:        start,
 		IdempotencyKey:   req.IdempotencyKey,
 		IdempotencySince: start.Add(-s.cfg.IdempotencyWindow),
-		Delivery:         string(DeliveryFor(state)),
-		RouteState:       string(state),
+		Delivery:         DeliveryFor(state),
+		RouteState:       state,
 		Limits:           s.cfg.Quotas,
 		SenderTokenHash:  req.SenderTokenHash,
 	}, start)
@@ -197,7 +248,7 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 	if err != nil {
 		return SendResult{}, fmt.Errorf("append signal: %w", err)
 	}
-	res := SendResult{Signal: sig, Delivery: Delivery(sig.Delivery), RouteState: RouteState(sig.RouteState), Duplicate: dup}
+	res := SendResult{Signal: sig, Delivery: sig.Delivery, RouteState: sig.RouteState, Duplicate: dup}
 	if dup {
 		// The first send's answer; nothing new is stored, delivered or counted.
 		s.metrics.duplicates.Inc()
@@ -209,7 +260,7 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 	s.metrics.sent.WithLabelValues(string(res.Delivery)).Inc()
 
 	sRoute := s.router.Route(ctx, req.Sender)
-	res.SelfHeal = s.selfheal.EvaluateAt(start, party(recipient, rRoute), party(req.Sender, sRoute))
+	res.SelfHeal = s.selfheal.SpendAt(start, party(recipient, rRoute), party(req.Sender, sRoute))
 	res = s.piggyback(ctx, req.Sender, sRoute, res)
 	s.metrics.sendSeconds.Observe(s.now().Sub(start).Seconds())
 	return res, nil
@@ -235,7 +286,7 @@ func (s *Service) piggyback(ctx context.Context, sender sessionstore.Session, r 
 func party(sess sessionstore.Session, r Route) selfheal.Party {
 	return selfheal.Party{
 		TenantID: sess.TenantID, ProjectID: sess.ProjectID, SessionID: sess.SessionID,
-		Surface: selfheal.Surface(sess.Surface), ProofOfLife: sess.FreshestProofOfLife(), HasQueue: r.Attached,
+		Surface: marconi.Surface(sess.Surface), ProofOfLife: sess.FreshestProofOfLife(), HasQueue: r.Attached,
 	}
 }
 
@@ -244,7 +295,7 @@ func (s *Service) validate(req *SendRequest) error {
 		return marconi.Errorf(marconi.CodeInvalidField, "to_session is required")
 	}
 	if !ValidSessionID(req.To) {
-		return marconi.Errorf(marconi.CodeInvalidField, "to_session must match [A-Za-z0-9._-]{1,128}")
+		return marconi.Errorf(marconi.CodeInvalidField, "to_session must match %s", IDForm)
 	}
 	if req.Kind == "" {
 		req.Kind = "signal"

@@ -51,6 +51,15 @@ func (s *flakyStore) ListSessions(ctx context.Context, f sessionstore.SessionFil
 	return s.Store.ListSessions(ctx, f, now)
 }
 
+// readOnly is the class a store names while Postgres fails over
+// (pgstore.Classify of a standby's refusal).
+const readOnly = "Postgres is read-only (a standby, or a failover under way)"
+
+// Classify and Diagnose name every failure as a failover would: the
+// dashboard shows it.
+func (s *flakyStore) Classify(error) string { return readOnly }
+func (s *flakyStore) Diagnose(error) string { return readOnly }
+
 func (s *flakyStore) GetSession(ctx context.Context, k sessionstore.Key, now time.Time) (sessionstore.Session, error) {
 	if s.down.Load() {
 		return sessionstore.Session{}, sessionstore.ErrUnavailable
@@ -160,7 +169,8 @@ func TestDashboardInBrowser(t *testing.T) {
 	store.down.Store(true)
 	waitFor("a store outage is announced in the live region",
 		`(() => { const s = document.querySelector('[data-testid="status"]');
-		  return !s.hidden && s.getAttribute('aria-live') === 'polite' && s.textContent.includes('The hub cannot reach its store'); })()`)
+		  return !s.hidden && s.getAttribute('aria-live') === 'polite' && s.textContent.includes('The hub cannot reach its store') &&
+		  s.textContent.includes('`+readOnly+`'); })()`)
 	store.down.Store(false)
 	waitFor("the outage message clears when the store is back",
 		`document.querySelector('[data-testid="status"]').hidden`)

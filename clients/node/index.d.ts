@@ -3,6 +3,103 @@
 
 import { EventEmitter } from 'node:events';
 
+/**
+ * Wire words of the hub where it has a closed set (docs/api.md). They are the
+ * Go root package's words; a Go test holds the two to the same spelling.
+ */
+
+/** An error code: every one the hub answers, and the client's own unexpected_response. */
+export type ErrorCode =
+  | 'invalid_json'
+  | 'invalid_field'
+  | 'invalid_surface'
+  | 'invalid_runtime_mode'
+  | 'reserved_runtime_mode'
+  | 'unauthorized'
+  | 'forbidden'
+  | 'recipient_not_registered'
+  | 'not_found'
+  | 'wrong_instance'
+  | 'not_adaptive_placement'
+  | 'session_expired'
+  | 'payload_too_large'
+  | 'request_timeout'
+  | 'too_many_requests'
+  | 'quota_exceeded'
+  | 'registry_unavailable'
+  | 'draining'
+  | 'upgrade_required'
+  | 'internal'
+  | 'bad_request'
+  | 'headers_too_large'
+  | 'not_implemented'
+  | 'unexpected_response';
+
+/** What kind of agent a session is; a console is "console_" and a name. */
+export type Surface = 'claude_code' | 'headless_cc' | 'headless_cx' | 'codex' | `console_${string}`;
+
+/** A session's runtime mode; "" lets the hub choose. */
+export type RuntimeMode = '' | 'stateless' | 'sticky';
+
+/** How a send was classified. */
+export type Delivery = 'pushed_to_ws' | 'queued_offline' | 'not_available_offline';
+
+/** Whether the hub can reach a session. */
+export type RouteState = 'attached' | 'route_without_queue' | 'stale' | 'not_registered';
+
+/** One side's SPEC-168 self-heal outcome. */
+export type SelfhealOutcome =
+  | 'attempted'
+  | 'succeeded'
+  | 'no_listener'
+  | 'rate_limited'
+  | 'stale_recency'
+  | 'unsupported_surface'
+  | 'failed';
+
+/** A WebSocket close code of the contract. */
+export type CloseCode = 4401 | 4409 | 4410 | 4429 | 1012 | 1008 | 1009 | 1007;
+
+/** Every error code, by name (src/codes.js). */
+export declare const codes: Readonly<{
+  invalidJSON: 'invalid_json';
+  invalidField: 'invalid_field';
+  invalidSurface: 'invalid_surface';
+  invalidRuntimeMode: 'invalid_runtime_mode';
+  reservedRuntimeMode: 'reserved_runtime_mode';
+  unauthorized: 'unauthorized';
+  forbidden: 'forbidden';
+  recipientNotRegistered: 'recipient_not_registered';
+  notFound: 'not_found';
+  wrongInstance: 'wrong_instance';
+  notAdaptivePlacement: 'not_adaptive_placement';
+  sessionExpired: 'session_expired';
+  payloadTooLarge: 'payload_too_large';
+  requestTimeout: 'request_timeout';
+  tooManyRequests: 'too_many_requests';
+  quotaExceeded: 'quota_exceeded';
+  registryUnavailable: 'registry_unavailable';
+  draining: 'draining';
+  upgradeRequired: 'upgrade_required';
+  internal: 'internal';
+  badRequest: 'bad_request';
+  headersTooLarge: 'headers_too_large';
+  notImplemented: 'not_implemented';
+  unexpectedResponse: 'unexpected_response';
+}>;
+
+/** The WebSocket close codes of the contract, by name (src/codes.js). */
+export declare const closeCodes: Readonly<{
+  unauthorized: 4401;
+  replaced: 4409;
+  sessionExpired: 4410;
+  slowConsumer: 4429;
+  restarting: 1012;
+  policy: 1008;
+  messageTooBig: 1009;
+  invalidPayload: 1007;
+}>;
+
 /** Receives the client's diagnostics; console works. Missing methods discard. */
 export interface Logger {
   debug?(msg: string, fields: object): void;
@@ -23,12 +120,15 @@ export interface Config {
   hubURLs?: string[];
   /** The project's API key. */
   apiKey: string;
-  /** "claude_code", "console_<name>", "headless_cc", "headless_cx" or "codex". */
-  surface: string;
+  /**
+   * One of Surface. Any string is accepted here so that a value the hub
+   * refuses (400 invalid_surface) reaches it; Surface lists the valid ones.
+   */
+  surface: Surface | (string & {});
   /** Optional: empty lets the hub choose (read it back from client.sessionID). */
   sessionID?: string;
-  /** "", "stateless" or "sticky". */
-  runtimeMode?: string;
+  /** One of RuntimeMode; any other string reaches the hub, which refuses it. */
+  runtimeMode?: RuntimeMode | (string & {});
   /** Names the client build (the hub's adaptive placement allowlist). */
   clientID?: string;
   /**
@@ -147,12 +247,10 @@ export interface Signal {
 export interface SendResult {
   signalID: string;
   seq: number;
-  /** "pushed_to_ws", "queued_offline" or "not_available_offline". */
-  delivery: string;
-  /** "attached", "route_without_queue" or "stale". */
-  recipientRouteState: string;
+  delivery: Delivery;
+  recipientRouteState: RouteState;
   /** SPEC-168 outcome, null when the hub sent null. */
-  selfhealOutcome: string | null;
+  selfhealOutcome: SelfhealOutcome | null;
   recipientRouteStale: boolean;
   senderRouteStale: boolean;
   /** The hub had stored this idempotency key already: this is the first send's answer. */
@@ -234,7 +332,7 @@ export declare class Client extends EventEmitter {
 /** An error answered by the hub, with its stable code (docs/api.md). */
 export declare class MarconiError extends Error {
   readonly status: number;
-  readonly code: string;
+  readonly code: ErrorCode;
   /** The hub's human readable message. */
   readonly hubMessage: string;
   /** On 409 wrong_instance: where the session's queue lives. */

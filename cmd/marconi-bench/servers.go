@@ -24,10 +24,9 @@ const benchKey = "mak_bench_local_only"
 // marconiServer runs `marconi serve` on the memory store, its limits raised
 // above what the run needs.
 type marconiServer struct {
-	bin        string
-	url        string
-	sender     string // the sending session's token
-	senderBody []byte
+	bin    string
+	url    string
+	sender string // the sending session's token
 }
 
 func (m *marconiServer) name() string { return "marconi" }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/migrations"
@@ -155,11 +156,11 @@ func (m *Main) printBanner(storeName string) {
 	if cfg.devCredentialsFile != "" {
 		fmt.Fprintf(w, "  (development credentials kept in %s and reused at every start; delete it for new ones)\n", cfg.devCredentialsFile)
 	}
-	if host, _, err := net.SplitHostPort(cfg.Addr); err == nil && cfg.Hub.Mode == "development" && (host == "127.0.0.1" || host == "localhost" || host == "::1") {
+	if host, _, err := net.SplitHostPort(cfg.Addr); err == nil && cfg.Hub.Mode == marconi.Development && (host == "127.0.0.1" || host == "localhost" || host == "::1") {
 		fmt.Fprintln(w, "  listening on loopback only (development mode); MARCONI_ADDR=:8080 listens on every interface")
 	}
 	fmt.Fprintf(w, "  dashboard: %s/ (sign in with the admin token)\n", m.URL())
-	if cfg.Hub.Mode != "development" {
+	if cfg.Hub.Mode != marconi.Development {
 		return
 	}
 	fmt.Fprintln(w, "Next steps:")

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/sessionstore/breaker"
@@ -134,15 +135,17 @@ func positiveFloat(dst *float64) func(*Config, string) error {
 	}
 }
 
-func oneOf(dst *string, allowed ...string) func(*Config, string) error {
+func oneOf[T ~string](dst *T, allowed ...T) func(*Config, string) error {
 	return func(_ *Config, v string) error {
-		for _, a := range allowed {
-			if v == a {
-				*dst = v
+		names := make([]string, len(allowed))
+		for i, a := range allowed {
+			if T(v) == a {
+				*dst = a
 				return nil
 			}
+			names[i] = string(a)
 		}
-		return fmt.Errorf("want one of %s, got %q", strings.Join(allowed, ", "), v)
+		return fmt.Errorf("want one of %s, got %q", strings.Join(names, ", "), v)
 	}
 }
 
@@ -162,8 +165,8 @@ func settings(c *Config) []setting {
 	h := &c.Hub
 	return []setting{
 		{"MARCONI_ADDR", "", "address to listen on (default: 127.0.0.1:8080 in development, :8080 in lan and cloud)", func(c *Config, v string) error { c.Addr = v; return nil }, public},
-		{"MARCONI_MODE", hub.DefaultMode, "development, lan or cloud", oneOf(&h.Mode, "development", "lan", "cloud"), public},
-		{"MARCONI_DATABASE_URL", "", "Postgres URL; empty runs on the embedded in-memory store", func(c *Config, v string) error {
+		{"MARCONI_MODE", string(hub.DefaultMode), "development, lan or cloud", oneOf(&h.Mode, marconi.DeploymentModes...), public},
+		{"MARCONI_DATABASE_URL", "", "Postgres URL (several host:port with target_session_attrs=read-write for a replicated database); empty runs on the embedded in-memory store", func(c *Config, v string) error {
 			if v == "" {
 				c.DatabaseURL = ""
 				return nil
@@ -319,12 +322,13 @@ func settings(c *Config) []setting {
 		{"MARCONI_QUOTA_SESSIONS_PER_PROJECT", strconv.Itoa(hub.DefaultQuotaSessionsPerProject), "live sessions per project (429 quota_exceeded past it)", positiveInt(&h.QuotaSessionsPerProject), public},
 		{"MARCONI_QUOTA_ATTACHES_PER_SECOND", strconv.Itoa(hub.DefaultQuotaAttachesPerSecond), "WebSocket attaches per second per session, per instance (burst twice it); past it an attach gets 429 quota_exceeded before any store write", positiveFloat(&h.QuotaAttachesPerSecond), public},
 		{"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND", strconv.Itoa(hub.DefaultQuotaRegistrationsPerSecond), "registrations per second per API key, per instance (burst twice it)", positiveFloat(&h.QuotaRegistrationsPerSecond), public},
+		{"MARCONI_REGISTRATION_RETRY_SECONDS", secs(hub.DefaultRegistrationRetry), "how long a registration's Idempotency-Key retries it after a lost answer, unless the token it made is used first", seconds(&h.RegistrationRetry), public},
 		{"MARCONI_ALLOW_TAKEOVER", "true", "a registration with \"takeover\": true and the project's API key resumes a live session without its token: true or false", func(c *Config, v string) error {
 			b, err := parseBool(v)
 			c.Hub.NoTakeover = !b
 			return err
 		}, public},
-		{"MARCONI_IDEMPOTENCY_WINDOW_SECONDS", secs(signals.DefaultIdempotencyWindow), "how long a send's idempotency_key and a registration's Idempotency-Key are remembered (a retry within it is the same call)", seconds(&h.IdempotencyWindow), public},
+		{"MARCONI_IDEMPOTENCY_WINDOW_SECONDS", secs(signals.DefaultIdempotencyWindow), "how long a send's idempotency_key is remembered (a retry within it is the same call)", seconds(&h.IdempotencyWindow), public},
 		{"MARCONI_RETAIN_ACKED_SECONDS", secs(hub.DefaultRetainAcked), "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked), public},
 		{"MARCONI_RETAIN_EXPIRED_SECONDS", secs(hub.DefaultRetainExpired), "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired), public},
 		{"MARCONI_PRUNE_INTERVAL_SECONDS", secs(hub.DefaultPruneEvery), "how often the retention loop runs", seconds(&h.Retention.Every), public},
@@ -375,7 +379,7 @@ func parseAPIKeys(v string) (map[string]hub.TenantProject, error) {
 		key, owner, ok := strings.Cut(item, "=")
 		tenant, project, ok2 := strings.Cut(owner, "/")
 		if !ok || !ok2 || !apiKeyRe.MatchString(key) || !signals.ValidSessionID(tenant) || !signals.ValidSessionID(project) {
-			return nil, errors.New("want key=tenant/project pairs: keys of at least 16 printable ASCII characters without spaces, tenant and project ids matching [A-Za-z0-9._-]{1,128}")
+			return nil, errors.New("want key=tenant/project pairs: keys of at least 16 printable ASCII characters without spaces, tenant and project ids matching "+signals.IDForm)
 		}
 		if _, dup := keys[key]; dup {
 			// Two owners for one key: whichever won, one tenant would act as the other.
@@ -545,7 +549,7 @@ func loadConfig(cmd string, args []string, getenv func(string) string, out io.Wr
 		// Development mode is for one machine: it listens on loopback
 		// unless MARCONI_ADDR says otherwise.
 		c.Addr = ":8080"
-		if c.Hub.Mode == "development" {
+		if c.Hub.Mode == marconi.Development {
 			c.Addr = "127.0.0.1:8080"
 		}
 		for i := range c.resolved {
@@ -574,7 +578,7 @@ func loadConfig(cmd string, args []string, getenv func(string) string, out io.Wr
 	if err := c.Hub.SelfHeal.Validate(); err != nil {
 		return c, err
 	}
-	if c.Hub.PublicURL == "" && c.DatabaseURL != "" && c.Hub.Mode != "development" {
+	if c.Hub.PublicURL == "" && c.DatabaseURL != "" && c.Hub.Mode != marconi.Development {
 		// Sticky clients are sent to this URL by wrong_instance: a guessed
 		// loopback address would strand them on other machines.
 		return c, errors.New("MARCONI_PUBLIC_URL: required with MARCONI_DATABASE_URL in lan and cloud modes (clients are sent there by wrong_instance)")
@@ -590,7 +594,7 @@ func loadConfig(cmd string, args []string, getenv func(string) string, out io.Wr
 		return c, fmt.Errorf("MARCONI_INSTANCE_HEARTBEAT_SECONDS: must be shorter than MARCONI_INSTANCE_DEAD_AFTER_SECONDS (%v)", c.Hub.Fabric.DeadAfter)
 	}
 	c.Hub.Fabric.HeartbeatEvery = c.InstanceHeartbeat
-	if c.Hub.Mode == "development" {
+	if c.Hub.Mode == marconi.Development {
 		if len(c.Hub.APIKeys) == 0 {
 			c.generatedAPIKey = hub.NewAPIKey()
 			c.Hub.APIKeys = map[string]hub.TenantProject{c.generatedAPIKey: {TenantID: "dev", ProjectID: "dev"}}

@@ -121,6 +121,11 @@ func TestConfigBadValuesNameTheVariable(t *testing.T) {
 	if _, err := LoadConfig(nil, env(map[string]string{"MARCONI_API_KEYS": "key-aaaaaaaaaaaaaaaa=acme corp/web"}), io.Discard); err == nil {
 		t.Error("a tenant id with a space was accepted; route_state could never name it")
 	}
+	for _, v := range []string{"key-aaaaaaaaaaaaaaaa=../web", "key-aaaaaaaaaaaaaaaa=acme/.", "key-aaaaaaaaaaaaaaaa=./.."} {
+		if _, err := LoadConfig(nil, env(map[string]string{"MARCONI_API_KEYS": v}), io.Discard); err == nil || !strings.Contains(err.Error(), "not . or ..") {
+			t.Errorf("MARCONI_API_KEYS=%s: err %v, want a refusal of . and .. as tenant or project", v, err)
+		}
+	}
 	if _, err := LoadConfig(nil, env(map[string]string{"MARCONI_MODE": "lan", "MARCONI_ADMIN_TOKEN": "0123456789abcdef",
 		"MARCONI_DATABASE_URL": "postgres://x@db/marconi"}), io.Discard); err == nil || !strings.Contains(err.Error(), "MARCONI_PUBLIC_URL") {
 		t.Errorf("lan with Postgres and no public URL: err %v, want one naming MARCONI_PUBLIC_URL", err)

@@ -13,11 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/marconihub/marconi"
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/sessionstore/memstore"
-	"github.com/marconihub/marconi/signals"
-	"github.com/marconihub/marconi/signals/selfheal"
 )
 
 // demo is `marconi demo`: an in-memory hub and two agents in one process,
@@ -51,7 +50,7 @@ func runDemo(ctx context.Context, w io.Writer) error {
 	store := memstore.New()
 	defer store.Close()
 	h, err := hub.New(hub.Config{
-		Mode:           "development",
+		Mode:           marconi.Development,
 		InstanceID:     "demo",
 		APIKeys:        map[string]hub.TenantProject{apiKey: {TenantID: "dev", ProjectID: "dev"}},
 		AdminToken:     admin,
@@ -87,7 +86,7 @@ func runDemo(ctx context.Context, w io.Writer) error {
 	received := map[string]chan bootstrap.Signal{"donna": make(chan bootstrap.Signal, 16), "lafonda": make(chan bootstrap.Signal, 16)}
 	dial := func(id, url string) (*bootstrap.Client, error) {
 		return bootstrap.Dial(ctx, bootstrap.Config{
-			HubURL: url, APIKey: apiKey, SessionID: id, Surface: string(selfheal.SurfaceClaudeCode),
+			HubURL: url, APIKey: apiKey, SessionID: id, Surface: string(marconi.SurfaceClaudeCode),
 			OnSignal: func(s bootstrap.Signal) { received[id] <- s },
 			Logger:   slog.New(slog.DiscardHandler),
 		})
@@ -124,7 +123,7 @@ func runDemo(ctx context.Context, w io.Writer) error {
 	describe := func(r bootstrap.SendResult) string {
 		s := fmt.Sprintf("delivery %s, recipient_route_state %s", r.Delivery, r.RecipientRouteState)
 		if r.SelfhealOutcome != "" {
-			s += ", selfheal_outcome " + r.SelfhealOutcome
+			s += ", selfheal_outcome " + string(r.SelfhealOutcome)
 		}
 		if r.RecipientRouteStale {
 			s += ", recipient_route_stale true"
@@ -147,7 +146,7 @@ func runDemo(ctx context.Context, w io.Writer) error {
 	say("4. lafonda's route silently breaks: her TCP connection goes half-open. Her client still")
 	say("   believes it is attached; the hub's pings go unanswered.")
 	hl.freezeWebSockets()
-	if err := waitRoute(ctx, hubURL, admin, "lafonda", signals.StateRouteWithoutQueue); err != nil {
+	if err := waitRoute(ctx, hubURL, admin, "lafonda", marconi.StateRouteWithoutQueue); err != nil {
 		return err
 	}
 	say("   The hub drops the silent peer and detaches her queue: route_state is now route_without_queue")
@@ -173,7 +172,7 @@ func runDemo(ctx context.Context, w io.Writer) error {
 	if err := expect("lafonda", "are you there?"); err != nil {
 		return err
 	}
-	if err := waitRoute(ctx, hubURL, admin, "lafonda", signals.StateAttached); err != nil {
+	if err := waitRoute(ctx, hubURL, admin, "lafonda", marconi.StateAttached); err != nil {
 		return err
 	}
 	say("   lafonda is attached again (self-heal reconnects: %d) and the signal that waited reached her.", lafonda.Stats().SelfHealReconnects)
@@ -192,7 +191,7 @@ func runDemo(ctx context.Context, w io.Writer) error {
 }
 
 // waitRoute polls the operator API until session reaches state.
-func waitRoute(ctx context.Context, hubURL, admin, session string, state signals.RouteState) error {
+func waitRoute(ctx context.Context, hubURL, admin, session string, state marconi.RouteState) error {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -204,7 +203,7 @@ func waitRoute(ctx context.Context, hubURL, admin, session string, state signals
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			var rs struct {
-				RouteState signals.RouteState `json:"route_state"`
+				RouteState marconi.RouteState `json:"route_state"`
 			}
 			_ = json.NewDecoder(resp.Body).Decode(&rs)
 			resp.Body.Close()

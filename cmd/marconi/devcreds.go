@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/hub"
 )
 
@@ -41,7 +42,7 @@ func defaultDevCredentialsFile(getenv func(string) string) (string, error) {
 // those kept in the file (creating it on first use). Configured credentials
 // are never written.
 func keepDevCredentials(cfg *Config, getenv func(string) string) error {
-	if cfg.Hub.Mode != "development" || (cfg.generatedAPIKey == "" && cfg.generatedAdminToken == "") {
+	if cfg.Hub.Mode != marconi.Development || (cfg.generatedAPIKey == "" && cfg.generatedAdminToken == "") {
 		return nil
 	}
 	path := getenv("MARCONI_DEV_CREDENTIALS_FILE")

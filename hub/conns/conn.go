@@ -1,6 +1,7 @@
 package conns
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -18,9 +19,13 @@ var (
 )
 
 // queueItem is one entry of a connection's outgoing queue: a signal to write,
-// or (sig nil) a wake-up to catch up from the store.
+// a check of the connection against the store, or else a wake-up to catch up
+// from the store.
 type queueItem struct {
 	sig *sessionstore.Signal
+	// check asks the writer to check the connection against its session's
+	// store row (a token change elsewhere: see Hub.Revoked).
+	check bool
 }
 
 // Conn is one attached WebSocket: its session's queue on this instance. It
@@ -37,10 +42,14 @@ type Conn struct {
 	// again under the same key is another incarnation: its signals, seqs and
 	// acks are none of this connection's business.
 	incarnation time.Time
-	attachedAt  time.Time
-	welcome     Welcome
-	acks        *acks
-	budget      frameBudget // what the client may still send
+	// tokenHash is the hash of the token the connection was opened with:
+	// once the session holds another (a resume or a takeover), the
+	// connection is closed with 4409.
+	tokenHash  []byte
+	attachedAt time.Time
+	welcome    Welcome
+	acks       *acks
+	budget     frameBudget // what the client may still send
 
 	// ctx ends when the connection does: the reader, a writer or a ping
 	// that fails cancels it, and the others stop.
@@ -115,6 +124,13 @@ func (c *Conn) belongsTo(sess sessionstore.Session) bool {
 	return c.incarnation.Equal(sess.RegisteredAt)
 }
 
+// holdsToken reports whether sess (a store row of c's incarnation) still
+// holds the token c was opened with. A row without a token hash proves
+// nothing against c.
+func (c *Conn) holdsToken(sess sessionstore.Session) bool {
+	return len(sess.TokenHash) == 0 || bytes.Equal(c.tokenHash, sess.TokenHash)
+}
+
 // fail ends the connection with err, unless it has ended already.
 func (c *Conn) fail(err error) {
 	c.mu.Lock()
@@ -132,7 +148,8 @@ func (c *Conn) fail(err error) {
 func (h *Hub) start(sess sessionstore.Session, ws *websocket.Conn, welcome Welcome) *Conn {
 	now := h.now()
 	c := &Conn{
-		h: h, ws: ws, key: sess.Key, incarnation: sess.RegisteredAt, attachedAt: now, welcome: welcome,
+		h: h, ws: ws, key: sess.Key, incarnation: sess.RegisteredAt, tokenHash: bytes.Clone(sess.TokenHash),
+		attachedAt: now, welcome: welcome,
 		kicked: make(chan struct{}),
 		budget: frameBudget{frames: bucket{tokens: 2 * h.cfg.FramesPerSecond, at: now}},
 	}
@@ -161,10 +178,8 @@ func (h *Hub) start(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 		c.kick(DisconnectShutdown)
 	}
 
-	// From here a wake starts the writer. Before, the connection was
-	// already in the registry (a send, a sweep or a wake-up could find it)
-	// while recordAttach was still counting the welcome's replayed: a
-	// writer started then wrote the welcome with 0. Wakes before this one
+	// From here a wake starts the writer, so no writer writes the welcome
+	// before recordAttach has counted its replayed. Wakes before this one
 	// start nothing, and need not: this writer writes the welcome, catches
 	// up from the store (which holds whatever they were about) and
 	// closes a connection kicked meanwhile.

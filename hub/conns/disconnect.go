@@ -1,13 +1,9 @@
 package conns
 
-import "github.com/coder/websocket"
+import (
+	"github.com/coder/websocket"
 
-// WebSocket close codes of the contract (docs/api.md).
-const (
-	StatusReplaced       websocket.StatusCode = 4409
-	StatusSessionExpired websocket.StatusCode = 4410
-	StatusSlowConsumer   websocket.StatusCode = 4429
-	StatusRestarting     websocket.StatusCode = 1012
+	"github.com/marconihub/marconi"
 )
 
 // A Disconnect is why the hub closes a connection: the close code and
@@ -23,21 +19,24 @@ func (d Disconnect) String() string { return d.Label }
 
 // The disconnects the hub decides. The first one a connection gets wins.
 var (
-	DisconnectReplaced          = Disconnect{StatusReplaced, "replaced by a newer connection of this session", "replaced"}
-	DisconnectReplacedElsewhere = Disconnect{StatusReplaced, "replaced by a newer connection of this session on another instance", "replaced"}
-	DisconnectSessionGone       = Disconnect{StatusSessionExpired, "session deregistered or expired; register again", "deregistered"}
-	DisconnectDeregistered      = Disconnect{StatusSessionExpired, "session deregistered", "deregistered"}
-	DisconnectSlowConsumer      = Disconnect{StatusSlowConsumer, "slow consumer: queue full; signals stay durable", "slow_consumer"}
-	DisconnectShutdown          = Disconnect{StatusRestarting, "hub restarting", "shutdown"}
+	DisconnectReplaced          = Disconnect{marconi.CloseReplaced, "replaced by a newer connection of this session", "replaced"}
+	DisconnectReplacedElsewhere = Disconnect{marconi.CloseReplaced, "replaced by a newer connection of this session on another instance", "replaced"}
+	// DisconnectTokenReplaced closes a connection opened with a token that
+	// a resume or a takeover replaced.
+	DisconnectTokenReplaced     = Disconnect{marconi.CloseReplaced, "session token replaced (resumed or taken over); reconnect with the new token", "replaced"}
+	DisconnectSessionGone       = Disconnect{marconi.CloseSessionExpired, "session deregistered or expired; register again", "deregistered"}
+	DisconnectDeregistered      = Disconnect{marconi.CloseSessionExpired, "session deregistered", "deregistered"}
+	DisconnectSlowConsumer      = Disconnect{marconi.CloseSlowConsumer, "slow consumer: queue full; signals stay durable", "slow_consumer"}
+	DisconnectShutdown          = Disconnect{marconi.CloseRestarting, "hub restarting", "shutdown"}
 	// DisconnectOperator is the dashboard's disconnect action: 1012, so the
 	// client reconnects as after a restart.
-	DisconnectOperator = Disconnect{StatusRestarting, "disconnected by an operator; reconnect", "operator"}
+	DisconnectOperator = Disconnect{marconi.CloseRestarting, "disconnected by an operator; reconnect", "operator"}
 	// DisconnectFrameRate closes a connection whose client sends frames
 	// faster than MARCONI_WS_FRAMES_PER_SECOND (burst twice it).
-	DisconnectFrameRate = Disconnect{websocket.StatusPolicyViolation, "quota_exceeded: frames_per_second", "quota_exceeded"}
+	DisconnectFrameRate = Disconnect{marconi.ClosePolicy, "quota_exceeded: frames_per_second", "quota_exceeded"}
 	// DisconnectInvalidUTF8 closes a connection whose client sent a text
 	// frame that is not UTF-8 (RFC 6455 §8.1).
-	DisconnectInvalidUTF8 = Disconnect{websocket.StatusInvalidFramePayloadData, "invalid UTF-8 in a text frame", labelInvalidUTF8}
+	DisconnectInvalidUTF8 = Disconnect{marconi.CloseInvalidPayload, "invalid UTF-8 in a text frame", labelInvalidUTF8}
 )
 
 // Labels of disconnects the peer or the network decides.

@@ -4,6 +4,7 @@
 // values, cross-instance wake-ups and the pending sweep. Hub implements
 // signals.Router.
 //
-// conns knows sessionstore, signals and fabric's wake-up bus; hub wires it
-// to the HTTP server (authentication and placement stay there).
+// conns knows sessionstore, signals and fabric's wake-up bus, and declares
+// the store methods it calls as Store; hub wires it to the HTTP server
+// (authentication and placement stay there).
 package conns

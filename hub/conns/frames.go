@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -30,29 +31,29 @@ func WireSignal(s sessionstore.Signal) Signal {
 
 // Welcome is the first frame of every attached connection.
 type Welcome struct {
-	Type          string `json:"type"`
-	SessionID     string `json:"session_id"`
-	InstanceID    string `json:"instance_id"`
-	Resumed       bool   `json:"resumed"`
-	AffinityReset bool   `json:"affinity_reset"`
-	Replayed      int    `json:"replayed"` // counted by the hub when it records the attach
-	Dropped       *int   `json:"dropped,omitempty"`
+	Type          marconi.FrameType `json:"type"`
+	SessionID     string            `json:"session_id"`
+	InstanceID    string            `json:"instance_id"`
+	Resumed       bool              `json:"resumed"`
+	AffinityReset bool              `json:"affinity_reset"`
+	Replayed      int               `json:"replayed"` // counted by the hub when it records the attach
+	Dropped       *int              `json:"dropped,omitempty"`
 }
 
 type signalFrame struct {
-	Type string `json:"type"`
+	Type marconi.FrameType `json:"type"`
 	Signal
 }
 
 type clientFrame struct {
-	Type    string `json:"type"`
-	UpToSeq *int64 `json:"up_to_seq"`
+	Type    marconi.FrameType `json:"type"`
+	UpToSeq *int64            `json:"up_to_seq"`
 }
 
 type errorFrame struct {
-	Type    string `json:"type"`
-	Code    string `json:"code"`
-	Message string `json:"message"`
+	Type    marconi.FrameType `json:"type"`
+	Code    marconi.Code      `json:"code"`
+	Message string            `json:"message"`
 }
 
 // appendSignalFrame appends sig's "signal" frame to dst: the bytes
@@ -89,7 +90,7 @@ func appendSignalFrame(dst []byte, sig sessionstore.Signal) ([]byte, error) {
 	if ok {
 		return dst, nil
 	}
-	b, err := json.Marshal(signalFrame{Type: "signal", Signal: WireSignal(sig)})
+	b, err := json.Marshal(signalFrame{Type: marconi.FrameSignal, Signal: WireSignal(sig)})
 	return append(dst[:start], b...), err
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 )
@@ -59,6 +62,47 @@ type Config struct {
 	OnQuotaRefused func(marconi.Quota)
 }
 
+// validate checks that every required field is set: a zero PingInterval,
+// say, would fail every connection at its first ping.
+func (c Config) validate() error {
+	var missing []string
+	for name, ok := range map[string]bool{
+		"InstanceID":               c.InstanceID != "",
+		"SessionTTL":               c.SessionTTL > 0,
+		"TouchInterval":            c.TouchInterval > 0,
+		"StoreTimeout":             c.StoreTimeout > 0,
+		"PingInterval":             c.PingInterval > 0,
+		"ReadLimit":                c.ReadLimit > 0,
+		"QueueSize":                c.QueueSize > 0,
+		"WriteTimeout":             c.WriteTimeout > 0,
+		"AckInterval":              c.AckInterval > 0,
+		"FramesPerSecond":          c.FramesPerSecond > 0,
+		"MaxConnections":           c.MaxConnections > 0,
+		"MaxConnectionsPerAddress": c.MaxConnectionsPerAddress > 0,
+	} {
+		if !ok {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return fmt.Errorf("conns: Config fields must be set and positive: %s", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// Store is what the connection hub uses of sessionstore.Store; the methods'
+// contracts, and the errors they return, are documented there.
+type Store interface {
+	GetSession(ctx context.Context, k sessionstore.Key, now time.Time) (sessionstore.Session, error)
+	SessionHeads(ctx context.Context, keys []sessionstore.Key, now time.Time) (map[sessionstore.Key]sessionstore.SessionHead, error)
+	TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error
+	SetQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) error
+	AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) (pending int, err error)
+	ClearQueue(ctx context.Context, k sessionstore.Key, instance string, attachedAt, at time.Time) (bool, error)
+	PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq int64, limit int) ([]sessionstore.Signal, error)
+}
+
 // Peers is what the connection hub needs of the fabric to reach queues on
 // other instances.
 type Peers interface {
@@ -67,13 +111,14 @@ type Peers interface {
 	// HoldsQueue reports whether instance is healthy and its process has run
 	// since attachedAt, so that a queue recorded there then is still there.
 	HoldsQueue(ctx context.Context, instance string, attachedAt time.Time) bool
-	// Wake tells instance that k has a new signal with seq; best effort.
+	// Wake tells instance that k has a new signal with seq, or with
+	// fabric.CheckSeq that k's connection is to be checked; best effort.
 	Wake(ctx context.Context, instance string, k sessionstore.Key, seq int64)
 }
 
 // Deps are the collaborators of a connection hub.
 type Deps struct {
-	Store sessionstore.Store
+	Store Store
 	// Ack acknowledges k's signals up to seq (signals.Service.Ack).
 	Ack func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
 	// Peers reaches other instances.
@@ -90,7 +135,7 @@ type Deps struct {
 // their loops. It implements signals.Router. It is safe for concurrent use.
 type Hub struct {
 	cfg       Config
-	store     sessionstore.Store
+	store     Store
 	ack       func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
 	peers     Peers
 	draining  func() bool
@@ -113,8 +158,8 @@ var _ signals.Router = (*Hub)(nil)
 
 // New builds a connection hub and registers its metrics on d.Registry.
 func New(cfg Config, d Deps) (*Hub, error) {
-	if cfg.QueueSize <= 0 || cfg.MaxConnections <= 0 || cfg.MaxConnectionsPerAddress <= 0 || cfg.FramesPerSecond <= 0 || cfg.AckInterval <= 0 {
-		return nil, errors.New("conns: queue size, connection caps, frame rate and ack interval must be positive")
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	if cfg.OnQuotaRefused == nil {
 		cfg.OnQuotaRefused = func(marconi.Quota) {}
@@ -201,6 +246,33 @@ func (h *Hub) Kick(k sessionstore.Key, d Disconnect) {
 	}
 }
 
+// TokenReplaced closes, with 4409, the connection of sess's session opened
+// with a token that sess (its row after a resume or a takeover) no longer
+// holds: here at once, and on the instance the row records holding its
+// queue through a check wake-up (the pending sweep is the net).
+func (h *Hub) TokenReplaced(ctx context.Context, sess sessionstore.Session) {
+	if c := h.registry.get(sess.Key); c != nil {
+		h.reconcile(c, sess)
+	}
+	h.wakeToCheck(ctx, sess)
+}
+
+// SessionEnded closes, with 4410, the connection of the session that sess
+// was (its row before a deregistration): here at once, and on the instance
+// the row records holding its queue through a check wake-up.
+func (h *Hub) SessionEnded(ctx context.Context, sess sessionstore.Session) {
+	h.Kick(sess.Key, DisconnectDeregistered)
+	h.wakeToCheck(ctx, sess)
+}
+
+// wakeToCheck asks the instance that sess records holding its queue, when
+// it is another, to check its connection against the store row.
+func (h *Hub) wakeToCheck(ctx context.Context, sess sessionstore.Session) {
+	if sess.QueueInstance != "" && sess.QueueInstance != h.cfg.InstanceID {
+		h.peers.Wake(ctx, sess.QueueInstance, sess.Key, fabric.CheckSeq)
+	}
+}
+
 // Close refuses new attaches, closes every attached connection with 1012
 // (hub restarting) and waits, until ctx ends, for their handlers to finish.
 func (h *Hub) Close(ctx context.Context) error {
@@ -233,7 +305,8 @@ func (h *Hub) isClosing() bool {
 // the queue of the session sess is, and with what c is to be closed when the
 // row shows it superseded: 4410 when the row is a later incarnation of the
 // session (the one c belonged to was deregistered or expired), 4409 when the
-// row records a newer queue on another instance (the client reconnected
+// row holds another token than c was opened with (a resume or a takeover)
+// or records a newer queue on another instance (the client reconnected
 // there). A row older than c (read before c's session registered again) is
 // not c's, but proves nothing against c: c is not to be closed (a zero
 // Disconnect). Attach times of two instances are compared, so this assumes
@@ -244,6 +317,8 @@ func (h *Hub) superseded(c *Conn, sess sessionstore.Session) *Disconnect {
 		return &DisconnectSessionGone
 	case !c.belongsTo(sess):
 		return &Disconnect{}
+	case !c.holdsToken(sess):
+		return &DisconnectTokenReplaced
 	case sess.QueueInstance != "" && sess.QueueInstance != h.cfg.InstanceID && sess.QueueAttachedAt.After(c.attachedAt):
 		return &DisconnectReplacedElsewhere
 	}

@@ -59,23 +59,26 @@ func (c *Conn) touchSeen(ctx context.Context, now time.Time) {
 }
 
 // stillCurrent reads the store row of c's session and reports whether c
-// belongs to it. When it does not (the session is gone, or was registered
-// again since: another incarnation) it kicks c with 4410. A store failure is
-// returned and c is left alone.
-func (c *Conn) stillCurrent(ctx context.Context) (bool, error) {
+// belongs to it and still holds its token: nil when it does, else the
+// disconnect the caller closes c with: DisconnectSessionGone when the
+// session is gone or was registered again since (another incarnation),
+// DisconnectTokenReplaced when it holds another token (a resume or a
+// takeover). It changes nothing; a store failure is returned.
+func (c *Conn) stillCurrent(ctx context.Context) (*Disconnect, error) {
 	rctx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
 	defer cancel()
 	sess, err := c.h.store.GetSession(rctx, c.key, c.h.now())
 	if errors.Is(err, sessionstore.ErrNotFound) {
-		c.kick(DisconnectSessionGone)
-		return false, nil
+		return &DisconnectSessionGone, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read the session of a connection: %w", err)
+		return nil, fmt.Errorf("read the session of a connection: %w", err)
 	}
-	if !c.belongsTo(sess) {
-		c.kick(DisconnectSessionGone)
-		return false, nil
+	switch {
+	case !c.belongsTo(sess):
+		return &DisconnectSessionGone, nil
+	case !c.holdsToken(sess):
+		return &DisconnectTokenReplaced, nil
 	}
-	return true, nil
+	return nil, nil
 }

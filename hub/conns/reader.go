@@ -54,13 +54,13 @@ func (c *Conn) readLoop(ctx context.Context) error {
 			continue
 		}
 		switch f.Type {
-		case "ack":
+		case marconi.FrameAck:
 			if f.UpToSeq == nil || *f.UpToSeq < 0 {
 				c.sendError(marconi.CodeInvalidField, "ack needs a non-negative up_to_seq")
 				continue
 			}
 			c.acks.add(*f.UpToSeq)
-		case "ping":
+		case marconi.FramePing:
 			// Application-level keepalive: proof of life only.
 		default:
 			c.sendError(marconi.CodeInvalidField, "unknown frame type; want ack")
@@ -73,13 +73,14 @@ func (c *Conn) readLoop(ctx context.Context) error {
 // and one from a connection of an earlier incarnation would ack the new
 // session's signals.
 func (c *Conn) ackUpTo(ctx context.Context, seq int64) {
-	current, err := c.stillCurrent(ctx)
+	d, err := c.stillCurrent(ctx)
 	if err != nil {
 		c.h.log.Warn("ack from websocket: check the session", KeyAttrs(c.key), "err", err)
 		return
 	}
-	if !current {
-		return // kicked: the writer closes it with 4410
+	if d != nil {
+		c.kick(*d) // the writer closes it
+		return
 	}
 	actx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
 	defer cancel()
@@ -174,8 +175,8 @@ func (b *bucket) take(now time.Time, rate float64) bool {
 }
 
 // sendError hands an error frame to the writer without blocking.
-func (c *Conn) sendError(code, message string) {
-	b, err := json.Marshal(errorFrame{Type: "error", Code: code, Message: message})
+func (c *Conn) sendError(code marconi.Code, message string) {
+	b, err := json.Marshal(errorFrame{Type: marconi.FrameError, Code: code, Message: message})
 	if err != nil {
 		return
 	}

@@ -17,7 +17,7 @@ import (
 // (heads/sweep batch reads, conn-reads/sweep per-connection reads of a row
 // or of pending signals) and the time from one sweep's start to the next's (ns/op;
 // the sweep runs every millisecond, so that is the sweep's own time when it
-// takes longer). docs/benchmarks.md, "The pending sweep".
+// takes longer). docs/benchmarks-history.md, "The pending sweep".
 func BenchmarkSweep(b *testing.B) {
 	for _, store := range []string{"memory", "postgres"} {
 		for _, n := range []int{100, 1000} {

@@ -17,10 +17,11 @@ import (
 //
 // The same sweep reconciles every local connection with its session's store
 // row, which is how a change made on another instance reaches a WebSocket
-// held here without a cross-instance message: a session deregistered there
-// (row gone) or registered again (another incarnation) closes it with 4410,
-// a newer attach there (the row's queue is another instance's, attached
-// later) closes it with 4409. Sends, acks and catch-ups check the same
+// held here when its check wake-up (CheckSeq, sent by the instance that
+// made the change) is lost: a session deregistered there (row gone) or
+// registered again (another incarnation) closes it with 4410, a token
+// replaced there (resume, takeover) or a newer attach there (the row's
+// queue is another instance's, attached later) closes it with 4409. Sends, acks and catch-ups check the same
 // before they use a connection, so the sweep bounds how long a superseded
 // connection stays open, not what it sees.
 
@@ -47,8 +48,12 @@ func (h *Hub) CountBus(bus fabric.Bus) fabric.Bus { return countingBus{Bus: bus,
 // Listen runs the bus listener for this instance until ctx ends.
 func (h *Hub) Listen(ctx context.Context, bus fabric.Bus) error {
 	return bus.Listen(ctx, h.cfg.InstanceID,
-		func(k sessionstore.Key, _ int64) {
+		func(k sessionstore.Key, seq int64) {
 			h.metrics.wakeups.WithLabelValues("received").Inc()
+			if seq == fabric.CheckSeq {
+				h.check(k)
+				return
+			}
 			h.WakeLocal(k)
 		},
 		func() {
@@ -62,6 +67,15 @@ func (h *Hub) Listen(ctx context.Context, bus fabric.Bus) error {
 // before it writes, that the signals are its incarnation's).
 func (h *Hub) WakeLocal(k sessionstore.Key) {
 	h.offer(h.registry.get(k), queueItem{})
+}
+
+// check asks k's connection here, if any, to check itself against its
+// session's store row (its writer reads it: the listener never waits on the
+// store). A full queue is left to the sweep.
+func (h *Hub) check(k sessionstore.Key) {
+	if c := h.registry.get(k); c != nil && !c.closing() && c.enqueue(queueItem{check: true}) {
+		c.wake()
+	}
 }
 
 // sweepBatch is how many connections one store read of the pending sweep

@@ -41,7 +41,7 @@ func (c *Conn) wake() bool {
 // the writer it started is the only one running: with other writers busy
 // the processors are too, and the yield would only cost the sender a trip
 // through the run queue (about a sixth of the throughput of eight
-// concurrent senders). Measured in docs/benchmarks.md (issue 10).
+// concurrent senders). Measured in docs/benchmarks-history.md (issue 10).
 func pushFirst() { runtime.Gosched() }
 
 // enqueue adds it to the outgoing queue unless the queue is full.
@@ -133,6 +133,13 @@ func (c *Conn) writeSome(ctx context.Context) error {
 // store on a gap or a wake-up.
 func (c *Conn) writeItem(ctx context.Context, it queueItem) error {
 	switch {
+	case it.check:
+		d, err := c.stillCurrent(ctx)
+		if err != nil || d == nil {
+			return err
+		}
+		c.kick(*d)
+		return c.closeKicked()
 	case it.sig != nil && it.sig.Seq <= c.last:
 		// Already written by a catch-up.
 		return nil
@@ -183,8 +190,9 @@ func (c *Conn) catchUp(ctx context.Context) error {
 			// may be a later incarnation's, when the session was
 			// deregistered and registered again. Checked after the read, so
 			// a match means they were this incarnation's when read.
-			var current bool
-			if current, err = c.stillCurrent(ctx); err == nil && !current {
+			var d *Disconnect
+			if d, err = c.stillCurrent(ctx); err == nil && d != nil {
+				c.kick(*d)
 				return c.closeKicked()
 			}
 		}

@@ -406,13 +406,13 @@ func TestOpenAPIContract(t *testing.T) {
 	register(a, "", "claude_code", nil) // the hub names it
 	// A registration whose answer was lost, retried with its Idempotency-Key.
 	c.want(http.StatusCreated, "", "POST", a.URL+"/v1/sessions", apiKey,
-		map[string]any{"session_id": "heidi", "surface": "claude_code"}, "Idempotency-Key", "reg-heidi")
+		map[string]any{"session_id": "heidi", "surface": "claude_code"}, "Idempotency-Key", "registration-key-heidi-0001")
 	c.want(http.StatusCreated, "", "POST", a.URL+"/v1/sessions", apiKey,
-		map[string]any{"session_id": "heidi", "surface": "claude_code"}, "Idempotency-Key", "reg-heidi")
+		map[string]any{"session_id": "heidi", "surface": "claude_code"}, "Idempotency-Key", "registration-key-heidi-0001")
 
 	// Registration errors.
 	c.want(http.StatusForbidden, "forbidden", "POST", a.URL+"/v1/sessions", apiKey, map[string]any{"session_id": "alice", "surface": "claude_code"})
-	c.want(http.StatusForbidden, "forbidden", "POST", a.URL+"/v1/sessions", apiKey, map[string]any{"session_id": "heidi", "surface": "claude_code"}, "Idempotency-Key", "reg-other")
+	c.want(http.StatusForbidden, "forbidden", "POST", a.URL+"/v1/sessions", apiKey, map[string]any{"session_id": "heidi", "surface": "claude_code"}, "Idempotency-Key", "registration-key-other-0001")
 	c.wantBad(http.StatusBadRequest, "invalid_field", "POST", a.URL+"/v1/sessions", apiKey,
 		map[string]any{"session_id": "grace", "surface": "codex"}, "Idempotency-Key", strings.Repeat("k", 257))
 	c.wantBad(http.StatusBadRequest, "invalid_json", "POST", a.URL+"/v1/sessions", apiKey, `{"surface": "claude_code"} trailing`)

@@ -4,6 +4,6 @@
 // every call fails at once with sessionstore.ErrUnavailable (the hub answers
 // 503 registry_unavailable) until a probe of the store succeeds again.
 // Ready, which /readyz asks, fails only once the store is found unreachable,
-// not while it is merely slow. cmd/marconi wraps the Postgres store in it; its probe loop
-// is Run, owned by the caller (DESIGN.md: every goroutine has an owner).
+// not while it is merely slow. cmd/marconi wraps the Postgres store in it;
+// its probe loop is Run, which the caller owns and waits for.
 package breaker

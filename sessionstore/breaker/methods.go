@@ -31,10 +31,15 @@ func (b *Store) ResumeSession(ctx context.Context, k sessionstore.Key, oldHash, 
 }
 
 // RetryRegistration implements sessionstore.Store.
-func (b *Store) RetryRegistration(ctx context.Context, k sessionstore.Key, keyHash []byte, since time.Time, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error) {
+func (b *Store) RetryRegistration(ctx context.Context, k sessionstore.Key, keyHash, apiKeyHash []byte, since time.Time, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error) {
 	return guard(b, ctx, func() (sessionstore.Session, error) {
-		return b.inner.RetryRegistration(ctx, k, keyHash, since, newHash, t, now)
+		return b.inner.RetryRegistration(ctx, k, keyHash, apiKeyHash, since, newHash, t, now)
 	})
+}
+
+// SpendRegistrationKey implements sessionstore.Store.
+func (b *Store) SpendRegistrationKey(ctx context.Context, k sessionstore.Key, tokenHash []byte) error {
+	return guardErr(b, ctx, func() error { return b.inner.SpendRegistrationKey(ctx, k, tokenHash) })
 }
 
 // SessionByToken implements sessionstore.Store.

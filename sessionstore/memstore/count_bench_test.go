@@ -11,7 +11,7 @@ import (
 
 // BenchmarkCountSessions counts, with the quota's limit of 20000, one
 // project holding 20000 live sessions (full) and one holding 10, among
-// 100000 sessions of 8001 projects (docs/benchmarks.md, "Counting a
+// 100000 sessions of 8001 projects (docs/benchmarks-history.md, "Counting a
 // project's sessions").
 func BenchmarkCountSessions(b *testing.B) {
 	s := memstore.New()

@@ -152,6 +152,7 @@ func live(s *session, now time.Time) bool { return !s.s.ExpiresAt.Before(now) }
 func cloneSession(s sessionstore.Session) sessionstore.Session {
 	s.TokenHash = bytes.Clone(s.TokenHash)
 	s.RegistrationKeyHash = bytes.Clone(s.RegistrationKeyHash)
+	s.RegistrationAPIKeyHash = bytes.Clone(s.RegistrationAPIKeyHash)
 	return s
 }
 
@@ -322,12 +323,12 @@ func (m *Store) ResumeSession(ctx context.Context, k sessionstore.Key, oldHash, 
 	if err := m.swapToken(s, newHash, t); err != nil {
 		return sessionstore.Session{}, err
 	}
-	s.s.RegistrationKeyHash = nil
+	s.s.RegistrationKeyHash, s.s.RegistrationAPIKeyHash = nil, nil
 	return cloneSession(s.s), nil
 }
 
 // RetryRegistration implements sessionstore.Store.
-func (m *Store) RetryRegistration(ctx context.Context, k sessionstore.Key, keyHash []byte, since time.Time, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error) {
+func (m *Store) RetryRegistration(ctx context.Context, k sessionstore.Key, keyHash, apiKeyHash []byte, since time.Time, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error) {
 	if err := m.lock(); err != nil {
 		return sessionstore.Session{}, err
 	}
@@ -336,13 +337,26 @@ func (m *Store) RetryRegistration(ctx context.Context, k sessionstore.Key, keyHa
 	if err != nil {
 		return sessionstore.Session{}, err
 	}
-	if len(keyHash) == 0 || !bytes.Equal(s.s.RegistrationKeyHash, keyHash) || s.s.RegisteredAt.Before(since) {
+	if len(keyHash) == 0 || len(apiKeyHash) == 0 || !bytes.Equal(s.s.RegistrationKeyHash, keyHash) ||
+		!bytes.Equal(s.s.RegistrationAPIKeyHash, apiKeyHash) || s.s.RegisteredAt.Before(since) {
 		return sessionstore.Session{}, fmt.Errorf("memstore: retry registration %v: %w", k, sessionstore.ErrNotFound)
 	}
 	if err := m.swapToken(s, newHash, t); err != nil {
 		return sessionstore.Session{}, err
 	}
 	return cloneSession(s.s), nil
+}
+
+// SpendRegistrationKey implements sessionstore.Store.
+func (m *Store) SpendRegistrationKey(ctx context.Context, k sessionstore.Key, tokenHash []byte) error {
+	if err := m.lock(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if s, ok := m.sessions[k]; ok && bytes.Equal(s.s.TokenHash, tokenHash) {
+		s.s.RegistrationKeyHash, s.s.RegistrationAPIKeyHash = nil, nil
+	}
+	return nil
 }
 
 // swapToken gives s the token hash newHash and applies t. A hash held by
@@ -651,7 +665,7 @@ func (m *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now
 		return sessionstore.Signal{}, false, err
 	}
 	defer m.mu.Unlock()
-	if err := storable(ns.ID, ns.FromSession, ns.Kind, ns.IdempotencyKey, ns.Delivery, ns.RouteState); err != nil {
+	if err := storable(ns.ID, ns.FromSession, ns.Kind, ns.IdempotencyKey, string(ns.Delivery), string(ns.RouteState)); err != nil {
 		return sessionstore.Signal{}, false, err
 	}
 	if ns.SenderTokenHash != nil {

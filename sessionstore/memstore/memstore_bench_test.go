@@ -1,7 +1,7 @@
 package memstore_test
 
 // Benchmarks of the memstore's hot lookups, run by hand and recorded in
-// docs/benchmarks.md ("In-memory store lookups"). They run only with -bench.
+// docs/benchmarks-history.md ("In-memory store lookups"). They run only with -bench.
 
 import (
 	"encoding/json"

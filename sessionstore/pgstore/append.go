@@ -413,7 +413,7 @@ func scanAppend(row pgx.Row, ns sessionstore.NewSignal) (appendOutcome, error) {
 		sig := sessionstore.Signal{
 			ID: *d.id, Seq: *d.seq, To: sessionstore.Key{TenantID: *d.tenant, ProjectID: *d.project, SessionID: *d.to},
 			FromSession: *d.from, Kind: *d.kind, CreatedAt: d.createdAt.UTC(), IdempotencyKey: deref(d.idem),
-			Delivery: *d.delivery, RouteState: *d.route,
+			Delivery: marconi.Delivery(*d.delivery), RouteState: marconi.RouteState(*d.route),
 		}
 		if d.payload != nil {
 			sig.Payload = json.RawMessage(d.payload)

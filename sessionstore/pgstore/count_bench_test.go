@@ -1,7 +1,7 @@
 package pgstore_test
 
 // BenchmarkCountSessions measures the sessions-per-project quota's count
-// (docs/benchmarks.md, "Counting a project's sessions"). It runs only with
+// (docs/benchmarks-history.md, "Counting a project's sessions"). It runs only with
 // -bench and MARCONI_TEST_DATABASE_URL.
 
 import (

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -34,10 +36,21 @@ func (s *Store) Classify(err error) string {
 	return class
 }
 
-// addr is the database's host:port.
+// addr is the database's host:port, or every host:port of a multi-host
+// URL, comma-separated.
 func (s *Store) addr() string {
-	cfg := s.pool.Config().ConnConfig
-	return net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port))
+	return hostsOf(s.pool.Config().ConnConfig.Config)
+}
+
+// hostsOf is cfg's host:port and those of its fallbacks, comma-separated.
+func hostsOf(cfg pgconn.Config) string {
+	hosts := []string{net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port))}
+	for _, fb := range cfg.Fallbacks {
+		if h := net.JoinHostPort(fb.Host, fmt.Sprint(fb.Port)); !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return strings.Join(hosts, ",")
 }
 
 // Diagnose says in a few words why err kept the store from Postgres, for an
@@ -66,7 +79,7 @@ func diagnose(err error, where string) (class, detail string) {
 	}
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) && ce.Config != nil {
-		where = net.JoinHostPort(ce.Config.Host, fmt.Sprint(ce.Config.Port))
+		where = hostsOf(*ce.Config)
 	}
 	at := " at " + orUnknown(where)
 	var pgErr *pgconn.PgError
@@ -90,7 +103,17 @@ func diagnose(err error, where string) (class, detail string) {
 			return same("the schema is not migrated (run marconi migrate up)")
 		case codeInsufficientPrivs:
 			return "permission denied", "permission denied: " + pgErr.Message
+		case codeReadOnly:
+			return readOnly(where, pgErr.Message)
 		}
+	}
+	if errors.Is(err, errReadOnlyServer) {
+		return readOnly(where, "transaction_read_only is on")
+	}
+	if errors.Is(err, pgconn.ErrReadOnlyConnection) {
+		// target_session_attrs=read-write found servers, all of them read-only.
+		return "no read-write server (only standbys answer: a failover under way?)",
+			"no server of " + orUnknown(where) + " takes writes (only standbys answer: a failover under way?)"
 	}
 	var dnsErr *net.DNSError
 	var netErr net.Error
@@ -110,6 +133,12 @@ func diagnose(err error, where string) (class, detail string) {
 		return "Postgres error " + pgErr.Code, fmt.Sprintf("Postgres error %s: %s", pgErr.Code, pgErr.Message)
 	}
 	return "unclassified; the hub's log says why", err.Error()
+}
+
+// readOnly is the class and detail of a server that refuses writes.
+func readOnly(where, why string) (class, detail string) {
+	return "Postgres is read-only (a standby, or a failover under way)",
+		"Postgres at " + orUnknown(where) + " is read-only (a standby, or a failover under way): " + why
 }
 
 // same is a class that is its own detail: it names nothing private.

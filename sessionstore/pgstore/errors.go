@@ -25,6 +25,9 @@ const (
 	codeCannotConnectNow = "57P03"
 	codeTooManyConns     = "53300"
 	codeQueryCanceled    = "57014" // statement_timeout or a cancel request after a deadline
+	// codeReadOnly is read_only_sql_transaction: a write reached a standby,
+	// or a primary being demoted. The store is not writable here now.
+	codeReadOnly = "25006"
 )
 
 // wrap turns err into the store's error for operation op: a sessionstore
@@ -66,8 +69,9 @@ func isDataException(err error) bool {
 	return errors.As(err, &pgErr) && len(pgErr.Code) == 5 && pgErr.Code[:2] == classDataException
 }
 
-// isUnavailable reports whether err means Postgres could not be reached or
-// did not answer in time: the cases where the hub fails closed.
+// isUnavailable reports whether err means Postgres could not be reached, did
+// not answer in time, or cannot take writes (a standby, or a server in the
+// middle of a failover): the cases where the hub fails closed.
 func isUnavailable(err error) bool {
 	// Any failure to connect, whatever the server said (too many clients,
 	// starting up, a bad password), leaves the store unreachable.
@@ -81,7 +85,7 @@ func isUnavailable(err error) bool {
 		case len(pgErr.Code) == 5 && pgErr.Code[:2] == classConnection,
 			pgErr.Code == codeAdminShutdown, pgErr.Code == codeCrashShutdown,
 			pgErr.Code == codeCannotConnectNow, pgErr.Code == codeTooManyConns,
-			pgErr.Code == codeQueryCanceled:
+			pgErr.Code == codeQueryCanceled, pgErr.Code == codeReadOnly:
 			return true
 		}
 		return false
@@ -98,6 +102,7 @@ func isUnavailable(err error) bool {
 		errors.Is(err, syscall.ECONNRESET),
 		errors.Is(err, syscall.EPIPE),
 		errors.Is(err, pgconn.ErrConnClosed),
+		errors.Is(err, errReadOnlyServer),
 		errors.As(err, &netErr):
 		return true
 	}

@@ -74,7 +74,7 @@ type wakePayload struct {
 	Tenant  string `json:"tenant"`
 	Project string `json:"project"`
 	Session string `json:"session"`
-	Seq     int64  `json:"seq"`
+	Seq     *int64 `json:"seq"` // required: nil when the payload has none
 }
 
 // EncodeWake is the NOTIFY payload of a wake-up for k's signal seq, in the
@@ -92,7 +92,8 @@ func EncodeWake(k sessionstore.Key, seq int64) (string, error) {
 
 // DecodeWake parses a NOTIFY payload. The payload is untrusted (anyone who
 // can connect to the database can NOTIFY): anything but one well-formed,
-// bounded JSON object naming a session and a positive seq is an error.
+// bounded JSON object naming a session and a seq (positive, or 0 for a
+// check wake-up) is an error.
 // Unknown fields are ignored, so that a newer instance may add some.
 func DecodeWake(payload string) (sessionstore.Key, int64, error) {
 	if len(payload) > MaxWakePayload {
@@ -109,7 +110,7 @@ func DecodeWake(payload string) (sessionstore.Key, int64, error) {
 	if err := p.validate(); err != nil {
 		return sessionstore.Key{}, 0, err
 	}
-	return sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, p.Seq, nil
+	return sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, *p.Seq, nil
 }
 
 // Wake is one wake-up: k's signal seq is stored.
@@ -153,7 +154,7 @@ func EncodeWakes(wakes []Wake) ([]string, error) {
 
 // encodeEntry is the JSON object of w.
 func encodeEntry(w Wake) ([]byte, error) {
-	p := wakePayload{Tenant: w.Key.TenantID, Project: w.Key.ProjectID, Session: w.Key.SessionID, Seq: w.Seq}
+	p := wakePayload{Tenant: w.Key.TenantID, Project: w.Key.ProjectID, Session: w.Key.SessionID, Seq: &w.Seq}
 	if err := p.validate(); err != nil {
 		return nil, err
 	}
@@ -195,7 +196,7 @@ func DecodeWakes(payload string) ([]Wake, error) {
 		if err := p.validate(); err != nil {
 			return nil, fmt.Errorf("wake-up %d: %w", i, err)
 		}
-		wakes[i] = Wake{Key: sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, Seq: p.Seq}
+		wakes[i] = Wake{Key: sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, Seq: *p.Seq}
 	}
 	return wakes, nil
 }
@@ -213,8 +214,11 @@ func (p wakePayload) validate() error {
 			return fmt.Errorf("wake-up %s must have 1 to %d bytes", f.name, maxWakeField)
 		}
 	}
-	if p.Seq < 1 {
-		return fmt.Errorf("wake-up seq %d is not positive", p.Seq)
+	if p.Seq == nil {
+		return errors.New("wake-up has no seq")
+	}
+	if *p.Seq < 0 { // 0 is a check wake-up (fabric.CheckSeq)
+		return fmt.Errorf("wake-up seq %d is negative", *p.Seq)
 	}
 	return nil
 }
@@ -290,34 +294,35 @@ func (b *Bus) lockLiveness(ctx context.Context, conn *pgx.Conn, instance string)
 // whose listener connection is alive now: each holds its liveness lock
 // (Listen takes it). An instance killed in any way loses it as soon as
 // Postgres sees its connection end; the heartbeat remains the judge of
-// hangs and partitions. Returns an error wrapping sessionstore.ErrUnavailable
-// when Postgres cannot be reached.
-func (b *Bus) ConnectedInstances(ctx context.Context) (map[string]bool, error) {
+// hangs and partitions. server names the Postgres server that answered (its
+// postmaster's start time): locks live in one server's memory, so after a
+// failover or a restart none is held until each listener takes its lock
+// again there. Returns an error wrapping sessionstore.ErrUnavailable when
+// Postgres cannot be reached.
+func (b *Bus) ConnectedInstances(ctx context.Context) (live map[string]bool, server string, err error) {
 	ctx, cancel, err := b.store.call(ctx)
 	defer cancel()
 	if err != nil {
-		return nil, wrap("connected instances", err)
+		return nil, "", wrap("connected instances", err)
 	}
-	rows, err := b.store.pool.Query(ctx, `
+	var ids []string
+	err = b.store.pool.QueryRow(ctx, `
 		WITH k AS (SELECT id, `+strings.ReplaceAll(livenessKeySQL, "$1::text", "id")+` AS key FROM instances)
-		SELECT k.id FROM k WHERE EXISTS (
+		SELECT pg_postmaster_start_time()::text, coalesce(array_agg(k.id) FILTER (WHERE EXISTS (
 			SELECT 1 FROM pg_locks l
 			WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 			  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			  AND l.classid::bigint = (k.key >> 32) & 4294967295
-			  AND l.objid::bigint = k.key & 4294967295)`)
+			  AND l.objid::bigint = k.key & 4294967295)), '{}')
+		FROM k`).Scan(&server, &ids)
 	if err != nil {
-		return nil, wrap("connected instances", err)
+		return nil, "", wrap("connected instances", err)
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, wrap("connected instances", err)
-	}
-	out := make(map[string]bool, len(ids))
+	live = make(map[string]bool, len(ids))
 	for _, id := range ids {
-		out[id] = true
+		live[id] = true
 	}
-	return out, nil
+	return live, server, nil
 }
 
 // Listen listens on instance's channel on a dedicated connection and hands

@@ -50,7 +50,7 @@ func TestEncodeWakeRefusesWhatDecodeWouldRefuse(t *testing.T) {
 		seq int64
 	}{
 		{sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: ""}, 1},
-		{sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "s"}, 0},
+		{sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "s"}, -1},
 		{sessionstore.Key{TenantID: strings.Repeat("t", 257), ProjectID: "p", SessionID: "s"}, 1},
 	} {
 		if p, err := pgstore.EncodeWake(tc.k, tc.seq); err == nil {
@@ -67,7 +67,6 @@ func TestDecodeWakeRejectsMalformed(t *testing.T) {
 		`"bob"`,
 		`{}`,
 		`{"tenant":"t","project":"p","session":"s"}`,
-		`{"tenant":"t","project":"p","session":"s","seq":0}`,
 		`{"tenant":"t","project":"p","session":"s","seq":-1}`,
 		`{"tenant":"t","project":"p","session":"s","seq":1.5}`,
 		`{"tenant":"t","project":"p","session":"s","seq":"1"}`,
@@ -165,8 +164,12 @@ func TestEncodeWakesPacksAsFewPayloadsAsFit(t *testing.T) {
 	if want := `[{"tenant":"t1","project":"p1","session":"bob","seq":3},{"tenant":"t1","project":"p1","session":"eve","seq":5}]`; len(ps) != 1 || ps[0] != want {
 		t.Fatalf("payloads = %q, want [%s]", ps, want)
 	}
-	if ps, err := pgstore.EncodeWakes([]pgstore.Wake{{Key: sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "s"}, Seq: 0}}); err == nil {
-		t.Fatalf("EncodeWakes of seq 0 = %q, want an error", ps)
+	if ps, err := pgstore.EncodeWakes([]pgstore.Wake{{Key: sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "s"}, Seq: -1}}); err == nil {
+		t.Fatalf("EncodeWakes of seq -1 = %q, want an error", ps)
+	}
+	// Seq 0 is a check wake-up (fabric.CheckSeq), not a signal.
+	if k, seq, err := pgstore.DecodeWake(`{"tenant":"t","project":"p","session":"s","seq":0}`); err != nil || seq != 0 || k.SessionID != "s" {
+		t.Fatalf("DecodeWake of a check wake-up: %v %d %v", k, seq, err)
 	}
 }
 
@@ -179,7 +182,7 @@ func TestDecodeWakesRejectsMalformed(t *testing.T) {
 		`[{}]`,
 		`[` + entry + `,]`,
 		`[` + entry + `,null]`,
-		`[` + entry + `,{"tenant":"t","project":"p","session":"s","seq":0}]`,
+		`[` + entry + `,{"tenant":"t","project":"p","session":"s","seq":-1}]`,
 		`[` + entry + `,"s"]`,
 		`[` + entry + `]]`,
 		`[` + entry + `][]`,

@@ -153,14 +153,15 @@ func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return tx.Commit(ctx)
 }
 
-// Ping implements sessionstore.Store.
+// Ping implements sessionstore.Store. A server that answers but is
+// read-only (a standby) fails it with ErrUnavailable: it cannot serve.
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
 	if err != nil {
 		return wrap("ping", err)
 	}
-	return wrap("ping", s.pool.Ping(ctx))
+	return wrap("ping", writable(ctx, s.pool))
 }
 
 // Close implements sessionstore.Store. Later calls return ErrUnavailable;
@@ -177,7 +178,8 @@ func (s *Store) Close() error {
 
 const sessionCols = `tenant_id, project_id, session_id, surface, runtime_mode, runtime_mode_source,
 	client_id, token_hash, registered_at, last_seen_at, last_verb_at, expires_at,
-	assigned_instance, queue_instance, queue_attached_at, queue_detached_at, registration_key_hash`
+	assigned_instance, queue_instance, queue_attached_at, queue_detached_at, registration_key_hash,
+	registration_api_key_hash`
 
 func scanSession(row pgx.Row) (sessionstore.Session, error) {
 	var (
@@ -187,7 +189,7 @@ func scanSession(row pgx.Row) (sessionstore.Session, error) {
 	)
 	err := row.Scan(&s.TenantID, &s.ProjectID, &s.SessionID, &s.Surface, &s.RuntimeMode, &s.RuntimeModeSource,
 		&s.ClientID, &s.TokenHash, &registered, &seen, &verb, &expires,
-		&s.AssignedInstance, &s.QueueInstance, &attached, &detached, &s.RegistrationKeyHash)
+		&s.AssignedInstance, &s.QueueInstance, &attached, &detached, &s.RegistrationKeyHash, &s.RegistrationAPIKeyHash)
 	if err != nil {
 		return sessionstore.Session{}, err
 	}
@@ -216,13 +218,13 @@ func (s *Store) CreateSession(ctx context.Context, in sessionstore.Session, now 
 				tenant_id, project_id, session_id, surface, runtime_mode, runtime_mode_source,
 				client_id, token_hash, registered_at, last_seen_at, last_verb_at, expires_at,
 				assigned_instance, queue_instance, queue_attached_at, queue_detached_at, queue_latest_attach,
-				registration_key_hash)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $15, $17)
+				registration_key_hash, registration_api_key_hash)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $15, $17, $18)
 			RETURNING `+sessionCols,
 			in.TenantID, in.ProjectID, in.SessionID, in.Surface, in.RuntimeMode, in.RuntimeModeSource,
 			in.ClientID, in.TokenHash, in.RegisteredAt, toNull(in.LastSeenAt), toNull(in.LastVerbAt), in.ExpiresAt,
 			in.AssignedInstance, in.QueueInstance, toNull(in.QueueAttachedAt), toNull(in.QueueDetachedAt),
-			in.RegistrationKeyHash))
+			in.RegistrationKeyHash, in.RegistrationAPIKeyHash))
 		return err
 	})
 	if err != nil {
@@ -255,7 +257,8 @@ func (s *Store) ResumeSession(ctx context.Context, k sessionstore.Key, oldHash, 
 				last_seen_at = GREATEST(last_seen_at, $5::timestamptz),
 				last_verb_at = GREATEST(last_verb_at, $6::timestamptz),
 				expires_at   = GREATEST(expires_at, $7::timestamptz),
-				registration_key_hash = NULL -- the token is the resume's now
+				registration_key_hash = NULL, -- the token is the resume's now
+				registration_api_key_hash = NULL
 			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
 			RETURNING `+sessionCols,
 			k.TenantID, k.ProjectID, k.SessionID, newHash, toNull(t.SeenAt), toNull(t.VerbAt), toNull(t.ExpiresAt)))
@@ -269,8 +272,8 @@ func (s *Store) ResumeSession(ctx context.Context, k sessionstore.Key, oldHash, 
 
 // RetryRegistration implements sessionstore.Store. One statement: a
 // registration tries it before creating, so a miss must cost one lookup.
-func (s *Store) RetryRegistration(ctx context.Context, k sessionstore.Key, keyHash []byte, since time.Time, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error) {
-	if len(keyHash) == 0 {
+func (s *Store) RetryRegistration(ctx context.Context, k sessionstore.Key, keyHash, apiKeyHash []byte, since time.Time, newHash []byte, t sessionstore.Touch, now time.Time) (sessionstore.Session, error) {
+	if len(keyHash) == 0 || len(apiKeyHash) == 0 {
 		return sessionstore.Session{}, fmt.Errorf("pgstore: retry registration without a key: %w", sessionstore.ErrNotFound)
 	}
 	ctx, cancel, err := s.call(ctx)
@@ -284,14 +287,28 @@ func (s *Store) RetryRegistration(ctx context.Context, k sessionstore.Key, keyHa
 			last_verb_at = GREATEST(last_verb_at, $6::timestamptz),
 			expires_at   = GREATEST(expires_at, $7::timestamptz)
 		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $8
-			AND registration_key_hash = $9 AND registered_at >= $10
+			AND registration_key_hash = $9 AND registration_api_key_hash = $11 AND registered_at >= $10
 		RETURNING `+sessionCols,
 		k.TenantID, k.ProjectID, k.SessionID, newHash, toNull(t.SeenAt), toNull(t.VerbAt), toNull(t.ExpiresAt),
-		now, keyHash, since))
+		now, keyHash, since, apiKeyHash))
 	if err != nil {
 		return sessionstore.Session{}, wrap("retry registration", err)
 	}
 	return out, nil
+}
+
+// SpendRegistrationKey implements sessionstore.Store.
+func (s *Store) SpendRegistrationKey(ctx context.Context, k sessionstore.Key, tokenHash []byte) error {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return wrap("spend registration key", err)
+	}
+	_, err = s.pool.Exec(ctx, `UPDATE sessions SET registration_key_hash = NULL, registration_api_key_hash = NULL
+		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND token_hash = $4
+			AND registration_key_hash IS NOT NULL`,
+		k.TenantID, k.ProjectID, k.SessionID, tokenHash)
+	return wrap("spend registration key", err)
 }
 
 // SessionByToken implements sessionstore.Store.

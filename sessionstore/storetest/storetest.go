@@ -60,8 +60,9 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"ResumeSession/unknown or expired is ErrNotFound", testResumeNotFound},
 		{"ResumeSession/forgets the registration key", testResumeForgetsRegistrationKey},
 		{"RetryRegistration/same key swaps the token, again and again", testRetryRegistrationSwap},
-		{"RetryRegistration/another, no or too old a key is ErrNotFound and changes nothing", testRetryRegistrationMismatch},
+		{"RetryRegistration/another, no or too old a key, or another API key, is ErrNotFound and changes nothing", testRetryRegistrationMismatch},
 		{"RetryRegistration/unknown, expired or another tenant's is ErrNotFound", testRetryRegistrationNotFound},
+		{"SpendRegistrationKey/clears the key of the token's session only", testSpendRegistrationKey},
 		{"Expired sessions are invisible to reads and touches", testExpiredInvisible},
 		{"TouchSession/never moves a time backwards and extends expiry", testTouch},
 		{"ListSessions and CountSessions/filter, order and limit", testListSessions},
@@ -241,6 +242,9 @@ func wantSession(t *testing.T, what string, got, want sessionstore.Session) {
 	if !bytes.Equal(got.RegistrationKeyHash, want.RegistrationKeyHash) {
 		diffs = append(diffs, fmt.Sprintf("RegistrationKeyHash = %x, want %x", got.RegistrationKeyHash, want.RegistrationKeyHash))
 	}
+	if !bytes.Equal(got.RegistrationAPIKeyHash, want.RegistrationAPIKeyHash) {
+		diffs = append(diffs, fmt.Sprintf("RegistrationAPIKeyHash = %x, want %x", got.RegistrationAPIKeyHash, want.RegistrationAPIKeyHash))
+	}
 	tm("RegisteredAt", got.RegisteredAt, want.RegisteredAt)
 	tm("LastSeenAt", got.LastSeenAt, want.LastSeenAt)
 	tm("LastVerbAt", got.LastVerbAt, want.LastVerbAt)
@@ -279,8 +283,8 @@ func wantSignal(t *testing.T, what string, got, want sessionstore.Signal) {
 		diffs = append(diffs, fmt.Sprintf("CreatedAt = %v, want %v", got.CreatedAt, want.CreatedAt))
 	}
 	str("IdempotencyKey", got.IdempotencyKey, want.IdempotencyKey)
-	str("Delivery", got.Delivery, want.Delivery)
-	str("RouteState", got.RouteState, want.RouteState)
+	str("Delivery", string(got.Delivery), string(want.Delivery))
+	str("RouteState", string(got.RouteState), string(want.RouteState))
 	if len(diffs) > 0 {
 		t.Fatalf("%s: signal differs:\n  %s", what, joinLines(diffs))
 	}
@@ -541,10 +545,11 @@ func testResumeNotFound(t *testing.T, s sessionstore.Store) {
 }
 
 // newKeyedSession is newSession registered with the Idempotency-Key hash
-// hash(regKey).
+// hash(regKey), by the API key hashed hash("api").
 func newKeyedSession(k sessionstore.Key, tokenHash []byte, regKey string, expires time.Time) sessionstore.Session {
 	sess := newSession(k, tokenHash, expires)
 	sess.RegistrationKeyHash = hash(regKey)
+	sess.RegistrationAPIKeyHash = hash("api")
 	return sess
 }
 
@@ -557,10 +562,10 @@ func testResumeForgetsRegistrationKey(t *testing.T, s sessionstore.Store) {
 	got, err := s.ResumeSession(ctx, k, hash("h1"), hash("h2"), sessionstore.Touch{}, t0)
 	noErr(t, "ResumeSession", err)
 	want := orig
-	want.TokenHash, want.RegistrationKeyHash = hash("h2"), nil
+	want.TokenHash, want.RegistrationKeyHash, want.RegistrationAPIKeyHash = hash("h2"), nil, nil
 	wantSession(t, "ResumeSession result", got, want)
 	// The token is the resume's now: the registration's key no longer retries.
-	_, err = s.RetryRegistration(ctx, k, hash("reg"), t0, hash("h3"), sessionstore.Touch{}, t0)
+	_, err = s.RetryRegistration(ctx, k, hash("reg"), hash("api"), t0, hash("h3"), sessionstore.Touch{}, t0)
 	wantErr(t, "RetryRegistration after a resume", err, sessionstore.ErrNotFound)
 }
 
@@ -571,7 +576,7 @@ func testRetryRegistrationSwap(t *testing.T, s sessionstore.Store) {
 
 	now := at(time.Minute)
 	touch := sessionstore.Touch{VerbAt: now, ExpiresAt: at(2 * time.Hour)}
-	got, err := s.RetryRegistration(ctx, k, hash("reg"), t0, hash("h2"), touch, now)
+	got, err := s.RetryRegistration(ctx, k, hash("reg"), hash("api"), t0, hash("h2"), touch, now)
 	noErr(t, "RetryRegistration", err)
 	want := orig
 	want.TokenHash = hash("h2")
@@ -584,7 +589,7 @@ func testRetryRegistrationSwap(t *testing.T, s sessionstore.Store) {
 	wantSession(t, "SessionByToken(new hash)", got, want)
 
 	// A retry whose answer was lost too is retried again with the same key.
-	got, err = s.RetryRegistration(ctx, k, hash("reg"), t0, hash("h3"), sessionstore.Touch{}, now)
+	got, err = s.RetryRegistration(ctx, k, hash("reg"), hash("api"), t0, hash("h3"), sessionstore.Touch{}, now)
 	noErr(t, "second RetryRegistration", err)
 	want.TokenHash = hash("h3")
 	wantSession(t, "second RetryRegistration result", got, want)
@@ -593,7 +598,7 @@ func testRetryRegistrationSwap(t *testing.T, s sessionstore.Store) {
 
 	// Another session's token hash is not taken.
 	mustCreateSession(t, s, newSession(key("t", "p", "bob"), hash("bob"), at(time.Hour)))
-	_, err = s.RetryRegistration(ctx, k, hash("reg"), t0, hash("bob"), sessionstore.Touch{}, now)
+	_, err = s.RetryRegistration(ctx, k, hash("reg"), hash("api"), t0, hash("bob"), sessionstore.Touch{}, now)
 	wantErr(t, "RetryRegistration to a hash in use", err, sessionstore.ErrConflict)
 }
 
@@ -606,13 +611,17 @@ func testRetryRegistrationMismatch(t *testing.T, s sessionstore.Store) {
 	now := at(time.Minute)
 	touch := sessionstore.Touch{VerbAt: now, ExpiresAt: at(3 * time.Hour)}
 
-	_, err := s.RetryRegistration(ctx, k, hash("other"), t0, hash("h2"), touch, now)
+	_, err := s.RetryRegistration(ctx, k, hash("other"), hash("api"), t0, hash("h2"), touch, now)
 	wantErr(t, "RetryRegistration with another key", err, sessionstore.ErrNotFound)
-	_, err = s.RetryRegistration(ctx, k, nil, t0, hash("h2"), touch, now)
+	_, err = s.RetryRegistration(ctx, k, hash("reg"), hash("other api"), t0, hash("h2"), touch, now)
+	wantErr(t, "RetryRegistration with another API key", err, sessionstore.ErrNotFound)
+	_, err = s.RetryRegistration(ctx, k, hash("reg"), nil, t0, hash("h2"), touch, now)
+	wantErr(t, "RetryRegistration with no API key", err, sessionstore.ErrNotFound)
+	_, err = s.RetryRegistration(ctx, k, nil, hash("api"), t0, hash("h2"), touch, now)
 	wantErr(t, "RetryRegistration with no key", err, sessionstore.ErrNotFound)
-	_, err = s.RetryRegistration(ctx, k, hash("reg"), t0.Add(time.Second), hash("h2"), touch, now)
+	_, err = s.RetryRegistration(ctx, k, hash("reg"), hash("api"), t0.Add(time.Second), hash("h2"), touch, now)
 	wantErr(t, "RetryRegistration of a registration before since", err, sessionstore.ErrNotFound)
-	_, err = s.RetryRegistration(ctx, unkeyed, nil, t0, hash("b2"), touch, now)
+	_, err = s.RetryRegistration(ctx, unkeyed, nil, hash("api"), t0, hash("b2"), touch, now)
 	wantErr(t, "RetryRegistration of a session registered without a key", err, sessionstore.ErrNotFound)
 
 	got, err := s.GetSession(ctx, k, now)
@@ -624,16 +633,40 @@ func testRetryRegistrationMismatch(t *testing.T, s sessionstore.Store) {
 	}
 }
 
+func testSpendRegistrationKey(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k := key("t", "p", "alice")
+	orig := mustCreateSession(t, s, newKeyedSession(k, hash("h1"), "reg", at(time.Hour)))
+
+	// Another token (a stale one) spends nothing.
+	noErr(t, "SpendRegistrationKey(another token)", s.SpendRegistrationKey(ctx, k, hash("other")))
+	got, err := s.GetSession(ctx, k, t0)
+	noErr(t, "GetSession", err)
+	wantSession(t, "session after a spend with another token", got, orig)
+
+	noErr(t, "SpendRegistrationKey", s.SpendRegistrationKey(ctx, k, hash("h1")))
+	want := orig
+	want.RegistrationKeyHash, want.RegistrationAPIKeyHash = nil, nil
+	got, err = s.GetSession(ctx, k, t0)
+	noErr(t, "GetSession", err)
+	wantSession(t, "session after its key is spent", got, want)
+	_, err = s.RetryRegistration(ctx, k, hash("reg"), hash("api"), t0, hash("h2"), sessionstore.Touch{}, t0)
+	wantErr(t, "RetryRegistration with a spent key", err, sessionstore.ErrNotFound)
+	// Spending again, or a session with no key or none at all, is no error.
+	noErr(t, "SpendRegistrationKey again", s.SpendRegistrationKey(ctx, k, hash("h1")))
+	noErr(t, "SpendRegistrationKey(unknown)", s.SpendRegistrationKey(ctx, key("t", "p", "nobody"), hash("h1")))
+}
+
 func testRetryRegistrationNotFound(t *testing.T, s sessionstore.Store) {
 	ctx := t.Context()
-	_, err := s.RetryRegistration(ctx, key("t", "p", "nobody"), hash("reg"), t0, hash("h2"), sessionstore.Touch{}, t0)
+	_, err := s.RetryRegistration(ctx, key("t", "p", "nobody"), hash("reg"), hash("api"), t0, hash("h2"), sessionstore.Touch{}, t0)
 	wantErr(t, "RetryRegistration(unknown)", err, sessionstore.ErrNotFound)
 
 	k := key("t", "p", "alice")
 	mustCreateSession(t, s, newKeyedSession(k, hash("h1"), "reg", at(time.Minute)))
-	_, err = s.RetryRegistration(ctx, k, hash("reg"), t0, hash("h2"), sessionstore.Touch{ExpiresAt: at(time.Hour)}, at(2*time.Minute))
+	_, err = s.RetryRegistration(ctx, k, hash("reg"), hash("api"), t0, hash("h2"), sessionstore.Touch{ExpiresAt: at(time.Hour)}, at(2*time.Minute))
 	wantErr(t, "RetryRegistration(expired)", err, sessionstore.ErrNotFound)
-	_, err = s.RetryRegistration(ctx, key("other", "p", "alice"), hash("reg"), t0, hash("h2"), sessionstore.Touch{}, t0)
+	_, err = s.RetryRegistration(ctx, key("other", "p", "alice"), hash("reg"), hash("api"), t0, hash("h2"), sessionstore.Touch{}, t0)
 	wantErr(t, "RetryRegistration(other tenant)", err, sessionstore.ErrNotFound)
 }
 

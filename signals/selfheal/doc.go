@@ -5,7 +5,7 @@
 // the sender each have a route without a queue that a client could repair by
 // reconnecting. The Evaluator answers with the outcomes and the
 // recipient_route_stale / sender_route_stale hints of the wire contract
-// (API.md, "Self-heal hints"), counts marconi_route_self_healed_total, and
+// (docs/api.md, "Self-heal hints"), counts marconi_route_self_healed_total, and
 // spends tokens from in-memory buckets keyed (side, tenant, project, session).
 // It never closes or opens a connection and never changes how a signal is
 // delivered: only the client reconnects, and only on sender_route_stale.

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/marconihub/marconi"
 )
 
 // MetricName is the counter of evaluated sides, labelled by outcome.
@@ -37,9 +39,9 @@ type Result struct {
 	Recipient Outcome
 	// Sender is the sender side's outcome, "" when not evaluated.
 	Sender Outcome
-	// RecipientRouteStale is set only with Recipient == OutcomeAttempted.
+	// RecipientRouteStale is set only with Recipient == marconi.OutcomeAttempted.
 	RecipientRouteStale bool
-	// SenderRouteStale is set only with Sender == OutcomeAttempted.
+	// SenderRouteStale is set only with Sender == marconi.OutcomeAttempted.
 	SenderRouteStale bool
 	// Outcome is selfheal_outcome: attempted when either side attempted, else
 	// Recipient when evaluated, else Sender, else "".
@@ -98,7 +100,7 @@ func New(cfg Config, now func() time.Time, reg prometheus.Registerer, logger *sl
 		return nil, fmt.Errorf("selfheal: register %s: %w", MetricName, err)
 	}
 	counters := make(map[Outcome]prometheus.Counter, 7)
-	for _, o := range AllOutcomes() {
+	for _, o := range marconi.Outcomes {
 		counters[o] = vec.WithLabelValues(string(o))
 	}
 	return &Evaluator{
@@ -113,18 +115,18 @@ func New(cfg Config, now func() time.Time, reg prometheus.Registerer, logger *sl
 // Config returns the configuration the Evaluator runs with.
 func (e *Evaluator) Config() Config { return e.cfg }
 
-// Evaluate runs the gates of API.md "Self-heal hints" for one send. The
-// recipient side is evaluated only when the recipient has no queue; the
-// sender side only when the sender has no queue and its surface is live. A
-// token is spent only on attempted. When self-heal is disabled it returns the
-// zero Result, counts nothing and touches no bucket.
-func (e *Evaluator) Evaluate(recipient, sender Party) Result {
-	return e.EvaluateAt(e.now(), recipient, sender)
+// Spend runs the gates of docs/api.md "Self-heal hints" for one send and
+// spends a token of each side whose outcome is attempted. The recipient side
+// is evaluated only when the recipient has no queue; the sender side only
+// when the sender has no queue and its surface is live. When self-heal is
+// disabled it returns the zero Result, counts nothing and touches no bucket.
+func (e *Evaluator) Spend(recipient, sender Party) Result {
+	return e.SpendAt(e.now(), recipient, sender)
 }
 
-// EvaluateAt is Evaluate as of now: a caller that classified the route at
+// SpendAt is Spend as of now: a caller that classified the route at
 // now passes it, so the route state and the recency gates read one clock.
-func (e *Evaluator) EvaluateAt(now time.Time, recipient, sender Party) Result {
+func (e *Evaluator) SpendAt(now time.Time, recipient, sender Party) Result {
 	if !e.cfg.Enabled {
 		return Result{}
 	}
@@ -138,11 +140,11 @@ func (e *Evaluator) EvaluateAt(now time.Time, recipient, sender Party) Result {
 	}
 	e.mu.Unlock()
 
-	r.RecipientRouteStale = r.Recipient == OutcomeAttempted
-	r.SenderRouteStale = r.Sender == OutcomeAttempted
+	r.RecipientRouteStale = r.Recipient == marconi.OutcomeAttempted
+	r.SenderRouteStale = r.Sender == marconi.OutcomeAttempted
 	switch {
 	case r.RecipientRouteStale || r.SenderRouteStale:
-		r.Outcome = OutcomeAttempted
+		r.Outcome = marconi.OutcomeAttempted
 	case r.Recipient != "":
 		r.Outcome = r.Recipient
 	default:
@@ -162,10 +164,10 @@ func (e *Evaluator) EvaluateAt(now time.Time, recipient, sender Party) Result {
 // gate only ever answers for the recipient.
 func (e *Evaluator) gateLocked(now time.Time, side Side, p Party, maxAge time.Duration) Outcome {
 	if !p.Surface.Live() {
-		return OutcomeUnsupportedSurface
+		return marconi.OutcomeUnsupportedSurface
 	}
 	if now.Sub(p.ProofOfLife) > maxAge {
-		return OutcomeStaleRecency
+		return marconi.OutcomeStaleRecency
 	}
 	k := bucketKey{side, p.TenantID, p.ProjectID, p.SessionID}
 	tokens := e.tokensLocked(now, k)
@@ -173,10 +175,10 @@ func (e *Evaluator) gateLocked(now time.Time, side Side, p Party, maxAge time.Du
 	// refill interval always yields a whole token.
 	if tokens < 1-1e-9 {
 		e.buckets[k] = bucket{tokens: tokens, at: now}
-		return OutcomeRateLimited
+		return marconi.OutcomeRateLimited
 	}
 	e.buckets[k] = bucket{tokens: max(tokens-1, 0), at: now}
-	return OutcomeAttempted
+	return marconi.OutcomeAttempted
 }
 
 // tokensLocked returns the tokens of k as of now and forgets k if it has

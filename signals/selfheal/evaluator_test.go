@@ -14,6 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/marconihub/marconi"
 )
 
 // fakeClock is a settable clock, safe for concurrent use.
@@ -104,7 +106,7 @@ func (h *harness) counts(t *testing.T) map[Outcome]float64 {
 func (h *harness) wantCounts(t *testing.T, want map[Outcome]float64) {
 	t.Helper()
 	got := h.counts(t)
-	for _, o := range AllOutcomes() {
+	for _, o := range marconi.Outcomes {
 		if got[o] != want[o] {
 			t.Errorf("%s{outcome=%q} = %v, want %v (all: %v)", MetricName, o, got[o], want[o], got)
 		}
@@ -113,12 +115,12 @@ func (h *harness) wantCounts(t *testing.T, want map[Outcome]float64) {
 
 func TestAC1_RecipientRouteStaleAttempted(t *testing.T) {
 	h := newHarness(t, nil)
-	r := h.ev.Evaluate(h.party("t1", "p1", "lafonda"), h.attached("donna"))
-	want := Result{Recipient: OutcomeAttempted, RecipientRouteStale: true, Outcome: OutcomeAttempted}
+	r := h.ev.Spend(h.party("t1", "p1", "lafonda"), h.attached("donna"))
+	want := Result{Recipient: marconi.OutcomeAttempted, RecipientRouteStale: true, Outcome: marconi.OutcomeAttempted}
 	if r != want {
-		t.Fatalf("Evaluate = %+v, want %+v", r, want)
+		t.Fatalf("Spend = %+v, want %+v", r, want)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 1})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeAttempted: 1})
 	if got := h.ev.Tokens(SideRecipient, "t1", "p1", "lafonda"); got != 2 {
 		t.Errorf("recipient tokens after one attempt = %v, want 2", got)
 	}
@@ -129,9 +131,9 @@ func TestAC1_RecipientRouteStaleAttempted(t *testing.T) {
 
 func TestRecipientWithQueueNotEvaluated(t *testing.T) {
 	h := newHarness(t, nil)
-	r := h.ev.Evaluate(h.attached("lafonda"), h.attached("donna"))
+	r := h.ev.Spend(h.attached("lafonda"), h.attached("donna"))
 	if r != (Result{}) {
-		t.Fatalf("Evaluate with both queues attached = %+v, want zero (selfheal_outcome null)", r)
+		t.Fatalf("Spend with both queues attached = %+v, want zero (selfheal_outcome null)", r)
 	}
 	h.wantCounts(t, nil)
 	if h.ev.Len() != 0 {
@@ -143,19 +145,19 @@ func TestAC5_FourSendsIn60s_ThreeAttemptedFourthRateLimited(t *testing.T) {
 	h := newHarness(t, nil)
 	var got []Result
 	for range 4 {
-		got = append(got, h.ev.Evaluate(h.party("t1", "p1", "lafonda"), h.attached("donna")))
+		got = append(got, h.ev.Spend(h.party("t1", "p1", "lafonda"), h.attached("donna")))
 		h.clock.Advance(time.Second)
 	}
 	for i, r := range got[:3] {
-		if r.Recipient != OutcomeAttempted || !r.RecipientRouteStale || r.Outcome != OutcomeAttempted {
+		if r.Recipient != marconi.OutcomeAttempted || !r.RecipientRouteStale || r.Outcome != marconi.OutcomeAttempted {
 			t.Errorf("send %d = %+v, want attempted with recipient_route_stale", i+1, r)
 		}
 	}
-	want4 := Result{Recipient: OutcomeRateLimited, Outcome: OutcomeRateLimited}
+	want4 := Result{Recipient: marconi.OutcomeRateLimited, Outcome: marconi.OutcomeRateLimited}
 	if got[3] != want4 {
 		t.Errorf("send 4 = %+v, want %+v", got[3], want4)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 3, OutcomeRateLimited: 1})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeAttempted: 3, marconi.OutcomeRateLimited: 1})
 }
 
 // Test scenario 3 of the SPEC: five sends in quick succession give three
@@ -164,11 +166,11 @@ func TestScenario3_FiveSendsThreeAttemptedTwoRateLimited(t *testing.T) {
 	h := newHarness(t, nil)
 	var attempted, limited int
 	for i := range 5 {
-		r := h.ev.Evaluate(h.party("t1", "p1", "lafonda"), h.attached("donna"))
+		r := h.ev.Spend(h.party("t1", "p1", "lafonda"), h.attached("donna"))
 		switch r.Outcome {
-		case OutcomeAttempted:
+		case marconi.OutcomeAttempted:
 			attempted++
-		case OutcomeRateLimited:
+		case marconi.OutcomeRateLimited:
 			limited++
 			if r.RecipientRouteStale || r.SenderRouteStale {
 				t.Errorf("send %d rate_limited with a route_stale hint: %+v", i+1, r)
@@ -181,14 +183,14 @@ func TestScenario3_FiveSendsThreeAttemptedTwoRateLimited(t *testing.T) {
 	if attempted != 3 || limited != 2 {
 		t.Errorf("attempted %d, rate_limited %d; want 3 and 2", attempted, limited)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 3, OutcomeRateLimited: 2})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeAttempted: 3, marconi.OutcomeRateLimited: 2})
 }
 
 func TestLinearRefill(t *testing.T) {
 	h := newHarness(t, nil) // 3 tokens per 60s: one token every 20s
 	recip := func() Party { return h.party("t1", "p1", "lafonda") }
 	for range 3 {
-		if r := h.ev.Evaluate(recip(), h.attached("donna")); r.Recipient != OutcomeAttempted {
+		if r := h.ev.Spend(recip(), h.attached("donna")); r.Recipient != marconi.OutcomeAttempted {
 			t.Fatalf("initial burst: %+v", r)
 		}
 	}
@@ -200,14 +202,14 @@ func TestLinearRefill(t *testing.T) {
 		t.Errorf("tokens 10s after burst = %v, want 0.5 (fractional, linear)", got)
 	}
 	h.clock.Advance(9 * time.Second) // 19s: 0.95 tokens
-	if r := h.ev.Evaluate(recip(), h.attached("donna")); r.Recipient != OutcomeRateLimited {
+	if r := h.ev.Spend(recip(), h.attached("donna")); r.Recipient != marconi.OutcomeRateLimited {
 		t.Fatalf("at 19s: %+v, want rate_limited", r)
 	}
 	h.clock.Advance(time.Second) // 20s: one token
-	if r := h.ev.Evaluate(recip(), h.attached("donna")); r.Recipient != OutcomeAttempted {
+	if r := h.ev.Spend(recip(), h.attached("donna")); r.Recipient != marconi.OutcomeAttempted {
 		t.Fatalf("at 20s: %+v, want attempted", r)
 	}
-	if r := h.ev.Evaluate(recip(), h.attached("donna")); r.Recipient != OutcomeRateLimited {
+	if r := h.ev.Spend(recip(), h.attached("donna")); r.Recipient != marconi.OutcomeRateLimited {
 		t.Fatalf("right after the refilled token was spent: %+v, want rate_limited", r)
 	}
 	// A rate_limited evaluation spends nothing: 40s later there are exactly 2.
@@ -225,10 +227,10 @@ func TestLinearRefill(t *testing.T) {
 func TestClockGoingBackwardsAddsNoTokens(t *testing.T) {
 	h := newHarness(t, nil)
 	for range 3 {
-		h.ev.Evaluate(h.party("t1", "p1", "s"), h.attached("x"))
+		h.ev.Spend(h.party("t1", "p1", "s"), h.attached("x"))
 	}
 	h.clock.Advance(-time.Hour)
-	if r := h.ev.Evaluate(h.party("t1", "p1", "s"), h.attached("x")); r.Recipient != OutcomeRateLimited {
+	if r := h.ev.Spend(h.party("t1", "p1", "s"), h.attached("x")); r.Recipient != marconi.OutcomeRateLimited {
 		t.Errorf("after clock went back: %+v, want rate_limited", r)
 	}
 }
@@ -239,10 +241,10 @@ func TestAC6_StaleRecency(t *testing.T) {
 
 	stale := h.party("t1", "p1", "ghost")
 	stale.ProofOfLife = now.Add(-301 * time.Second)
-	r := h.ev.Evaluate(stale, h.attached("donna"))
-	want := Result{Recipient: OutcomeStaleRecency, Outcome: OutcomeStaleRecency}
+	r := h.ev.Spend(stale, h.attached("donna"))
+	want := Result{Recipient: marconi.OutcomeStaleRecency, Outcome: marconi.OutcomeStaleRecency}
 	if r != want {
-		t.Fatalf("Evaluate = %+v, want %+v", r, want)
+		t.Fatalf("Spend = %+v, want %+v", r, want)
 	}
 	if got := h.ev.Tokens(SideRecipient, "t1", "p1", "ghost"); got != 3 {
 		t.Errorf("stale_recency spent a token: %v left", got)
@@ -250,16 +252,16 @@ func TestAC6_StaleRecency(t *testing.T) {
 
 	never := h.party("t1", "p1", "never")
 	never.ProofOfLife = time.Time{}
-	if r := h.ev.Evaluate(never, h.attached("donna")); r.Recipient != OutcomeStaleRecency {
+	if r := h.ev.Spend(never, h.attached("donna")); r.Recipient != marconi.OutcomeStaleRecency {
 		t.Errorf("zero proof of life: %+v, want stale_recency", r)
 	}
 
 	edge := h.party("t1", "p1", "edge")
 	edge.ProofOfLife = now.Add(-300 * time.Second)
-	if r := h.ev.Evaluate(edge, h.attached("donna")); r.Recipient != OutcomeAttempted {
+	if r := h.ev.Spend(edge, h.attached("donna")); r.Recipient != marconi.OutcomeAttempted {
 		t.Errorf("proof of life exactly 300s old: %+v, want attempted (stale only when older)", r)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeStaleRecency: 2, OutcomeAttempted: 1})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeStaleRecency: 2, marconi.OutcomeAttempted: 1})
 	if h.ev.Len() != 1 {
 		t.Errorf("Len = %d, want 1 (only the attempted bucket)", h.ev.Len())
 	}
@@ -270,12 +272,12 @@ func TestAC7_UnsupportedSurfaceCodex(t *testing.T) {
 	codex := h.party("t1", "p1", "codex-agent")
 	codex.Surface = "codex"
 	codex.ProofOfLife = time.Time{} // surface is checked before recency
-	r := h.ev.Evaluate(codex, h.attached("donna"))
-	want := Result{Recipient: OutcomeUnsupportedSurface, Outcome: OutcomeUnsupportedSurface}
+	r := h.ev.Spend(codex, h.attached("donna"))
+	want := Result{Recipient: marconi.OutcomeUnsupportedSurface, Outcome: marconi.OutcomeUnsupportedSurface}
 	if r != want {
-		t.Fatalf("Evaluate = %+v, want %+v", r, want)
+		t.Fatalf("Spend = %+v, want %+v", r, want)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeUnsupportedSurface: 1})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeUnsupportedSurface: 1})
 	if h.ev.Len() != 0 {
 		t.Errorf("unsupported_surface touched a bucket: Len = %d", h.ev.Len())
 	}
@@ -285,7 +287,7 @@ func TestAC7_CodexSenderIsSilent(t *testing.T) {
 	h := newHarness(t, nil)
 	sender := h.party("t1", "p1", "codex-agent")
 	sender.Surface = "codex"
-	r := h.ev.Evaluate(h.attached("lafonda"), sender)
+	r := h.ev.Spend(h.attached("lafonda"), sender)
 	if r != (Result{}) {
 		t.Fatalf("codex sender without queue: %+v, want zero result", r)
 	}
@@ -294,10 +296,10 @@ func TestAC7_CodexSenderIsSilent(t *testing.T) {
 
 func TestAC3_SenderRouteStale(t *testing.T) {
 	h := newHarness(t, nil)
-	r := h.ev.Evaluate(h.attached("lafonda"), h.party("t1", "p1", "donna"))
-	want := Result{Sender: OutcomeAttempted, SenderRouteStale: true, Outcome: OutcomeAttempted}
+	r := h.ev.Spend(h.attached("lafonda"), h.party("t1", "p1", "donna"))
+	want := Result{Sender: marconi.OutcomeAttempted, SenderRouteStale: true, Outcome: marconi.OutcomeAttempted}
 	if r != want {
-		t.Fatalf("Evaluate = %+v, want %+v", r, want)
+		t.Fatalf("Spend = %+v, want %+v", r, want)
 	}
 	if got := h.ev.Tokens(SideSender, "t1", "p1", "donna"); got != 2 {
 		t.Errorf("sender tokens = %v, want 2", got)
@@ -306,27 +308,27 @@ func TestAC3_SenderRouteStale(t *testing.T) {
 	// The sender gate is the longer threshold: 400s old is still attempted.
 	mid := h.party("t1", "p1", "mid")
 	mid.ProofOfLife = h.clock.Now().Add(-400 * time.Second)
-	if r := h.ev.Evaluate(h.attached("lafonda"), mid); r.Sender != OutcomeAttempted || !r.SenderRouteStale {
+	if r := h.ev.Spend(h.attached("lafonda"), mid); r.Sender != marconi.OutcomeAttempted || !r.SenderRouteStale {
 		t.Errorf("sender 400s old: %+v, want attempted", r)
 	}
 	old := h.party("t1", "p1", "old")
 	old.ProofOfLife = h.clock.Now().Add(-601 * time.Second)
-	r = h.ev.Evaluate(h.attached("lafonda"), old)
-	if want := (Result{Sender: OutcomeStaleRecency, Outcome: OutcomeStaleRecency}); r != want {
+	r = h.ev.Spend(h.attached("lafonda"), old)
+	if want := (Result{Sender: marconi.OutcomeStaleRecency, Outcome: marconi.OutcomeStaleRecency}); r != want {
 		t.Errorf("sender 601s old: %+v, want %+v", r, want)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 2, OutcomeStaleRecency: 1})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeAttempted: 2, marconi.OutcomeStaleRecency: 1})
 }
 
 func TestBothSidesEvaluated(t *testing.T) {
 	h := newHarness(t, nil)
-	r := h.ev.Evaluate(h.party("t1", "p1", "lafonda"), h.party("t1", "p1", "donna"))
-	want := Result{Recipient: OutcomeAttempted, Sender: OutcomeAttempted,
-		RecipientRouteStale: true, SenderRouteStale: true, Outcome: OutcomeAttempted}
+	r := h.ev.Spend(h.party("t1", "p1", "lafonda"), h.party("t1", "p1", "donna"))
+	want := Result{Recipient: marconi.OutcomeAttempted, Sender: marconi.OutcomeAttempted,
+		RecipientRouteStale: true, SenderRouteStale: true, Outcome: marconi.OutcomeAttempted}
 	if r != want {
-		t.Fatalf("Evaluate = %+v, want %+v", r, want)
+		t.Fatalf("Spend = %+v, want %+v", r, want)
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 2}) // one per side
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeAttempted: 2}) // one per side
 }
 
 func TestCombinedOutcome(t *testing.T) {
@@ -337,9 +339,9 @@ func TestCombinedOutcome(t *testing.T) {
 	exhausted := func(side Side, s string) Party {
 		for range 3 {
 			if side == SideRecipient {
-				h.ev.Evaluate(h.party("t1", "p1", s), h.attached("z"))
+				h.ev.Spend(h.party("t1", "p1", s), h.attached("z"))
 			} else {
-				h.ev.Evaluate(h.attached("z"), h.party("t1", "p1", s))
+				h.ev.Spend(h.attached("z"), h.party("t1", "p1", s))
 			}
 		}
 		return h.party("t1", "p1", s)
@@ -351,46 +353,46 @@ func TestCombinedOutcome(t *testing.T) {
 		want      Result
 	}{
 		{"recipient stale, sender attempted", stale("r1"), h.party("t1", "p1", "s1"),
-			Result{Recipient: OutcomeStaleRecency, Sender: OutcomeAttempted, SenderRouteStale: true, Outcome: OutcomeAttempted}},
+			Result{Recipient: marconi.OutcomeStaleRecency, Sender: marconi.OutcomeAttempted, SenderRouteStale: true, Outcome: marconi.OutcomeAttempted}},
 		{"recipient unsupported, sender rate limited", codex("r2"), exhausted(SideSender, "s2"),
-			Result{Recipient: OutcomeUnsupportedSurface, Sender: OutcomeRateLimited, Outcome: OutcomeUnsupportedSurface}},
+			Result{Recipient: marconi.OutcomeUnsupportedSurface, Sender: marconi.OutcomeRateLimited, Outcome: marconi.OutcomeUnsupportedSurface}},
 		{"recipient rate limited, sender attempted", exhausted(SideRecipient, "r3"), h.party("t1", "p1", "s3"),
-			Result{Recipient: OutcomeRateLimited, Sender: OutcomeAttempted, SenderRouteStale: true, Outcome: OutcomeAttempted}},
+			Result{Recipient: marconi.OutcomeRateLimited, Sender: marconi.OutcomeAttempted, SenderRouteStale: true, Outcome: marconi.OutcomeAttempted}},
 		{"recipient attached, sender stale", h.attached("r4"), stale("s4"),
-			Result{Sender: OutcomeStaleRecency, Outcome: OutcomeStaleRecency}},
+			Result{Sender: marconi.OutcomeStaleRecency, Outcome: marconi.OutcomeStaleRecency}},
 		{"recipient attached, sender codex", h.attached("r5"), codex("s5"), Result{}},
 		{"recipient stale, sender attached", stale("r6"), h.attached("s6"),
-			Result{Recipient: OutcomeStaleRecency, Outcome: OutcomeStaleRecency}},
+			Result{Recipient: marconi.OutcomeStaleRecency, Outcome: marconi.OutcomeStaleRecency}},
 	}
 	for _, tt := range tests {
-		if got := h.ev.Evaluate(tt.recipient, tt.sender); got != tt.want {
-			t.Errorf("%s: Evaluate = %+v, want %+v", tt.name, got, tt.want)
+		if got := h.ev.Spend(tt.recipient, tt.sender); got != tt.want {
+			t.Errorf("%s: Spend = %+v, want %+v", tt.name, got, tt.want)
 		}
 	}
 }
 
 func TestRateLimitedNeverSetsRouteStale(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.MaxAttempts = 1 })
-	first := h.ev.Evaluate(h.party("t1", "p1", "r"), h.party("t1", "p1", "s"))
+	first := h.ev.Spend(h.party("t1", "p1", "r"), h.party("t1", "p1", "s"))
 	if !first.RecipientRouteStale || !first.SenderRouteStale {
 		t.Fatalf("first send: %+v, want both hints", first)
 	}
 	for i := range 5 {
-		r := h.ev.Evaluate(h.party("t1", "p1", "r"), h.party("t1", "p1", "s"))
-		want := Result{Recipient: OutcomeRateLimited, Sender: OutcomeRateLimited, Outcome: OutcomeRateLimited}
+		r := h.ev.Spend(h.party("t1", "p1", "r"), h.party("t1", "p1", "s"))
+		want := Result{Recipient: marconi.OutcomeRateLimited, Sender: marconi.OutcomeRateLimited, Outcome: marconi.OutcomeRateLimited}
 		if r != want {
 			t.Errorf("send %d: %+v, want %+v", i+2, r, want)
 		}
 	}
-	h.wantCounts(t, map[Outcome]float64{OutcomeAttempted: 2, OutcomeRateLimited: 10})
+	h.wantCounts(t, map[Outcome]float64{marconi.OutcomeAttempted: 2, marconi.OutcomeRateLimited: 10})
 }
 
 func TestAC5_BucketsIsolatedAcrossTenantsAndProjects(t *testing.T) {
 	h := newHarness(t, nil)
 	for range 3 {
-		h.ev.Evaluate(h.party("tenantA", "p1", "alice"), h.attached("x"))
+		h.ev.Spend(h.party("tenantA", "p1", "alice"), h.attached("x"))
 	}
-	if r := h.ev.Evaluate(h.party("tenantA", "p1", "alice"), h.attached("x")); r.Recipient != OutcomeRateLimited {
+	if r := h.ev.Spend(h.party("tenantA", "p1", "alice"), h.attached("x")); r.Recipient != marconi.OutcomeRateLimited {
 		t.Fatalf("tenant A exhausted bucket: %+v, want rate_limited", r)
 	}
 	for _, p := range []Party{
@@ -398,19 +400,19 @@ func TestAC5_BucketsIsolatedAcrossTenantsAndProjects(t *testing.T) {
 		h.party("tenantA", "p2", "alice"), // other project
 		h.party("tenantA", "p1", "bob"),   // other session
 	} {
-		if r := h.ev.Evaluate(p, h.attached("x")); r.Recipient != OutcomeAttempted {
+		if r := h.ev.Spend(p, h.attached("x")); r.Recipient != marconi.OutcomeAttempted {
 			t.Errorf("%s/%s/%s affected by tenantA/p1/alice: %+v", p.TenantID, p.ProjectID, p.SessionID, r)
 		}
 	}
 	// The sender bucket of the same session is a separate bucket too.
-	if r := h.ev.Evaluate(h.attached("x"), h.party("tenantA", "p1", "alice")); r.Sender != OutcomeAttempted {
+	if r := h.ev.Spend(h.attached("x"), h.party("tenantA", "p1", "alice")); r.Sender != marconi.OutcomeAttempted {
 		t.Errorf("alice's sender bucket affected by her recipient bucket: %+v", r)
 	}
 	// Keys are not confused by separators inside ids.
 	for range 3 {
-		h.ev.Evaluate(h.party("a/b", "c", "d"), h.attached("x"))
+		h.ev.Spend(h.party("a/b", "c", "d"), h.attached("x"))
 	}
-	if r := h.ev.Evaluate(h.party("a", "b/c", "d"), h.attached("x")); r.Recipient != OutcomeAttempted {
+	if r := h.ev.Spend(h.party("a", "b/c", "d"), h.attached("x")); r.Recipient != marconi.OutcomeAttempted {
 		t.Errorf("tenant a/b project c collides with tenant a project b/c: %+v", r)
 	}
 }
@@ -418,14 +420,14 @@ func TestAC5_BucketsIsolatedAcrossTenantsAndProjects(t *testing.T) {
 func TestDisabled_NothingCountedNoBucketTouched(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.Enabled = false })
 	for range 10 {
-		r := h.ev.Evaluate(h.party("t1", "p1", "r"), h.party("t1", "p1", "s"))
+		r := h.ev.Spend(h.party("t1", "p1", "r"), h.party("t1", "p1", "s"))
 		if r != (Result{}) {
-			t.Fatalf("disabled Evaluate = %+v, want zero", r)
+			t.Fatalf("disabled Spend = %+v, want zero", r)
 		}
 	}
 	h.wantCounts(t, nil)
 	if h.ev.Len() != 0 {
-		t.Errorf("disabled Evaluate created %d buckets", h.ev.Len())
+		t.Errorf("disabled Spend created %d buckets", h.ev.Len())
 	}
 	if got := h.ev.Tokens(SideRecipient, "t1", "p1", "r"); got != 3 {
 		t.Errorf("disabled: recipient tokens %v, want 3", got)
@@ -458,10 +460,10 @@ marconi_route_self_healed_total{outcome="unsupported_surface"} 0
 	codex.Surface = "codex"
 	stale := h.party("t1", "p1", "old")
 	stale.ProofOfLife = time.Time{}
-	h.ev.Evaluate(codex, h.attached("x"))
-	h.ev.Evaluate(stale, h.attached("x"))
+	h.ev.Spend(codex, h.attached("x"))
+	h.ev.Spend(stale, h.attached("x"))
 	for range 4 {
-		h.ev.Evaluate(h.party("t1", "p1", "r"), h.attached("x"))
+		h.ev.Spend(h.party("t1", "p1", "r"), h.attached("x"))
 	}
 	want = strings.NewReplacer(
 		`{outcome="attempted"} 0`, `{outcome="attempted"} 3`,
@@ -472,7 +474,7 @@ marconi_route_self_healed_total{outcome="unsupported_surface"} 0
 	if err := testutil.GatherAndCompare(h.reg, strings.NewReader(want), MetricName); err != nil {
 		t.Fatalf("after evaluations: %v", err)
 	}
-	if got := h.count(OutcomeAttempted); got != 3 {
+	if got := h.count(marconi.OutcomeAttempted); got != 3 {
 		t.Errorf("attempted = %v, want 3", got)
 	}
 }
@@ -505,7 +507,7 @@ func TestDebugLogPerDecision(t *testing.T) {
 		t.Fatal(err)
 	}
 	fresh := clock.Now().Add(-time.Second)
-	ev.Evaluate(
+	ev.Spend(
 		Party{TenantID: "t1", ProjectID: "p1", SessionID: "lafonda", Surface: "codex", ProofOfLife: fresh},
 		Party{TenantID: "t1", ProjectID: "p1", SessionID: "donna", Surface: "claude_code", ProofOfLife: fresh},
 	)
@@ -534,7 +536,7 @@ func TestBoundedMemory_100kSessionsAfterSweep(t *testing.T) {
 	const n = 100_000
 	sender := h.attached("x")
 	for i := range n {
-		h.ev.Evaluate(h.party("t1", "p1", fmt.Sprintf("s%d", i)), sender)
+		h.ev.Spend(h.party("t1", "p1", fmt.Sprintf("s%d", i)), sender)
 	}
 	if got := h.ev.Len(); got != n {
 		t.Fatalf("Len after %d attempts = %d", n, got)
@@ -560,8 +562,8 @@ func TestBoundedMemory_100kSessionsAfterSweep(t *testing.T) {
 
 func TestFullBucketForgottenOnAccess(t *testing.T) {
 	h := newHarness(t, nil)
-	h.ev.Evaluate(h.party("t1", "p1", "a"), h.attached("x"))
-	h.ev.Evaluate(h.party("t1", "p1", "b"), h.attached("x"))
+	h.ev.Spend(h.party("t1", "p1", "a"), h.attached("x"))
+	h.ev.Spend(h.party("t1", "p1", "b"), h.attached("x"))
 	if h.ev.Len() != 2 {
 		t.Fatalf("Len = %d, want 2", h.ev.Len())
 	}
@@ -573,7 +575,7 @@ func TestFullBucketForgottenOnAccess(t *testing.T) {
 		t.Errorf("Len after reading a full bucket = %d, want 1", h.ev.Len())
 	}
 	// An attempt on a bucket that had refilled starts from full again.
-	if r := h.ev.Evaluate(h.party("t1", "p1", "b"), h.attached("x")); r.Recipient != OutcomeAttempted {
+	if r := h.ev.Spend(h.party("t1", "p1", "b"), h.attached("x")); r.Recipient != marconi.OutcomeAttempted {
 		t.Fatalf("%+v", r)
 	}
 	if got := h.ev.Tokens(SideRecipient, "t1", "p1", "b"); got != 2 {
@@ -591,8 +593,8 @@ func TestConcurrentEvaluate(t *testing.T) {
 			defer wg.Done()
 			for i := range perG {
 				s := fmt.Sprintf("s%d", (g+i)%sessions)
-				r := h.ev.Evaluate(h.party("t1", "p1", s), h.party("t1", "p1", s))
-				if r.Recipient == OutcomeRateLimited && r.RecipientRouteStale {
+				r := h.ev.Spend(h.party("t1", "p1", s), h.party("t1", "p1", s))
+				if r.Recipient == marconi.OutcomeRateLimited && r.RecipientRouteStale {
 					t.Errorf("rate_limited with recipient_route_stale: %+v", r)
 				}
 				_ = h.ev.Tokens(SideSender, "t1", "p1", s)
@@ -606,8 +608,8 @@ func TestConcurrentEvaluate(t *testing.T) {
 	// Each of the 2*sessions buckets grants exactly MaxAttempts, never more.
 	total := float64(goroutines * perG * 2)
 	want := map[Outcome]float64{
-		OutcomeAttempted:   float64(2 * sessions * 3),
-		OutcomeRateLimited: total - float64(2*sessions*3),
+		marconi.OutcomeAttempted:   float64(2 * sessions * 3),
+		marconi.OutcomeRateLimited: total - float64(2*sessions*3),
 	}
 	h.wantCounts(t, want)
 }

@@ -3,51 +3,14 @@ package selfheal
 import (
 	"errors"
 	"fmt"
-	"regexp"
-	"strings"
 	"time"
+
+	"github.com/marconihub/marconi"
 )
 
-// Outcome is the result of one side's evaluation, exactly the SPEC-168 AC-8
-// enum (null is the empty string).
-type Outcome string
-
-// Outcomes of one side's evaluation. They are also the only label values of
-// marconi_route_self_healed_total.
-const (
-	// OutcomeAttempted: the side has no queue but recent proof of life; the
-	// hint (*_route_stale: true) is set and a token was spent.
-	OutcomeAttempted Outcome = "attempted"
-	// OutcomeSucceeded is reserved for a future server-observed reconnect.
-	OutcomeSucceeded Outcome = "succeeded"
-	// OutcomeNoListener is reserved for a future confirmation that no live
-	// WebSocket handler exists.
-	OutcomeNoListener Outcome = "no_listener"
-	// OutcomeRateLimited: the side's token bucket is empty; no hint is set.
-	OutcomeRateLimited Outcome = "rate_limited"
-	// OutcomeStaleRecency: the side's freshest proof of life is too old; it is
-	// treated as genuinely offline and no hint is set.
-	OutcomeStaleRecency Outcome = "stale_recency"
-	// OutcomeUnsupportedSurface: the recipient's surface has no persistent
-	// WebSocket (codex, piggyback only); no hint is set.
-	OutcomeUnsupportedSurface Outcome = "unsupported_surface"
-	// OutcomeFailed is reserved for a future transient error in detection.
-	OutcomeFailed Outcome = "failed"
-)
-
-// AllOutcomes returns the outcome enum in its documented order. It returns a
-// fresh slice each call, so callers may keep or change it.
-func AllOutcomes() []Outcome {
-	return []Outcome{
-		OutcomeAttempted,
-		OutcomeSucceeded,
-		OutcomeNoListener,
-		OutcomeRateLimited,
-		OutcomeStaleRecency,
-		OutcomeUnsupportedSurface,
-		OutcomeFailed,
-	}
-}
+// Outcome is the result of one side's evaluation: the wire's
+// selfheal_outcome, declared with its values in the root package.
+type Outcome = marconi.Outcome
 
 // Side is a side of a send that is evaluated; each has its own token buckets.
 type Side string
@@ -58,55 +21,16 @@ const (
 	SideSender    Side = "sender"
 )
 
-// Surface is what kind of agent a session is (the surface field of a
-// registration). Whether it keeps a persistent WebSocket decides the
-// self-heal surface gate.
-type Surface string
-
-// Surfaces of the contract. A console is SurfaceConsolePrefix followed by a
-// name of 1 to 64 characters [A-Za-z0-9._-].
-const (
-	SurfaceClaudeCode    Surface = "claude_code"
-	SurfaceHeadlessCC    Surface = "headless_cc"
-	SurfaceHeadlessCX    Surface = "headless_cx"
-	SurfaceCodex         Surface = "codex"
-	SurfaceConsolePrefix         = "console_"
-)
-
-var consoleName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
-// SurfaceNames lists the contract's surfaces for messages, in the order of
-// docs/api.md.
-const SurfaceNames = string(SurfaceClaudeCode) + ", " + SurfaceConsolePrefix + "<name>, " +
-	string(SurfaceHeadlessCC) + ", " + string(SurfaceHeadlessCX) + ", " + string(SurfaceCodex)
-
-// Valid reports whether s is one of the contract's surfaces.
-func (s Surface) Valid() bool {
-	switch s {
-	case SurfaceClaudeCode, SurfaceHeadlessCC, SurfaceHeadlessCX, SurfaceCodex:
-		return true
-	}
-	name, ok := strings.CutPrefix(string(s), SurfaceConsolePrefix)
-	return ok && consoleName.MatchString(name)
-}
-
-// Live reports whether s keeps a persistent WebSocket and so can be healed by
-// a reconnect: claude_code, headless_cc, headless_cx and console_<name> with
-// a non-empty name. codex (piggyback only) and anything else are not live.
-func (s Surface) Live() bool {
-	switch s {
-	case SurfaceClaudeCode, SurfaceHeadlessCC, SurfaceHeadlessCX:
-		return true
-	}
-	name, ok := strings.CutPrefix(string(s), SurfaceConsolePrefix)
-	return ok && name != ""
-}
+// Surface is what kind of agent a session is; its Live method decides the
+// surface gate. It is the wire's surface, declared with its values in the
+// root package.
+type Surface = marconi.Surface
 
 // DefaultEnabled is the default of MARCONI_SELFHEAL for a MARCONI_MODE: on in
 // development, off in lan and cloud until the AC-9 promotion gate is passed.
 // An unknown mode is off.
-func DefaultEnabled(mode string) bool {
-	return mode == "development"
+func DefaultEnabled(mode marconi.DeploymentMode) bool {
+	return mode == marconi.Development
 }
 
 // Config holds the self-heal knobs. cmd/marconi fills it from the environment;
@@ -138,16 +62,29 @@ const (
 )
 
 // DefaultConfig returns the documented defaults for MARCONI_MODE=development
-// (the default mode), so Enabled is true. For another mode set Enabled from
-// DefaultEnabled.
-func DefaultConfig() Config {
-	return Config{
-		Enabled:              DefaultEnabled("development"),
-		Freshness:            DefaultFreshness,
-		SenderStaleThreshold: DefaultSenderStaleThreshold,
-		MaxAttempts:          DefaultMaxAttempts,
-		RefillPeriod:         DefaultRefillPeriod,
+// (the default mode), so Enabled is true.
+func DefaultConfig() Config { return Config{}.WithDefaults(marconi.Development) }
+
+// WithDefaults returns c with each zero knob set to its default, each
+// applied here only. A zero Config is the defaults of mode, Enabled
+// included (DefaultEnabled); otherwise Enabled is as given.
+func (c Config) WithDefaults(mode marconi.DeploymentMode) Config {
+	if c == (Config{}) {
+		c.Enabled = DefaultEnabled(mode)
 	}
+	if c.Freshness == 0 {
+		c.Freshness = DefaultFreshness
+	}
+	if c.SenderStaleThreshold == 0 {
+		c.SenderStaleThreshold = DefaultSenderStaleThreshold
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.RefillPeriod == 0 {
+		c.RefillPeriod = DefaultRefillPeriod
+	}
+	return c
 }
 
 // ErrInvalidConfig is returned (wrapped) by Config.Validate and New when a knob

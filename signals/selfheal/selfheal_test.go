@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/marconihub/marconi"
 )
 
 func TestLiveSurface(t *testing.T) {
@@ -59,14 +61,14 @@ func TestSurfaceValid(t *testing.T) {
 			t.Errorf("Surface(%q).Valid() = %v, want %v", tt.surface, got, tt.want)
 		}
 	}
-	if SurfaceNames != "claude_code, console_<name>, headless_cc, headless_cx, codex" {
-		t.Errorf("SurfaceNames = %q", SurfaceNames)
+	if marconi.SurfaceNames != "claude_code, console_<name>, headless_cc, headless_cx, codex" {
+		t.Errorf("marconi.SurfaceNames = %q", marconi.SurfaceNames)
 	}
 }
 
 func TestAC9_DisabledByDefaultInLANAndCloud(t *testing.T) {
 	tests := []struct {
-		mode string
+		mode marconi.DeploymentMode
 		want bool
 	}{
 		{"development", true},
@@ -126,17 +128,12 @@ func TestConfigValidate(t *testing.T) {
 
 func TestAC8_OutcomeEnum(t *testing.T) {
 	want := []Outcome{"attempted", "succeeded", "no_listener", "rate_limited", "stale_recency", "unsupported_surface", "failed"}
-	got := AllOutcomes()
-	if !slices.Equal(got, want) {
-		t.Fatalf("AllOutcomes() = %v, want %v", got, want)
+	if got := marconi.Outcomes; !slices.Equal(got, want) {
+		t.Fatalf("marconi.Outcomes = %v, want %v", got, want)
 	}
-	consts := []Outcome{OutcomeAttempted, OutcomeSucceeded, OutcomeNoListener, OutcomeRateLimited,
-		OutcomeStaleRecency, OutcomeUnsupportedSurface, OutcomeFailed}
+	consts := []Outcome{marconi.OutcomeAttempted, marconi.OutcomeSucceeded, marconi.OutcomeNoListener, marconi.OutcomeRateLimited,
+		marconi.OutcomeStaleRecency, marconi.OutcomeUnsupportedSurface, marconi.OutcomeFailed}
 	if !slices.Equal(consts, want) {
 		t.Errorf("outcome constants = %v, want %v", consts, want)
-	}
-	got[0] = "mutated"
-	if AllOutcomes()[0] != OutcomeAttempted {
-		t.Error("AllOutcomes shares its backing array with callers")
 	}
 }

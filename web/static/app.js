@@ -168,6 +168,7 @@
     constructor(kind, status, code, message) {
       super(message || kind);
       this.kind = kind;     // unreachable | unauthorized | store | draining | http | bad_response
+      this.hubMessage = message || ''; // the hub's own error message, if any
       this.status = status;
       this.code = code;
     }
@@ -181,7 +182,10 @@
       case 'unauthorized':
         return 'That admin token was refused.';
       case 'store':
-        return 'The hub cannot reach its store (503 registry_unavailable). It fails closed and recovers by itself when the store is back.';
+        // The hub's message names the class of failure (connection refused,
+        // Postgres is read-only during a failover, ...).
+        return 'The hub cannot reach its store (503 registry_unavailable' + (err.hubMessage ? ': ' + err.hubMessage : '') +
+          '). It fails closed and recovers by itself when the store is back.';
       case 'draining':
         return 'The hub is draining (shutting down or restarting): 503 draining.';
       case 'bad_response':

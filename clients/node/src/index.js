@@ -4,4 +4,5 @@
 export { Client, dial, defaults } from './client.js';
 export { ClientClosedError, MarconiError, ReplacedError } from './errors.js';
 export { fileTokenStore } from './tokens.js';
+export { codes, closeCodes } from './codes.js';
 export { TransportError } from './http.js';

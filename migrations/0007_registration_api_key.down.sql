@@ -1,0 +1,1 @@
+ALTER TABLE sessions DROP COLUMN registration_api_key_hash;
