@@ -379,7 +379,7 @@ func parseAPIKeys(v string) (map[string]hub.TenantProject, error) {
 		key, owner, ok := strings.Cut(item, "=")
 		tenant, project, ok2 := strings.Cut(owner, "/")
 		if !ok || !ok2 || !apiKeyRe.MatchString(key) || !signals.ValidSessionID(tenant) || !signals.ValidSessionID(project) {
-			return nil, errors.New("want key=tenant/project pairs: keys of at least 16 printable ASCII characters without spaces, tenant and project ids matching "+signals.IDForm)
+			return nil, fmt.Errorf("want key=tenant/project pairs: keys of at least 16 printable ASCII characters without spaces, tenant and project ids matching %s", signals.IDForm)
 		}
 		if _, dup := keys[key]; dup {
 			// Two owners for one key: whichever won, one tenant would act as the other.
