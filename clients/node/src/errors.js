@@ -7,7 +7,7 @@
 export class MarconiError extends Error {
   /**
    * @param {number} status
-   * @param {string} code
+   * @param {import('../index.js').ErrorCode} code
    * @param {string} message
    * @param {{instanceURL?: string, retryAfterSeconds?: number}} [extra]
    */
