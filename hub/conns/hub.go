@@ -21,8 +21,9 @@ import (
 	"github.com/marconihub/marconi/signals"
 )
 
-// Config is the connection hub's configuration. Every field is required
-// (hub.Config holds the defaults and fills them).
+// Config is the connection hub's configuration. New fills the zero fields
+// that have a default (WithDefaults); InstanceID, SessionTTL, TouchInterval
+// and StoreTimeout are required.
 type Config struct {
 	// InstanceID names this instance in the store's queue records.
 	InstanceID string
@@ -62,8 +63,9 @@ type Config struct {
 	OnQuotaRefused func(marconi.Quota)
 }
 
-// validate checks that every required field is set: a zero PingInterval,
-// say, would fail every connection at its first ping.
+// validate checks, once the defaults are applied, that every field is set
+// and positive: a zero PingInterval, say, would fail every connection at its
+// first ping.
 func (c Config) validate() error {
 	var missing []string
 	for name, ok := range map[string]bool{
@@ -159,6 +161,7 @@ var _ signals.Router = (*Hub)(nil)
 
 // New builds a connection hub and registers its metrics on d.Registry.
 func New(cfg Config, d Deps) (*Hub, error) {
+	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
