@@ -20,6 +20,7 @@ import (
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub/conns"
+	"github.com/marconihub/marconi/internal/ratelimit"
 	"github.com/marconihub/marconi/sessions"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
@@ -57,6 +58,10 @@ type Config struct {
 	MaxPayloadBytes int
 	// SendRatePerSecond is the per-session send limit; the burst is twice it.
 	SendRatePerSecond float64
+	// QuotaAttachesPerSecond is MARCONI_QUOTA_ATTACHES_PER_SECOND (5): the
+	// WebSocket attaches of one session on this instance, burst twice it;
+	// past it an attach is refused with 429 before any store write.
+	QuotaAttachesPerSecond float64
 	// StoreQuotas are the quotas the store enforces inside each append
 	// (pending signals per recipient, pending bytes per project); zero
 	// fields take the signals package's defaults.
@@ -154,12 +159,14 @@ const (
 	// DefaultBodyReadTimeout bounds reading a request body.
 	DefaultBodyReadTimeout   = 10 * time.Second
 	DefaultSendRatePerSecond = 200
-	DefaultRetainAcked       = 24 * time.Hour
-	DefaultRetainExpired     = time.Hour
-	DefaultPruneEvery        = time.Minute
-	DefaultPendingSweep      = 5 * time.Second
-	DefaultHistoryBucket     = 30 * time.Second
-	DefaultTokenCacheSize    = 10000
+	// DefaultQuotaAttachesPerSecond is the attach rate per session.
+	DefaultQuotaAttachesPerSecond = 5
+	DefaultRetainAcked            = 24 * time.Hour
+	DefaultRetainExpired          = time.Hour
+	DefaultPruneEvery             = time.Minute
+	DefaultPendingSweep           = 5 * time.Second
+	DefaultHistoryBucket          = 30 * time.Second
+	DefaultTokenCacheSize         = 10000
 
 	// DefaultQuotaSessionsPerProject caps a project's live sessions.
 	DefaultQuotaSessionsPerProject = sessions.DefaultQuotaSessionsPerProject
@@ -190,6 +197,7 @@ func (c Config) withDefaults() Config {
 	c.StoreTimeout = cmp.Or(c.StoreTimeout, DefaultStoreTimeout)
 	c.BodyReadTimeout = cmp.Or(c.BodyReadTimeout, DefaultBodyReadTimeout)
 	c.SendRatePerSecond = cmp.Or(c.SendRatePerSecond, DefaultSendRatePerSecond)
+	c.QuotaAttachesPerSecond = cmp.Or(c.QuotaAttachesPerSecond, DefaultQuotaAttachesPerSecond)
 	c.TokenCacheSize = cmp.Or(c.TokenCacheSize, DefaultTokenCacheSize)
 	c.Retention.Acked = cmp.Or(c.Retention.Acked, DefaultRetainAcked)
 	c.Retention.Expired = cmp.Or(c.Retention.Expired, DefaultRetainExpired)
@@ -210,15 +218,16 @@ func (c Config) validate() error {
 	}
 	var bad []string
 	for name, ok := range map[string]bool{
-		"SessionTTL":            c.SessionTTL > 0,
-		"HeartbeatInterval":     c.HeartbeatInterval > 0,
-		"TouchInterval":         c.TouchInterval > 0,
-		"StoreTimeout":          c.StoreTimeout > 0,
-		"BodyReadTimeout":       c.BodyReadTimeout > 0,
-		"SendRatePerSecond":     c.SendRatePerSecond > 0,
-		"Retention":             c.Retention.Acked > 0 && c.Retention.Expired > 0 && c.Retention.Every > 0,
-		"PendingSweep":          c.PendingSweep > 0,
-		"SelfhealHistoryBucket": c.SelfhealHistoryBucket > 0,
+		"SessionTTL":             c.SessionTTL > 0,
+		"HeartbeatInterval":      c.HeartbeatInterval > 0,
+		"TouchInterval":          c.TouchInterval > 0,
+		"StoreTimeout":           c.StoreTimeout > 0,
+		"BodyReadTimeout":        c.BodyReadTimeout > 0,
+		"SendRatePerSecond":      c.SendRatePerSecond > 0,
+		"QuotaAttachesPerSecond": c.QuotaAttachesPerSecond > 0,
+		"Retention":              c.Retention.Acked > 0 && c.Retention.Expired > 0 && c.Retention.Every > 0,
+		"PendingSweep":           c.PendingSweep > 0,
+		"SelfhealHistoryBucket":  c.SelfhealHistoryBucket > 0,
 	} {
 		if !ok {
 			bad = append(bad, name)
@@ -269,6 +278,10 @@ type Server struct {
 	history  *selfhealHistory // nil without a Gatherer
 	sessions *sessions.Service
 	quotas   *quotaMetrics
+	// attaches is the per-session attach quota; heartbeatWrites lets one
+	// heartbeat write per session through per TouchInterval.
+	attaches        *ratelimit.Limiter[sessionstore.Key]
+	heartbeatWrites *pacer[sessionstore.Key]
 
 	draining      atomic.Bool
 	storeNotReady atomic.Bool                // set while the store's schema is not migrated
@@ -319,6 +332,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 		limits:  newSendLimiter(cfg.SendRatePerSecond, d.Now),
 		tokens:  newTokenCache(cfg.TokenCacheSize, cfg.TouchInterval),
 		quotas:  qm,
+
+		attaches:        ratelimit.New[sessionstore.Key](cfg.QuotaAttachesPerSecond, d.Now),
+		heartbeatWrites: newPacer[sessionstore.Key](cfg.TouchInterval),
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
 	if err != nil {
@@ -409,17 +425,19 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		e.Match(getHead, "/metrics", echo.WrapHandler(promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
 	}
 
+	// Every credential is checked before the body is read (withBody): a
+	// request without one costs no body read (docs/security.md).
 	v1 := e.Group("/v1", s.storeDeadline)
-	v1.POST("/sessions", s.register)
-	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth)
-	v1.DELETE("/session", s.deregister, s.sessionAuth)
-	v1.POST("/signals", s.send, s.sendAuth, s.provesLife)
-	v1.GET("/signals", s.drain, s.sessionAuth, s.provesLife)
-	v1.POST("/signals/ack", s.ack, s.sessionAuth, s.provesLife)
-	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth, s.provesLife)
+	v1.POST("/sessions", s.register, s.apiKeyAuth, s.withBody)
+	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth, s.withBody)
+	v1.DELETE("/session", s.deregister, s.sessionAuth, s.withBody)
+	v1.POST("/signals", s.send, s.sendAuth, s.withBody, s.provesLife)
+	v1.GET("/signals", s.drain, s.sessionAuth, s.withBody, s.provesLife)
+	v1.POST("/signals/ack", s.ack, s.sessionAuth, s.withBody, s.provesLife)
+	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth, s.withBody, s.provesLife)
 	v1.GET("/ws", s.attach)
 
-	ops := v1.Group("/ops", s.adminAuth)
+	ops := v1.Group("/ops", s.adminAuth, s.withBody)
 	ops.POST("/api_keys", s.createAPIKey)
 	ops.GET("/route_state", s.routeStateList)
 	ops.GET("/route_state/:tenant/:project/:session", s.routeStateOne)
@@ -568,6 +586,8 @@ func (s *Server) Run(ctx context.Context) error {
 			s.selfheal.Sweep()
 			s.limits.Sweep()
 			s.sessions.Sweep()
+			s.attaches.Sweep()
+			s.heartbeatWrites.sweep(s.now())
 		})
 		return nil
 	})
@@ -618,26 +638,79 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // storeDeadline bounds the store calls of ordinary requests so that an
 // unreachable store answers 503 quickly instead of hanging. The body is read
-// first, on its own bound (readBody), so the deadline covers store calls only.
+// after the credential is checked, on its own bound (withBody), which then
+// gives the handler's store calls a deadline of their own.
 func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.storeNotReady.Load() {
-			return marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.notReadyMessage(false))
+			return refuseUnread(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.notReadyMessage(false)))
 		}
 		if sm := s.schemaOff.Load(); sm != nil && sm.Refuse {
-			return marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.schemaMismatch(false))
+			return refuseUnread(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.schemaMismatch(false)))
 		}
 		if c.Path() == "/v1/ws" {
 			return next(c)
 		}
+		d := &requestDeadline{base: c.Request().Context(), timeout: s.cfg.StoreTimeout}
+		defer d.stop()
+		c.Set(ctxDeadline, d)
+		d.arm(c)
+		return refuseUnread(c, next(c))
+	}
+}
+
+// ctxDeadline is where storeDeadline leaves the request's *requestDeadline.
+const ctxDeadline = "marconi.store_deadline"
+
+// requestDeadline is the deadline of a request's store calls; withBody arms
+// it again once the body is read, so that the read does not spend it.
+type requestDeadline struct {
+	base    context.Context
+	timeout time.Duration
+	cancel  context.CancelFunc
+}
+
+// arm gives c's request a fresh deadline, timeout from now.
+func (d *requestDeadline) arm(c echo.Context) {
+	d.stop()
+	ctx, cancel := context.WithTimeout(d.base, d.timeout)
+	d.cancel = cancel
+	c.SetRequest(c.Request().WithContext(ctx))
+}
+
+func (d *requestDeadline) stop() {
+	if d.cancel != nil {
+		d.cancel()
+	}
+}
+
+// withBody reads the request body (readBody) once its credential has been
+// checked, and arms the store deadline anew for the handler.
+func (s *Server) withBody(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
 		if err := s.readBody(c); err != nil {
 			return err
 		}
-		ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
-		defer cancel()
-		c.SetRequest(c.Request().WithContext(ctx))
+		if d, ok := c.Get(ctxDeadline).(*requestDeadline); ok {
+			d.arm(c)
+		}
 		return next(c)
 	}
+}
+
+// refuseUnread returns err, first asking net/http to close the connection
+// after the answer when err refuses a request whose body is unread: else,
+// to reuse the connection, net/http would read what is left of the body
+// before answering, and a client that never sends it would hold the answer.
+func refuseUnread(c echo.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	req := c.Request()
+	if _, read := req.Body.(*bufferedBody); !read && req.ContentLength != 0 && req.Body != nil && req.Body != http.NoBody {
+		c.Response().Header().Set(echo.HeaderConnection, "close")
+	}
+	return err
 }
 
 func (s *Server) healthz(c echo.Context) error {

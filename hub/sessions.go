@@ -129,12 +129,12 @@ type heartbeatResponse struct {
 func (s *Server) heartbeat(c echo.Context) error {
 	sess := session(c)
 	ctx := c.Request().Context()
-	exp, err := s.sessions.Heartbeat(ctx, sess.Key)
+	now := s.now()
+	sess, err := s.heartbeatTouch(ctx, sess, now)
 	if err != nil {
 		return err
 	}
-	now := s.now()
-	sess.LastSeenAt, sess.LastVerbAt, sess.ExpiresAt = now, now, exp
+	exp := sess.ExpiresAt
 	route := s.conns.Route(ctx, sess)
 	resp := heartbeatResponse{
 		SessionID:  sess.SessionID,

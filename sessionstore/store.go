@@ -325,7 +325,11 @@ type Store interface {
 	// afterSeq, in seq order, at most limit of them.
 	PendingSignals(ctx context.Context, k Key, afterSeq int64, limit int) ([]Signal, error)
 	// AckSignals acknowledges every signal of k with seq <= upToSeq and
-	// returns how many this call acknowledged.
+	// returns how many this call acknowledged. An acknowledged signal is
+	// never delivered again, so its payload is dropped at once: what stays
+	// until Prune (id, seq, sender, idempotency key, the send's answer) is
+	// what ordering and a duplicate send need, and a duplicate of it is
+	// answered with a Signal whose Payload is nil.
 	AckSignals(ctx context.Context, k Key, upToSeq int64, at time.Time) (int, error)
 	// CountPending returns how many signals of k are unacknowledged.
 	CountPending(ctx context.Context, k Key) (int, error)

@@ -34,6 +34,9 @@ var (
 	// DisconnectFrameRate closes a connection whose client sends frames
 	// faster than MARCONI_WS_FRAMES_PER_SECOND (burst twice it).
 	DisconnectFrameRate = Disconnect{marconi.ClosePolicy, "quota_exceeded: frames_per_second", "quota_exceeded"}
+	// DisconnectInvalidUTF8 closes a connection whose client sent a text
+	// frame that is not UTF-8 (RFC 6455 §8.1).
+	DisconnectInvalidUTF8 = Disconnect{marconi.CloseInvalidPayload, "invalid UTF-8 in a text frame", labelInvalidUTF8}
 )
 
 // Labels of disconnects the peer or the network decides.
@@ -42,9 +45,10 @@ const (
 	labelConnectionLost = "connection_lost"
 	labelPingTimeout    = "ping_timeout"
 	labelMessageTooBig  = "message_too_big"
+	labelInvalidUTF8    = "invalid_utf8"
 )
 
 // disconnectLabels are every label of marconi_ws_disconnects_total, so that
 // each series exists from the start. affinity_reset is kept for dashboards
 // that query it.
-var disconnectLabels = []string{labelClientClosed, labelConnectionLost, labelPingTimeout, "replaced", "slow_consumer", "deregistered", "shutdown", labelMessageTooBig, "affinity_reset", "quota_exceeded", "operator"}
+var disconnectLabels = []string{labelClientClosed, labelConnectionLost, labelPingTimeout, "replaced", "slow_consumer", "deregistered", "shutdown", labelMessageTooBig, "affinity_reset", "quota_exceeded", "operator", labelInvalidUTF8}

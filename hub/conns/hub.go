@@ -199,7 +199,20 @@ func New(cfg Config, d Deps) (*Hub, error) {
 // stack and keeps it small (see serve), while the handler's goroutine and
 // what the HTTP exchange allocated are released. Close waits for it.
 func (h *Hub) Attach(w http.ResponseWriter, r *http.Request, sess sessionstore.Session, welcome Welcome, release func()) {
-	ws, err := websocket.Accept(leanHijack{w}, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	// Control frames spend the frame budget as data frames do. The library
+	// calls these from whichever goroutine reads: the reader, or a Close
+	// waiting for the peer's close frame, which may run before start has
+	// returned the connection (a frame then is not counted).
+	var conn atomic.Pointer[Conn]
+	control := func() bool {
+		c := conn.Load()
+		return c != nil && c.controlFrame()
+	}
+	ws, err := websocket.Accept(leanHijack{w}, r, &websocket.AcceptOptions{
+		InsecureSkipVerify: true,
+		OnPingReceived:     func(context.Context, []byte) bool { return control() },
+		OnPongReceived:     func(context.Context, []byte) { control() },
+	})
 	if err != nil {
 		release()
 		h.log.Debug("websocket accept failed", KeyAttrs(sess.Key), "err", err)
@@ -217,6 +230,7 @@ func (h *Hub) Attach(w http.ResponseWriter, r *http.Request, sess sessionstore.S
 	h.wg.Add(1)
 	h.mu.Unlock()
 	c := h.start(sess, ws, welcome)
+	conn.Store(c)
 	go func() {
 		defer h.wg.Done()
 		defer release()

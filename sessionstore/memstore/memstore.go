@@ -787,6 +787,9 @@ func (m *Store) ack(k sessionstore.Key, upToSeq int64, at time.Time) int {
 		sg.ackedAt = ts(at)
 		s.pendingBytes -= int64(len(sg.sig.Payload))
 		m.addProjectBytes(k, -int64(len(sg.sig.Payload)))
+		// Never delivered again: only its id, seq and answer stay, for a
+		// duplicate send until Prune (sessionstore.Store.AckSignals).
+		sg.sig.Payload = nil
 		n++
 	}
 	s.acked += n

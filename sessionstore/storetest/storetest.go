@@ -97,6 +97,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"Quota/pending bytes per project: refused stores nothing, acking or deleting frees room", testQuotaPendingBytesPerProject},
 		{"PendingSignals/after seq, limit, order, acked excluded", testPending},
 		{"AckSignals/returns how many this call acknowledged", testAck},
+		{"AckSignals/drops acknowledged payloads; a duplicate still gets the first answer", testAckDropsPayload},
 		{"CountPending and DropPending", testDropPending},
 		{"PendingTotal counts live sessions' unacked signals", testPendingTotal},
 		{"Prune keeps the newest KeepFallbackEvents fallback events", testPruneFallbacks},

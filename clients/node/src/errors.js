@@ -60,9 +60,7 @@ export function decodeError(status, body, retryAfter = null) {
     if (msg === '') msg = `HTTP ${status}`;
     return new MarconiError(status, codes.unexpectedResponse, msg, { retryAfterSeconds: seconds });
   }
-  // The hub answers only the codes of docs/api.md (ErrorCode).
-  const code = /** @type {ErrorCode} */ (e.code);
-  return new MarconiError(status, code, String(e.message ?? ''), {
+  return new MarconiError(status, e.code, String(e.message ?? ''), {
     instanceURL: typeof e.instance_url === 'string' ? e.instance_url : undefined,
     retryAfterSeconds: seconds,
   });
