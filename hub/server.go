@@ -20,6 +20,7 @@ import (
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub/conns"
+	"github.com/marconihub/marconi/internal/fieldcheck"
 	"github.com/marconihub/marconi/internal/ratelimit"
 	"github.com/marconihub/marconi/sessions"
 	"github.com/marconihub/marconi/sessionstore"
@@ -216,8 +217,7 @@ func (c Config) validate() error {
 	if !slices.Contains(marconi.DeploymentModes, c.Mode) {
 		return fmt.Errorf("hub: Mode %q is not one of %v", c.Mode, marconi.DeploymentModes)
 	}
-	var bad []string
-	for name, ok := range map[string]bool{
+	return fieldcheck.Check("hub", "positive", map[string]bool{
 		"SessionTTL":             c.SessionTTL > 0,
 		"HeartbeatInterval":      c.HeartbeatInterval > 0,
 		"TouchInterval":          c.TouchInterval > 0,
@@ -228,16 +228,7 @@ func (c Config) validate() error {
 		"Retention":              c.Retention.Acked > 0 && c.Retention.Expired > 0 && c.Retention.Every > 0,
 		"PendingSweep":           c.PendingSweep > 0,
 		"SelfhealHistoryBucket":  c.SelfhealHistoryBucket > 0,
-	} {
-		if !ok {
-			bad = append(bad, name)
-		}
-	}
-	if len(bad) > 0 {
-		slices.Sort(bad)
-		return fmt.Errorf("hub: Config fields must be positive: %s", strings.Join(bad, ", "))
-	}
-	return nil
+	})
 }
 
 // Deps are the collaborators the hub is wired with.

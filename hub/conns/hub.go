@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/internal/fieldcheck"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 )
@@ -67,8 +66,7 @@ type Config struct {
 // and positive: a zero PingInterval, say, would fail every connection at its
 // first ping.
 func (c Config) validate() error {
-	var missing []string
-	for name, ok := range map[string]bool{
+	return fieldcheck.Check("conns", "set and positive", map[string]bool{
 		"InstanceID":               c.InstanceID != "",
 		"SessionTTL":               c.SessionTTL > 0,
 		"TouchInterval":            c.TouchInterval > 0,
@@ -81,16 +79,7 @@ func (c Config) validate() error {
 		"FramesPerSecond":          c.FramesPerSecond > 0,
 		"MaxConnections":           c.MaxConnections > 0,
 		"MaxConnectionsPerAddress": c.MaxConnectionsPerAddress > 0,
-	} {
-		if !ok {
-			missing = append(missing, name)
-		}
-	}
-	if len(missing) > 0 {
-		slices.Sort(missing)
-		return fmt.Errorf("conns: Config fields must be set and positive: %s", strings.Join(missing, ", "))
-	}
-	return nil
+	})
 }
 
 // Store is what the connection hub uses of sessionstore.Store; the methods'
