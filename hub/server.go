@@ -1,10 +1,13 @@
 package hub
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -17,6 +20,7 @@ import (
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub/conns"
+	"github.com/marconihub/marconi/internal/fieldcheck"
 	"github.com/marconihub/marconi/internal/ratelimit"
 	"github.com/marconihub/marconi/sessions"
 	"github.com/marconihub/marconi/sessionstore"
@@ -26,7 +30,8 @@ import (
 )
 
 // Config is the hub's configuration. cmd/marconi fills it from the
-// environment; zero durations and sizes mean the documented defaults.
+// environment; zero durations and sizes mean the documented defaults, and
+// New refuses a value out of range, naming the field.
 type Config struct {
 	// Mode is development, lan or cloud.
 	Mode marconi.DeploymentMode
@@ -142,8 +147,10 @@ type TenantProject struct {
 	TenantID, ProjectID string
 }
 
-// Defaults of Config's zero fields, each set here only (the send path's,
-// self-heal's and the fabric's are set in their packages).
+// Defaults of Config's zero fields. The hub's own are set here only; those
+// of a field the hub hands to a package are that package's, named here for
+// cmd/marconi (the send path's, self-heal's and the fabric's have no name
+// here).
 const (
 	DefaultMode              = marconi.Development
 	DefaultSessionTTL        = time.Hour
@@ -151,114 +158,77 @@ const (
 	DefaultTouchInterval     = 5 * time.Second
 	DefaultStoreTimeout      = 3 * time.Second
 	// DefaultBodyReadTimeout bounds reading a request body.
-	DefaultBodyReadTimeout = 10 * time.Second
-	// DefaultQuotaSessionsPerProject caps a project's live sessions.
-	DefaultQuotaSessionsPerProject = 20000
-	// DefaultQuotaRegistrationsPerSecond is the registration rate per API key.
-	DefaultQuotaRegistrationsPerSecond = 50
-	DefaultSendRatePerSecond           = 200
-	DefaultQuotaAttachesPerSecond      = 5
-	DefaultWSPingInterval              = 20 * time.Second
-	DefaultWSReadLimit                 = 32768
-	DefaultWSQueueSize                 = 256
-	DefaultWSWriteTimeout              = 10 * time.Second
-	DefaultRetainAcked                 = 24 * time.Hour
-	DefaultRetainExpired               = time.Hour
-	DefaultPruneEvery                  = time.Minute
-	DefaultPendingSweep                = 5 * time.Second
-	DefaultHistoryBucket               = 30 * time.Second
-	DefaultTokenCacheSize              = 10000
-	// DefaultRegistrationRetry is how long a registration's Idempotency-Key retries it.
-	DefaultRegistrationRetry = 5 * time.Minute
+	DefaultBodyReadTimeout   = 10 * time.Second
+	DefaultSendRatePerSecond = 200
+	// DefaultQuotaAttachesPerSecond is the attach rate per session.
+	DefaultQuotaAttachesPerSecond = 5
+	DefaultRetainAcked            = 24 * time.Hour
+	DefaultRetainExpired          = time.Hour
+	DefaultPruneEvery             = time.Minute
+	DefaultPendingSweep           = 5 * time.Second
+	DefaultHistoryBucket          = 30 * time.Second
+	DefaultTokenCacheSize         = 10000
 
-	DefaultWSAckInterval            = 5 * time.Millisecond
-	DefaultWSFramesPerSecond        = 100
-	DefaultMaxConnections           = 100000
-	DefaultMaxConnectionsPerAddress = 25000
+	// DefaultQuotaSessionsPerProject caps a project's live sessions.
+	DefaultQuotaSessionsPerProject = sessions.DefaultQuotaSessionsPerProject
+	// DefaultQuotaRegistrationsPerSecond is the registration rate per API key.
+	DefaultQuotaRegistrationsPerSecond = sessions.DefaultQuotaRegistrationsPerSecond
+	// DefaultRegistrationRetry is how long a registration's Idempotency-Key retries it.
+	DefaultRegistrationRetry = sessions.DefaultRetryWindow
+
+	DefaultWSPingInterval           = conns.DefaultPingInterval
+	DefaultWSReadLimit              = conns.DefaultReadLimit
+	DefaultWSQueueSize              = conns.DefaultQueueSize
+	DefaultWSWriteTimeout           = conns.DefaultWriteTimeout
+	DefaultWSAckInterval            = conns.DefaultAckInterval
+	DefaultWSFramesPerSecond        = conns.DefaultFramesPerSecond
+	DefaultMaxConnections           = conns.DefaultMaxConnections
+	DefaultMaxConnectionsPerAddress = conns.DefaultMaxConnectionsPerAddress
 )
 
-func (c *Config) setDefaults() {
-	if c.Mode == "" {
-		c.Mode = DefaultMode
-	}
-	if c.InstanceID == "" {
-		c.InstanceID = "local"
-	}
-	if c.SessionTTL == 0 {
-		c.SessionTTL = DefaultSessionTTL
-	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
-	}
-	if c.TouchInterval == 0 {
-		c.TouchInterval = DefaultTouchInterval
-	}
-	if c.StoreTimeout == 0 {
-		c.StoreTimeout = DefaultStoreTimeout
-	}
-	if c.BodyReadTimeout == 0 {
-		c.BodyReadTimeout = DefaultBodyReadTimeout
-	}
-	if c.QuotaSessionsPerProject == 0 {
-		c.QuotaSessionsPerProject = DefaultQuotaSessionsPerProject
-	}
-	if c.QuotaRegistrationsPerSecond == 0 {
-		c.QuotaRegistrationsPerSecond = DefaultQuotaRegistrationsPerSecond
-	}
-	if c.SendRatePerSecond == 0 {
-		c.SendRatePerSecond = DefaultSendRatePerSecond
-	}
-	if c.QuotaAttachesPerSecond == 0 {
-		c.QuotaAttachesPerSecond = DefaultQuotaAttachesPerSecond
-	}
-	if c.TokenCacheSize == 0 {
-		c.TokenCacheSize = DefaultTokenCacheSize
-	}
-	if c.WSPingInterval == 0 {
-		c.WSPingInterval = DefaultWSPingInterval
-	}
-	if c.WSReadLimit == 0 {
-		c.WSReadLimit = DefaultWSReadLimit
-	}
-	if c.WSQueueSize == 0 {
-		c.WSQueueSize = DefaultWSQueueSize
-	}
-	if c.WSWriteTimeout == 0 {
-		c.WSWriteTimeout = DefaultWSWriteTimeout
-	}
-	if c.WSAckInterval == 0 {
-		c.WSAckInterval = DefaultWSAckInterval
-	}
-	if c.WSFramesPerSecond == 0 {
-		c.WSFramesPerSecond = DefaultWSFramesPerSecond
-	}
-	if c.MaxConnections == 0 {
-		c.MaxConnections = DefaultMaxConnections
-	}
-	if c.MaxConnectionsPerAddress == 0 {
-		c.MaxConnectionsPerAddress = DefaultMaxConnectionsPerAddress
-	}
+// withDefaults returns c with each of the hub's own zero fields set to its
+// default, and self-heal's filled for c.Mode. The fields the hub hands to
+// conns and sessions stay as they are: those packages fill them.
+func (c Config) withDefaults() Config {
+	c.Mode = cmp.Or(c.Mode, DefaultMode)
+	c.InstanceID = cmp.Or(c.InstanceID, "local")
+	c.SessionTTL = cmp.Or(c.SessionTTL, DefaultSessionTTL)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.TouchInterval = cmp.Or(c.TouchInterval, DefaultTouchInterval)
+	c.StoreTimeout = cmp.Or(c.StoreTimeout, DefaultStoreTimeout)
+	c.BodyReadTimeout = cmp.Or(c.BodyReadTimeout, DefaultBodyReadTimeout)
+	c.SendRatePerSecond = cmp.Or(c.SendRatePerSecond, DefaultSendRatePerSecond)
+	c.QuotaAttachesPerSecond = cmp.Or(c.QuotaAttachesPerSecond, DefaultQuotaAttachesPerSecond)
+	c.TokenCacheSize = cmp.Or(c.TokenCacheSize, DefaultTokenCacheSize)
+	c.Retention.Acked = cmp.Or(c.Retention.Acked, DefaultRetainAcked)
+	c.Retention.Expired = cmp.Or(c.Retention.Expired, DefaultRetainExpired)
+	c.Retention.Every = cmp.Or(c.Retention.Every, DefaultPruneEvery)
+	c.PendingSweep = cmp.Or(c.PendingSweep, DefaultPendingSweep)
+	c.SelfhealHistoryBucket = cmp.Or(c.SelfhealHistoryBucket, DefaultHistoryBucket)
 	c.SelfHeal = c.SelfHeal.WithDefaults(c.Mode)
-	if c.Retention.Acked == 0 {
-		c.Retention.Acked = DefaultRetainAcked
-	}
-	if c.Retention.Expired == 0 {
-		c.Retention.Expired = DefaultRetainExpired
-	}
-	if c.Retention.Every == 0 {
-		c.Retention.Every = DefaultPruneEvery
-	}
-	if c.PendingSweep == 0 {
-		c.PendingSweep = DefaultPendingSweep
-	}
-	if c.RegistrationRetry == 0 {
-		c.RegistrationRetry = DefaultRegistrationRetry
-	}
-	if c.SelfhealHistoryBucket == 0 {
-		c.SelfhealHistoryBucket = DefaultHistoryBucket
-	}
 	c.Fabric.InstanceID = c.InstanceID
 	c.Fabric.PublicURL = c.PublicURL
+	return c
+}
+
+// validate checks the hub's own fields once their defaults are applied; the
+// packages check theirs when the hub builds them.
+func (c Config) validate() error {
+	if !slices.Contains(marconi.DeploymentModes, c.Mode) {
+		return fmt.Errorf("hub: Mode %q is not one of %v", c.Mode, marconi.DeploymentModes)
+	}
+	return fieldcheck.Check("hub", "positive", map[string]bool{
+		"SessionTTL":             c.SessionTTL > 0,
+		"HeartbeatInterval":      c.HeartbeatInterval > 0,
+		"TouchInterval":          c.TouchInterval > 0,
+		"StoreTimeout":           c.StoreTimeout > 0,
+		"BodyReadTimeout":        c.BodyReadTimeout > 0,
+		"SendRatePerSecond":      c.SendRatePerSecond > 0,
+		"QuotaAttachesPerSecond": c.QuotaAttachesPerSecond > 0,
+		"Retention":              c.Retention.Acked > 0 && c.Retention.Expired > 0 && c.Retention.Every > 0,
+		"PendingSweep":           c.PendingSweep > 0,
+		"SelfhealHistoryBucket":  c.SelfhealHistoryBucket > 0,
+	})
 }
 
 // Deps are the collaborators the hub is wired with.
@@ -317,7 +287,10 @@ type Server struct {
 
 // New builds a hub. It does not listen; serve Handler() or use Start.
 func New(cfg Config, d Deps) (*Server, error) {
-	cfg.setDefaults()
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
 	if d.Store == nil {
 		return nil, errors.New("hub: no store")
 	}

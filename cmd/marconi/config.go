@@ -263,7 +263,7 @@ func settings(c *Config) []setting {
 			return nil
 		}, public},
 		{"MARCONI_DEFAULT_RUNTIME_MODE", string(fabric.DefaultRuntimeMode), "runtime mode of a registration that names none", func(c *Config, v string) error {
-			m, err := fabric.NormalizeRuntimeMode(v)
+			m, err := fabric.NormalizeRuntimeMode(fabric.Mode(v))
 			if err != nil {
 				return err
 			}

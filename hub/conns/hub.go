@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,12 +15,14 @@ import (
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/internal/fieldcheck"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 )
 
-// Config is the connection hub's configuration. Every field is required
-// (hub.Config holds the defaults and fills them).
+// Config is the connection hub's configuration. New fills the zero fields
+// that have a default (WithDefaults); InstanceID, SessionTTL, TouchInterval
+// and StoreTimeout are required.
 type Config struct {
 	// InstanceID names this instance in the store's queue records.
 	InstanceID string
@@ -62,11 +62,11 @@ type Config struct {
 	OnQuotaRefused func(marconi.Quota)
 }
 
-// validate checks that every required field is set: a zero PingInterval,
-// say, would fail every connection at its first ping.
+// validate checks, once the defaults are applied, that every field is set
+// and positive: a zero PingInterval, say, would fail every connection at its
+// first ping.
 func (c Config) validate() error {
-	var missing []string
-	for name, ok := range map[string]bool{
+	return fieldcheck.Check("conns", "set and positive", map[string]bool{
 		"InstanceID":               c.InstanceID != "",
 		"SessionTTL":               c.SessionTTL > 0,
 		"TouchInterval":            c.TouchInterval > 0,
@@ -79,16 +79,7 @@ func (c Config) validate() error {
 		"FramesPerSecond":          c.FramesPerSecond > 0,
 		"MaxConnections":           c.MaxConnections > 0,
 		"MaxConnectionsPerAddress": c.MaxConnectionsPerAddress > 0,
-	} {
-		if !ok {
-			missing = append(missing, name)
-		}
-	}
-	if len(missing) > 0 {
-		slices.Sort(missing)
-		return fmt.Errorf("conns: Config fields must be set and positive: %s", strings.Join(missing, ", "))
-	}
-	return nil
+	})
 }
 
 // Store is what the connection hub uses of sessionstore.Store; the methods'
@@ -159,6 +150,7 @@ var _ signals.Router = (*Hub)(nil)
 
 // New builds a connection hub and registers its metrics on d.Registry.
 func New(cfg Config, d Deps) (*Hub, error) {
+	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
