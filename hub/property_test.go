@@ -139,7 +139,7 @@ type modelSession struct {
 	inc     int   // incarnation: idempotency keys are unique to one
 	keys    map[string]modelSignal
 	answers map[string]string // the delivery each key's first send answered: a duplicate repeats it, acknowledged or not
-	burned  map[string]bool // keys whose signal's recipient deregistered: the contract says nothing of them
+	burned  map[string]bool   // keys whose signal's recipient deregistered: the contract says nothing of them
 	conn    *modelConn
 }
 

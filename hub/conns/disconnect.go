@@ -23,11 +23,11 @@ var (
 	DisconnectReplacedElsewhere = Disconnect{marconi.CloseReplaced, "replaced by a newer connection of this session on another instance", "replaced"}
 	// DisconnectTokenReplaced closes a connection opened with a token that
 	// a resume or a takeover replaced.
-	DisconnectTokenReplaced     = Disconnect{marconi.CloseReplaced, "session token replaced (resumed or taken over); reconnect with the new token", "replaced"}
-	DisconnectSessionGone       = Disconnect{marconi.CloseSessionExpired, "session deregistered or expired; register again", "deregistered"}
-	DisconnectDeregistered      = Disconnect{marconi.CloseSessionExpired, "session deregistered", "deregistered"}
-	DisconnectSlowConsumer      = Disconnect{marconi.CloseSlowConsumer, "slow consumer: queue full; signals stay durable", "slow_consumer"}
-	DisconnectShutdown          = Disconnect{marconi.CloseRestarting, "hub restarting", "shutdown"}
+	DisconnectTokenReplaced = Disconnect{marconi.CloseReplaced, "session token replaced (resumed or taken over); reconnect with the new token", "replaced"}
+	DisconnectSessionGone   = Disconnect{marconi.CloseSessionExpired, "session deregistered or expired; register again", "deregistered"}
+	DisconnectDeregistered  = Disconnect{marconi.CloseSessionExpired, "session deregistered", "deregistered"}
+	DisconnectSlowConsumer  = Disconnect{marconi.CloseSlowConsumer, "slow consumer: queue full; signals stay durable", "slow_consumer"}
+	DisconnectShutdown      = Disconnect{marconi.CloseRestarting, "hub restarting", "shutdown"}
 	// DisconnectOperator is the dashboard's disconnect action: 1012, so the
 	// client reconnects as after a restart.
 	DisconnectOperator = Disconnect{marconi.CloseRestarting, "disconnected by an operator; reconnect", "operator"}
