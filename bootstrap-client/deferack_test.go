@@ -6,6 +6,7 @@ import (
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/sessionstore"
 )
 
 // With DeferAck the client acknowledges nothing by itself: a signal handed to
@@ -45,6 +46,14 @@ func TestDeferAckLeavesAckToTheApplication(t *testing.T) {
 	if err := bob.Ack(ctx, second.sigs[1]); err != nil { // one and two
 		t.Fatal(err)
 	}
+	// The ack rides the WebSocket, which a Close right behind it may cut
+	// before the hub has read it (then the signals come again: at least
+	// once). Wait until the hub has it, so the next client's view is known.
+	bobKey := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}
+	waitFor(t, "the hub to record the ack of one and two", func() bool {
+		left, err := h.Store.PendingSignals(ctx, bobKey, 0, 10)
+		return err == nil && len(left) == 1
+	})
 	bob.Close()
 
 	var third inbox
