@@ -25,6 +25,17 @@ func decodeBody(c echo.Context, limit int64, v any) error {
 	if len(body) == 0 || body[0] != '{' {
 		return marconi.Errorf(marconi.CodeInvalidJSON, "the body must be one JSON object")
 	}
+	// One object alone, the common case, decodes without a Decoder and its
+	// buffers; anything else takes decodeStrict, which words the error.
+	if err := json.Unmarshal(body, v); err == nil {
+		return nil
+	}
+	return decodeStrict(body, v)
+}
+
+// decodeStrict decodes body, one JSON object with nothing after it, into v
+// with a Decoder, and words what is wrong with it as decodeBody documents.
+func decodeStrict(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(v); err != nil {
 		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok && te.Field != "" {
