@@ -78,7 +78,7 @@ func (s *Server) send(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, sendResponse{
+	return writeSendAnswer(c, sendResponse{
 		SignalID:            res.Signal.ID,
 		Seq:                 res.Signal.Seq,
 		Delivery:            string(res.Delivery),
