@@ -49,7 +49,8 @@ type Conn struct {
 	attachedAt time.Time
 	welcome    Welcome
 	acks       *acks
-	frames     bucket // the reader's frame rate
+	frames     bucket     // the reader's frame rate
+	wb         writeBound // bounds the writer's frame writes (writer.go)
 
 	// ctx ends when the connection does: the reader, a writer or a ping
 	// that fails cancels it, and the others stop.
