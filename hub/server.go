@@ -651,8 +651,8 @@ func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 		if err := s.readBody(c); err != nil {
 			return err
 		}
-		ctx, cancel := context.WithTimeout(c.Request().Context(), s.cfg.StoreTimeout)
-		defer cancel()
+		ctx := newStoreContext(c.Request().Context(), s.cfg.StoreTimeout)
+		defer ctx.release()
 		c.SetRequest(c.Request().WithContext(ctx))
 		return next(c)
 	}
