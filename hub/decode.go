@@ -25,8 +25,12 @@ func decodeBody(c echo.Context, limit int64, v any) error {
 	if len(body) == 0 || body[0] != '{' {
 		return marconi.Errorf(marconi.CodeInvalidJSON, "the body must be one JSON object")
 	}
-	// One object alone, the common case, decodes without a Decoder and its
-	// buffers; anything else takes decodeStrict, which words the error.
+	// A send in its plain form decodes by hand; one object alone, the
+	// common case, without a Decoder and its buffers; anything else takes
+	// decodeStrict, which words the error.
+	if req, ok := v.(*sendRequest); ok && decodeSendRequest(body, req) {
+		return nil
+	}
 	if err := json.Unmarshal(body, v); err == nil {
 		return nil
 	}
