@@ -17,20 +17,49 @@ import (
 // object, invalid_field (naming the field) for a wrong type, and
 // payload_too_large past the limit.
 func decodeBody(c echo.Context, limit int64, v any) error {
-	body, err := limitedBody(c, limit)
+	body, err := objectBody(c, limit)
 	if err != nil {
 		return err
 	}
-	body = bytes.TrimSpace(body)
-	if len(body) == 0 || body[0] != '{' {
-		return marconi.Errorf(marconi.CodeInvalidJSON, "the body must be one JSON object")
+	return decodeObject(body, v)
+}
+
+// decodeSendBody is decodeBody for a send: one in its plain form decodes
+// by hand (decodeSendRequest), and req stays off the heap.
+func decodeSendBody(c echo.Context, limit int64, req *sendRequest) error {
+	body, err := objectBody(c, limit)
+	if err != nil {
+		return err
 	}
-	// A send in its plain form decodes by hand; one object alone, the
-	// common case, without a Decoder and its buffers; anything else takes
-	// decodeStrict, which words the error.
-	if req, ok := v.(*sendRequest); ok && decodeSendRequest(body, req) {
+	if decodeSendRequest(body, req) {
 		return nil
 	}
+	var v sendRequest
+	if err := decodeObject(body, &v); err != nil {
+		return err
+	}
+	*req = v
+	return nil
+}
+
+// objectBody reads the request body, at most limit bytes, and checks that
+// it starts as a JSON object.
+func objectBody(c echo.Context, limit int64) ([]byte, error) {
+	body, err := limitedBody(c, limit)
+	if err != nil {
+		return nil, err
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '{' {
+		return nil, marconi.Errorf(marconi.CodeInvalidJSON, "the body must be one JSON object")
+	}
+	return body, nil
+}
+
+// decodeObject decodes body, trimmed, into v as decodeBody documents. One
+// object alone, the common case, decodes without a Decoder and its
+// buffers; anything else takes decodeStrict, which words the error.
+func decodeObject(body []byte, v any) error {
 	if err := json.Unmarshal(body, v); err == nil {
 		return nil
 	}
