@@ -38,6 +38,13 @@ const (
 	CodeDraining               Code = "draining"
 	CodeUpgradeRequired        Code = "upgrade_required"
 	CodeInternal               Code = "internal"
+	// CodeBadRequest, CodeHeadersTooLarge and CodeNotImplemented answer a
+	// request net/http refuses before the hub sees it: malformed HTTP (bad
+	// header bytes, duplicate Content-Length...), headers past
+	// MARCONI_MAX_HEADER_BYTES, a transfer coding it does not know.
+	CodeBadRequest      Code = "bad_request"
+	CodeHeadersTooLarge Code = "headers_too_large"
+	CodeNotImplemented  Code = "not_implemented"
 )
 
 // Codes lists every Code, in the order of docs/api.md's table.
@@ -47,6 +54,7 @@ var Codes = []Code{
 	CodeNotFound, CodeWrongInstance, CodeNotAdaptivePlacement, CodeSessionExpired,
 	CodePayloadTooLarge, CodeRequestTimeout, CodeTooManyRequests, CodeQuotaExceeded,
 	CodeRegistryUnavailable, CodeDraining, CodeUpgradeRequired, CodeInternal,
+	CodeBadRequest, CodeHeadersTooLarge, CodeNotImplemented,
 }
 
 // Error is an error a client may see: a stable Code and a human-readable
@@ -95,13 +103,20 @@ const (
 	QuotaFramesPerSecond        Quota = "frames_per_second"
 	QuotaConnectionsPerAddress  Quota = "connections_per_address"
 	QuotaConnectionsTotal       Quota = "connections_total"
+	// QuotaHeartbeatsPerSession counts heartbeats answered without a store
+	// write: one came from the session less than MARCONI_TOUCH_INTERVAL_SECONDS
+	// before (the heartbeat is answered 200; only its write is refused).
+	QuotaHeartbeatsPerSession Quota = "heartbeats_per_session"
+	// QuotaAttachesPerSession bounds WebSocket attaches per session
+	// (MARCONI_QUOTA_ATTACHES_PER_SECOND, burst twice it).
+	QuotaAttachesPerSession Quota = "attaches_per_session"
 )
 
 // Quotas lists every Quota, so that metrics can export each from start.
 var Quotas = []Quota{
 	QuotaSessionsPerProject, QuotaPendingPerRecipient, QuotaPendingBytesPerProject,
 	QuotaRegistrationsPerSecond, QuotaFramesPerSecond, QuotaConnectionsPerAddress,
-	QuotaConnectionsTotal,
+	QuotaConnectionsTotal, QuotaHeartbeatsPerSession, QuotaAttachesPerSession,
 }
 
 // QuotaExceeded returns the CodeQuotaExceeded error for q. retryAfter is

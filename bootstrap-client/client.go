@@ -214,14 +214,9 @@ var welcomeTimeout = 15 * time.Second
 // errClosed is returned by calls on a closed client.
 var errClosed = fmt.Errorf("bootstrap: client closed: %w", net.ErrClosed)
 
-// Dial registers the session (a new one, or the one named by cfg.SessionID),
-// attaches its WebSocket and starts the heartbeat, read and delivery loops.
-// With several hub URLs it tries each once, in order, while they are
-// unreachable or unavailable.
-// It returns once the hub has welcomed the connection, or with the error that
-// stopped it (an *Error when the hub answered one). ctx bounds only the dial;
-// the client lives until Close.
-func Dial(ctx context.Context, cfg Config) (*Client, error) {
+// start builds a client, loads its kept token and starts its delivery loop:
+// what Dial and DialPiggyback share before they reach the hub.
+func start(ctx context.Context, cfg Config) (*Client, error) {
 	c, err := newClient(cfg)
 	if err != nil {
 		return nil, err
@@ -232,6 +227,21 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	c.wg.Add(1)
 	go c.dispatch()
+	return c, nil
+}
+
+// Dial registers the session (a new one, or the one named by cfg.SessionID),
+// attaches its WebSocket and starts the heartbeat, read and delivery loops.
+// With several hub URLs it tries each once, in order, while they are
+// unreachable or unavailable.
+// It returns once the hub has welcomed the connection, or with the error that
+// stopped it (an *Error when the hub answered one). ctx bounds only the dial;
+// the client lives until Close.
+func Dial(ctx context.Context, cfg Config) (*Client, error) {
+	c, err := start(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
 	conn, gen, err := c.connect(ctx)
 	for i := 1; i < len(c.urls) && unavailable(err) && ctx.Err() == nil; i++ {
 		conn, gen, err = c.connect(ctx) // the failed URL was left: try the next

@@ -15,6 +15,7 @@ import (
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/wsproxy"
 )
 
 // inbox records what OnSignal received, in order.
@@ -136,7 +137,7 @@ func TestTwoClientsExchangeSignals(t *testing.T) {
 // in order.
 func TestNoDuplicatesAcrossReconnects(t *testing.T) {
 	h := hubtest.Start(t, hubtest.Options{})
-	p := newWSProxy(t, h.URL)
+	p := wsproxy.New(t, h.URL)
 	a := dial(t, h.URL, h.APIKey, "sender", nil)
 
 	// b's handler blocks on its third signal until the connection has been cut.
@@ -155,7 +156,7 @@ func TestNoDuplicatesAcrossReconnects(t *testing.T) {
 		sent = append(sent, send(t, a, "receiver", i).SignalID)
 	}
 	waitFor(t, "b to hold its third signal", func() bool { return inB.len() == 2 })
-	p.sever() // signals 3..6 are pushed but not acknowledged
+	p.Sever() // signals 3..6 are pushed but not acknowledged
 	close(release)
 	waitFor(t, "b to reconnect", func() bool { return b.Stats().Reconnects >= 1 })
 	for i := range 4 {
@@ -176,11 +177,11 @@ func TestNoDuplicatesAcrossReconnects(t *testing.T) {
 // reconnects once, and signals reach it on the WebSocket again.
 func TestSenderRouteStaleReconnectsOnce(t *testing.T) {
 	h := hubtest.Start(t, hubtest.Options{})
-	p := newWSProxy(t, h.URL)
+	p := wsproxy.New(t, h.URL)
 	var inA inbox
 	a := dial(t, p.URL(), h.APIKey, "stale-sender", &inA)
 	b := dial(t, h.URL, h.APIKey, "peer", nil)
-	p.zombify()
+	p.Zombify()
 	// The hub notices the cut hub side and detaches a's queue.
 	waitFor(t, "the hub to detach a's queue", func() bool {
 		return send(t, b, "stale-sender", "probe").RecipientRouteState != "attached"
@@ -230,11 +231,11 @@ func TestSenderRouteStaleReconnectsOnce(t *testing.T) {
 // and changes nothing. The recipient repairs on its own next send.
 func TestRecipientRouteStaleAloneCausesNoReconnect(t *testing.T) {
 	h := hubtest.Start(t, hubtest.Options{})
-	p := newWSProxy(t, h.URL)
+	p := wsproxy.New(t, h.URL)
 	a := dial(t, h.URL, h.APIKey, "healthy", nil)
 	var inB inbox
 	b := dial(t, p.URL(), h.APIKey, "cut-off", &inB)
-	p.zombify()
+	p.Zombify()
 
 	var stale bootstrap.SendResult
 	var sent []string // sends before the hub noticed went to the dead socket; all must arrive
@@ -277,11 +278,11 @@ func TestRecipientRouteStaleAloneCausesNoReconnect(t *testing.T) {
 
 func TestHubRestartIsRedialed(t *testing.T) {
 	h := hubtest.Start(t, hubtest.Options{})
-	p := newWSProxy(t, h.URL)
+	p := wsproxy.New(t, h.URL)
 	var in inbox
 	c := dial(t, p.URL(), h.APIKey, "survivor", &in)
 	other := dial(t, h.URL, h.APIKey, "other", nil)
-	p.sever()
+	p.Sever()
 	waitFor(t, "the redial", func() bool { return c.Stats().Reconnects == 1 })
 	res := send(t, other, "survivor", "still there")
 	waitFor(t, "delivery after the redial", func() bool { return slices.Contains(in.ids(), res.SignalID) })

@@ -14,16 +14,10 @@ import (
 // fetches the rest on demand. Config.TokenStore and Config.Takeover work as
 // with Dial, and so do Send, Ack, Stats and Close.
 func DialPiggyback(ctx context.Context, cfg Config) (*Client, error) {
-	c, err := newClient(cfg)
+	c, err := start(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.loadToken(ctx); err != nil {
-		c.closeIdle()
-		return nil, err
-	}
-	c.wg.Add(1)
-	go c.dispatch()
 	err = c.register(ctx)
 	for i := 1; i < len(c.urls) && unavailable(err) && ctx.Err() == nil; i++ {
 		err = c.register(ctx) // the failed URL was left: try the next

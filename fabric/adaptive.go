@@ -99,7 +99,7 @@ func (c *Canary) CountAdaptivePlacement(ctx context.Context) {
 // Every report counts. Errors: not_adaptive_placement when the classifier
 // did not place sess, or a wrapped store error.
 func (c *Canary) ReportMismatch(ctx context.Context, sess sessionstore.Session, reason string) error {
-	if ModeSource(sess.RuntimeModeSource) != SourceAdaptive {
+	if sess.RuntimeModeSource != SourceAdaptive {
 		return marconi.Errorf(marconi.CodeNotAdaptivePlacement,
 			"session %q was not placed by the adaptive classifier (runtime_mode_source %q)", sess.SessionID, sess.RuntimeModeSource)
 	}

@@ -124,7 +124,7 @@ func (p *Placer) place(ctx context.Context, sess sessionstore.Session, hasLocalQ
 	live, since := p.queueGap(ctx, sess, hasLocalQueue)
 	withinGrace := live || (!since.IsZero() && now.Sub(since) <= p.cfg.Grace)
 	neverAttached := !live && since.IsZero()
-	if Mode(sess.RuntimeMode) != ModeSticky {
+	if sess.RuntimeMode != ModeSticky {
 		return Placement{Resumed: withinGrace}, nil
 	}
 	if err := p.members.ensureLoaded(ctx); err != nil {

@@ -83,7 +83,7 @@ func (c *Config) validate() error {
 	}
 	// A reserved or unknown default runtime mode is refused here too, not
 	// only when the environment is parsed.
-	if _, err := NormalizeRuntimeMode(string(c.Placement.DefaultMode)); err != nil {
+	if _, err := NormalizeRuntimeMode(c.Placement.DefaultMode); err != nil {
 		return fmt.Errorf("fabric: default runtime mode: %w", err)
 	}
 	switch c.DisconnectPolicy {

@@ -99,7 +99,7 @@ func TestAssignLeastLoaded(t *testing.T) {
 		}
 		got = append(got, inst)
 		k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: string(rune('a' + i))}
-		_, err = st.CreateSession(ctx, sessionstore.Session{Key: k, RuntimeMode: string(ModeSticky), TokenHash: []byte(k.SessionID),
+		_, err = st.CreateSession(ctx, sessionstore.Session{Key: k, RuntimeMode: ModeSticky, TokenHash: []byte(k.SessionID),
 			RegisteredAt: clk.t, ExpiresAt: clk.t.Add(time.Hour), AssignedInstance: inst}, clk.t)
 		if err != nil {
 			t.Fatal(err)
@@ -139,7 +139,7 @@ func TestSummaryCanaryView(t *testing.T) {
 	add := func(id, client string, mode Mode, source ModeSource) {
 		_, err := st.CreateSession(ctx, sessionstore.Session{
 			Key: sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: id}, Surface: "claude_code",
-			RuntimeMode: string(mode), RuntimeModeSource: string(source), ClientID: client, TokenHash: []byte(id),
+			RuntimeMode: mode, RuntimeModeSource: source, ClientID: client, TokenHash: []byte(id),
 			RegisteredAt: clk.t, ExpiresAt: clk.t.Add(time.Hour),
 		}, clk.t)
 		if err != nil {
@@ -156,8 +156,8 @@ func TestSummaryCanaryView(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []ClientPlacements{
-		{ClientID: "canary-2", Sessions: 2, ByMode: map[string]int{"sticky": 1, "stateless": 1}, OnAllowlist: true},
-		{ClientID: "canary-1", Sessions: 1, ByMode: map[string]int{"sticky": 1}, OnAllowlist: false},
+		{ClientID: "canary-2", Sessions: 2, ByMode: map[Mode]int{"sticky": 1, "stateless": 1}, OnAllowlist: true},
+		{ClientID: "canary-1", Sessions: 1, ByMode: map[Mode]int{"sticky": 1}, OnAllowlist: false},
 	}
 	if len(s.ByClient) != len(want) {
 		t.Fatalf("ByClient = %+v, want %+v", s.ByClient, want)

@@ -35,10 +35,10 @@ var ErrInvalidMode = errors.New("invalid runtime mode")
 
 // NormalizeRuntimeMode accepts only the implemented modes. The guard stays
 // until a reserved mode has a complete, tested contract.
-func NormalizeRuntimeMode(mode string) (Mode, error) {
-	switch m := Mode(mode); m {
+func NormalizeRuntimeMode(mode Mode) (Mode, error) {
+	switch mode {
 	case ModeStateless, ModeSticky:
-		return m, nil
+		return mode, nil
 	case "soft_sticky", "pinned", "hybrid":
 		return "", fmt.Errorf("%w: %q is reserved and not implemented", ErrReservedMode, mode)
 	default:

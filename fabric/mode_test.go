@@ -7,7 +7,7 @@ import (
 
 func TestNormalizeRuntimeMode(t *testing.T) {
 	tests := []struct {
-		in      string
+		in      Mode
 		want    Mode
 		wantErr error
 	}{

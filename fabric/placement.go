@@ -3,12 +3,14 @@ package fabric
 import (
 	"slices"
 	"strings"
+
+	"github.com/marconihub/marconi"
 )
 
 // Hints are what a registration says about its workload; the adaptive
 // classifier reads them.
 type Hints struct {
-	Surface     string
+	Surface     marconi.Surface
 	LocalState  bool
 	SideEffects bool
 }

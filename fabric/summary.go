@@ -25,7 +25,7 @@ const SummaryClientLimit = 50
 type ClientPlacements struct {
 	ClientID    string
 	Sessions    int
-	ByMode      map[string]int
+	ByMode      map[Mode]int
 	OnAllowlist bool
 }
 
@@ -82,7 +82,7 @@ func (f *Fabric) Summary(ctx context.Context) (Summary, error) {
 	if err != nil {
 		return Summary{}, fmt.Errorf("summary: %w", err)
 	}
-	byClient, err := f.store.CountByClient(ctx, now, string(SourceAdaptive))
+	byClient, err := f.store.CountByClient(ctx, now, SourceAdaptive)
 	if err != nil {
 		return Summary{}, fmt.Errorf("summary: %w", err)
 	}
@@ -108,7 +108,7 @@ func (f *Fabric) Summary(ctx context.Context) (Summary, error) {
 
 // canaryView orders the adaptive placements by client, most first (ties by
 // id), and keeps the first SummaryClientLimit.
-func (c *Canary) canaryView(byClient map[string]map[string]int) []ClientPlacements {
+func (c *Canary) canaryView(byClient map[string]map[Mode]int) []ClientPlacements {
 	out := make([]ClientPlacements, 0, len(byClient))
 	for id, modes := range byClient {
 		n := 0

@@ -2,6 +2,7 @@ package hub_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -12,9 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5"
+
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/sessionstore/memstore"
+	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
 
 // flood runs n calls of do over workers goroutines and tallies the answers
@@ -245,6 +252,210 @@ func TestAbusiveSenderIsBounded(t *testing.T) {
 			if st, q := postQuota(client, h.URL+"/v1/signals", abusers[0].Token, big); st != 200 {
 				t.Fatalf("a send after the sink acknowledged: %d %s, want 200", st, q)
 			}
+		})
+	}
+}
+
+// TestAckedFloodIsBounded (issue 19.1): one key sends 60 KB signals that
+// its recipient acknowledges at once, so nothing stays pending and no
+// pending quota ever fires. The acknowledged payloads are not kept: the
+// memory store's live heap grows by a small fraction of what was sent,
+// Postgres keeps no payload byte of an acknowledged row, and a duplicate
+// send after the ack still gets the first answer.
+func TestAckedFloodIsBounded(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) (sessionstore.Store, func() (rows, bytes int64)){
+		"memstore": func(*testing.T) (sessionstore.Store, func() (int64, int64)) { return memstore.New(), nil },
+		"postgres": openWithRetainedBytes,
+	} {
+		t.Run(name, func(t *testing.T) {
+			const (
+				sends        = 200
+				payloadBytes = 60 << 10
+			)
+			store, retained := open(t)
+			h := hubtest.Start(t, hubtest.Options{Store: store, Config: hub.Config{SendRatePerSecond: 1e6}})
+			alice := register(t, h, "alice", "codex")
+			bob := register(t, h, "bob", "codex")
+			text := strings.Repeat("x", payloadBytes-2)
+			first := map[string]any{}
+			heapBefore := liveHeap()
+			for i := range sends {
+				st, r := call(t, "POST", h.URL+"/v1/signals", alice.Token, map[string]any{
+					"to_session": "bob", "payload": text, "idempotency_key": fmt.Sprintf("k%d", i)})
+				if st != 200 {
+					t.Fatalf("send %d: %d %v", i, st, r)
+				}
+				if i == 0 {
+					first = r
+				}
+				if st, r := call(t, "POST", h.URL+"/v1/signals/ack", bob.Token, map[string]any{"up_to_seq": r["seq"]}); st != 200 || r["acked"] != float64(1) {
+					t.Fatalf("ack %d: %d %v", i, st, r)
+				}
+			}
+			if name == "memstore" {
+				grew := int64(liveHeap()) - int64(heapBefore)
+				sent := int64(sends * payloadBytes)
+				t.Logf("heap grew %d KiB after %d KiB sent and acknowledged", grew>>10, sent>>10)
+				// Keeping the payloads would grow it by sent; what an
+				// acknowledged signal keeps is well under 1 KiB.
+				if bound := int64(sends<<10 + 1<<20); grew > bound {
+					t.Errorf("heap grew %d bytes, want under %d: acknowledged payloads are kept", grew, bound)
+				}
+			}
+			if retained != nil {
+				rows, b := retained()
+				if rows != sends || b != 0 {
+					t.Errorf("Postgres keeps %d acknowledged rows holding %d payload bytes, want %d rows and 0 bytes", rows, b, sends)
+				}
+			}
+			st, dup := call(t, "POST", h.URL+"/v1/signals", alice.Token, map[string]any{
+				"to_session": "bob", "payload": text, "idempotency_key": "k0"})
+			if st != 200 || dup["duplicate"] != true || dup["signal_id"] != first["signal_id"] || dup["seq"] != first["seq"] || dup["delivery"] != first["delivery"] {
+				t.Errorf("duplicate after the ack: %d %v, want the first answer %v", st, dup, first)
+			}
+		})
+	}
+}
+
+// openWithRetainedBytes opens a pgstore on a schema of its own, with a
+// function that counts its acknowledged signal rows and their payload bytes.
+func openWithRetainedBytes(t *testing.T) (sessionstore.Store, func() (int64, int64)) {
+	u := pgtest.Schema(t)
+	st, err := pgstore.Open(t.Context(), u)
+	if err != nil {
+		t.Fatalf("open pgstore: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	conn, err := pgx.Connect(t.Context(), u)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return st, func() (rows, b int64) {
+		err := conn.QueryRow(t.Context(), `SELECT count(*), coalesce(sum(octet_length(payload::text)), 0)::bigint
+			FROM signals WHERE acked_at IS NOT NULL`).Scan(&rows, &b)
+		if err != nil {
+			t.Fatalf("count retained bytes: %v", err)
+		}
+		return rows, b
+	}
+}
+
+// writeCounter is a store that counts the writes a session's heartbeats
+// and attaches make (proof of life and queue placement).
+type writeCounter struct {
+	sessionstore.Store
+	touches, attaches, clears, sets atomic.Int64
+}
+
+func (w *writeCounter) TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error {
+	w.touches.Add(1)
+	return w.Store.TouchSession(ctx, k, t, now)
+}
+
+func (w *writeCounter) AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) (int, error) {
+	w.attaches.Add(1)
+	return w.Store.AttachQueue(ctx, k, instance, at, t, now)
+}
+
+func (w *writeCounter) ClearQueue(ctx context.Context, k sessionstore.Key, instance string, attachedAt, at time.Time) (bool, error) {
+	w.clears.Add(1)
+	return w.Store.ClearQueue(ctx, k, instance, attachedAt, at)
+}
+
+func (w *writeCounter) SetQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) error {
+	w.sets.Add(1)
+	return w.Store.SetQueue(ctx, k, instance, at)
+}
+
+// TestHeartbeatFloodIsBounded (issue 19.4): one token heartbeats as fast as
+// it can. Every heartbeat is answered 200, but the store is written once
+// per MARCONI_TOUCH_INTERVAL_SECONDS; the others count as
+// heartbeats_per_session refusals. Once the interval has passed the next
+// heartbeat is written and extends the expiry.
+func TestHeartbeatFloodIsBounded(t *testing.T) {
+	for name, open := range bothStores() {
+		t.Run(name, func(t *testing.T) {
+			const beats = 200
+			clock := hubtest.NewClock(time.Now())
+			store := &writeCounter{Store: open(t)}
+			h := hubtest.Start(t, hubtest.Options{Store: store, Now: clock.Now, Config: hub.Config{TouchInterval: 5 * time.Second}})
+			alice := register(t, h, "alice", "codex")
+			before := store.touches.Load()
+			var firstExpiry any
+			got := flood(beats, 8, func(int) (int, string) { return postQuota(http.DefaultClient, h.URL+"/v1/heartbeat", alice.Token, nil) })
+			if got["200 "] != beats {
+				t.Fatalf("answers %v, want %d × 200", got, beats)
+			}
+			if n := store.touches.Load() - before; n != 1 {
+				t.Errorf("%d heartbeats made %d store writes, want 1", beats, n)
+			}
+			if r := metric(t, h, "marconi_quota_refusals_total", "quota", "heartbeats_per_session"); r != beats-1 {
+				t.Errorf("heartbeats_per_session refusals = %v, want %d", r, beats-1)
+			}
+			_, r := call(t, "POST", h.URL+"/v1/heartbeat", alice.Token, nil)
+			firstExpiry = r["expires_at"]
+			clock.Advance(5 * time.Second)
+			if st, r := call(t, "POST", h.URL+"/v1/heartbeat", alice.Token, nil); st != 200 || r["expires_at"] == firstExpiry {
+				t.Fatalf("heartbeat after the interval: %d %v, want 200 with the expiry moved from %v", st, r, firstExpiry)
+			}
+			if n := store.touches.Load() - before; n != 2 {
+				t.Errorf("after the interval: %d store writes, want 2", n)
+			}
+		})
+	}
+}
+
+// TestAttachChurnIsBounded (issue 19.4): one token attaches and closes its
+// WebSocket over and over. With the clock stopped, the burst (twice
+// MARCONI_QUOTA_ATTACHES_PER_SECOND) attaches; every later attempt is
+// refused with 429 quota_exceeded and Retry-After before any store write,
+// and counted as an attaches_per_session refusal. Another session attaches
+// meanwhile.
+func TestAttachChurnIsBounded(t *testing.T) {
+	for name, open := range bothStores() {
+		t.Run(name, func(t *testing.T) {
+			const (
+				rate     = 2
+				attempts = 30
+			)
+			clock := hubtest.NewClock(time.Now())
+			store := &writeCounter{Store: open(t)}
+			h := hubtest.Start(t, hubtest.Options{Store: store, Now: clock.Now, Config: hub.Config{QuotaAttachesPerSecond: rate}})
+			alice := register(t, h, "alice", "claude_code")
+			bob := register(t, h, "bob", "claude_code")
+			before := store.attaches.Load()
+			tally := map[string]int{}
+			for range attempts {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				c, resp, err := websocket.Dial(ctx, h.WSURL(), &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + alice.Token}}})
+				cancel()
+				switch {
+				case err == nil:
+					tally["101"]++
+					c.Close(websocket.StatusNormalClosure, "")
+				case resp != nil:
+					tally[fmt.Sprintf("%d Retry-After %s", resp.StatusCode, resp.Header.Get("Retry-After"))]++
+				default:
+					t.Fatalf("dial: %v", err)
+				}
+			}
+			want := map[string]int{"101": 2 * rate, "429 Retry-After 1": attempts - 2*rate}
+			if fmt.Sprint(tally) != fmt.Sprint(want) {
+				t.Errorf("attaches %v, want %v", tally, want)
+			}
+			// Each attach let through also writes its detach, and may write
+			// its placement again when the next attach raced that detach.
+			if n := store.attaches.Load() - before; n != 2*rate {
+				t.Errorf("%d attach attempts made %d attach writes, want %d", attempts, n, 2*rate)
+			}
+			if n := store.clears.Load() + store.sets.Load(); n > 2*2*rate {
+				t.Errorf("%d detach writes for %d attaches, want at most 2 each", n, 2*rate)
+			}
+			if r := metric(t, h, "marconi_quota_refusals_total", "quota", "attaches_per_session"); r != attempts-2*rate {
+				t.Errorf("attaches_per_session refusals = %v, want %d", r, attempts-2*rate)
+			}
+			dial(t, h, bob)
 		})
 	}
 }

@@ -74,8 +74,29 @@ func bearer(c echo.Context) string {
 	return strings.TrimSpace(cred)
 }
 
-// apiKeyOwner authenticates a project API key.
+// ctxOwner is where apiKeyAuth leaves the project of the caller's API key.
+const ctxOwner = "marconi.api_key_owner"
+
+// apiKeyAuth authenticates the project API key of a request before its body
+// is read (withBody), so that a request without a valid key costs no body
+// read; the handler's apiKeyOwner then answers from what it found.
+func (s *Server) apiKeyAuth(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		tp, err := s.apiKeyOwner(c)
+		if err != nil {
+			return err
+		}
+		c.Set(ctxOwner, tp)
+		return next(c)
+	}
+}
+
+// apiKeyOwner authenticates a project API key, or returns the project
+// apiKeyAuth authenticated.
 func (s *Server) apiKeyOwner(c echo.Context) (TenantProject, error) {
+	if tp, ok := c.Get(ctxOwner).(TenantProject); ok {
+		return tp, nil
+	}
 	key := bearer(c)
 	if !strings.HasPrefix(key, prefixAPIKey) && !s.creds.isConfiguredKey(key) {
 		return TenantProject{}, errUnauthorized

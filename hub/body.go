@@ -23,8 +23,9 @@ func (s *Server) maxBodyBytes() int64 {
 	return int64(s.signals.Config().MaxPayloadBytes) + envelopeBytes
 }
 
-// readBody reads the whole request body into memory before any store call,
-// within BodyReadTimeout and at most maxBodyBytes, so that the store deadline
+// readBody reads the whole request body into memory once the credential is
+// checked and before the handler's store calls (withBody), within
+// BodyReadTimeout and at most maxBodyBytes, so that the store deadline
 // measures the store alone: a client on a slow link is never reported as a
 // store outage. A body slower than the bound is 408 request_timeout.
 func (s *Server) readBody(c echo.Context) error {

@@ -111,3 +111,53 @@ func TestStalledBodyIsAnswered408(t *testing.T) {
 		t.Fatalf("stalled body: %d %q, close %v; want 408 request_timeout and the connection closed", resp.StatusCode, e.Error.Code, resp.Close)
 	}
 }
+
+// TestCredentialBeforeBody (issue 19.5): a request without a valid
+// credential costs no body read. Its headers promise a body that never
+// comes, and the body bound is far longer than the client waits: it is
+// answered in the error shape all the same (401, or 410 for a well-formed
+// session token that matches no session), and the connection closed
+// (nothing is left to read of it). A valid credential still gets its body
+// read.
+func TestCredentialBeforeBody(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{Config: hub.Config{BodyReadTimeout: time.Hour}})
+	alice := register(t, h, "alice", "codex")
+	for _, c := range []struct {
+		name, path, cred string
+		status           int
+		code             string
+	}{
+		{"session token unknown", "/v1/signals", "mst_nobody", 410, "session_expired"},
+		{"session token missing", "/v1/signals/ack", "", 401, "unauthorized"},
+		{"session token of the wrong kind", "/v1/heartbeat", h.APIKey, 401, "unauthorized"},
+		{"API key unknown", "/v1/sessions", "mak_nobody", 401, "unauthorized"},
+		{"API key of the wrong kind", "/v1/sessions", alice.Token, 401, "unauthorized"},
+		{"admin token unknown", "/v1/ops/api_keys", "madm_nobody", 401, "unauthorized"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", strings.TrimPrefix(h.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			// Only a hub that waits for the body reaches this.
+			conn.SetDeadline(time.Now().Add(20 * time.Second))
+			fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: hub\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 65536\r\n\r\n{", c.path, c.cred)
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatalf("no answer before the body: %v", err)
+			}
+			defer resp.Body.Close()
+			var e struct {
+				Error struct{ Code, Message string } `json:"error"`
+			}
+			json.NewDecoder(resp.Body).Decode(&e)
+			if resp.StatusCode != c.status || e.Error.Code != c.code || e.Error.Message == "" || !resp.Close {
+				t.Fatalf("%d %+v, close %v; want %d %s and the connection closed", resp.StatusCode, e.Error, resp.Close, c.status, c.code)
+			}
+		})
+	}
+	if st, code := dribble(t, h, "/v1/signals/ack", alice.Token, `{"up_to_seq":0}`, 2, 10*time.Millisecond); st != 200 {
+		t.Fatalf("an authenticated body: %d %s, want 200", st, code)
+	}
+}

@@ -24,8 +24,8 @@ import (
 // surfaceClass is the bounded label that tells sessions that hold a
 // WebSocket when alive (live) from piggyback-only ones (codex), for which
 // route_without_queue is the normal state.
-func surfaceClass(surface string) string {
-	if marconi.Surface(surface).Live() {
+func surfaceClass(surface marconi.Surface) string {
+	if surface.Live() {
 		return "live"
 	}
 	return "piggyback"

@@ -37,6 +37,9 @@ var statusByCode = map[marconi.Code]int{
 	marconi.CodeRegistryUnavailable:    http.StatusServiceUnavailable,
 	marconi.CodeDraining:               http.StatusServiceUnavailable,
 	marconi.CodeUpgradeRequired:        http.StatusUpgradeRequired,
+	marconi.CodeBadRequest:             http.StatusBadRequest,
+	marconi.CodeHeadersTooLarge:        http.StatusRequestHeaderFieldsTooLarge,
+	marconi.CodeNotImplemented:         http.StatusNotImplemented,
 	marconi.CodeInternal:               http.StatusInternalServerError,
 }
 

@@ -42,9 +42,9 @@ type fabricSummaryJSON struct {
 		ByClient  []clientPlacementJSON `json:"by_client"`
 	} `json:"adaptive_placement"`
 	Sessions struct {
-		Total    int            `json:"total"`
-		ByMode   map[string]int `json:"by_mode"`
-		BySource map[string]int `json:"by_source"`
+		Total    int                         `json:"total"`
+		ByMode   map[marconi.RuntimeMode]int `json:"by_mode"`
+		BySource map[marconi.ModeSource]int  `json:"by_source"`
 	} `json:"sessions"`
 	Instances []fabricInstanceJSON `json:"instances"`
 	Summary   struct {
@@ -57,10 +57,10 @@ type fabricSummaryJSON struct {
 }
 
 type clientPlacementJSON struct {
-	ClientID    string         `json:"client_id"`
-	Sessions    int            `json:"sessions"`
-	ByMode      map[string]int `json:"by_mode"`
-	OnAllowlist bool           `json:"on_allowlist"`
+	ClientID    string                      `json:"client_id"`
+	Sessions    int                         `json:"sessions"`
+	ByMode      map[marconi.RuntimeMode]int `json:"by_mode"`
+	OnAllowlist bool                        `json:"on_allowlist"`
 }
 
 type fabricInstanceJSON struct {
@@ -75,13 +75,13 @@ type fabricInstanceJSON struct {
 }
 
 type fallbackEventJSON struct {
-	SessionID         string    `json:"session_id"`
-	FromInstance      string    `json:"from_instance"`
-	ToInstance        string    `json:"to_instance"`
-	RuntimeMode       string    `json:"runtime_mode"`
-	RuntimeModeSource string    `json:"runtime_mode_source"`
-	Reason            string    `json:"reason"`
-	At                time.Time `json:"at"`
+	SessionID         string              `json:"session_id"`
+	FromInstance      string              `json:"from_instance"`
+	ToInstance        string              `json:"to_instance"`
+	RuntimeMode       marconi.RuntimeMode `json:"runtime_mode"`
+	RuntimeModeSource marconi.ModeSource  `json:"runtime_mode_source"`
+	Reason            string              `json:"reason"`
+	At                time.Time           `json:"at"`
 }
 
 // fabricSummary is GET /v1/ops/fabric/summary.

@@ -51,15 +51,15 @@ type routeQueueJSON struct {
 }
 
 type routeStoreJSON struct {
-	Surface           string     `json:"surface"`
-	RegisteredAt      time.Time  `json:"registered_at"`
-	LastSeenAt        *time.Time `json:"last_seen_at"`
-	LastVerbAt        *time.Time `json:"last_verb_at"`
-	ExpiresAt         time.Time  `json:"expires_at"`
-	RuntimeMode       string     `json:"runtime_mode"`
-	RuntimeModeSource string     `json:"runtime_mode_source"`
-	AssignedInstance  *string    `json:"assigned_instance"`
-	QueueDetachedAt   *time.Time `json:"queue_detached_at"`
+	Surface           marconi.Surface     `json:"surface"`
+	RegisteredAt      time.Time           `json:"registered_at"`
+	LastSeenAt        *time.Time          `json:"last_seen_at"`
+	LastVerbAt        *time.Time          `json:"last_verb_at"`
+	ExpiresAt         time.Time           `json:"expires_at"`
+	RuntimeMode       marconi.RuntimeMode `json:"runtime_mode"`
+	RuntimeModeSource marconi.ModeSource  `json:"runtime_mode_source"`
+	AssignedInstance  *string             `json:"assigned_instance"`
+	QueueDetachedAt   *time.Time          `json:"queue_detached_at"`
 }
 
 type routeSelfhealJSON struct {
@@ -133,7 +133,7 @@ func (s *Server) routeState(ctx context.Context, k sessionstore.Key, sess *sessi
 	out.ProofOfLifeAgeSeconds = &age
 	out.Selfheal = &routeSelfhealJSON{
 		Enabled:         s.selfheal.Config().Enabled,
-		EligibleSurface: marconi.Surface(sess.Surface).Live(),
+		EligibleSurface: sess.Surface.Live(),
 		RecipientTokens: s.selfheal.Tokens(selfheal.SideRecipient, k.TenantID, k.ProjectID, k.SessionID),
 		SenderTokens:    s.selfheal.Tokens(selfheal.SideSender, k.TenantID, k.ProjectID, k.SessionID),
 	}
@@ -147,7 +147,7 @@ func (s *Server) routeState(ctx context.Context, k sessionstore.Key, sess *sessi
 		switch {
 		case !out.Selfheal.EligibleSurface:
 			out.Explanation = "The agent proved it was alive " + now.Sub(pol).Round(time.Second).String() + " ago and holds no WebSocket: its surface (" +
-				sess.Surface + ") is piggyback-only, so this is its normal state. It collects signals by heartbeat, drain or the pending of its own sends."
+				string(sess.Surface) + ") is piggyback-only, so this is its normal state. It collects signals by heartbeat, drain or the pending of its own sends."
 		case !out.Selfheal.Enabled:
 			out.Explanation = "The agent proved it was alive " + now.Sub(pol).Round(time.Second).String() + " ago but holds no WebSocket on a healthy instance. " +
 				"Self-heal is off (MARCONI_SELFHEAL), so its sends carry no sender_route_stale: it heals when its client redials by itself. Signals are stored and wait."

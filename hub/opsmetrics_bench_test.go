@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/memstore"
 )
@@ -26,9 +27,9 @@ func BenchmarkSampleCluster(b *testing.B) {
 			now := time.Now()
 			ctx := context.Background()
 			for i := range n {
-				surface := "claude_code"
+				surface := marconi.SurfaceClaudeCode
 				if i%4 == 0 {
-					surface = "codex"
+					surface = marconi.SurfaceCodex
 				}
 				_, err := st.CreateSession(ctx, sessionstore.Session{
 					Key:     sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: fmt.Sprintf("s%d", i)},

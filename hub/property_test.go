@@ -138,7 +138,8 @@ type modelSession struct {
 	lastSeq int64 // seq of the last signal sent to this incarnation; 0 before the first
 	inc     int   // incarnation: idempotency keys are unique to one
 	keys    map[string]modelSignal
-	burned  map[string]bool // keys whose signal's recipient deregistered: the contract says nothing of them
+	answers map[string]string // the delivery each key's first send answered: a duplicate repeats it, acknowledged or not
+	burned  map[string]bool   // keys whose signal's recipient deregistered: the contract says nothing of them
 	conn    *modelConn
 }
 
@@ -176,7 +177,9 @@ type model struct {
 // durable (it outlives an instance), instances restart too.
 func runModel(rt *rapid.T, prefix string, ids []string, durable bool, start func(hub.Config) (*hubtest.Hub, func())) {
 	m := &model{ids: ids, start: start, durable: durable, sessions: map[[2]any]*modelSession{}}
-	cfg := hub.Config{APIKeys: map[string]hub.TenantProject{}, AdminToken: hub.NewAdminToken(), SendRatePerSecond: 1e6}
+	// The model sends and attaches as fast as it can; the rate quotas have
+	// tests of their own.
+	cfg := hub.Config{APIKeys: map[string]hub.TenantProject{}, AdminToken: hub.NewAdminToken(), SendRatePerSecond: 1e6, QuotaAttachesPerSecond: 1e6}
 	for i, sc := range modelScopes {
 		key := hub.NewAPIKey()
 		tp := hub.TenantProject{TenantID: prefix + sc.TenantID, ProjectID: sc.ProjectID}
@@ -356,7 +359,7 @@ func (m *model) register(rt *rapid.T) {
 	}
 	m.inc++
 	*s = modelSession{scope: scope, id: s.id, live: true, token: body["token"].(string), stale: s.stale,
-		inc: m.inc, keys: map[string]modelSignal{}, burned: map[string]bool{}}
+		inc: m.inc, keys: map[string]modelSignal{}, answers: map[string]string{}, burned: map[string]bool{}}
 }
 
 // resume resumes a live session with its token, or takes it over with its
@@ -405,7 +408,7 @@ func (m *model) send(rt *rapid.T) {
 	})
 	if first, ok := from.keys[key]; ok && key != "" {
 		expect(rt, "send again with a key", st, body, 200, "")
-		if body["duplicate"] != true || body["signal_id"] != first.ID || bodySeq(rt, body) != first.Seq {
+		if body["duplicate"] != true || body["signal_id"] != first.ID || bodySeq(rt, body) != first.Seq || body["delivery"] != from.answers[key] {
 			rt.Fatalf("the same idempotency key again: %v, want the answer of %+v", body, first)
 		}
 		return
@@ -432,6 +435,7 @@ func (m *model) send(rt *rapid.T) {
 	to.pending = append(to.pending, sig)
 	if key != "" {
 		from.keys[key] = sig
+		from.answers[key] = wantDelivery
 	}
 }
 

@@ -1,10 +1,13 @@
 package hub
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -17,6 +20,8 @@ import (
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub/conns"
+	"github.com/marconihub/marconi/internal/fieldcheck"
+	"github.com/marconihub/marconi/internal/ratelimit"
 	"github.com/marconihub/marconi/sessions"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
@@ -25,7 +30,8 @@ import (
 )
 
 // Config is the hub's configuration. cmd/marconi fills it from the
-// environment; zero durations and sizes mean the documented defaults.
+// environment; zero durations and sizes mean the documented defaults, and
+// New refuses a value out of range, naming the field.
 type Config struct {
 	// Mode is development, lan or cloud.
 	Mode marconi.DeploymentMode
@@ -53,6 +59,10 @@ type Config struct {
 	MaxPayloadBytes int
 	// SendRatePerSecond is the per-session send limit; the burst is twice it.
 	SendRatePerSecond float64
+	// QuotaAttachesPerSecond is MARCONI_QUOTA_ATTACHES_PER_SECOND (5): the
+	// WebSocket attaches of one session on this instance, burst twice it;
+	// past it an attach is refused with 429 before any store write.
+	QuotaAttachesPerSecond float64
 	// StoreQuotas are the quotas the store enforces inside each append
 	// (pending signals per recipient, pending bytes per project); zero
 	// fields take the signals package's defaults.
@@ -137,8 +147,10 @@ type TenantProject struct {
 	TenantID, ProjectID string
 }
 
-// Defaults of Config's zero fields, each set here only (the send path's,
-// self-heal's and the fabric's are set in their packages).
+// Defaults of Config's zero fields. The hub's own are set here only; those
+// of a field the hub hands to a package are that package's, named here for
+// cmd/marconi (the send path's, self-heal's and the fabric's have no name
+// here).
 const (
 	DefaultMode              = marconi.Development
 	DefaultSessionTTL        = time.Hour
@@ -146,110 +158,77 @@ const (
 	DefaultTouchInterval     = 5 * time.Second
 	DefaultStoreTimeout      = 3 * time.Second
 	// DefaultBodyReadTimeout bounds reading a request body.
-	DefaultBodyReadTimeout = 10 * time.Second
-	// DefaultQuotaSessionsPerProject caps a project's live sessions.
-	DefaultQuotaSessionsPerProject = 20000
-	// DefaultQuotaRegistrationsPerSecond is the registration rate per API key.
-	DefaultQuotaRegistrationsPerSecond = 50
-	DefaultSendRatePerSecond           = 200
-	DefaultWSPingInterval              = 20 * time.Second
-	DefaultWSReadLimit                 = 32768
-	DefaultWSQueueSize                 = 256
-	DefaultWSWriteTimeout              = 10 * time.Second
-	DefaultRetainAcked                 = 24 * time.Hour
-	DefaultRetainExpired               = time.Hour
-	DefaultPruneEvery                  = time.Minute
-	DefaultPendingSweep                = 5 * time.Second
-	DefaultHistoryBucket               = 30 * time.Second
-	DefaultTokenCacheSize              = 10000
-	// DefaultRegistrationRetry is how long a registration's Idempotency-Key retries it.
-	DefaultRegistrationRetry = 5 * time.Minute
+	DefaultBodyReadTimeout   = 10 * time.Second
+	DefaultSendRatePerSecond = 200
+	// DefaultQuotaAttachesPerSecond is the attach rate per session.
+	DefaultQuotaAttachesPerSecond = 5
+	DefaultRetainAcked            = 24 * time.Hour
+	DefaultRetainExpired          = time.Hour
+	DefaultPruneEvery             = time.Minute
+	DefaultPendingSweep           = 5 * time.Second
+	DefaultHistoryBucket          = 30 * time.Second
+	DefaultTokenCacheSize         = 10000
 
-	DefaultWSAckInterval            = 5 * time.Millisecond
-	DefaultWSFramesPerSecond        = 100
-	DefaultMaxConnections           = 100000
-	DefaultMaxConnectionsPerAddress = 25000
+	// DefaultQuotaSessionsPerProject caps a project's live sessions.
+	DefaultQuotaSessionsPerProject = sessions.DefaultQuotaSessionsPerProject
+	// DefaultQuotaRegistrationsPerSecond is the registration rate per API key.
+	DefaultQuotaRegistrationsPerSecond = sessions.DefaultQuotaRegistrationsPerSecond
+	// DefaultRegistrationRetry is how long a registration's Idempotency-Key retries it.
+	DefaultRegistrationRetry = sessions.DefaultRetryWindow
+
+	DefaultWSPingInterval           = conns.DefaultPingInterval
+	DefaultWSReadLimit              = conns.DefaultReadLimit
+	DefaultWSQueueSize              = conns.DefaultQueueSize
+	DefaultWSWriteTimeout           = conns.DefaultWriteTimeout
+	DefaultWSAckInterval            = conns.DefaultAckInterval
+	DefaultWSFramesPerSecond        = conns.DefaultFramesPerSecond
+	DefaultMaxConnections           = conns.DefaultMaxConnections
+	DefaultMaxConnectionsPerAddress = conns.DefaultMaxConnectionsPerAddress
 )
 
-func (c *Config) setDefaults() {
-	if c.Mode == "" {
-		c.Mode = DefaultMode
-	}
-	if c.InstanceID == "" {
-		c.InstanceID = "local"
-	}
-	if c.SessionTTL == 0 {
-		c.SessionTTL = DefaultSessionTTL
-	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
-	}
-	if c.TouchInterval == 0 {
-		c.TouchInterval = DefaultTouchInterval
-	}
-	if c.StoreTimeout == 0 {
-		c.StoreTimeout = DefaultStoreTimeout
-	}
-	if c.BodyReadTimeout == 0 {
-		c.BodyReadTimeout = DefaultBodyReadTimeout
-	}
-	if c.QuotaSessionsPerProject == 0 {
-		c.QuotaSessionsPerProject = DefaultQuotaSessionsPerProject
-	}
-	if c.QuotaRegistrationsPerSecond == 0 {
-		c.QuotaRegistrationsPerSecond = DefaultQuotaRegistrationsPerSecond
-	}
-	if c.SendRatePerSecond == 0 {
-		c.SendRatePerSecond = DefaultSendRatePerSecond
-	}
-	if c.TokenCacheSize == 0 {
-		c.TokenCacheSize = DefaultTokenCacheSize
-	}
-	if c.WSPingInterval == 0 {
-		c.WSPingInterval = DefaultWSPingInterval
-	}
-	if c.WSReadLimit == 0 {
-		c.WSReadLimit = DefaultWSReadLimit
-	}
-	if c.WSQueueSize == 0 {
-		c.WSQueueSize = DefaultWSQueueSize
-	}
-	if c.WSWriteTimeout == 0 {
-		c.WSWriteTimeout = DefaultWSWriteTimeout
-	}
-	if c.WSAckInterval == 0 {
-		c.WSAckInterval = DefaultWSAckInterval
-	}
-	if c.WSFramesPerSecond == 0 {
-		c.WSFramesPerSecond = DefaultWSFramesPerSecond
-	}
-	if c.MaxConnections == 0 {
-		c.MaxConnections = DefaultMaxConnections
-	}
-	if c.MaxConnectionsPerAddress == 0 {
-		c.MaxConnectionsPerAddress = DefaultMaxConnectionsPerAddress
-	}
+// withDefaults returns c with each of the hub's own zero fields set to its
+// default, and self-heal's filled for c.Mode. The fields the hub hands to
+// conns and sessions stay as they are: those packages fill them.
+func (c Config) withDefaults() Config {
+	c.Mode = cmp.Or(c.Mode, DefaultMode)
+	c.InstanceID = cmp.Or(c.InstanceID, "local")
+	c.SessionTTL = cmp.Or(c.SessionTTL, DefaultSessionTTL)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.TouchInterval = cmp.Or(c.TouchInterval, DefaultTouchInterval)
+	c.StoreTimeout = cmp.Or(c.StoreTimeout, DefaultStoreTimeout)
+	c.BodyReadTimeout = cmp.Or(c.BodyReadTimeout, DefaultBodyReadTimeout)
+	c.SendRatePerSecond = cmp.Or(c.SendRatePerSecond, DefaultSendRatePerSecond)
+	c.QuotaAttachesPerSecond = cmp.Or(c.QuotaAttachesPerSecond, DefaultQuotaAttachesPerSecond)
+	c.TokenCacheSize = cmp.Or(c.TokenCacheSize, DefaultTokenCacheSize)
+	c.Retention.Acked = cmp.Or(c.Retention.Acked, DefaultRetainAcked)
+	c.Retention.Expired = cmp.Or(c.Retention.Expired, DefaultRetainExpired)
+	c.Retention.Every = cmp.Or(c.Retention.Every, DefaultPruneEvery)
+	c.PendingSweep = cmp.Or(c.PendingSweep, DefaultPendingSweep)
+	c.SelfhealHistoryBucket = cmp.Or(c.SelfhealHistoryBucket, DefaultHistoryBucket)
 	c.SelfHeal = c.SelfHeal.WithDefaults(c.Mode)
-	if c.Retention.Acked == 0 {
-		c.Retention.Acked = DefaultRetainAcked
-	}
-	if c.Retention.Expired == 0 {
-		c.Retention.Expired = DefaultRetainExpired
-	}
-	if c.Retention.Every == 0 {
-		c.Retention.Every = DefaultPruneEvery
-	}
-	if c.PendingSweep == 0 {
-		c.PendingSweep = DefaultPendingSweep
-	}
-	if c.RegistrationRetry == 0 {
-		c.RegistrationRetry = DefaultRegistrationRetry
-	}
-	if c.SelfhealHistoryBucket == 0 {
-		c.SelfhealHistoryBucket = DefaultHistoryBucket
-	}
 	c.Fabric.InstanceID = c.InstanceID
 	c.Fabric.PublicURL = c.PublicURL
+	return c
+}
+
+// validate checks the hub's own fields once their defaults are applied; the
+// packages check theirs when the hub builds them.
+func (c Config) validate() error {
+	if !slices.Contains(marconi.DeploymentModes, c.Mode) {
+		return fmt.Errorf("hub: Mode %q is not one of %v", c.Mode, marconi.DeploymentModes)
+	}
+	return fieldcheck.Check("hub", "positive", map[string]bool{
+		"SessionTTL":             c.SessionTTL > 0,
+		"HeartbeatInterval":      c.HeartbeatInterval > 0,
+		"TouchInterval":          c.TouchInterval > 0,
+		"StoreTimeout":           c.StoreTimeout > 0,
+		"BodyReadTimeout":        c.BodyReadTimeout > 0,
+		"SendRatePerSecond":      c.SendRatePerSecond > 0,
+		"QuotaAttachesPerSecond": c.QuotaAttachesPerSecond > 0,
+		"Retention":              c.Retention.Acked > 0 && c.Retention.Expired > 0 && c.Retention.Every > 0,
+		"PendingSweep":           c.PendingSweep > 0,
+		"SelfhealHistoryBucket":  c.SelfhealHistoryBucket > 0,
+	})
 }
 
 // Deps are the collaborators the hub is wired with.
@@ -290,6 +269,10 @@ type Server struct {
 	history  *selfhealHistory // nil without a Gatherer
 	sessions *sessions.Service
 	quotas   *quotaMetrics
+	// attaches is the per-session attach quota; heartbeatWrites lets one
+	// heartbeat write per session through per TouchInterval.
+	attaches        *ratelimit.Limiter[sessionstore.Key]
+	heartbeatWrites *pacer[sessionstore.Key]
 
 	draining      atomic.Bool
 	storeNotReady atomic.Bool                // set while the store's schema is not migrated
@@ -304,7 +287,10 @@ type Server struct {
 
 // New builds a hub. It does not listen; serve Handler() or use Start.
 func New(cfg Config, d Deps) (*Server, error) {
-	cfg.setDefaults()
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
 	if d.Store == nil {
 		return nil, errors.New("hub: no store")
 	}
@@ -337,6 +323,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 		limits:  newSendLimiter(cfg.SendRatePerSecond, d.Now),
 		tokens:  newTokenCache(cfg.TokenCacheSize, cfg.TouchInterval),
 		quotas:  qm,
+
+		attaches:        ratelimit.New[sessionstore.Key](cfg.QuotaAttachesPerSecond, d.Now),
+		heartbeatWrites: newPacer[sessionstore.Key](cfg.TouchInterval),
 	}
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
 	if err != nil {
@@ -427,17 +416,19 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		e.Match(getHead, "/metrics", echo.WrapHandler(promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
 	}
 
+	// Every credential is checked before the body is read (withBody): a
+	// request without one costs no body read (docs/security.md).
 	v1 := e.Group("/v1", s.storeDeadline)
-	v1.POST("/sessions", s.register)
-	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth)
-	v1.DELETE("/session", s.deregister, s.sessionAuth)
-	v1.POST("/signals", s.send, s.sendAuth, s.provesLife)
-	v1.GET("/signals", s.drain, s.sessionAuth, s.provesLife)
-	v1.POST("/signals/ack", s.ack, s.sessionAuth, s.provesLife)
-	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth, s.provesLife)
+	v1.POST("/sessions", s.register, s.apiKeyAuth, s.withBody)
+	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth, s.withBody)
+	v1.DELETE("/session", s.deregister, s.sessionAuth, s.withBody)
+	v1.POST("/signals", s.send, s.sendAuth, s.withBody, s.provesLife)
+	v1.GET("/signals", s.drain, s.sessionAuth, s.withBody, s.provesLife)
+	v1.POST("/signals/ack", s.ack, s.sessionAuth, s.withBody, s.provesLife)
+	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth, s.withBody, s.provesLife)
 	v1.GET("/ws", s.attach)
 
-	ops := v1.Group("/ops", s.adminAuth)
+	ops := v1.Group("/ops", s.adminAuth, s.withBody)
 	ops.POST("/api_keys", s.createAPIKey)
 	ops.GET("/route_state", s.routeStateList)
 	ops.GET("/route_state/:tenant/:project/:session", s.routeStateOne)
@@ -586,6 +577,8 @@ func (s *Server) Run(ctx context.Context) error {
 			s.selfheal.Sweep()
 			s.limits.Sweep()
 			s.sessions.Sweep()
+			s.attaches.Sweep()
+			s.heartbeatWrites.sweep(s.now())
 		})
 		return nil
 	})
@@ -636,26 +629,78 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // storeDeadline bounds the store calls of ordinary requests so that an
 // unreachable store answers 503 quickly instead of hanging. The body is read
-// first, on its own bound (readBody), so the deadline covers store calls only.
+// after the credential is checked, on its own bound (withBody), which then
+// gives the handler's store calls a deadline of their own.
 func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.storeNotReady.Load() {
-			return marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.notReadyMessage(false))
+			return refuseUnread(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.notReadyMessage(false)))
 		}
 		if sm := s.schemaOff.Load(); sm != nil && sm.Refuse {
-			return marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.schemaMismatch(false))
+			return refuseUnread(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s; try again shortly", s.schemaMismatch(false)))
 		}
 		if c.Path() == "/v1/ws" {
 			return next(c)
 		}
+		d := &requestDeadline{base: c.Request().Context(), timeout: s.cfg.StoreTimeout}
+		defer d.stop()
+		c.Set(ctxDeadline, d)
+		d.arm(c)
+		return refuseUnread(c, next(c))
+	}
+}
+
+// ctxDeadline is where storeDeadline leaves the request's *requestDeadline.
+const ctxDeadline = "marconi.store_deadline"
+
+// requestDeadline is the deadline of a request's store calls; withBody arms
+// it again once the body is read, so that the read does not spend it.
+type requestDeadline struct {
+	base    context.Context
+	timeout time.Duration
+	ctx     *storeContext
+}
+
+// arm gives c's request a fresh deadline, timeout from now.
+func (d *requestDeadline) arm(c echo.Context) {
+	d.stop()
+	d.ctx = newStoreContext(d.base, d.timeout)
+	c.SetRequest(c.Request().WithContext(d.ctx))
+}
+
+func (d *requestDeadline) stop() {
+	if d.ctx != nil {
+		d.ctx.release()
+	}
+}
+
+// withBody reads the request body (readBody) once its credential has been
+// checked, and arms the store deadline anew for the handler.
+func (s *Server) withBody(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
 		if err := s.readBody(c); err != nil {
 			return err
 		}
-		ctx := newStoreContext(c.Request().Context(), s.cfg.StoreTimeout)
-		defer ctx.release()
-		c.SetRequest(c.Request().WithContext(ctx))
+		if d, ok := c.Get(ctxDeadline).(*requestDeadline); ok {
+			d.arm(c)
+		}
 		return next(c)
 	}
+}
+
+// refuseUnread returns err, first asking net/http to close the connection
+// after the answer when err refuses a request whose body is unread: else,
+// to reuse the connection, net/http would read what is left of the body
+// before answering, and a client that never sends it would hold the answer.
+func refuseUnread(c echo.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	req := c.Request()
+	if _, read := req.Body.(*bufferedBody); !read && req.ContentLength != 0 && req.Body != nil && req.Body != http.NoBody {
+		c.Response().Header().Set(echo.HeaderConnection, "close")
+	}
+	return err
 }
 
 func (s *Server) healthz(c echo.Context) error {

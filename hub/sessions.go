@@ -19,11 +19,11 @@ import (
 const registerBodyLimit = 16 << 10
 
 type registerRequest struct {
-	SessionID   string `json:"session_id"`
-	Surface     string `json:"surface"`
-	RuntimeMode string `json:"runtime_mode"`
-	ClientID    string `json:"client_id"`
-	Takeover    bool   `json:"takeover"`
+	SessionID   string              `json:"session_id"`
+	Surface     marconi.Surface     `json:"surface"`
+	RuntimeMode marconi.RuntimeMode `json:"runtime_mode"`
+	ClientID    string              `json:"client_id"`
+	Takeover    bool                `json:"takeover"`
 	Hints       struct {
 		LocalState  bool `json:"local_state"`
 		SideEffects bool `json:"side_effects"`
@@ -31,18 +31,18 @@ type registerRequest struct {
 }
 
 type sessionResponse struct {
-	SessionID                string    `json:"session_id"`
-	Token                    string    `json:"token"`
-	TenantID                 string    `json:"tenant_id"`
-	ProjectID                string    `json:"project_id"`
-	Surface                  string    `json:"surface"`
-	RuntimeMode              string    `json:"runtime_mode"`
-	RuntimeModeSource        string    `json:"runtime_mode_source"`
-	InstanceID               string    `json:"instance_id"`
-	InstanceURL              *string   `json:"instance_url"`
-	RegisteredAt             time.Time `json:"registered_at"`
-	ExpiresAt                time.Time `json:"expires_at"`
-	HeartbeatIntervalSeconds int       `json:"heartbeat_interval_seconds"`
+	SessionID                string              `json:"session_id"`
+	Token                    string              `json:"token"`
+	TenantID                 string              `json:"tenant_id"`
+	ProjectID                string              `json:"project_id"`
+	Surface                  marconi.Surface     `json:"surface"`
+	RuntimeMode              marconi.RuntimeMode `json:"runtime_mode"`
+	RuntimeModeSource        marconi.ModeSource  `json:"runtime_mode_source"`
+	InstanceID               string              `json:"instance_id"`
+	InstanceURL              *string             `json:"instance_url"`
+	RegisteredAt             time.Time           `json:"registered_at"`
+	ExpiresAt                time.Time           `json:"expires_at"`
+	HeartbeatIntervalSeconds int                 `json:"heartbeat_interval_seconds"`
 	// TakenOver says the registration took the live session over by its
 	// project's API key; false in every other answer.
 	TakenOver bool `json:"taken_over"`
@@ -108,7 +108,7 @@ func (s *Server) sessionResponse(reg sessions.Registration) sessionResponse {
 		HeartbeatIntervalSeconds: int(s.cfg.HeartbeatInterval / time.Second),
 		TakenOver:                reg.Outcome == sessions.OutcomeTakenOver,
 	}
-	if fabric.Mode(sess.RuntimeMode) == fabric.ModeSticky && sess.AssignedInstance != "" {
+	if sess.RuntimeMode == fabric.ModeSticky && sess.AssignedInstance != "" {
 		r.InstanceID = sess.AssignedInstance
 		if u := s.fabric.Members.URL(sess.AssignedInstance); u != "" {
 			r.InstanceURL = &u // null when the instance table does not know it
@@ -129,12 +129,12 @@ type heartbeatResponse struct {
 func (s *Server) heartbeat(c echo.Context) error {
 	sess := session(c)
 	ctx := c.Request().Context()
-	exp, err := s.sessions.Heartbeat(ctx, sess.Key)
+	now := s.now()
+	sess, err := s.heartbeatTouch(ctx, sess, now)
 	if err != nil {
 		return err
 	}
-	now := s.now()
-	sess.LastSeenAt, sess.LastVerbAt, sess.ExpiresAt = now, now, exp
+	exp := sess.ExpiresAt
 	route := s.conns.Route(ctx, sess)
 	resp := heartbeatResponse{
 		SessionID:  sess.SessionID,

@@ -42,7 +42,23 @@ func (s *Server) prepareAttach(c echo.Context) (sessionstore.Session, conns.Welc
 	if err != nil {
 		return sess, conns.Welcome{}, err
 	}
+	if err := s.attachAllowed(sess.Key); err != nil {
+		return sess, conns.Welcome{}, err
+	}
 	welcome, err := s.place(ctx, sess)
 	// welcome.Replayed is counted when the attach is recorded (conns).
 	return sess, welcome, err
+}
+
+// attachAllowed spends one token of k's attach bucket
+// (MARCONI_QUOTA_ATTACHES_PER_SECOND, burst twice it): each attach costs
+// store writes (placement, the attach, the detach), so churn past the rate
+// is refused before any of them.
+func (s *Server) attachAllowed(k sessionstore.Key) error {
+	ok, wait := s.attaches.Take(k)
+	if ok {
+		return nil
+	}
+	return marconi.QuotaExceeded(marconi.QuotaAttachesPerSession, wait,
+		"more than %g WebSocket attaches a second for this session", s.cfg.QuotaAttachesPerSecond)
 }

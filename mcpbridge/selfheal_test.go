@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/wsproxy"
 )
 
 // SPEC-168 AC-4 through MCP. Alice's WebSocket goes half-open (the hub's side
@@ -16,7 +17,7 @@ import (
 // signal, in order, nothing lost.
 func TestSenderRouteStaleReconnectsThroughMCP(t *testing.T) {
 	h := hubtest.Start(t, hubtest.Options{})
-	proxy := newWSProxy(t, h.URL)
+	proxy := wsproxy.New(t, h.URL)
 	alice := startAgent(t, "alice", proxy.URL(), h.APIKey)
 	bob := startAgent(t, "bob", h.URL, h.APIKey)
 
@@ -25,7 +26,7 @@ func TestSenderRouteStaleReconnectsThroughMCP(t *testing.T) {
 	alice.readUntil(1, &got)
 	_, bobAttachedAt := routeState(t, h.URL, h.AdminToken, "bob")
 
-	proxy.zombify()
+	proxy.Zombify()
 	eventually(t, "the hub sees alice's route without a queue", func() bool {
 		st, _ := routeState(t, h.URL, h.AdminToken, "alice")
 		return st == "route_without_queue"

@@ -24,8 +24,8 @@ type RegisterRequest struct {
 	APIKeyHash []byte
 	// SessionID is the id asked for; empty makes a UUID.
 	SessionID   string
-	Surface     string
-	RuntimeMode string
+	Surface     marconi.Surface
+	RuntimeMode marconi.RuntimeMode
 	ClientID    string
 	Hints       Hints
 	// Token is the session's current token (X-Marconi-Session-Token), to
@@ -89,7 +89,7 @@ func (r RegisterRequest) validate() error {
 	if r.SessionID != "" && !signals.ValidSessionID(r.SessionID) {
 		return marconi.Errorf(marconi.CodeInvalidField, "session_id must match %s", signals.IDForm)
 	}
-	if !marconi.Surface(r.Surface).Valid() {
+	if !r.Surface.Valid() {
 		return marconi.Errorf(marconi.CodeInvalidSurface, "surface %q is not one of %s", r.Surface, marconi.SurfaceNames)
 	}
 	if r.ClientID != "" && !clientIDRe.MatchString(r.ClientID) {
@@ -265,13 +265,13 @@ func (s *Service) create(ctx context.Context, reg registration) (Registration, e
 	if id == "" {
 		id = uuid.NewString()
 	}
-	mode, source := s.classes.RuntimeMode(fabric.Mode(reg.RuntimeMode), reg.ClientID,
+	mode, source := s.classes.RuntimeMode(reg.RuntimeMode, reg.ClientID,
 		fabric.Hints{Surface: reg.Surface, LocalState: reg.Hints.LocalState, SideEffects: reg.Hints.SideEffects})
 	sess := sessionstore.Session{
 		Key:               sessionstore.Key{TenantID: reg.Project.TenantID, ProjectID: reg.Project.ProjectID, SessionID: id},
 		Surface:           reg.Surface,
-		RuntimeMode:       string(mode),
-		RuntimeModeSource: string(source),
+		RuntimeMode:       mode,
+		RuntimeModeSource: source,
 		ClientID:          reg.ClientID,
 		TokenHash:         HashToken(reg.token),
 		// The key's hash, never the key: it is a secret that can mint a token.

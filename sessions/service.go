@@ -1,6 +1,7 @@
 package sessions
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -55,8 +56,8 @@ type Revoker interface {
 	Ended(ctx context.Context, sess sessionstore.Session)
 }
 
-// Config is the service's configuration. hub.Config holds the defaults and
-// fills every field; New refuses a zero one.
+// Config is the service's configuration. New fills the zero fields that
+// have a default (WithDefaults); SessionTTL is required.
 type Config struct {
 	// SessionTTL: a session expires this long after its freshest proof of life.
 	SessionTTL time.Duration
@@ -73,6 +74,22 @@ type Config struct {
 	// takeover true and an API key of the session's project resumes a live
 	// session without its token.
 	AllowTakeover bool
+}
+
+// Defaults of Config's zero fields, each set here only (hub.Config names
+// them for cmd/marconi).
+const (
+	DefaultQuotaSessionsPerProject     = 20000
+	DefaultQuotaRegistrationsPerSecond = 50
+	DefaultRetryWindow                 = 5 * time.Minute
+)
+
+// WithDefaults returns c with each zero field that has a default set to it.
+func (c Config) WithDefaults() Config {
+	c.QuotaSessionsPerProject = cmp.Or(c.QuotaSessionsPerProject, DefaultQuotaSessionsPerProject)
+	c.QuotaRegistrationsPerSecond = cmp.Or(c.QuotaRegistrationsPerSecond, DefaultQuotaRegistrationsPerSecond)
+	c.RetryWindow = cmp.Or(c.RetryWindow, DefaultRetryWindow)
+	return c
 }
 
 func (c Config) validate() error {
@@ -117,6 +134,7 @@ type Service struct {
 
 // New builds a Service and registers its metrics on d.Registry.
 func New(cfg Config, d Deps) (*Service, error) {
+	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

@@ -31,9 +31,9 @@ type SessionHead struct {
 // Session is one registered agent session as the store keeps it.
 type Session struct {
 	Key
-	Surface           string
-	RuntimeMode       string // a fabric.Mode
-	RuntimeModeSource string // a fabric.ModeSource
+	Surface           marconi.Surface
+	RuntimeMode       marconi.RuntimeMode
+	RuntimeModeSource marconi.ModeSource
 	ClientID          string
 	// TokenHash is the SHA-256 of the session token; the token itself is never stored.
 	TokenHash []byte
@@ -168,8 +168,8 @@ type FallbackEvent struct {
 	Key
 	FromInstance      string
 	ToInstance        string
-	RuntimeMode       string
-	RuntimeModeSource string
+	RuntimeMode       marconi.RuntimeMode
+	RuntimeModeSource marconi.ModeSource
 	Reason            string
 	At                time.Time
 	// Counter is the cluster-wide counter RecordFallback adds one to:
@@ -182,8 +182,8 @@ type FallbackEvent struct {
 // fabric summary. Every map is non-nil.
 type SessionStats struct {
 	Total    int
-	ByMode   map[string]int // by runtime_mode
-	BySource map[string]int // by runtime_mode_source
+	ByMode   map[marconi.RuntimeMode]int
+	BySource map[marconi.ModeSource]int
 	// ByAssignedInstance counts sessions by their sticky assignment; sessions
 	// with none are not counted.
 	ByAssignedInstance map[string]int
@@ -325,7 +325,11 @@ type Store interface {
 	// afterSeq, in seq order, at most limit of them.
 	PendingSignals(ctx context.Context, k Key, afterSeq int64, limit int) ([]Signal, error)
 	// AckSignals acknowledges every signal of k with seq <= upToSeq and
-	// returns how many this call acknowledged.
+	// returns how many this call acknowledged. An acknowledged signal is
+	// never delivered again, so its payload is dropped at once: what stays
+	// until Prune (id, seq, sender, idempotency key, the send's answer) is
+	// what ordering and a duplicate send need, and a duplicate of it is
+	// answered with a Signal whose Payload is nil.
 	AckSignals(ctx context.Context, k Key, upToSeq int64, at time.Time) (int, error)
 	// CountPending returns how many signals of k are unacknowledged.
 	CountPending(ctx context.Context, k Key) (int, error)
@@ -357,7 +361,7 @@ type Store interface {
 	// CountByClient counts the sessions live at now whose
 	// runtime_mode_source is source, by client_id and then by runtime_mode
 	// (the canary view of adaptive placements). The map is non-nil.
-	CountByClient(ctx context.Context, now time.Time, source string) (map[string]map[string]int, error)
+	CountByClient(ctx context.Context, now time.Time, source marconi.ModeSource) (map[string]map[marconi.RuntimeMode]int, error)
 	// ListInstances returns every known instance, ordered by id.
 	ListInstances(ctx context.Context) ([]Instance, error)
 	// RecordFallback stores a fallback event and counts it in e.Counter

@@ -286,7 +286,7 @@ func (s *Service) piggyback(ctx context.Context, sender sessionstore.Session, r 
 func party(sess sessionstore.Session, r Route) selfheal.Party {
 	return selfheal.Party{
 		TenantID: sess.TenantID, ProjectID: sess.ProjectID, SessionID: sess.SessionID,
-		Surface: marconi.Surface(sess.Surface), ProofOfLife: sess.FreshestProofOfLife(), HasQueue: r.Attached,
+		Surface: sess.Surface, ProofOfLife: sess.FreshestProofOfLife(), HasQueue: r.Attached,
 	}
 }
 

@@ -30,6 +30,9 @@ export type ErrorCode =
   | 'draining'
   | 'upgrade_required'
   | 'internal'
+  | 'bad_request'
+  | 'headers_too_large'
+  | 'not_implemented'
   | 'unexpected_response';
 
 /** What kind of agent a session is; a console is "console_" and a name. */
@@ -79,6 +82,9 @@ export declare const codes: Readonly<{
   draining: 'draining';
   upgradeRequired: 'upgrade_required';
   internal: 'internal';
+  badRequest: 'bad_request';
+  headersTooLarge: 'headers_too_large';
+  notImplemented: 'not_implemented';
   unexpectedResponse: 'unexpected_response';
 }>;
 

@@ -113,6 +113,7 @@ func (m *Main) Run(ctx context.Context) error {
 	m.http = &http.Server{
 		Handler:           h.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ReadTimeout:       max(30*time.Second, 10*time.Second+cfg.Hub.BodyReadTimeout),
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
@@ -120,7 +121,8 @@ func (m *Main) Run(ctx context.Context) error {
 	m.wg.Add(2)
 	go func() {
 		defer m.wg.Done()
-		if err := m.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		// hub.Listener answers net/http's own refusals in the error shape.
+		if err := m.http.Serve(hub.Listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			m.Logger.Error("http server", "err", err)
 		}
 	}()

@@ -33,6 +33,9 @@ type Config struct {
 	InstanceHeartbeat time.Duration
 	// ShutdownTimeout bounds graceful shutdown.
 	ShutdownTimeout time.Duration
+	// MaxHeaderBytes is the HTTP server's bound on a request's line and
+	// headers (MARCONI_MAX_HEADER_BYTES).
+	MaxHeaderBytes int
 	// GroupCommit gathers concurrent durable sends into one transaction
 	// (Postgres store); off is kept to measure what it gains.
 	GroupCommit bool
@@ -185,6 +188,7 @@ func settings(c *Config) []setting {
 		{"MARCONI_HEARTBEAT_INTERVAL_SECONDS", secs(hub.DefaultHeartbeatInterval), "heartbeat interval told to clients at registration", seconds(&h.HeartbeatInterval), public},
 		{"MARCONI_TOUCH_INTERVAL_SECONDS", secs(hub.DefaultTouchInterval), "proof-of-life writes per session are coalesced to one per interval", seconds(&h.TouchInterval), public},
 		{"MARCONI_STORE_TIMEOUT_SECONDS", secs(hub.DefaultStoreTimeout), "bound on each store call of a request; past it the hub answers 503", seconds(&h.StoreTimeout), public},
+		{"MARCONI_MAX_HEADER_BYTES", strconv.Itoa(hub.DefaultMaxHeaderBytes), "bound on a request's line and headers (net/http adds 4096); past it 431 headers_too_large", positiveInt(&c.MaxHeaderBytes), public},
 		{"MARCONI_BODY_READ_TIMEOUT_SECONDS", secs(hub.DefaultBodyReadTimeout), "bound on reading a request body, apart from the store timeout (408 request_timeout past it)", seconds(&h.BodyReadTimeout), public},
 		{"MARCONI_STORE_BREAKER", "on", "after a store call times out, fail calls at once (503) until a probe reaches the store: on or off", func(c *Config, v string) error {
 			b, err := parseBool(v)
@@ -259,7 +263,7 @@ func settings(c *Config) []setting {
 			return nil
 		}, public},
 		{"MARCONI_DEFAULT_RUNTIME_MODE", string(fabric.DefaultRuntimeMode), "runtime mode of a registration that names none", func(c *Config, v string) error {
-			m, err := fabric.NormalizeRuntimeMode(v)
+			m, err := fabric.NormalizeRuntimeMode(fabric.Mode(v))
 			if err != nil {
 				return err
 			}
@@ -316,6 +320,7 @@ func settings(c *Config) []setting {
 		{"MARCONI_MAX_CONNECTIONS_PER_ADDRESS", strconv.Itoa(hub.DefaultMaxConnectionsPerAddress), "WebSockets open from one client address (a load balancer in front counts as one); past it 429 quota_exceeded", positiveInt(&h.MaxConnectionsPerAddress), public},
 		{"MARCONI_SEND_RATE_PER_SECOND", strconv.Itoa(hub.DefaultSendRatePerSecond), "per-session send limit (burst twice it)", positiveFloat(&h.SendRatePerSecond), public},
 		{"MARCONI_QUOTA_SESSIONS_PER_PROJECT", strconv.Itoa(hub.DefaultQuotaSessionsPerProject), "live sessions per project (429 quota_exceeded past it)", positiveInt(&h.QuotaSessionsPerProject), public},
+		{"MARCONI_QUOTA_ATTACHES_PER_SECOND", strconv.Itoa(hub.DefaultQuotaAttachesPerSecond), "WebSocket attaches per second per session, per instance (burst twice it); past it an attach gets 429 quota_exceeded before any store write", positiveFloat(&h.QuotaAttachesPerSecond), public},
 		{"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND", strconv.Itoa(hub.DefaultQuotaRegistrationsPerSecond), "registrations per second per API key, per instance (burst twice it)", positiveFloat(&h.QuotaRegistrationsPerSecond), public},
 		{"MARCONI_REGISTRATION_RETRY_SECONDS", secs(hub.DefaultRegistrationRetry), "how long a registration's Idempotency-Key retries it after a lost answer, unless the token it made is used first", seconds(&h.RegistrationRetry), public},
 		{"MARCONI_ALLOW_TAKEOVER", "true", "a registration with \"takeover\": true and the project's API key resumes a live session without its token: true or false", func(c *Config, v string) error {
@@ -374,7 +379,7 @@ func parseAPIKeys(v string) (map[string]hub.TenantProject, error) {
 		key, owner, ok := strings.Cut(item, "=")
 		tenant, project, ok2 := strings.Cut(owner, "/")
 		if !ok || !ok2 || !apiKeyRe.MatchString(key) || !signals.ValidSessionID(tenant) || !signals.ValidSessionID(project) {
-			return nil, errors.New("want key=tenant/project pairs: keys of at least 16 printable ASCII characters without spaces, tenant and project ids matching "+signals.IDForm)
+			return nil, fmt.Errorf("want key=tenant/project pairs: keys of at least 16 printable ASCII characters without spaces, tenant and project ids matching %s", signals.IDForm)
 		}
 		if _, dup := keys[key]; dup {
 			// Two owners for one key: whichever won, one tenant would act as the other.

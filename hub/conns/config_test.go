@@ -8,7 +8,7 @@ import (
 	"github.com/marconihub/marconi/hub/conns"
 )
 
-// validConfig sets every field conns.Config documents as required.
+// validConfig sets every field of conns.Config.
 func validConfig() conns.Config {
 	return conns.Config{
 		InstanceID: "i1", SessionTTL: time.Hour, TouchInterval: time.Second, StoreTimeout: time.Second,
@@ -17,8 +17,9 @@ func validConfig() conns.Config {
 	}
 }
 
-// TestNewRefusesAConfigMissingARequiredField: each required field left zero
-// is named in New's error, before any connection could fail on it.
+// TestNewRefusesAConfigMissingARequiredField: each required field left zero,
+// and each defaulted one set out of range, is named in New's error, before
+// any connection could fail on it.
 func TestNewRefusesAConfigMissingARequiredField(t *testing.T) {
 	for _, tt := range []struct {
 		field string
@@ -28,14 +29,14 @@ func TestNewRefusesAConfigMissingARequiredField(t *testing.T) {
 		{"SessionTTL", func(c *conns.Config) { c.SessionTTL = 0 }},
 		{"TouchInterval", func(c *conns.Config) { c.TouchInterval = 0 }},
 		{"StoreTimeout", func(c *conns.Config) { c.StoreTimeout = 0 }},
-		{"PingInterval", func(c *conns.Config) { c.PingInterval = 0 }},
-		{"ReadLimit", func(c *conns.Config) { c.ReadLimit = 0 }},
-		{"QueueSize", func(c *conns.Config) { c.QueueSize = 0 }},
-		{"WriteTimeout", func(c *conns.Config) { c.WriteTimeout = 0 }},
+		{"PingInterval", func(c *conns.Config) { c.PingInterval = -time.Second }},
+		{"ReadLimit", func(c *conns.Config) { c.ReadLimit = -1 }},
+		{"QueueSize", func(c *conns.Config) { c.QueueSize = -1 }},
+		{"WriteTimeout", func(c *conns.Config) { c.WriteTimeout = -time.Second }},
 		{"AckInterval", func(c *conns.Config) { c.AckInterval = -time.Second }},
-		{"FramesPerSecond", func(c *conns.Config) { c.FramesPerSecond = 0 }},
-		{"MaxConnections", func(c *conns.Config) { c.MaxConnections = 0 }},
-		{"MaxConnectionsPerAddress", func(c *conns.Config) { c.MaxConnectionsPerAddress = 0 }},
+		{"FramesPerSecond", func(c *conns.Config) { c.FramesPerSecond = -1 }},
+		{"MaxConnections", func(c *conns.Config) { c.MaxConnections = -1 }},
+		{"MaxConnectionsPerAddress", func(c *conns.Config) { c.MaxConnectionsPerAddress = -1 }},
 	} {
 		cfg := validConfig()
 		tt.unset(&cfg)
@@ -44,8 +45,12 @@ func TestNewRefusesAConfigMissingARequiredField(t *testing.T) {
 			t.Errorf("New without %s: %v, want an error naming it", tt.field, err)
 		}
 	}
-	// With every field set, what is missing is a dependency, not the config.
-	if _, err := conns.New(validConfig(), conns.Deps{}); err == nil || strings.Contains(err.Error(), "Config") {
-		t.Errorf("New with a whole Config and no dependencies: %v, want a missing dependency", err)
+	// With every field set, or only the required ones (the others take
+	// their defaults), what is missing is a dependency, not the config.
+	required := conns.Config{InstanceID: "i1", SessionTTL: time.Hour, TouchInterval: time.Second, StoreTimeout: time.Second}
+	for _, cfg := range []conns.Config{validConfig(), required} {
+		if _, err := conns.New(cfg, conns.Deps{}); err == nil || strings.Contains(err.Error(), "Config") {
+			t.Errorf("New(%+v) with no dependencies: %v, want a missing dependency", cfg, err)
+		}
 	}
 }

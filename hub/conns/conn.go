@@ -49,8 +49,8 @@ type Conn struct {
 	attachedAt time.Time
 	welcome    Welcome
 	acks       *acks
-	frames     bucket     // the reader's frame rate
-	wb         writeBound // bounds the writer's frame writes (writer.go)
+	budget     frameBudget // what the client may still send
+	wb         writeBound  // bounds the writer's frame writes (writer.go)
 
 	// ctx ends when the connection does: the reader, a writer or a ping
 	// that fails cancels it, and the others stop.
@@ -152,7 +152,7 @@ func (h *Hub) start(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 		h: h, ws: ws, key: sess.Key, incarnation: sess.RegisteredAt, tokenHash: bytes.Clone(sess.TokenHash),
 		attachedAt: now, welcome: welcome,
 		kicked: make(chan struct{}),
-		frames: bucket{tokens: 2 * h.cfg.FramesPerSecond, at: now},
+		budget: frameBudget{frames: bucket{tokens: 2 * h.cfg.FramesPerSecond, at: now}},
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.acks = newAcks(c)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 
@@ -26,12 +27,17 @@ var (
 // frame is either accepted in silence, exactly when it is a frame of the
 // contract (a ping, or an ack with a whole non-negative up_to_seq), or
 // answered with exactly one error frame whose code is invalid_json or
-// invalid_field; the connection stays up either way.
+// invalid_field; the connection stays up either way. The one exception is
+// a text frame that is not UTF-8: it closes the connection with 1007, and
+// the next input runs on a new one.
 // Seeds: testdata/fuzz/FuzzClientFrame.
 func FuzzClientFrame(f *testing.F) {
-	// Past the frame rate the hub closes the connection, by design.
-	h := hubtest.Start(f, hubtest.Options{Config: hub.Config{WSFramesPerSecond: 1e9}})
-	ws := attach(f, h)
+	// Past the frame rate the hub closes the connection, and past the
+	// attach rate it refuses a new one, by design.
+	h := hubtest.Start(f, hubtest.Options{Config: hub.Config{WSFramesPerSecond: 1e9, QuotaAttachesPerSecond: 1e9}})
+	token := registerFuzz(f, h)
+	ws := dialFuzz(f, h, token)
+	f.Cleanup(func() { ws.CloseNow() })
 	f.Add(false, []byte(`{"type":"ack","up_to_seq":1}`))
 	f.Fuzz(func(t *testing.T, binary bool, frame []byte) {
 		if len(frame) > 4096 {
@@ -43,6 +49,18 @@ func FuzzClientFrame(f *testing.F) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
+		if !binary && !utf8.Valid(frame) {
+			if err := ws.Write(ctx, typ, frame); err != nil {
+				t.Fatalf("write %q: %v", frame, err)
+			}
+			_, data, err := ws.Read(ctx)
+			if websocket.CloseStatus(err) != websocket.StatusInvalidFramePayloadData {
+				t.Fatalf("after the text frame %q that is not UTF-8: %s %v, want close 1007", frame, data, err)
+			}
+			ws.CloseNow()
+			ws = dialFuzz(t, h, token)
+			return
+		}
 		for _, w := range []struct {
 			typ  websocket.MessageType
 			data []byte
@@ -101,8 +119,8 @@ func validFrame(frame []byte) bool {
 	return err == nil && n >= 0
 }
 
-// attach registers a session and attaches its WebSocket for the whole run.
-func attach(tb testing.TB, h *hubtest.Hub) *websocket.Conn {
+// registerFuzz registers the session the fuzz target attaches as.
+func registerFuzz(tb testing.TB, h *hubtest.Hub) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", h.URL+"/v1/sessions", bytes.NewReader([]byte(`{"session_id":"fuzz","surface":"claude_code"}`)))
@@ -117,11 +135,18 @@ func attach(tb testing.TB, h *hubtest.Hub) *websocket.Conn {
 	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || resp.StatusCode != http.StatusCreated {
 		tb.Fatalf("register: %d %v", resp.StatusCode, err)
 	}
-	ws, _, err := websocket.Dial(ctx, h.WSURL(), &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + r.Token}}})
+	return r.Token
+}
+
+// dialFuzz attaches the session's WebSocket and reads its welcome; the
+// caller closes it.
+func dialFuzz(tb testing.TB, h *hubtest.Hub, token string) *websocket.Conn {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, h.WSURL(), &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + token}}})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { ws.CloseNow() })
 	if _, data, err := ws.Read(ctx); err != nil || !bytes.Contains(data, []byte(`"welcome"`)) {
 		tb.Fatalf("welcome: %s %v", data, err)
 	}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,12 +15,14 @@ import (
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/internal/fieldcheck"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 )
 
-// Config is the connection hub's configuration. Every field is required
-// (hub.Config holds the defaults and fills them).
+// Config is the connection hub's configuration. New fills the zero fields
+// that have a default (WithDefaults); InstanceID, SessionTTL, TouchInterval
+// and StoreTimeout are required.
 type Config struct {
 	// InstanceID names this instance in the store's queue records.
 	InstanceID string
@@ -62,11 +62,11 @@ type Config struct {
 	OnQuotaRefused func(marconi.Quota)
 }
 
-// validate checks that every required field is set: a zero PingInterval,
-// say, would fail every connection at its first ping.
+// validate checks, once the defaults are applied, that every field is set
+// and positive: a zero PingInterval, say, would fail every connection at its
+// first ping.
 func (c Config) validate() error {
-	var missing []string
-	for name, ok := range map[string]bool{
+	return fieldcheck.Check("conns", "set and positive", map[string]bool{
 		"InstanceID":               c.InstanceID != "",
 		"SessionTTL":               c.SessionTTL > 0,
 		"TouchInterval":            c.TouchInterval > 0,
@@ -79,16 +79,7 @@ func (c Config) validate() error {
 		"FramesPerSecond":          c.FramesPerSecond > 0,
 		"MaxConnections":           c.MaxConnections > 0,
 		"MaxConnectionsPerAddress": c.MaxConnectionsPerAddress > 0,
-	} {
-		if !ok {
-			missing = append(missing, name)
-		}
-	}
-	if len(missing) > 0 {
-		slices.Sort(missing)
-		return fmt.Errorf("conns: Config fields must be set and positive: %s", strings.Join(missing, ", "))
-	}
-	return nil
+	})
 }
 
 // Store is what the connection hub uses of sessionstore.Store; the methods'
@@ -159,6 +150,7 @@ var _ signals.Router = (*Hub)(nil)
 
 // New builds a connection hub and registers its metrics on d.Registry.
 func New(cfg Config, d Deps) (*Hub, error) {
+	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -196,7 +188,20 @@ func New(cfg Config, d Deps) (*Hub, error) {
 // stack and keeps it small (see serve), while the handler's goroutine and
 // what the HTTP exchange allocated are released. Close waits for it.
 func (h *Hub) Attach(w http.ResponseWriter, r *http.Request, sess sessionstore.Session, welcome Welcome, release func()) {
-	ws, err := websocket.Accept(leanHijack{w}, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	// Control frames spend the frame budget as data frames do. The library
+	// calls these from whichever goroutine reads: the reader, or a Close
+	// waiting for the peer's close frame, which may run before start has
+	// returned the connection (a frame then is not counted).
+	var conn atomic.Pointer[Conn]
+	control := func() bool {
+		c := conn.Load()
+		return c != nil && c.controlFrame()
+	}
+	ws, err := websocket.Accept(leanHijack{w}, r, &websocket.AcceptOptions{
+		InsecureSkipVerify: true,
+		OnPingReceived:     func(context.Context, []byte) bool { return control() },
+		OnPongReceived:     func(context.Context, []byte) { control() },
+	})
 	if err != nil {
 		release()
 		h.log.Debug("websocket accept failed", KeyAttrs(sess.Key), "err", err)
@@ -214,6 +219,7 @@ func (h *Hub) Attach(w http.ResponseWriter, r *http.Request, sess sessionstore.S
 	h.wg.Add(1)
 	h.mu.Unlock()
 	c := h.start(sess, ws, welcome)
+	conn.Store(c)
 	go func() {
 		defer h.wg.Done()
 		defer release()

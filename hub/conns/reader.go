@@ -4,32 +4,38 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
 	"time"
+	"unicode/utf8"
+
+	"github.com/coder/websocket"
 
 	"github.com/marconihub/marconi"
 )
 
-// readLoop is the connection's one reader: acks and proof of life.
+// readLoop is the connection's one reader: acks and proof of life. Every
+// frame the client sends spends the connection's frame budget, control
+// frames too (controlFrame); a text frame must be UTF-8.
 func (c *Conn) readLoop(ctx context.Context) error {
 	lastTouch := c.attachedAt
-	overRate := false
 	for {
-		_, data, err := c.ws.Read(ctx)
+		typ, data, err := c.ws.Read(ctx)
 		if err != nil {
 			return err
 		}
-		if overRate {
-			// The writer is closing the connection with 1008. Read on (and
-			// discard) until the close handshake ends, as the writer's Close
-			// expects; ending here would cancel the connection under the
-			// writer and drop its close frame.
+		if c.budget.isRefused() {
+			// The writer is closing the connection (1008 or 1007). Read on
+			// (and discard) until the close handshake ends, as the writer's
+			// Close expects; ending here would cancel the connection under
+			// the writer and drop its close frame.
 			continue
 		}
 		now := c.h.now()
-		if !c.frames.take(now, c.h.cfg.FramesPerSecond) {
-			overRate = true
-			c.h.cfg.OnQuotaRefused(marconi.QuotaFramesPerSecond)
-			c.kick(DisconnectFrameRate)
+		if !c.takeFrame(now) {
+			continue
+		}
+		if typ == websocket.MessageText && !utf8.Valid(data) {
+			c.refuse(DisconnectInvalidUTF8)
 			continue
 		}
 		if now.Sub(lastTouch) >= c.h.cfg.TouchInterval {
@@ -83,8 +89,75 @@ func (c *Conn) ackUpTo(ctx context.Context, seq int64) {
 	}
 }
 
+// frameBudget is what a client may still send on its connection: a bucket
+// of frames, and whether the connection was refused for what it sent. The
+// reader spends it, and so do the library's control-frame callbacks, which
+// run on whichever goroutine reads (the reader, or a Close waiting for the
+// peer's close frame). It is safe for concurrent use.
+type frameBudget struct {
+	mu      sync.Mutex
+	frames  bucket
+	refused bool // the writer is closing the connection for what the client sent
+}
+
+// take spends a frame at rate a second; past the budget it marks the
+// connection refused. It reports false past the budget and after a refusal,
+// and overBudget true only for the frame that went past it.
+func (b *frameBudget) take(now time.Time, rate float64) (ok, overBudget bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.refused:
+		return false, false
+	case !b.frames.take(now, rate):
+		b.refused = true
+		return false, true
+	}
+	return true, false
+}
+
+// refuse marks the connection refused.
+func (b *frameBudget) refuse() {
+	b.mu.Lock()
+	b.refused = true
+	b.mu.Unlock()
+}
+
+func (b *frameBudget) isRefused() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.refused
+}
+
+// takeFrame spends the connection's frame budget for a frame the client
+// sent. Past the budget it closes the connection (1008, quota
+// frames_per_second) and reports false, as it does for every frame after a
+// refusal.
+func (c *Conn) takeFrame(now time.Time) bool {
+	ok, over := c.budget.take(now, c.h.cfg.FramesPerSecond)
+	if over {
+		c.h.cfg.OnQuotaRefused(marconi.QuotaFramesPerSecond)
+		c.kick(DisconnectFrameRate)
+	}
+	return ok
+}
+
+// controlFrame counts a ping or pong from the client against the frame
+// budget; it reports whether a ping is answered. A connection refused for
+// its rate answers none: a flood of pings costs the hub no writes.
+func (c *Conn) controlFrame() bool {
+	return c.takeFrame(c.h.now())
+}
+
+// refuse asks the writer to close the connection with d, and makes the
+// reader discard what the client sends until the close handshake ends.
+func (c *Conn) refuse(d Disconnect) {
+	c.budget.refuse()
+	c.kick(d)
+}
+
 // bucket is a token bucket of rate tokens a second and a burst of twice
-// that. It is not safe for concurrent use: the reader owns it.
+// that. It is not safe for concurrent use: frameBudget guards it.
 type bucket struct {
 	tokens float64
 	at     time.Time

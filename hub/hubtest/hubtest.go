@@ -120,6 +120,8 @@ func Start(t testing.TB, o Options) *Hub {
 	}
 	h.Server = srv
 	h.http.Config.Handler = srv.Handler()
+	h.http.Config.MaxHeaderBytes = hub.DefaultMaxHeaderBytes
+	h.http.Listener = hub.Listener(h.http.Listener)
 	h.http.Start()
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -179,8 +180,8 @@ func (b *Store) SessionStats(ctx context.Context, now time.Time) (sessionstore.S
 }
 
 // CountByClient implements sessionstore.Store.
-func (b *Store) CountByClient(ctx context.Context, now time.Time, source string) (map[string]map[string]int, error) {
-	return guard(b, ctx, func() (map[string]map[string]int, error) { return b.inner.CountByClient(ctx, now, source) })
+func (b *Store) CountByClient(ctx context.Context, now time.Time, source marconi.ModeSource) (map[string]map[marconi.RuntimeMode]int, error) {
+	return guard(b, ctx, func() (map[string]map[marconi.RuntimeMode]int, error) { return b.inner.CountByClient(ctx, now, source) })
 }
 
 // ListInstances implements sessionstore.Store.

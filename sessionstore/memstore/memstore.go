@@ -193,7 +193,7 @@ func (m *Store) CreateSession(ctx context.Context, s sessionstore.Session, now t
 		return sessionstore.Session{}, err
 	}
 	defer m.mu.Unlock()
-	if err := storable(s.TenantID, s.ProjectID, s.SessionID, s.Surface, s.RuntimeMode, s.RuntimeModeSource,
+	if err := storable(s.TenantID, s.ProjectID, s.SessionID, string(s.Surface), string(s.RuntimeMode), string(s.RuntimeModeSource),
 		s.ClientID, s.AssignedInstance, s.QueueInstance); err != nil {
 		return sessionstore.Session{}, err
 	}
@@ -475,7 +475,7 @@ func (m *Store) SessionStats(ctx context.Context, now time.Time) (sessionstore.S
 	}
 	defer m.mu.Unlock()
 	out := sessionstore.SessionStats{
-		ByMode: map[string]int{}, BySource: map[string]int{},
+		ByMode: map[marconi.RuntimeMode]int{}, BySource: map[marconi.ModeSource]int{},
 		ByAssignedInstance: map[string]int{}, ByQueueInstance: map[string]int{},
 	}
 	for _, s := range m.sessions {
@@ -496,18 +496,18 @@ func (m *Store) SessionStats(ctx context.Context, now time.Time) (sessionstore.S
 }
 
 // CountByClient implements sessionstore.Store.
-func (m *Store) CountByClient(ctx context.Context, now time.Time, source string) (map[string]map[string]int, error) {
+func (m *Store) CountByClient(ctx context.Context, now time.Time, source marconi.ModeSource) (map[string]map[marconi.RuntimeMode]int, error) {
 	if err := m.lock(); err != nil {
 		return nil, err
 	}
 	defer m.mu.Unlock()
-	out := map[string]map[string]int{}
+	out := map[string]map[marconi.RuntimeMode]int{}
 	for _, s := range m.sessions {
 		if !live(s, now) || s.s.RuntimeModeSource != source {
 			continue
 		}
 		if out[s.s.ClientID] == nil {
-			out[s.s.ClientID] = map[string]int{}
+			out[s.s.ClientID] = map[marconi.RuntimeMode]int{}
 		}
 		out[s.s.ClientID][s.s.RuntimeMode]++
 	}
@@ -787,6 +787,9 @@ func (m *Store) ack(k sessionstore.Key, upToSeq int64, at time.Time) int {
 		sg.ackedAt = ts(at)
 		s.pendingBytes -= int64(len(sg.sig.Payload))
 		m.addProjectBytes(k, -int64(len(sg.sig.Payload)))
+		// Never delivered again: only its id, seq and answer stay, for a
+		// duplicate send until Prune (sessionstore.Store.AckSignals).
+		sg.sig.Payload = nil
 		n++
 	}
 	s.acked += n

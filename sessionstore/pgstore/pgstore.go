@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -405,7 +406,7 @@ func (s *Store) CountSessions(ctx context.Context, f sessionstore.SessionFilter,
 
 // CountByClient implements sessionstore.Store: one grouped scan of the live
 // sessions of one source.
-func (s *Store) CountByClient(ctx context.Context, now time.Time, source string) (map[string]map[string]int, error) {
+func (s *Store) CountByClient(ctx context.Context, now time.Time, source marconi.ModeSource) (map[string]map[marconi.RuntimeMode]int, error) {
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
 	if err != nil {
@@ -416,14 +417,15 @@ func (s *Store) CountByClient(ctx context.Context, now time.Time, source string)
 	if err != nil {
 		return nil, wrap("count by client", err)
 	}
-	out := map[string]map[string]int{}
+	out := map[string]map[marconi.RuntimeMode]int{}
 	var (
-		client, mode string
-		n            int
+		client string
+		mode   marconi.RuntimeMode
+		n      int
 	)
 	_, err = pgx.ForEachRow(rows, []any{&client, &mode, &n}, func() error {
 		if out[client] == nil {
-			out[client] = map[string]int{}
+			out[client] = map[marconi.RuntimeMode]int{}
 		}
 		out[client][mode] += n
 		return nil
@@ -449,12 +451,14 @@ func (s *Store) SessionStats(ctx context.Context, now time.Time) (sessionstore.S
 		return sessionstore.SessionStats{}, wrap("session stats", err)
 	}
 	out := sessionstore.SessionStats{
-		ByMode: map[string]int{}, BySource: map[string]int{},
+		ByMode: map[marconi.RuntimeMode]int{}, BySource: map[marconi.ModeSource]int{},
 		ByAssignedInstance: map[string]int{}, ByQueueInstance: map[string]int{},
 	}
 	var (
-		mode, source, assigned, queue string
-		n                             int
+		mode            marconi.RuntimeMode
+		source          marconi.ModeSource
+		assigned, queue string
+		n               int
 	)
 	_, err = pgx.ForEachRow(rows, []any{&mode, &source, &assigned, &queue, &n}, func() error {
 		out.Total += n

@@ -71,14 +71,19 @@ func (s *Store) AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int6
 const ackSeqSQL = `UPDATE sessions SET acked_seq = GREATEST(acked_seq, LEAST($4::bigint, last_seq))
 	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3`
 
-// ackSQL marks k's pending signals up to its acked_seq and takes their bytes
-// off the session's counter, and off its project's by a delta (see
-// migration 0005); it returns how many it marked.
-const ackSQL = `WITH a AS (
-	UPDATE signals SET acked_at = $4
+// ackSQL marks k's pending signals up to its acked_seq, drops their
+// payloads (never delivered again, they would be kept for nothing until
+// Prune) and takes their bytes off the session's counter, and off its
+// project's by a delta (see migration 0005); it returns how many it marked.
+// The session's row, locked by ackSeqSQL, keeps another ack out meanwhile.
+const ackSQL = `WITH o AS (
+	SELECT seq, coalesce(octet_length(payload::text), 0) AS n FROM signals
 	WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL
 	  AND seq <= (SELECT acked_seq FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3)
-	RETURNING coalesce(octet_length(payload::text), 0) AS n
+), a AS (
+	UPDATE signals g SET acked_at = $4, payload = NULL FROM o
+	WHERE g.tenant_id = $1 AND g.project_id = $2 AND g.to_session = $3 AND g.seq = o.seq AND g.acked_at IS NULL
+	RETURNING o.n
 ), t AS (SELECT count(*) AS c, coalesce(sum(n), 0)::bigint AS b FROM a
 ), s AS (
 	UPDATE sessions SET pending_bytes = pending_bytes - t.b FROM t

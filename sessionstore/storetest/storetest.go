@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -96,6 +97,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"Quota/pending bytes per project: refused stores nothing, acking or deleting frees room", testQuotaPendingBytesPerProject},
 		{"PendingSignals/after seq, limit, order, acked excluded", testPending},
 		{"AckSignals/returns how many this call acknowledged", testAck},
+		{"AckSignals/drops acknowledged payloads; a duplicate still gets the first answer", testAckDropsPayload},
 		{"CountPending and DropPending", testDropPending},
 		{"PendingTotal counts live sessions' unacked signals", testPendingTotal},
 		{"Prune keeps the newest KeepFallbackEvents fallback events", testPruneFallbacks},
@@ -231,9 +233,9 @@ func wantSession(t *testing.T, what string, got, want sessionstore.Session) {
 	if got.Key != want.Key {
 		diffs = append(diffs, fmt.Sprintf("Key = %+v, want %+v", got.Key, want.Key))
 	}
-	str("Surface", got.Surface, want.Surface)
-	str("RuntimeMode", got.RuntimeMode, want.RuntimeMode)
-	str("RuntimeModeSource", got.RuntimeModeSource, want.RuntimeModeSource)
+	str("Surface", string(got.Surface), string(want.Surface))
+	str("RuntimeMode", string(got.RuntimeMode), string(want.RuntimeMode))
+	str("RuntimeModeSource", string(got.RuntimeModeSource), string(want.RuntimeModeSource))
 	str("ClientID", got.ClientID, want.ClientID)
 	if !bytes.Equal(got.TokenHash, want.TokenHash) {
 		diffs = append(diffs, fmt.Sprintf("TokenHash = %x, want %x", got.TokenHash, want.TokenHash))
@@ -1872,7 +1874,7 @@ func testSessionStats(t *testing.T, s sessionstore.Store) {
 	if st.Total != 0 || st.ByMode == nil || st.BySource == nil || st.ByAssignedInstance == nil || st.ByQueueInstance == nil {
 		t.Fatalf("SessionStats of an empty store = %+v, want zero total and non-nil maps", st)
 	}
-	mk := func(id, mode, source, assigned string, expires time.Time) sessionstore.Key {
+	mk := func(id string, mode marconi.RuntimeMode, source marconi.ModeSource, assigned string, expires time.Time) sessionstore.Key {
 		k := key("t", "p", id)
 		sess := newSession(k, hash(id), expires)
 		sess.RuntimeMode, sess.RuntimeModeSource, sess.AssignedInstance = mode, source, assigned
@@ -1890,13 +1892,17 @@ func testSessionStats(t *testing.T, s sessionstore.Store) {
 	st, err = s.SessionStats(ctx, at(2*time.Minute))
 	noErr(t, "SessionStats", err)
 	wantInt(t, "Total", st.Total, 4)
+	if want := (map[marconi.RuntimeMode]int{"sticky": 3, "stateless": 1}); !maps.Equal(st.ByMode, want) {
+		t.Errorf("ByMode = %v, want %v", st.ByMode, want)
+	}
+	if want := (map[marconi.ModeSource]int{"explicit": 2, "adaptive-classifier": 1, "default": 1}); !maps.Equal(st.BySource, want) {
+		t.Errorf("BySource = %v, want %v", st.BySource, want)
+	}
 	for _, c := range []struct {
 		what string
 		got  map[string]int
 		want map[string]int
 	}{
-		{"ByMode", st.ByMode, map[string]int{"sticky": 3, "stateless": 1}},
-		{"BySource", st.BySource, map[string]int{"explicit": 2, "adaptive-classifier": 1, "default": 1}},
 		{"ByAssignedInstance", st.ByAssignedInstance, map[string]int{"hub-1": 2, "hub-2": 1}},
 		{"ByQueueInstance", st.ByQueueInstance, map[string]int{"hub-2": 2}},
 	} {
@@ -1910,7 +1916,7 @@ func testSessionStats(t *testing.T, s sessionstore.Store) {
 	mk("f", "sticky", "adaptive-classifier", "hub-1", at(time.Minute)) // expired at the read below
 	byClient, err := s.CountByClient(ctx, at(2*time.Minute), "adaptive-classifier")
 	noErr(t, "CountByClient", err)
-	want := map[string]map[string]int{"client-b": {"sticky": 1}, "client-e": {"stateless": 1}}
+	want := map[string]map[marconi.RuntimeMode]int{"client-b": {"sticky": 1}, "client-e": {"stateless": 1}}
 	if !maps.EqualFunc(byClient, want, maps.Equal) {
 		t.Errorf("CountByClient(adaptive-classifier) = %v, want %v", byClient, want)
 	}

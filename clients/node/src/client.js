@@ -6,14 +6,15 @@ import WebSocket from './ws.js';
 
 /** @typedef {import('ws').default} WebSocket the type of ws's sockets (./ws.js exports only the class) */
 import { Backoff } from './backoff.js';
+import { closeCodes, codes } from './codes.js';
 import { settle } from './config.js';
 import { Dispatcher, toSignal } from './delivery.js';
-import { ClientClosedError, MarconiError, ReplacedError, codes, permanent } from './errors.js';
+import { ClientClosedError, MarconiError, ReplacedError, permanent } from './errors.js';
 import { TransportError } from './http.js';
 import { Hubs, unavailable } from './hubs.js';
 import { keepalive } from './keepalive.js';
 import { linked } from './signals.js';
-import { closeCodes, openSocket } from './socket.js';
+import { normalClosure, openSocket } from './socket.js';
 import { tokenStoreOf } from './tokens.js';
 
 export { defaults } from './config.js';
@@ -169,7 +170,7 @@ export class Client extends EventEmitter {
     this.#wakeSupervisor?.();
     const conn = this.#conn;
     if (conn) {
-      conn.ws.close(closeCodes.normal, 'client closed');
+      conn.ws.close(normalClosure, 'client closed');
       const cut = setTimeout(() => conn.ws.terminate(), closeHandshakeMs);
       await conn.ended;
       clearTimeout(cut);
@@ -466,7 +467,7 @@ export class Client extends EventEmitter {
         }
       }
       this.#log.info('marconi: WebSocket ended, reconnecting', { status: code, reason, immediate: this.#immediate });
-      const next = await this.#redial(code === closeCodes.serviceRestart);
+      const next = await this.#redial(code === closeCodes.restarting);
       if (!('conn' in next)) {
         this.#stopped = true;
         if (next.refused) this.#tellFatal(next.refused);

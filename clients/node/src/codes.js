@@ -25,6 +25,9 @@ export const codes = Object.freeze({
   draining: 'draining',
   upgradeRequired: 'upgrade_required',
   internal: 'internal',
+  badRequest: 'bad_request',
+  headersTooLarge: 'headers_too_large',
+  notImplemented: 'not_implemented',
   // The code of a MarconiError built from an answer that did not carry the
   // hub's error body (a proxy's page, an empty body); the hub never sends it.
   unexpectedResponse: 'unexpected_response',

@@ -1,5 +1,9 @@
 // Errors of the Marconi Node client.
 
+import { codes } from './codes.js';
+
+/** @typedef {import('../index.js').ErrorCode} ErrorCode */
+
 /**
  * An error answered by the hub: the HTTP status and the stable code and
  * message of its {"error": {...}} body (docs/api.md lists the codes).
@@ -7,7 +11,7 @@
 export class MarconiError extends Error {
   /**
    * @param {number} status
-   * @param {string} code
+   * @param {ErrorCode} code
    * @param {string} message
    * @param {{instanceURL?: string, retryAfterSeconds?: number}} [extra]
    */
@@ -35,16 +39,6 @@ export class ClientClosedError extends Error {
   }
 }
 
-/** Error codes the client acts on. */
-export const codes = Object.freeze({
-  sessionExpired: 'session_expired',
-  wrongInstance: 'wrong_instance',
-  quotaExceeded: 'quota_exceeded',
-  // The code of a MarconiError built from an answer that did not carry the
-  // hub's error body (a proxy's page, an empty body).
-  unexpected: 'unexpected_response',
-});
-
 /**
  * Turns a non-2xx answer into a MarconiError. It never fails: a body that is
  * not the hub's error object still yields the status.
@@ -64,7 +58,7 @@ export function decodeError(status, body, retryAfter = null) {
   if (!e || typeof e.code !== 'string' || e.code === '') {
     let msg = body.trim().slice(0, 200);
     if (msg === '') msg = `HTTP ${status}`;
-    return new MarconiError(status, codes.unexpected, msg, { retryAfterSeconds: seconds });
+    return new MarconiError(status, codes.unexpectedResponse, msg, { retryAfterSeconds: seconds });
   }
   return new MarconiError(status, e.code, String(e.message ?? ''), {
     instanceURL: typeof e.instance_url === 'string' ? e.instance_url : undefined,

@@ -9,8 +9,8 @@ import { TransportError } from './http.js';
 /** Bounds one WebSocket message from the hub (a signal may carry a large payload). */
 export const readLimitBytes = 4 << 20;
 
-/** Close codes of the hub (docs/api.md, WebSocket). */
-export const closeCodes = Object.freeze({ normal: 1000, serviceRestart: 1012, replaced: 4409, sessionExpired: 4410 });
+/** The WebSocket's normal closure (RFC 6455), with which the client closes its own. */
+export const normalClosure = 1000;
 
 /**
  * @typedef {object} Welcome

@@ -1,4 +1,8 @@
-package bootstrap_test
+// Package wsproxy is a test proxy that makes SPEC-168's half-open route: it
+// can cut the hub's side of every WebSocket passing through it while the
+// client's side stays open and silent. Tests of the Go client and of the MCP
+// bridge use it; it is never built into the hub.
+package wsproxy
 
 import (
 	"bytes"
@@ -8,13 +12,13 @@ import (
 	"testing"
 )
 
-// wsProxy is a TCP proxy in front of a hub that can cut the hub's side of
+// Proxy is a TCP proxy in front of a hub that can cut the hub's side of
 // every WebSocket passing through it while the client's side stays open and
 // silent: the hub detaches the session's queue, the client still believes it
 // is attached. That is SPEC-168's asymmetry (a WebSocket handler that died
 // without the client noticing). HTTP calls pass through untouched.
-type wsProxy struct {
-	t      *testing.T
+type Proxy struct {
+	t      testing.TB
 	ln     net.Listener
 	target string
 
@@ -29,13 +33,15 @@ type proxied struct {
 	zombie           bool // upstream cut; the client side is kept open
 }
 
-func newWSProxy(t *testing.T, targetURL string) *wsProxy {
+// New starts a proxy in front of the hub at targetURL (http://host:port);
+// t.Cleanup closes it and every connection through it.
+func New(t testing.TB, targetURL string) *Proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &wsProxy{t: t, ln: ln, target: targetURL[len("http://"):]}
+	p := &Proxy{t: t, ln: ln, target: targetURL[len("http://"):]}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -43,9 +49,9 @@ func newWSProxy(t *testing.T, targetURL string) *wsProxy {
 }
 
 // URL is the proxy's base URL, to use as Config.HubURL.
-func (p *wsProxy) URL() string { return "http://" + p.ln.Addr().String() }
+func (p *Proxy) URL() string { return "http://" + p.ln.Addr().String() }
 
-func (p *wsProxy) accept() {
+func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
 		c, err := p.ln.Accept()
@@ -57,7 +63,7 @@ func (p *wsProxy) accept() {
 	}
 }
 
-func (p *wsProxy) serve(client net.Conn) {
+func (p *Proxy) serve(client net.Conn) {
 	defer p.wg.Done()
 	up, err := net.Dial("tcp", p.target)
 	if err != nil {
@@ -103,15 +109,15 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
-func (p *wsProxy) isZombie(pc *proxied) bool {
+func (p *Proxy) isZombie(pc *proxied) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return pc.zombie
 }
 
-// zombify cuts the hub's side of every WebSocket through the proxy and keeps
+// Zombify cuts the hub's side of every WebSocket through the proxy and keeps
 // the clients' sides open and silent.
-func (p *wsProxy) zombify() {
+func (p *Proxy) Zombify() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, pc := range p.conns {
@@ -122,9 +128,9 @@ func (p *wsProxy) zombify() {
 	}
 }
 
-// sever cuts both sides of every WebSocket through the proxy: an abnormal
+// Sever cuts both sides of every WebSocket through the proxy: an abnormal
 // close as both ends see it.
-func (p *wsProxy) sever() {
+func (p *Proxy) Sever() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, pc := range p.conns {
@@ -135,7 +141,7 @@ func (p *wsProxy) sever() {
 	}
 }
 
-func (p *wsProxy) close() {
+func (p *Proxy) close() {
 	p.ln.Close()
 	p.mu.Lock()
 	for _, pc := range p.conns {
