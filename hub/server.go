@@ -661,8 +661,12 @@ type requestDeadline struct {
 	ctx     *storeContext
 }
 
-// arm gives c's request a fresh deadline, timeout from now.
+// arm gives c's request a fresh deadline, timeout from now: the one it
+// carries moved, unless a store call has started its timer already.
 func (d *requestDeadline) arm(c echo.Context) {
+	if d.ctx != nil && d.ctx.rearm(d.timeout) {
+		return
+	}
 	d.stop()
 	d.ctx = newStoreContext(d.base, d.timeout)
 	c.SetRequest(c.Request().WithContext(d.ctx))

@@ -27,10 +27,25 @@ func newStoreContext(parent context.Context, timeout time.Duration) *storeContex
 
 // Deadline is the earlier of the store deadline and the parent's.
 func (c *storeContext) Deadline() (time.Time, bool) {
-	if d, ok := c.parent.Deadline(); ok && d.Before(c.deadline) {
+	c.mu.Lock()
+	own := c.deadline
+	c.mu.Unlock()
+	if d, ok := c.parent.Deadline(); ok && d.Before(own) {
 		return d, true
 	}
-	return c.deadline, true
+	return own, true
+}
+
+// rearm moves the deadline to timeout from now and reports whether it
+// could: not once a store call has asked for Done, nor once released.
+func (c *storeContext) rearm(timeout time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inner != nil || c.released {
+		return false
+	}
+	c.deadline = time.Now().Add(timeout)
+	return true
 }
 
 // Done makes the WithDeadline context, once, and returns its channel.
@@ -50,14 +65,14 @@ func (c *storeContext) Done() <-chan struct{} {
 // error, DeadlineExceeded past the deadline, or Canceled once released.
 func (c *storeContext) Err() error {
 	c.mu.Lock()
-	inner, released := c.inner, c.released
+	inner, released, deadline := c.inner, c.released, c.deadline
 	c.mu.Unlock()
 	switch {
 	case inner != nil:
 		return inner.Err()
 	case c.parent.Err() != nil:
 		return c.parent.Err()
-	case !time.Now().Before(c.deadline):
+	case !time.Now().Before(deadline):
 		return context.DeadlineExceeded
 	case released:
 		return context.Canceled

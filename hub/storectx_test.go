@@ -79,6 +79,30 @@ func TestStoreContext(t *testing.T) {
 		ctx.release()
 		<-done
 	})
+	t.Run("rearm", func(t *testing.T) {
+		ctx := newStoreContext(context.Background(), -time.Second)
+		defer ctx.release()
+		if err := ctx.Err(); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Err past the deadline = %v", err)
+		}
+		if !ctx.rearm(time.Hour) {
+			t.Fatal("rearm refused before Done was asked for")
+		}
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("Err after rearm = %v, want nil", err)
+		}
+		if d, _ := ctx.Deadline(); time.Until(d) < 30*time.Minute {
+			t.Fatalf("Deadline after rearm(1h) = %v", d)
+		}
+		ctx.Done()
+		if ctx.rearm(time.Hour) {
+			t.Fatal("rearm moved a deadline whose timer runs")
+		}
+		ctx.release()
+		if ctx.rearm(time.Hour) {
+			t.Fatal("rearm after release")
+		}
+	})
 	t.Run("deadline and value", func(t *testing.T) {
 		parent, cancel := context.WithTimeout(context.WithValue(context.Background(), ctxKey{}, "v"), time.Minute)
 		defer cancel()
