@@ -79,3 +79,39 @@ func normalized(v any) any {
 	}
 	return v
 }
+
+// FuzzDecodeBodyStrict: decodeBody, which tries json.Unmarshal first, gives
+// every body exactly what decodeStrict (the Decoder) gives it: the same
+// value, or the same error code and message.
+func FuzzDecodeBodyStrict(f *testing.F) {
+	for _, s := range []string{
+		`{"to_session":"bob","kind":"k","payload":{"a":[1,2]}}`,
+		`{"to_session":"bob"} {"kind":"k"}`,
+		`{"to_session":"bob"}}`,
+		`{"to_session":1}`,
+		`{"to_session":1} x`,
+		`{"up_to_seq":99999999999999999999}`,
+		`{"to_session":"bob",`,
+		`{"payload":{"a":1}`,
+	} {
+		f.Add(uint8(1), s)
+	}
+	e := echo.New()
+	f.Fuzz(func(t *testing.T, which uint8, body string) {
+		c := e.NewContext(httptest.NewRequest("POST", "/", strings.NewReader(body)), httptest.NewRecorder())
+		newV := bodyTypes[int(which)%len(bodyTypes)]
+		got, want := newV(), newV()
+		gotErr := decodeBody(c, 1<<20, got)
+		trimmed := bytes.TrimSpace([]byte(body))
+		if len(trimmed) == 0 || trimmed[0] != '{' {
+			return // refused before either decoder runs
+		}
+		wantErr := decodeStrict(trimmed, want)
+		if (gotErr == nil) != (wantErr == nil) || (gotErr != nil && gotErr.Error() != wantErr.Error()) {
+			t.Fatalf("body %q: decodeBody = %v, decodeStrict = %v", body, gotErr, wantErr)
+		}
+		if gotErr == nil && !reflect.DeepEqual(got, want) {
+			t.Fatalf("body %q: decodeBody read %+v, decodeStrict %+v", body, got, want)
+		}
+	})
+}

@@ -658,20 +658,23 @@ const ctxDeadline = "marconi.store_deadline"
 type requestDeadline struct {
 	base    context.Context
 	timeout time.Duration
-	cancel  context.CancelFunc
+	ctx     *storeContext
 }
 
-// arm gives c's request a fresh deadline, timeout from now.
+// arm gives c's request a fresh deadline, timeout from now: the one it
+// carries moved, unless a store call has started its timer already.
 func (d *requestDeadline) arm(c echo.Context) {
+	if d.ctx != nil && d.ctx.rearm(d.timeout) {
+		return
+	}
 	d.stop()
-	ctx, cancel := context.WithTimeout(d.base, d.timeout)
-	d.cancel = cancel
-	c.SetRequest(c.Request().WithContext(ctx))
+	d.ctx = newStoreContext(d.base, d.timeout)
+	c.SetRequest(c.Request().WithContext(d.ctx))
 }
 
 func (d *requestDeadline) stop() {
-	if d.cancel != nil {
-		d.cancel()
+	if d.ctx != nil {
+		d.ctx.release()
 	}
 }
 

@@ -68,7 +68,7 @@ func (s *Server) send(c echo.Context) error {
 	}
 	var req sendRequest
 	// The payload limit applies to the payload; the body may carry the rest.
-	if err := decodeBody(c, s.maxBodyBytes(), &req); err != nil {
+	if err := decodeSendBody(c, s.maxBodyBytes(), &req); err != nil {
 		return err
 	}
 	res, err := s.signals.Send(c.Request().Context(), signals.SendRequest{
@@ -78,7 +78,7 @@ func (s *Server) send(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, sendResponse{
+	return writeSendAnswer(c, sendResponse{
 		SignalID:            res.Signal.ID,
 		Seq:                 res.Signal.Seq,
 		Delivery:            string(res.Delivery),

@@ -50,6 +50,7 @@ type Conn struct {
 	welcome    Welcome
 	acks       *acks
 	budget     frameBudget // what the client may still send
+	wb         writeBound  // bounds the writer's frame writes (writer.go)
 
 	// ctx ends when the connection does: the reader, a writer or a ping
 	// that fails cancels it, and the others stop.

@@ -66,15 +66,15 @@ func appendSignalFrame(dst []byte, sig sessionstore.Signal) ([]byte, error) {
 	start := len(dst)
 	dst = append(dst, `{"type":"signal","id":`...)
 	ok := true
-	dst, ok = appendPlainString(dst, sig.ID, ok)
+	dst, ok = AppendPlainString(dst, sig.ID, ok)
 	dst = append(dst, `,"seq":`...)
 	dst = strconv.AppendInt(dst, sig.Seq, 10)
 	dst = append(dst, `,"from_session":`...)
-	dst, ok = appendPlainString(dst, sig.FromSession, ok)
+	dst, ok = AppendPlainString(dst, sig.FromSession, ok)
 	dst = append(dst, `,"to_session":`...)
-	dst, ok = appendPlainString(dst, sig.To.SessionID, ok)
+	dst, ok = AppendPlainString(dst, sig.To.SessionID, ok)
 	dst = append(dst, `,"kind":`...)
-	dst, ok = appendPlainString(dst, sig.Kind, ok)
+	dst, ok = AppendPlainString(dst, sig.Kind, ok)
 	dst = append(dst, `,"payload":`...)
 	if ok {
 		dst, ok = appendPlainJSON(dst, sig.Payload)
@@ -94,10 +94,11 @@ func appendSignalFrame(dst []byte, sig sessionstore.Signal) ([]byte, error) {
 	return append(dst[:start], b...), err
 }
 
-// appendPlainString appends s quoted when json.Marshal would write it
+// AppendPlainString appends s quoted when json.Marshal would write it
 // unescaped (printable ASCII without '"', '\\', '<', '>' or '&'); ok
-// reports whether it did (and stays false once false).
-func appendPlainString(dst []byte, s string, ok bool) ([]byte, bool) {
+// reports whether it did (and stays false once false). Hand-written
+// encoders use it to write strings byte for byte as encoding/json does.
+func AppendPlainString(dst []byte, s string, ok bool) ([]byte, bool) {
 	if !ok {
 		return dst, false
 	}

@@ -3,8 +3,11 @@ package conns
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -96,7 +99,7 @@ func (c *Conn) writeRun() {
 // a kick's close, error frames and the queue.
 func (c *Conn) writeSome(ctx context.Context) error {
 	if !c.welcomed {
-		if err := c.writeJSON(ctx, c.welcome); err != nil {
+		if err := c.writeJSON(c.welcome); err != nil {
 			return err
 		}
 		if err := c.catchUp(ctx); err != nil {
@@ -114,7 +117,7 @@ func (c *Conn) writeSome(ctx context.Context) error {
 			return err
 		}
 		if f, ok := c.takeCtrl(); ok {
-			if err := c.write(ctx, f); err != nil {
+			if err := c.write(f); err != nil {
 				return err
 			}
 			continue
@@ -144,7 +147,7 @@ func (c *Conn) writeItem(ctx context.Context, it queueItem) error {
 		// Already written by a catch-up.
 		return nil
 	case it.sig != nil && it.sig.Seq == c.last+1:
-		if err := c.writeSignal(ctx, *it.sig); err != nil {
+		if err := c.writeSignal(*it.sig); err != nil {
 			return err
 		}
 		c.wrote(it.sig.Seq)
@@ -210,7 +213,7 @@ func (c *Conn) catchUp(ctx context.Context) error {
 				return c.closeKicked()
 			default:
 			}
-			if err := c.writeSignal(ctx, sig); err != nil {
+			if err := c.writeSignal(sig); err != nil {
 				return err
 			}
 			c.wrote(sig.Seq)
@@ -237,11 +240,11 @@ var frameBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &
 
 const maxPooledFrame = 16 << 10
 
-func (c *Conn) writeSignal(ctx context.Context, sig sessionstore.Signal) error {
+func (c *Conn) writeSignal(sig sessionstore.Signal) error {
 	bp := frameBufs.Get().(*[]byte)
 	b, err := appendSignalFrame((*bp)[:0], sig)
 	if err == nil {
-		err = c.write(ctx, b) // the library keeps nothing of b once it returns
+		err = c.write(b) // the library keeps nothing of b once it returns
 	}
 	if cap(b) <= maxPooledFrame {
 		*bp = b[:0]
@@ -250,16 +253,63 @@ func (c *Conn) writeSignal(ctx context.Context, sig sessionstore.Signal) error {
 	return err
 }
 
-func (c *Conn) writeJSON(ctx context.Context, v any) error {
+func (c *Conn) writeJSON(v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return c.write(ctx, b)
+	return c.write(b)
 }
 
-func (c *Conn) write(ctx context.Context, b []byte) error {
-	wctx, cancel := context.WithTimeout(ctx, c.h.cfg.WriteTimeout)
-	defer cancel()
-	return c.ws.Write(wctx, websocket.MessageText, b)
+// writeBound bounds each of a connection's frame writes by WriteTimeout and
+// ends a write under way when the connection's context ends, as a context
+// per write would, without allocating a context, a timer and the library's
+// watch on that context for every frame: one timer and one watch on c.ctx,
+// made on the first write, serve them all. Only the writer uses it.
+type writeBound struct {
+	once     sync.Once
+	timer    *time.Timer // armed while a write is under way
+	writing  atomic.Bool // a write is under way
+	timedOut atomic.Bool // the timer closed the connection
+}
+
+// arm makes c's timer and its watch on c.ctx, once: either closes the
+// connection if it finds a write under way.
+func (w *writeBound) arm(c *Conn) {
+	w.once.Do(func() {
+		w.timer = time.AfterFunc(time.Hour, func() {
+			if w.writing.Load() {
+				w.timedOut.Store(true)
+				c.ws.CloseNow()
+			}
+		})
+		w.timer.Stop()
+		context.AfterFunc(c.ctx, func() {
+			if w.writing.Load() {
+				c.ws.CloseNow()
+			}
+		})
+	})
+}
+
+// write writes b as one text frame, within WriteTimeout, unless c.ctx has
+// ended; a write cut short by either closes the connection.
+func (c *Conn) write(b []byte) error {
+	w := &c.wb
+	w.arm(c)
+	w.writing.Store(true)
+	defer w.writing.Store(false)
+	// Checked once writing is set: c.ctx ending from here on finds it set.
+	if err := c.ctx.Err(); err != nil {
+		return err
+	}
+	w.timer.Reset(c.h.cfg.WriteTimeout)
+	// A context that never ends: the library then sets up no watch of its
+	// own; w's timer and watch end the write instead.
+	err := c.ws.Write(context.Background(), websocket.MessageText, b)
+	w.timer.Stop()
+	if err != nil && w.timedOut.Load() {
+		return fmt.Errorf("write a frame: %w: %w", context.DeadlineExceeded, err)
+	}
+	return err
 }
