@@ -92,6 +92,7 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 				body, _ = io.ReadAll(resp.Body)
 			}
 			he := decodeError(resp.StatusCode, body)
+			he.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 			if hop == 0 && unavailable(he) {
 				c.failover(idx, he)
 			}
@@ -326,11 +327,14 @@ func (c *Client) readLoop(conn *websocket.Conn, epoch uint64, hold *readerHold) 
 // while the WebSocket is down, until it is attached, the client closes
 // (errClosed), or the hub refuses for good (that answer). After a restart
 // the hub announced (1012), the backoff's ceiling is ReconnectRestartMaxDelay.
+// An attach refused 429 (the hub's per-session attach rate) waits at least
+// the answer's Retry-After before the next attempt.
 func (c *Client) redial(restart bool) (*websocket.Conn, uint64, error) {
 	b := c.backoff
 	if restart {
 		b = b.capped(c.cfg.ReconnectRestartMaxDelay)
 	}
+	var asked time.Duration // the hub's Retry-After on the last attempt's 429
 	for attempt := 0; ; attempt++ {
 		c.mu.Lock()
 		immediate := c.immediate
@@ -339,7 +343,7 @@ func (c *Client) redial(restart bool) (*websocket.Conn, uint64, error) {
 			dctx, cancel := context.WithTimeout(c.ctx, drainTimeout)
 			c.drain(dctx)
 			cancel()
-			if !c.wait(b.delay(attempt)) {
+			if !c.wait(max(b.delay(attempt), asked)) {
 				return nil, 0, errClosed
 			}
 		}
@@ -358,7 +362,11 @@ func (c *Client) redial(restart bool) (*websocket.Conn, uint64, error) {
 			c.log.Error("marconi: hub refuses the session; giving up reconnecting", "err", err)
 			return nil, 0, err
 		}
-		c.log.Warn("marconi: reconnect failed", "attempt", attempt, "err", err)
+		asked = 0
+		if he := (*Error)(nil); errors.As(err, &he) && he.Status == http.StatusTooManyRequests {
+			asked = he.RetryAfter // waited out before the next attempt, past the backoff
+		}
+		c.log.Warn("marconi: reconnect failed", "attempt", attempt, "err", err, "retry_after", asked)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/wsproxy"
 )
 
 // TestFleetOnOneKeyComesUp: 300 agents started at once on one API key,
@@ -203,4 +204,45 @@ func TestSessionQuotaIsNotWaitedFor(t *testing.T) {
 	if waits := logs.find("marconi: hub asks to wait (429); retrying after it"); len(waits) != 0 {
 		t.Errorf("Dial waited %d times for a quota that waiting cannot free", len(waits))
 	}
+}
+
+// An attach refused 429 (the hub's per-session attach rate) is tried again
+// after the answer's Retry-After, not at the backoff's pace: the client's
+// backoff here is at most 50 ms, so without waiting it out it would be
+// refused again and again within the hub's window; it is refused once and
+// then attached.
+func TestAttachWaitsOutRetryAfter(t *testing.T) {
+	// 0.5 attaches a second, a burst of one: Dial's attach spends it, and the
+	// redial after the cut is refused for about two seconds.
+	h := hubtest.Start(t, hubtest.Options{Config: hub.Config{QuotaAttachesPerSecond: 0.5}})
+	p := wsproxy.New(t, h.URL)
+	c := dial(t, p.URL(), h.APIKey, "agent", nil)
+	p.Sever()
+	waitFor(t, "the client to attach again", func() bool { return c.Stats().Reconnects == 1 })
+	if n := quotaRefusals(t, h, "attaches_per_session"); n != 1 {
+		t.Fatalf("attach refusals = %v, want 1: the client retried within the hub's Retry-After", n)
+	}
+}
+
+// quotaRefusals reads marconi_quota_refusals_total{quota} from h's registry.
+func quotaRefusals(t *testing.T, h *hubtest.Hub, quota string) float64 {
+	t.Helper()
+	mfs, err := h.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "marconi_quota_refusals_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "quota" && l.GetValue() == quota {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("marconi_quota_refusals_total{quota=%q} not found", quota)
+	return 0
 }
