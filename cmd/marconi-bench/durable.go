@@ -27,8 +27,9 @@ import (
 // its own attached recipient, closed loop (the next send after the answer),
 // at 1, 8 and 64 concurrent senders; with group commit on and off, so that
 // the gain is a ratio of one run; then with the recipients attached to a
-// second instance, so that the wake-up (NOTIFY) path is paid. docs/benchmarks.md
-// shows its numbers.
+// second instance, so that the wake-up (NOTIFY) path is paid. With -jetstream
+// it measures Marconi beside NATS JetStream instead (jetstream.go).
+// docs/benchmarks.md shows its numbers.
 
 // Bounds of a durable run.
 const (
