@@ -29,4 +29,15 @@
 // that every signal sent (before and after the restart) arrived:
 //
 //	/tmp/mb/marconi-bench storm -database 'postgres://postgres@127.0.0.1:5432/storm?sslmode=disable' -sessions 9000
+//
+// `marconi-bench durable -jetstream NATS_SERVER` measures durable sends on
+// Postgres beside NATS JetStream in one run: a hub and a nats-server of its
+// own (loopback only, its store under a temporary directory, file storage
+// with every acknowledged publish fsynced), the same senders and duration,
+// -rounds rounds alternating the two, and Marconi's sends/s as a multiple of
+// JetStream's acked publishes/s. The nats-server is built outside the
+// repository (GOBIN=/tmp/ns go install github.com/nats-io/nats-server/v2@v2.15.2):
+//
+//	/tmp/mb/marconi-bench durable -marconi /tmp/mb/marconi -jetstream /tmp/ns/nats-server \
+//	  -database-url 'postgres://postgres@127.0.0.1:5432/durable?sslmode=disable' -senders 64 -duration 10s -rounds 2
 package main

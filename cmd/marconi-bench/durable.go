@@ -27,8 +27,9 @@ import (
 // its own attached recipient, closed loop (the next send after the answer),
 // at 1, 8 and 64 concurrent senders; with group commit on and off, so that
 // the gain is a ratio of one run; then with the recipients attached to a
-// second instance, so that the wake-up (NOTIFY) path is paid. docs/benchmarks.md
-// shows its numbers.
+// second instance, so that the wake-up (NOTIFY) path is paid. With -jetstream
+// it measures Marconi beside NATS JetStream instead (jetstream.go).
+// docs/benchmarks.md shows its numbers.
 
 // Bounds of a durable run.
 const (
@@ -47,6 +48,10 @@ type durableOptions struct {
 	senders     []int
 	step        time.Duration
 	payload     int
+	// jetstream is a nats-server binary: when set, durable measures Marconi
+	// and JetStream in interleaved rounds instead of its own matrix.
+	jetstream  string
+	peerRounds int // rounds of that comparison
 }
 
 func parseDurableOptions(args []string, stderr io.Writer) (durableOptions, error) {
@@ -58,6 +63,8 @@ func parseDurableOptions(args []string, stderr io.Writer) (durableOptions, error
 	senders := fs.String("senders", "1,8,64", fmt.Sprintf("comma list of concurrent senders per step (each 1..%d)", maxDurableSenders))
 	fs.DurationVar(&o.step, "duration", 5*time.Second, fmt.Sprintf("how long each step sends, after a %s warm-up (at most %s)", durableWarmup, maxDurableStep))
 	fs.IntVar(&o.payload, "payload", 60, "payload bytes of each signal")
+	fs.StringVar(&o.jetstream, "jetstream", "", "a nats-server binary ("+jetstreamVersion+"): measure its JetStream beside Marconi, rounds interleaved, instead of the group commit and second-instance matrix")
+	fs.IntVar(&o.peerRounds, "rounds", 2, fmt.Sprintf("with -jetstream: rounds of one Marconi run then one JetStream run per senders count (1..%d)", maxPeerRounds))
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -80,6 +87,13 @@ func parseDurableOptions(args []string, stderr io.Writer) (durableOptions, error
 		return o, fmt.Errorf("-duration %s: want more than 0 and at most %s", o.step, maxDurableStep)
 	case o.payload < 2 || o.payload > maxDurablePayload:
 		return o, fmt.Errorf("-payload %d: want 2..%d", o.payload, maxDurablePayload)
+	case o.peerRounds < 1 || o.peerRounds > maxPeerRounds:
+		return o, fmt.Errorf("-rounds %d: want 1..%d", o.peerRounds, maxPeerRounds)
+	}
+	if o.jetstream != "" {
+		if err := checkNATSServer(o.jetstream); err != nil {
+			return o, err
+		}
 	}
 	return o, nil
 }
@@ -102,6 +116,9 @@ type durableResult struct {
 }
 
 func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
+	if o.jetstream != "" {
+		return durableBesideJetStream(ctx, o, out, logs)
+	}
 	fmt.Fprintf(out, "durable sends: payload %d B, %s per step after a %s warm-up, closed loop, each sender to its own attached recipient\n",
 		o.payload, o.step, durableWarmup)
 	fmt.Fprintf(out, "%-12s %-10s %8s %10s %10s %10s %8s\n", "group_commit", "recipients", "senders", "sends/s", "p50", "p99", "failed")
@@ -213,6 +230,19 @@ func durableStepMarked(ctx context.Context, o durableOptions, senderHub, recipie
 	}
 
 	body := strings.Repeat("x", o.payload-2) // a JSON string of o.payload bytes
+	return closedLoop(ctx, o, n, marks, func(ctx context.Context, i int) error {
+		_, err := senders[i].Send(ctx, recipients[i], "bench", body)
+		return err
+	})
+}
+
+// closedLoop runs n loops of send (the next call after the answer to the
+// last), each for a warm-up and then o.step, and measures the calls made
+// after the warm-up: their count per second and their latency. marks (when
+// not nil) are called at the edges of the measured window. durable's
+// Marconi sends and its JetStream publishes go through this one loop, so
+// that both sides are timed alike.
+func closedLoop(ctx context.Context, o durableOptions, n int, marks *stepMarks, send func(ctx context.Context, i int) error) (durableResult, error) {
 	var (
 		lat       recorder
 		sent, bad atomic.Int64
@@ -221,13 +251,13 @@ func durableStepMarked(ctx context.Context, o durableOptions, senderHub, recipie
 	)
 	lctx, cancel := context.WithTimeout(ctx, durableWarmup+o.step)
 	defer cancel()
-	for i, s := range senders {
+	for i := range n {
 		wg.Go(func() {
 			for lctx.Err() == nil {
 				sctx, scancel := context.WithTimeout(lctx, durableSendTimeout)
 				counted := measuring.Load()
 				t0 := time.Now()
-				_, err := s.Send(sctx, recipients[i], "bench", body)
+				err := send(sctx, i)
 				d := time.Since(t0)
 				scancel()
 				switch {
