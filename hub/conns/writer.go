@@ -3,6 +3,7 @@ package conns
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -138,8 +139,11 @@ func (c *Conn) writeItem(ctx context.Context, it queueItem) error {
 	switch {
 	case it.check:
 		d, err := c.stillCurrent(ctx)
-		if err != nil || d == nil {
-			return err
+		if err != nil {
+			return c.storeLater(ctx, err)
+		}
+		if d == nil {
+			return nil
 		}
 		c.kick(*d)
 		return c.closeKicked()
@@ -155,8 +159,31 @@ func (c *Conn) writeItem(ctx context.Context, it queueItem) error {
 	default:
 		// A gap (a concurrent send overtook this one) or a wake-up: the
 		// store has every signal in order.
-		return c.catchUp(ctx)
+		if err := c.catchUp(ctx); errors.Is(err, errStoreRead) {
+			return c.storeLater(ctx, err)
+		} else if err != nil {
+			return err
+		}
+		return nil
 	}
+}
+
+// errStoreRead marks a writer's store read that failed: the store is
+// unreachable, or failing over.
+var errStoreRead = errors.New("read the store")
+
+// storeLater answers a store read that failed on a live connection (a
+// catch-up or a check): the connection stays open, since the signals are
+// durable and the next wake-up or the pending sweep reads again once the
+// store answers. Closing it would send every receiving client of an outage
+// or a failover into a redial at once. A cancelled ctx still ends it.
+func (c *Conn) storeLater(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	c.h.log.Warn("websocket writer: store read failed; the next wake-up or the pending sweep reads again",
+		KeyAttrs(c.key), "err", err)
+	return nil
 }
 
 // wrote records that the signal seq is written.
@@ -203,9 +230,9 @@ func (c *Conn) catchUp(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			// The store is unreachable: end the connection so the client
-			// reattaches later; nothing is lost.
-			return err
+			// The store is unreachable: nothing is lost (the caller decides
+			// whether the connection ends).
+			return fmt.Errorf("%w: %w", errStoreRead, err)
 		}
 		for _, sig := range sigs {
 			select {
