@@ -80,6 +80,18 @@ func (c *storeContext) Err() error {
 	return nil
 }
 
+// AfterFunc runs f once c is done, as context.AfterFunc does. The context
+// package uses it to tie a context derived from c (a store's own query
+// timeout) to c; without it, each derived context would cost a goroutine
+// watching c's Done.
+func (c *storeContext) AfterFunc(f func()) (stop func() bool) {
+	c.Done() // makes inner
+	c.mu.Lock()
+	inner := c.inner
+	c.mu.Unlock()
+	return context.AfterFunc(inner, f)
+}
+
 // Value is the parent's.
 func (c *storeContext) Value(key any) any { return c.parent.Value(key) }
 

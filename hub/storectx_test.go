@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -119,6 +120,31 @@ func TestStoreContext(t *testing.T) {
 		}
 		if v := ctx.Value(ctxKey{}); v != "v" {
 			t.Fatalf("Value = %v, want the parent's", v)
+		}
+	})
+	t.Run("derived without a goroutine", func(t *testing.T) {
+		// A store derives its query timeout from the request's context; each
+		// such child must follow ctx through AfterFunc, not a goroutine.
+		ctx := newStoreContext(context.Background(), time.Hour)
+		before := runtime.NumGoroutine()
+		var cancels []context.CancelFunc
+		for range 100 {
+			_, cancel := context.WithTimeout(ctx, time.Hour)
+			cancels = append(cancels, cancel)
+		}
+		grew := runtime.NumGoroutine() - before
+		for _, cancel := range cancels {
+			cancel()
+		}
+		if grew >= 50 {
+			t.Fatalf("100 contexts derived from a store context started %d goroutines", grew)
+		}
+		child, cancel := context.WithTimeout(ctx, time.Hour)
+		defer cancel()
+		ctx.release()
+		waitDone(t, child)
+		if !errors.Is(child.Err(), context.Canceled) {
+			t.Fatalf("child Err = %v after release, want Canceled", child.Err())
 		}
 	})
 }
