@@ -51,7 +51,7 @@ func TestOutsideModuleRecipe(t *testing.T) {
 		cmd.Dir, cmd.Env = dir, env
 		out, err := cmd.CombinedOutput()
 		if err != nil {
-			if unreachableModules.Match(out) {
+			if unreachableModules.Match(out) && os.Getenv("MARCONI_TEST_REQUIRE_MODULES") == "" {
 				t.Skipf("the recipe needs modules this machine cannot fetch (GOPROXY %q): %s: %s", os.Getenv("GOPROXY"), line, out)
 			}
 			t.Fatalf("recipe line %q: %v\n%s", line, err, out)

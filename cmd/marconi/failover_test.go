@@ -362,13 +362,10 @@ func stickyAssignments(t *testing.T, dbURL string) map[string]string {
 	}
 	defer st.Close()
 	var list []sessionstore.Session
-	deadline := time.Now().Add(30 * time.Second)
-	for list, err = st.ListSessions(ctx, sessionstore.SessionFilter{}, time.Now()); err != nil; list, err = st.ListSessions(ctx, sessionstore.SessionFilter{}, time.Now()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("list sessions: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling the store back, with a deadline
-	}
+	pollUntil(t, "the store to list sessions", func() bool {
+		list, err = st.ListSessions(ctx, sessionstore.SessionFilter{}, time.Now())
+		return err == nil
+	})
 	out := map[string]string{}
 	for _, s := range list {
 		if s.RuntimeMode == "sticky" {

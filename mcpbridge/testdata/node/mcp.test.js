@@ -51,8 +51,12 @@ async function waitReady(url) {
 
 before(async () => {
   dir = await mkdtemp(path.join(tmpdir(), 'marconi-mcp-node-'));
-  bin = path.join(dir, 'marconi');
-  await promisify(execFile)('go', ['build', '-o', bin, './cmd/marconi'], { cwd: repoRoot, maxBuffer: 16 << 20 });
+  // MARCONI_TEST_BIN: a marconi binary built from this tree already (.ci/run builds one for
+  // both Node suites); otherwise it is built here.
+  bin = process.env.MARCONI_TEST_BIN || path.join(dir, 'marconi');
+  if (!process.env.MARCONI_TEST_BIN) {
+    await promisify(execFile)('go', ['build', '-o', bin, './cmd/marconi'], { cwd: repoRoot, maxBuffer: 16 << 20 });
+  }
   const port = await freePort();
   hubURL = `http://127.0.0.1:${port}`;
   const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('MARCONI_')));

@@ -21,7 +21,8 @@ export const adminToken = `node-test-admin-${randomBytes(8).toString('hex')}`;
 
 /**
  * Builds Go packages of this repository into a fresh directory. Returns the
- * paths of the binaries and a cleanup.
+ * paths of the binaries and a cleanup. The hub (./cmd/marconi) is taken from
+ * MARCONI_TEST_BIN when set: a binary built from this tree already.
  * @param {Record<string, string>} pkgs name → package path (e.g. {marconi: './cmd/marconi'})
  */
 export async function buildGo(pkgs) {
@@ -29,6 +30,10 @@ export async function buildGo(pkgs) {
   /** @type {Record<string, string>} */
   const bins = {};
   for (const [name, pkg] of Object.entries(pkgs)) {
+    if (pkg === './cmd/marconi' && process.env.MARCONI_TEST_BIN) {
+      bins[name] = process.env.MARCONI_TEST_BIN; // built once from this tree (.ci/run)
+      continue;
+    }
     bins[name] = path.join(dir, name);
     await run('go', ['build', '-o', bins[name], pkg], { cwd: repoRoot, maxBuffer: 16 << 20 });
   }
