@@ -273,8 +273,9 @@ type rateLimit struct {
 // is the Retry-After with up to a quarter more of jitter (callers the same
 // second refused come back spread), or the reconnect backoff when the header
 // is missing or unreadable, except on quota_exceeded, where the hub sends
-// none when waiting does not help (live sessions per project). retry says the call is to be made again; stop is
-// set when ctx ended (joined with err) or the client closed while waiting.
+// none when waiting does not help (live sessions per project). retry says
+// the call is to be made again; stop is set when ctx ended (joined with err)
+// or the client closed while waiting.
 func (c *Client) waitRateLimit(ctx context.Context, l *rateLimit, err error) (retry bool, stop error) {
 	var he *Error
 	if !errors.As(err, &he) || he.Status != http.StatusTooManyRequests {

@@ -112,9 +112,9 @@ func (r RegisterRequest) validate() error {
 
 // Register creates a session, or resumes a live one with its current
 // token, or answers the retry of a registration whose answer was lost, or
-// takes a live one over by its project's API key (docs/api.md, "Sessions"). The quota of registrations per second is not
-// spent here: the caller spends it first (SpendRegistration), before it
-// reads the request.
+// takes a live one over by its project's API key (docs/api.md, "Sessions").
+// The quota of registrations per second is not spent here: the caller
+// spends it first (SpendRegistration), before it reads the request.
 func (s *Service) Register(ctx context.Context, req RegisterRequest) (Registration, error) {
 	if err := req.validate(); err != nil {
 		return Registration{}, err
