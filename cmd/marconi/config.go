@@ -83,14 +83,18 @@ const (
 
 func seconds(dst *time.Duration) func(*Config, string) error {
 	return func(_ *Config, v string) error {
-		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			return fmt.Errorf("want a positive whole number of seconds, got %q", v)
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 || n > maxSeconds {
+			return fmt.Errorf("want a positive whole number of seconds, at most %d, got %q", maxSeconds, v)
 		}
 		*dst = time.Duration(n) * time.Second
 		return nil
 	}
 }
+
+// maxSeconds is the most whole seconds a time.Duration holds (about 292
+// years): more would wrap round to a negative duration.
+const maxSeconds = math.MaxInt64 / int64(time.Second)
 
 // defaultShutdownTimeout is the default of MARCONI_SHUTDOWN_TIMEOUT_SECONDS.
 const defaultShutdownTimeout = 15 * time.Second
@@ -197,8 +201,8 @@ func settings(c *Config) []setting {
 		}, public},
 		{"MARCONI_STORE_PROBE_INTERVAL_MS", strconv.Itoa(int(breaker.DefaultProbeEvery / time.Millisecond)), "how often an open store breaker probes the store", func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)
-			if err != nil || n < 10 {
-				return fmt.Errorf("want a whole number of milliseconds, at least 10, got %q", v)
+			if err != nil || n < 10 || n > 3_600_000 {
+				return fmt.Errorf("want a whole number of milliseconds from 10 to 3600000, got %q", v)
 			}
 			c.StoreProbeEvery = time.Duration(n) * time.Millisecond
 			return nil
