@@ -88,7 +88,8 @@ func (c Config) WithDefaults(mode marconi.DeploymentMode) Config {
 }
 
 // ErrInvalidConfig is returned (wrapped) by Config.Validate and New when a knob
-// is out of range; the message names the environment variable.
+// is out of range; the message opens with the environment variable, as every
+// configuration error the hub prints does.
 var ErrInvalidConfig = errors.New("invalid self-heal config")
 
 // maxAttemptsLimit keeps bucket arithmetic exact in float64 and the knob sane.
@@ -100,13 +101,13 @@ const maxAttemptsLimit = 1_000_000
 func (c Config) Validate() error {
 	switch {
 	case c.Freshness <= 0:
-		return fmt.Errorf("%w: MARCONI_SELFHEAL_FRESHNESS_SECONDS must be positive, got %v", ErrInvalidConfig, c.Freshness)
+		return fmt.Errorf("MARCONI_SELFHEAL_FRESHNESS_SECONDS: must be positive, got %v (%w)", c.Freshness, ErrInvalidConfig)
 	case c.SenderStaleThreshold <= 0:
-		return fmt.Errorf("%w: MARCONI_SELFHEAL_SENDER_STALE_THRESHOLD_SECONDS must be positive, got %v", ErrInvalidConfig, c.SenderStaleThreshold)
+		return fmt.Errorf("MARCONI_SELFHEAL_SENDER_STALE_THRESHOLD_SECONDS: must be positive, got %v (%w)", c.SenderStaleThreshold, ErrInvalidConfig)
 	case c.MaxAttempts < 1 || c.MaxAttempts > maxAttemptsLimit:
-		return fmt.Errorf("%w: MARCONI_SELFHEAL_MAX_ATTEMPTS_PER_SESSION must be between 1 and %d, got %d", ErrInvalidConfig, maxAttemptsLimit, c.MaxAttempts)
+		return fmt.Errorf("MARCONI_SELFHEAL_MAX_ATTEMPTS_PER_SESSION: must be between 1 and %d, got %d (%w)", maxAttemptsLimit, c.MaxAttempts, ErrInvalidConfig)
 	case c.RefillPeriod <= 0:
-		return fmt.Errorf("%w: MARCONI_SELFHEAL_TOKEN_REFILL_SECONDS must be positive, got %v", ErrInvalidConfig, c.RefillPeriod)
+		return fmt.Errorf("MARCONI_SELFHEAL_TOKEN_REFILL_SECONDS: must be positive, got %v (%w)", c.RefillPeriod, ErrInvalidConfig)
 	}
 	return nil
 }
