@@ -42,6 +42,8 @@ type fleetOptions struct {
 	haproxy  string
 	config   string
 	rounds   int
+	// instances are the fleet sizes each round runs, in order: 1, 3 or both.
+	instances []int
 }
 
 func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
@@ -58,6 +60,7 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	fs.DurationVar(&o.step, "duration", 15*time.Second, fmt.Sprintf("how long each run sends, after a %s warm-up (at most %s)", durableWarmup, maxDurableStep))
 	fs.IntVar(&o.payload, "payload", 60, "payload bytes of each signal")
 	fs.IntVar(&o.rounds, "rounds", 2, fmt.Sprintf("rounds of one run each, one instance then three (1..%d)", maxFleetRounds))
+	instances := fs.String("instances", fmt.Sprintf("1,%d", fleetInstances), fmt.Sprintf("the fleet sizes each round runs: 1, %d or 1,%d (1 alone for a quick before/after of one instance)", fleetInstances, fleetInstances))
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -83,6 +86,16 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	}
 	if _, err := os.Stat(o.config); err != nil {
 		return o, fmt.Errorf("-haproxy-config: %w", err)
+	}
+	switch *instances {
+	case "1":
+		o.instances = []int{1}
+	case strconv.Itoa(fleetInstances):
+		o.instances = []int{fleetInstances}
+	case fmt.Sprintf("1,%d", fleetInstances):
+		o.instances = []int{1, fleetInstances}
+	default:
+		return o, fmt.Errorf("-instances %q: want 1, %d or 1,%d", *instances, fleetInstances, fleetInstances)
 	}
 	o.senders = []int{*senders}
 	return o, nil
@@ -116,7 +129,7 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 	results := map[string][]fleetResult{} // by build and instances
 	for round := 1; round <= o.rounds; round++ {
 		for _, bin := range builds {
-			for _, k := range []int{1, fleetInstances} {
+			for _, k := range o.instances {
 				run := o
 				run.marconi = bin
 				if bin == o.before {
