@@ -249,12 +249,14 @@ func (p *sendPair) send(hc *http.Client, h *hubtest.Hub, want []byte) error {
 	return nil
 }
 
-// BenchmarkSend is POST /v1/signals over real HTTP, one request at a time:
-// ns/op is the latency a sender sees, from request to answer. For
-// pushed_to_ws the recipient is attached and reads (and acks) every frame;
-// the timer stops only when it has received the last one. For
-// queued_offline the recipient is registered but has no WebSocket.
-func BenchmarkSend(b *testing.B) {
+// BenchmarkSendNetHTTP is BenchmarkSend with net/http's http.Client as the
+// sender: POST /v1/signals over real HTTP, one request at a time; ns/op is
+// the latency a Go sender sees, from request to answer. For pushed_to_ws the
+// recipient is attached and reads (and acks) every frame; the timer stops
+// only when it has received the last one. For queued_offline the recipient
+// is registered but has no WebSocket. Its allocs/op and B/op add the
+// client's (about 78 allocs and 6.7 KB a send) to the hub's.
+func BenchmarkSendNetHTTP(b *testing.B) {
 	for _, store := range benchStores {
 		for _, delivery := range []string{"pushed_to_ws", "queued_offline"} {
 			b.Run(store+"/"+delivery, func(b *testing.B) {

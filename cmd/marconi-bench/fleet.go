@@ -147,12 +147,19 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 			}
 		}
 	}
+	ratio := func(label string, a, b fleetResult) {
+		if a.perSec > 0 && a.p99 > 0 && a.commitsPerSend > 0 && a.cpuPerSend > 0 && b.perSec > 0 {
+			fmt.Fprintf(out, "%s (means of %d rounds): sends/s %.2fx, p99 %.2fx, commits per send %.2fx, hub CPU per send %.2fx\n",
+				label, o.rounds, b.perSec/a.perSec, float64(b.p99)/float64(a.p99), b.commitsPerSend/a.commitsPerSend, float64(b.cpuPerSend)/float64(a.cpuPerSend))
+		}
+	}
 	for _, bin := range builds {
 		name := buildName(o, bin)
-		a, b := meanFleet(results[name+"/1"]), meanFleet(results[fmt.Sprintf("%s/%d", name, fleetInstances)])
-		if a.perSec > 0 && a.p99 > 0 && a.commitsPerSend > 0 && a.cpuPerSend > 0 {
-			fmt.Fprintf(out, "%s: three instances / one (means of %d rounds): sends/s %.2fx, p99 %.2fx, commits per send %.2fx, hub CPU per send %.2fx\n",
-				name, o.rounds, b.perSec/a.perSec, float64(b.p99)/float64(a.p99), b.commitsPerSend/a.commitsPerSend, float64(b.cpuPerSend)/float64(a.cpuPerSend))
+		ratio(name+": three instances / one", meanFleet(results[name+"/1"]), meanFleet(results[fmt.Sprintf("%s/%d", name, fleetInstances)]))
+	}
+	if o.before != "" {
+		for _, k := range o.instances {
+			ratio(fmt.Sprintf("%d instance(s): after / before", k), meanFleet(results[fmt.Sprintf("before/%d", k)]), meanFleet(results[fmt.Sprintf("after/%d", k)]))
 		}
 	}
 	return nil
