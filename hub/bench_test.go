@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -141,6 +142,42 @@ func benchReadFrame(ctx context.Context, c *websocket.Conn) (benchFrame, error) 
 	return f, json.Unmarshal(data, &f)
 }
 
+// frameStream reads a WebSocket's messages one after another as one
+// stream, for a json.Decoder that decodes each frame in turn.
+type frameStream struct {
+	ctx context.Context
+	c   *websocket.Conn
+	r   io.Reader // the current message; nil between messages
+}
+
+func (s *frameStream) Read(p []byte) (int, error) {
+	for {
+		if s.r == nil {
+			_, r, err := s.c.Reader(s.ctx)
+			if err != nil {
+				return 0, err
+			}
+			s.r = r
+		}
+		n, err := s.r.Read(p)
+		if errors.Is(err, io.EOF) {
+			s.r, err = nil, nil
+		}
+		if n > 0 || err != nil {
+			return n, err
+		}
+	}
+}
+
+// frameIsSignal decodes a frame's type as whether it is "signal", without
+// allocating the string.
+type frameIsSignal bool
+
+func (k *frameIsSignal) UnmarshalJSON(b []byte) error {
+	*k = string(b) == `"signal"`
+	return nil
+}
+
 // ackEvery is how many signals a benchmark recipient reads between acks, as
 // a client acking in batches would.
 const ackEvery = 64
@@ -164,12 +201,20 @@ func startReader(b *testing.B, c *websocket.Conn) *recipientReader {
 	go func() {
 		defer close(r.done)
 		ctx := context.Background()
+		// One decoder for every frame, and a frame decoded without keeping
+		// its type: the reader is the benchmark's client, and what it
+		// allocates per frame is not the hub's.
+		dec := json.NewDecoder(&frameStream{ctx: ctx, c: c})
+		var f struct {
+			Signal frameIsSignal `json:"type"`
+			Seq    int64         `json:"seq"`
+		}
 		for {
-			f, err := benchReadFrame(ctx, c)
-			if err != nil {
+			f.Signal, f.Seq = false, 0
+			if err := dec.Decode(&f); err != nil {
 				return
 			}
-			if f.Type == "signal" {
+			if f.Signal {
 				r.last.Store(f.Seq)
 				if f.Seq%ackEvery == 0 {
 					if err := benchAck(ctx, c, f.Seq); err != nil {
