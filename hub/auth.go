@@ -146,15 +146,16 @@ func (s *Server) authSession(next echo.HandlerFunc, cached bool) echo.HandlerFun
 			return errUnauthorized
 		}
 		h := sha256.Sum256([]byte(token))
-		sess, hit := sessionstore.Session{}, false
+		var sess *sessionstore.Session
 		if cached {
-			sess, hit = s.tokens.get(h, s.now())
+			sess, _ = s.tokens.get(h, s.now())
 		}
-		if !hit {
-			var err error
-			if sess, err = s.authenticateSessionCtx(c.Request().Context(), token); err != nil {
+		if sess == nil {
+			loaded, err := s.authenticateSessionCtx(c.Request().Context(), token)
+			if err != nil {
 				return err
 			}
+			sess = &loaded
 			if cached {
 				s.tokens.put(h, sess, s.now())
 			}
@@ -208,7 +209,7 @@ func (s *Server) authenticateSessionCtx(ctx context.Context, token string) (sess
 // session returns the caller's session loaded by sessionAuth. Only a
 // handler behind sessionAuth or sendAuth may ask.
 func session(c echo.Context) sessionstore.Session {
-	return callerState(c).caller
+	return *callerState(c).caller
 }
 
 // tokenHash returns the SHA-256 of the caller's token, set by sessionAuth.

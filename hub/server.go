@@ -660,10 +660,11 @@ type requestState struct {
 	timeout time.Duration
 	ctx     *storeContext
 
-	// caller is the authenticated session as it was before this call, and
-	// callerTokenHash the SHA-256 of the token it presented; hasCaller
-	// reports whether a session was authenticated.
-	caller          sessionstore.Session
+	// caller is the authenticated session as it was before this call
+	// (never changed: it may be the token cache's), and callerTokenHash
+	// the SHA-256 of the token it presented; hasCaller reports whether a
+	// session was authenticated.
+	caller          *sessionstore.Session
 	callerTokenHash [32]byte
 	hasCaller       bool
 }
