@@ -24,7 +24,10 @@ import (
 // its recipient mostly attach to different instances, so the cross-instance
 // path is what is paid. Per run it reports sends/s, send p50/p99, Postgres
 // commits per send (pg_stat_database) and hub CPU per send (/proc), and the
-// three-instance figures as ratios of the one-instance ones.
+// three-instance figures as ratios of the one-instance ones. With -before,
+// an earlier build runs in the same rounds and the after/before ratios are
+// printed too; -instances 1 runs one instance alone, a quick before/after
+// of one hub's cost per send.
 
 // Bounds of a fleet run.
 const (
