@@ -133,6 +133,7 @@ func BenchmarkSend(b *testing.B) {
 						b.Fatalf("send %d: %d %s, want %s", p.sent, st, raw, want)
 					}
 					lat = append(lat, time.Since(t0))
+					p.reader.keepUp(b, p.sent)
 				}
 				if p.reader != nil {
 					p.reader.waitSeq(b, p.sent)

@@ -231,6 +231,22 @@ func startReader(b *testing.B, c *websocket.Conn) *recipientReader {
 	return r
 }
 
+// maxLag is how many signals a closed-loop sender may be ahead of its
+// recipient's reader: half the hub's queue of one connection
+// (conns.DefaultQueueSize), so that a reader starved of CPU on a busy
+// machine is never dropped as a slow consumer (close 4429) mid-benchmark.
+const maxLag = 128
+
+// keepUp waits, when the sender has sent more than maxLag signals the
+// reader has not seen, until it is within maxLag/2 again; the send is
+// answered before its frame is written, so a sender alone would outrun a
+// reader on a busy machine. A nil reader (queued_offline) waits for nothing.
+func (r *recipientReader) keepUp(b *testing.B, sent int64) {
+	if r != nil && sent-r.last.Load() > maxLag {
+		r.waitSeq(b, sent-maxLag/2)
+	}
+}
+
 // waitSeq waits, with a deadline, until the reader has seen seq.
 func (r *recipientReader) waitSeq(b *testing.B, seq int64) {
 	deadline := time.Now().Add(benchTimeout)
@@ -318,6 +334,7 @@ func BenchmarkSendNetHTTP(b *testing.B) {
 						b.Fatal(err)
 					}
 					lat = append(lat, time.Since(t0))
+					p.reader.keepUp(b, p.sent)
 				}
 				if p.reader != nil {
 					p.reader.waitSeq(b, p.sent)
