@@ -158,7 +158,10 @@ func New(cfg Config, store Store, reg prometheus.Registerer, log *slog.Logger) (
 		nats.ReconnectBufSize(-1),
 		nats.ConnectHandler(func(*nats.Conn) { b.log.Info("wake-up bus connected to NATS"); b.signal() }),
 		nats.ReconnectHandler(func(*nats.Conn) { b.log.Info("wake-up bus reconnected to NATS"); b.signal() }),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(c *nats.Conn, err error) {
+			if c.IsClosed() { // Close, at shutdown
+				return
+			}
 			b.disconnects.Inc()
 			b.log.Warn("wake-up bus lost NATS; reconnecting (signals meanwhile arrive by the pending sweep)", "err", err)
 		}),
@@ -287,6 +290,10 @@ func (b *Bus) listen(ctx context.Context, instance string, onWake func(sessionst
 		sub, subject, err = b.subscribe(ctx, instance, msgs)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	select { // a connect signalled before now is this catch-up's
+	case <-b.events:
+	default:
+	}
 	b.catchUp(onConnect)
 	for {
 		select {
