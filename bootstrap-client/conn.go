@@ -365,6 +365,7 @@ func (c *Client) redial(restart bool) (*websocket.Conn, uint64, error) {
 		asked = 0
 		if he := (*Error)(nil); errors.As(err, &he) && he.Status == http.StatusTooManyRequests {
 			asked = he.RetryAfter // waited out before the next attempt, past the backoff
+			c.rateLimited.Add(1)
 		}
 		c.log.Warn("marconi: reconnect failed", "attempt", attempt, "err", err, "retry_after", asked)
 	}

@@ -222,6 +222,9 @@ func TestAttachWaitsOutRetryAfter(t *testing.T) {
 	if n := quotaRefusals(t, h, "attaches_per_session"); n != 1 {
 		t.Fatalf("attach refusals = %v, want 1: the client retried within the hub's Retry-After", n)
 	}
+	if n := c.Stats().RateLimited; n != 1 {
+		t.Errorf("Stats().RateLimited = %d, want 1 (the attach's 429 waited out)", n)
+	}
 }
 
 // quotaRefusals reads marconi_quota_refusals_total{quota} from h's registry.

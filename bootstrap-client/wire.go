@@ -125,7 +125,8 @@ type SendResult struct {
 // the hub left a ping unanswered (Config.PingTimeout): a path that died
 // silently, each followed by a reconnect; Takeovers counts the registrations
 // the hub answered "taken_over" (Config.Takeover); RateLimited counts the 429
-// answers the client waited out and retried (Config.RateLimitWait).
+// answers the client waited out and retried (Config.RateLimitWait), attaches
+// included.
 type Stats struct {
 	Reconnects, SelfHealReconnects, Reregistrations, DroppedAtReset, PingTimeouts, Takeovers, RateLimited int
 }

@@ -175,8 +175,9 @@ func TestKeepaliveFindsSessionGone(t *testing.T) {
 }
 
 // TestReregisteredSessionIsNotAnOldConnectionsBusiness: bob's WebSocket is
-// on b; bob deregisters through a and registers again there. b's pending
-// sweep is off, so the old connection lingers: whatever reaches it (an ack
+// on b; bob deregisters through a and registers again there. a's check
+// wake-ups to b are lost and b's pending sweep is off, so the old connection
+// lingers: whatever reaches it (an ack
 // it sends, a wake-up, a send through b) must not hand it the new session's
 // signals nor let it ack them. It is closed with 4410 instead, and the new
 // session gets every signal when it attaches.
@@ -206,6 +207,9 @@ func TestReregisteredSessionIsNotAnOldConnectionsBusiness(t *testing.T) {
 			bob := register(t, p.a, "bob", "claude_code")
 			old, _ := dial(t, p.b, bob)
 
+			// Without this, a's check wake-up would close the old
+			// connection before the poke (an ack write then fails).
+			p.dropA.drop.Store(true)
 			deregister(t, p.a, bob)
 			bob2 := register(t, p.a, "bob", "claude_code")
 			for i := 1; i <= 2; i++ {

@@ -284,7 +284,7 @@ export interface Stats {
   pingTimeouts: number;
   /** Registrations the hub answered taken_over (config takeover). */
   takeovers: number;
-  /** 429 answers waited out and the call made again (rateLimitWaitMs). */
+  /** 429 answers waited out and the call made again (rateLimitWaitMs), attaches included. */
   rateLimited: number;
 }
 

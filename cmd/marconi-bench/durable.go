@@ -52,6 +52,9 @@ type durableOptions struct {
 	// and JetStream in interleaved rounds instead of its own matrix.
 	jetstream  string
 	peerRounds int // rounds of that comparison
+	// busURL is the NATS server the hubs wake each other through
+	// (MARCONI_BUS_URL); empty: Postgres LISTEN/NOTIFY.
+	busURL string
 }
 
 func parseDurableOptions(args []string, stderr io.Writer) (durableOptions, error) {
@@ -330,6 +333,7 @@ func startHub(ctx context.Context, o durableOptions, id, gc string, logs io.Writ
 		// A step registers two sessions per sender at once.
 		"MARCONI_QUOTA_REGISTRATIONS_PER_SECOND=1000000",
 		"MARCONI_GROUP_COMMIT="+gc,
+		"MARCONI_BUS_URL="+o.busURL,
 	)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {

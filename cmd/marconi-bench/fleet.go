@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,10 +25,13 @@ import (
 // its recipient mostly attach to different instances, so the cross-instance
 // path is what is paid. Per run it reports sends/s, send p50/p99, Postgres
 // commits per send (pg_stat_database) and hub CPU per send (/proc), and the
-// three-instance figures as ratios of the one-instance ones. With -before,
-// an earlier build runs in the same rounds and the after/before ratios are
-// printed too; -instances 1 runs one instance alone, a quick before/after
-// of one hub's cost per send.
+// three-instance figures as ratios of the one-instance ones. With -bus-url
+// each round also runs the three instances waking each other through NATS
+// (MARCONI_BUS_URL) instead of LISTEN/NOTIFY, and reports both buses'
+// ratios, and NATS's against NOTIFY's. With -before, an earlier build runs
+// in the same rounds and the after/before ratios are printed too;
+// -instances 1 runs one instance alone, a quick before/after of one hub's
+// cost per send.
 
 // Bounds of a fleet run.
 const (
@@ -45,7 +49,10 @@ type fleetOptions struct {
 	haproxy  string
 	config   string
 	rounds   int
-	// instances are the fleet sizes each round runs, in order: 1, 3 or both.
+	// natsURL is the NATS server of the three-instance runs on the NATS
+	// bus; empty: none.
+	natsURL string
+	// instances are the fleet sizes each round runs: 1, 3 or both.
 	instances []int
 }
 
@@ -62,6 +69,7 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	senders := fs.Int("senders", 64, fmt.Sprintf("concurrent senders (1..%d)", maxDurableSenders))
 	fs.DurationVar(&o.step, "duration", 15*time.Second, fmt.Sprintf("how long each run sends, after a %s warm-up (at most %s)", durableWarmup, maxDurableStep))
 	fs.IntVar(&o.payload, "payload", 60, "payload bytes of each signal")
+	fs.StringVar(&o.natsURL, "bus-url", "", "a NATS server (nats://, loopback only): each round also runs the three instances waking each other through it (MARCONI_BUS_URL) instead of Postgres NOTIFY; -marconi only")
 	fs.IntVar(&o.rounds, "rounds", 2, fmt.Sprintf("rounds of one run each, one instance then three (1..%d)", maxFleetRounds))
 	instances := fs.String("instances", fmt.Sprintf("1,%d", fleetInstances), fmt.Sprintf("the fleet sizes each round runs: 1, %d or 1,%d (1 alone for a quick before/after of one instance)", fleetInstances, fleetInstances))
 	if err := fs.Parse(args); err != nil {
@@ -86,6 +94,11 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 		o.beforeDB = o.databaseURL
 	} else if u, err := url.Parse(o.beforeDB); err != nil || !loopback(u.Hostname()) {
 		return o, fmt.Errorf("-before-database-url: want a postgres:// URL on this machine")
+	}
+	if o.natsURL != "" {
+		if u, err := url.Parse(o.natsURL); err != nil || u.Scheme != "nats" || !loopback(u.Hostname()) {
+			return o, fmt.Errorf("-bus-url %q: want a nats:// URL on this machine (loopback)", o.natsURL)
+		}
 	}
 	if _, err := os.Stat(o.config); err != nil {
 		return o, fmt.Errorf("-haproxy-config: %w", err)
@@ -124,48 +137,100 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 	n := o.senders[0]
 	fmt.Fprintf(out, "fleet: %d senders, each to its own attached recipient (acking over its WebSocket), payload %d B, %s per run after a %s warm-up, %d rounds\n",
 		n, o.payload, o.step, durableWarmup, o.rounds)
-	fmt.Fprintf(out, "%-6s %-7s %-10s %10s %10s %10s %14s %14s %8s\n", "round", "build", "instances", "sends/s", "p50", "p99", "commits/send", "hub_cpu/send", "failed")
+	fmt.Fprintf(out, "%-6s %-7s %-10s %-7s %10s %10s %10s %14s %14s %8s\n", "round", "build", "instances", "bus", "sends/s", "p50", "p99", "commits/send", "hub_cpu/send", "failed")
 	builds := []string{o.marconi}
 	if o.before != "" {
 		builds = []string{o.before, o.marconi}
 	}
-	results := map[string][]fleetResult{} // by build and instances
+	results := map[string][]fleetResult{} // by build, instances and bus
 	for round := 1; round <= o.rounds; round++ {
 		for _, bin := range builds {
-			for _, k := range o.instances {
+			for _, c := range fleetConfigs(o, bin) {
 				run := o
 				run.marconi = bin
 				if bin == o.before {
 					run.databaseURL = o.beforeDB
 				}
-				r, err := fleetRun(ctx, run, k, logs)
+				if c.bus == busNATS {
+					run.busURL = o.natsURL
+				}
+				r, err := fleetRun(ctx, run, c.instances, logs)
 				if err != nil {
 					return err
 				}
 				name := buildName(o, bin)
-				fmt.Fprintf(out, "%-6d %-7s %-10d %10.0f %10s %10s %14.2f %14s %8d\n", round, name, k, r.perSec,
+				fmt.Fprintf(out, "%-6d %-7s %-10d %-7s %10.0f %10s %10s %14.2f %14s %8d\n", round, name, c.instances, c.bus, r.perSec,
 					r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.commitsPerSend, r.cpuPerSend.Round(time.Microsecond), r.failed)
-				key := fmt.Sprintf("%s/%d", name, k)
+				key := fmt.Sprintf("%s/%d/%s", name, c.instances, c.bus)
 				results[key] = append(results[key], r)
 			}
 		}
 	}
-	ratio := func(label string, a, b fleetResult) {
-		if a.perSec > 0 && a.p99 > 0 && a.commitsPerSend > 0 && a.cpuPerSend > 0 && b.perSec > 0 {
-			fmt.Fprintf(out, "%s (means of %d rounds): sends/s %.2fx, p99 %.2fx, commits per send %.2fx, hub CPU per send %.2fx\n",
-				label, o.rounds, b.perSec/a.perSec, float64(b.p99)/float64(a.p99), b.commitsPerSend/a.commitsPerSend, float64(b.cpuPerSend)/float64(a.cpuPerSend))
-		}
-	}
+	withOne, withThree := slices.Contains(o.instances, 1), slices.Contains(o.instances, fleetInstances)
 	for _, bin := range builds {
 		name := buildName(o, bin)
-		ratio(name+": three instances / one", meanFleet(results[name+"/1"]), meanFleet(results[fmt.Sprintf("%s/%d", name, fleetInstances)]))
+		one := meanFleet(results[name+"/1/"+busNOTIFY])
+		for _, c := range fleetConfigs(o, bin) {
+			if c.instances == 1 || !withOne {
+				continue
+			}
+			fmt.Fprintln(out, fleetRatios(fmt.Sprintf("%s: three instances on %s / one", name, c.bus), o.rounds,
+				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, c.instances, c.bus)]), one))
+		}
+		if bin == o.marconi && o.natsURL != "" && withThree {
+			fmt.Fprintln(out, fleetRatios(name+": three instances on NATS / three on NOTIFY", o.rounds,
+				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, busNATS)]),
+				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, busNOTIFY)])))
+		}
 	}
 	if o.before != "" {
-		for _, k := range o.instances {
-			ratio(fmt.Sprintf("%d instance(s): after / before", k), meanFleet(results[fmt.Sprintf("before/%d", k)]), meanFleet(results[fmt.Sprintf("after/%d", k)]))
+		for _, c := range fleetConfigs(o, o.before) { // the runs both builds made
+			key := fmt.Sprintf("/%d/%s", c.instances, c.bus)
+			fmt.Fprintln(out, fleetRatios(fmt.Sprintf("%d instance(s) on %s: after / before", c.instances, c.bus), o.rounds,
+				meanFleet(results["after"+key]), meanFleet(results["before"+key])))
 		}
 	}
 	return nil
+}
+
+// The wake-up buses a fleet run can use.
+const (
+	busNOTIFY = "NOTIFY" // Postgres LISTEN/NOTIFY, the default
+	busNATS   = "NATS"   // MARCONI_BUS_URL
+)
+
+// fleetConfig is one run of a round: how many instances, on which bus.
+type fleetConfig struct {
+	instances int
+	bus       string
+}
+
+// fleetConfigs are the runs of a round for bin: one instance, then three
+// on NOTIFY, then (for -marconi with -bus-url) three on NATS, less the
+// sizes -instances leaves out. One instance wakes nobody, so it has no NATS
+// run.
+func fleetConfigs(o fleetOptions, bin string) []fleetConfig {
+	var cs []fleetConfig
+	if slices.Contains(o.instances, 1) {
+		cs = append(cs, fleetConfig{1, busNOTIFY})
+	}
+	if slices.Contains(o.instances, fleetInstances) {
+		cs = append(cs, fleetConfig{fleetInstances, busNOTIFY})
+		if o.natsURL != "" && bin == o.marconi {
+			cs = append(cs, fleetConfig{fleetInstances, busNATS})
+		}
+	}
+	return cs
+}
+
+// fleetRatios is a line of b's figures as ratios of a's, or says a has
+// none to divide by.
+func fleetRatios(what string, rounds int, b, a fleetResult) string {
+	if a.perSec <= 0 || a.p99 <= 0 || a.commitsPerSend <= 0 || a.cpuPerSend <= 0 {
+		return what + ": no figures to divide by"
+	}
+	return fmt.Sprintf("%s (means of %d rounds): sends/s %.2fx, p99 %.2fx, commits per send %.2fx, hub CPU per send %.2fx",
+		what, rounds, b.perSec/a.perSec, float64(b.p99)/float64(a.p99), b.commitsPerSend/a.commitsPerSend, float64(b.cpuPerSend)/float64(a.cpuPerSend))
 }
 
 // buildName is how a row names the binary it ran: before or after.

@@ -7,6 +7,39 @@ import (
 	"testing"
 )
 
+// fleet -bus-url takes a NATS server on this machine only, and adds a run
+// of three instances on it to each round of -marconi (not of -before).
+func TestFleetBusURL(t *testing.T) {
+	base := []string{"-database-url", "postgres://postgres@127.0.0.1:5432/f", "-haproxy-config", "../../deploy/haproxy.cfg", "-marconi", "new", "-before", "old"}
+	for _, bad := range []string{"http://127.0.0.1:4222", "nats://nats.example.org:4222", "127.0.0.1:4222"} {
+		_, err := parseFleetOptions(append(base, "-bus-url", bad), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "-bus-url") {
+			t.Errorf("-bus-url %q: err %v, want a -bus-url error", bad, err)
+		}
+	}
+	o, err := parseFleetOptions(base, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []fleetConfig{{1, busNOTIFY}, {3, busNOTIFY}}
+	if got := fleetConfigs(o, "new"); !reflect.DeepEqual(got, want) {
+		t.Errorf("without -bus-url: runs %v, want %v", got, want)
+	}
+	o, err = parseFleetOptions(append(base, "-bus-url", "nats://127.0.0.1:4222"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fleetConfigs(o, "old"); !reflect.DeepEqual(got, want) {
+		t.Errorf("-before with -bus-url: runs %v, want %v", got, want)
+	}
+	want = append(want, fleetConfig{3, busNATS})
+	if got := fleetConfigs(o, "new"); !reflect.DeepEqual(got, want) {
+		t.Errorf("-marconi with -bus-url: runs %v, want %v", got, want)
+	}
+}
+
+// fleet -instances picks the fleet sizes of a round: 1, 3 or both, and
+// nothing else; the runs of a round follow it.
 func TestParseFleetInstances(t *testing.T) {
 	db := "postgres://postgres@127.0.0.1:5432/fleet?sslmode=disable"
 	cfg := "../../deploy/haproxy.cfg"
@@ -30,6 +63,13 @@ func TestParseFleetInstances(t *testing.T) {
 		if !reflect.DeepEqual(o.instances, tc.want) {
 			t.Errorf("-instances %q: got %v, want %v", tc.arg, o.instances, tc.want)
 		}
+	}
+	o, err := parseFleetOptions([]string{"-database-url", db, "-haproxy-config", cfg, "-instances", "1", "-bus-url", "nats://127.0.0.1:4222"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fleetConfigs(o, o.marconi), []fleetConfig{{1, busNOTIFY}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("-instances 1 with -bus-url: runs %v, want %v", got, want)
 	}
 	for _, bad := range []string{"2", "3,1", "0", "1,2,3", "x"} {
 		_, err := parseFleetOptions([]string{"-database-url", db, "-haproxy-config", cfg, "-instances", bad}, io.Discard)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/fabric/natsbus"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/migrations"
 	"github.com/marconihub/marconi/sessionstore"
@@ -33,6 +34,7 @@ type Main struct {
 	Logger *slog.Logger
 
 	store    sessionstore.Store
+	natsBus  *natsbus.Bus // nil: wake-ups on Postgres NOTIFY (or none)
 	hub      *hub.Server
 	http     *http.Server
 	listener net.Listener
@@ -76,8 +78,20 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		m.store = st
 		bus = pgstore.NewBus(st, m.Logger)
+		if cfg.BusURL != "" {
+			nb, err := natsbus.New(natsbus.Config{URL: cfg.BusURL, QueueSize: cfg.BusQueueSize, Name: "marconi " + cfg.Hub.InstanceID},
+				pgstore.NewBus(st, m.Logger), reg, m.Logger)
+			if err != nil {
+				st.Close()
+				return fmt.Errorf("MARCONI_BUS_URL: %w", err)
+			}
+			bus, m.natsBus = nb, nb
+			storeName = "postgres, wake-ups on NATS"
+		}
 		schema = schemaCheck(st)
-		storeName = "postgres"
+		if m.natsBus == nil {
+			storeName = "postgres"
+		}
 		if cfg.StoreBreaker {
 			br, err := breaker.New(st, breaker.Config{ProbeEvery: cfg.StoreProbeEvery, ProbeTimeout: cfg.Hub.StoreTimeout}, reg, m.Logger)
 			if err != nil {
@@ -289,6 +303,9 @@ func (m *Main) Close() error {
 			m.cancel()
 		}
 		m.wg.Wait()
+		if m.natsBus != nil {
+			m.natsBus.Close()
+		}
 		if m.store != nil {
 			err = errors.Join(err, m.store.Close())
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
+	"github.com/marconihub/marconi/fabric/natsbus"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/sessionstore/breaker"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
@@ -48,6 +49,12 @@ type Config struct {
 	StoreBreaker bool
 	// StoreProbeEvery is how often an open breaker probes the store.
 	StoreProbeEvery time.Duration
+	// BusURL is the NATS server the instances wake each other through;
+	// empty means Postgres LISTEN/NOTIFY (MARCONI_BUS_URL).
+	BusURL string
+	// BusQueueSize bounds the wake-ups received from NATS and not yet
+	// handled (MARCONI_BUS_QUEUE_SIZE).
+	BusQueueSize int
 	// generatedAPIKey and generatedAdminToken are set when development mode
 	// made them; they are printed once at start.
 	generatedAPIKey     string
@@ -182,6 +189,20 @@ func settings(c *Config) []setting {
 			c.DatabaseURL = v
 			return nil
 		}, secret},
+		{"MARCONI_BUS_URL", "", "NATS server the instances wake each other through (nats://host:4222, comma separated for a cluster; needs MARCONI_DATABASE_URL); empty uses Postgres LISTEN/NOTIFY. NATS down means slower cross-instance delivery (the pending sweep), never a lost or refused send", func(c *Config, v string) error {
+			for _, s := range strings.Split(v, ",") {
+				if v == "" {
+					break
+				}
+				u, err := url.Parse(strings.TrimSpace(s))
+				if err != nil || (u.Scheme != "nats" && u.Scheme != "tls") || u.Host == "" {
+					return fmt.Errorf("want nats://host:port or tls://host:port, comma separated")
+				}
+			}
+			c.BusURL = v
+			return nil
+		}, secret},
+		{"MARCONI_BUS_QUEUE_SIZE", strconv.Itoa(natsbus.DefaultQueueSize), "wake-ups received from NATS and not yet handled; past it NATS drops them and every local queue catches up from the store", positiveInt(&c.BusQueueSize), public},
 		{"MARCONI_LOG_LEVEL", "info", "debug, info, warn or error", oneOf(&c.LogLevel, "debug", "info", "warn", "error"), public},
 		{"MARCONI_SELFHEAL", "", "SPEC-168 self-heal hints on or off (default: on in development, off in lan and cloud)", nil, public},
 		{"MARCONI_SELFHEAL_FRESHNESS_SECONDS", secs(selfheal.DefaultFreshness), "route-state freshness window and recipient recency gate", seconds(&h.SelfHeal.Freshness), public},
@@ -593,6 +614,9 @@ func loadConfig(cmd string, args []string, getenv func(string) string, out io.Wr
 			port = port[i+1:]
 		}
 		c.Hub.PublicURL = "http://127.0.0.1:" + port
+	}
+	if c.BusURL != "" && c.DatabaseURL == "" {
+		return c, errors.New("MARCONI_BUS_URL: needs MARCONI_DATABASE_URL (the embedded store is one instance: there is nobody to wake)")
 	}
 	if c.InstanceHeartbeat >= c.Hub.Fabric.DeadAfter {
 		return c, fmt.Errorf("MARCONI_INSTANCE_HEARTBEAT_SECONDS: must be shorter than MARCONI_INSTANCE_DEAD_AFTER_SECONDS (%v)", c.Hub.Fabric.DeadAfter)

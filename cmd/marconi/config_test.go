@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/marconihub/marconi/fabric/natsbus"
 )
 
 func env(kv map[string]string) func(string) string {
@@ -111,6 +113,8 @@ func TestConfigBadValuesNameTheVariable(t *testing.T) {
 		"MARCONI_WS_READ_LIMIT_BYTES":               "10",
 		"MARCONI_SEND_RATE_PER_SECOND":              "-5",
 		"MARCONI_INSTANCE_DEAD_AFTER_SECONDS":       "2",
+		"MARCONI_BUS_URL":                           "http://127.0.0.1:4222",
+		"MARCONI_BUS_QUEUE_SIZE":                    "0",
 	}
 	for name, v := range bad {
 		_, err := LoadConfig(nil, env(map[string]string{name: v}), io.Discard)
@@ -129,6 +133,14 @@ func TestConfigBadValuesNameTheVariable(t *testing.T) {
 	if _, err := LoadConfig(nil, env(map[string]string{"MARCONI_MODE": "lan", "MARCONI_ADMIN_TOKEN": "0123456789abcdef",
 		"MARCONI_DATABASE_URL": "postgres://x@db/marconi"}), io.Discard); err == nil || !strings.Contains(err.Error(), "MARCONI_PUBLIC_URL") {
 		t.Errorf("lan with Postgres and no public URL: err %v, want one naming MARCONI_PUBLIC_URL", err)
+	}
+	if _, err := LoadConfig(nil, env(map[string]string{"MARCONI_BUS_URL": "nats://127.0.0.1:4222"}), io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "MARCONI_BUS_URL: needs MARCONI_DATABASE_URL") {
+		t.Errorf("a NATS bus on the embedded store: err %v, want one saying it needs MARCONI_DATABASE_URL", err)
+	}
+	c, err := LoadConfig(nil, env(map[string]string{"MARCONI_BUS_URL": "nats://a:4222, tls://b:4222", "MARCONI_DATABASE_URL": "postgres://x@db/marconi"}), io.Discard)
+	if err != nil || c.BusURL != "nats://a:4222, tls://b:4222" || c.BusQueueSize != natsbus.DefaultQueueSize {
+		t.Errorf("a NATS cluster URL list: %v, bus %q queue %d", err, c.BusURL, c.BusQueueSize)
 	}
 	if _, err := LoadConfig([]string{"--no-such-flag"}, env(nil), io.Discard); err == nil {
 		t.Error("an unknown flag was accepted")

@@ -432,6 +432,20 @@ func (b *Bus) macKey(ctx context.Context) []byte {
 	return key
 }
 
+// SealWakes encodes wakes as EncodeWakes does, each carrying its signal
+// sealed under the bus key when that key is known, for a bus other than
+// NOTIFY (fabric/natsbus) to carry: the same payloads, the same MAC.
+func (b *Bus) SealWakes(ctx context.Context, wakes []Wake) ([]string, error) {
+	return wakeCodec{key: b.macKey(ctx)}.encode(wakes)
+}
+
+// OpenWakes decodes a payload as DecodeWakes does, keeping a carried signal
+// only when its MAC checks out under the bus key: the other half of
+// SealWakes.
+func (b *Bus) OpenWakes(ctx context.Context, payload string) ([]Wake, error) {
+	return wakeCodec{key: b.macKey(ctx)}.decode(payload)
+}
+
 // Channel is the NOTIFY channel that instance listens on, in this store's
 // schema; for operators (pg_stat_activity, psql) and tests.
 func (b *Bus) Channel(ctx context.Context, instance string) (string, error) {

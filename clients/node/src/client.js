@@ -497,16 +497,18 @@ export class Client extends EventEmitter {
    * Attaches again, waiting between attempts with backoff and draining while
    * the WebSocket is down, until attached ({conn}), closed ({}), or refused
    * for good ({refused}: the hub's answer). After a restart the hub announced
-   * (1012) the backoff's ceiling is reconnectRestartMaxDelayMs.
+   * (1012) the backoff's ceiling is reconnectRestartMaxDelayMs. An attach
+   * refused 429 waits at least the answer's Retry-After before the next one.
    * @param {boolean} restart
    * @returns {Promise<{conn: Conn} | {refused?: MarconiError}>}
    */
   async #redial(restart) {
     const backoff = restart ? this.#backoff.capped(this.#cfg.reconnectRestartMaxDelayMs) : this.#backoff;
+    let askedMs = 0; // the hub's Retry-After on the last attempt's 429
     for (let attempt = 0; ; attempt++) {
       if (!this.#immediate) {
         await this.#drain();
-        if (!(await this.#waitOrHeal(backoff.delay(attempt)))) return {};
+        if (!(await this.#waitOrHeal(Math.max(backoff.delay(attempt), askedMs)))) return {};
       }
       try {
         const conn = await this.#connect();
@@ -519,7 +521,15 @@ export class Client extends EventEmitter {
           this.#log.error('marconi: hub refuses the session; giving up reconnecting', { err: String(err) });
           return { refused: /** @type {MarconiError} */ (err) };
         }
-        this.#log.warn('marconi: reconnect failed', { attempt, err: String(err) });
+        // An attach refused 429 (the hub's per-session attach rate) is
+        // tried again after its Retry-After, with up to a quarter more of
+        // jitter, not at the backoff's pace, which would be refused again.
+        askedMs = 0;
+        if (err instanceof MarconiError && err.status === 429 && err.retryAfterSeconds !== undefined) {
+          askedMs = err.retryAfterSeconds * 1000 * (1 + Math.random() / 4);
+          this.#stats.rateLimited++;
+        }
+        this.#log.warn('marconi: reconnect failed', { attempt, err: String(err), ...(askedMs ? { wait_ms: Math.round(askedMs) } : {}) });
       }
     }
   }

@@ -71,6 +71,27 @@ test('errors of the hub are MarconiError with the hub\'s code; bad config is a T
   await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: /** @type {any} */ (42) }), TypeError);
 });
 
+// Without waiting out the Retry-After, a backoff of at most 50 ms would be
+// refused again and again within the hub's window (about two seconds).
+test('an attach refused 429 is tried again after its Retry-After, not at the backoff\'s pace', async (t) => {
+  // 0.5 attaches a second, a burst of one: the dial's attach spends it.
+  const tight = await startHub(env.bins.marconi, { env: { MARCONI_QUOTA_ATTACHES_PER_SECOND: '0.5' } });
+  t.after(() => tight.stop());
+  const proxy = new Proxy(tight.port);
+  const url = await proxy.listen();
+  t.after(() => proxy.close());
+  const c = await dial({ hubURL: url, apiKey, surface: 'claude_code', sessionID: 'attach-429', reconnectBaseDelayMs: 20, reconnectMaxDelayMs: 50 });
+  t.after(() => c.close());
+
+  proxy.severWebSockets();
+  await waitFor('the client to attach again', () => c.stats().reconnects === 1, { timeoutMs: 10000 });
+  const metrics = await (await fetch(`${tight.url}/metrics`)).text();
+  const refusals = metrics.match(/^marconi_quota_refusals_total\{quota="attaches_per_session"\} (\S+)$/m);
+  assert.ok(refusals, 'the hub counts attach refusals');
+  assert.equal(Number(refusals[1]), 1, 'refused once, then attached after the Retry-After');
+  assert.equal(c.stats().rateLimited, 1);
+});
+
 test('a 429 is waited out for its Retry-After and the send stored once; with rateLimitWaitMs 0 it is returned at once', async (t) => {
   const slow = await startHub(env.bins.marconi, { env: { MARCONI_SEND_RATE_PER_SECOND: '1' } }); // burst 2
   t.after(() => slow.stop());

@@ -1,0 +1,401 @@
+package natsbus_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/marconihub/marconi/fabric/natsbus"
+	"github.com/marconihub/marconi/hub"
+	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/pgtest"
+	"github.com/marconihub/marconi/internal/testproxy"
+	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/sessionstore/pgstore"
+)
+
+// TestMain fails the package when a goroutine outlives its tests: the
+// buses, hubs and NATS connections are all closed by then.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// The NATS server the tests use: MARCONI_TEST_NATS_URL; without it they
+// skip with one clear line, or fail when MARCONI_TEST_REQUIRE_NATS=1.
+const (
+	envNATSURL     = "MARCONI_TEST_NATS_URL"
+	envRequireNATS = "MARCONI_TEST_REQUIRE_NATS"
+)
+
+func natsURL(t *testing.T) string {
+	t.Helper()
+	if u := os.Getenv(envNATSURL); u != "" {
+		return u
+	}
+	if os.Getenv(envRequireNATS) == "1" {
+		t.Fatalf("%s is not set and %s=1: NATS tests must run", envNATSURL, envRequireNATS)
+	}
+	t.Skipf("skipping NATS test: %s is not set", envNATSURL)
+	return ""
+}
+
+// noSweep is a pending-sweep interval no test outlives: a signal that
+// arrives under it came by a wake-up.
+const noSweep = time.Hour
+
+// instance is one hub of a pair with its NATS bus and that bus's metrics.
+type instance struct {
+	hub   *hubtest.Hub
+	store *pgstore.Store
+	bus   *natsbus.Bus
+	reg   *prometheus.Registry
+}
+
+// pair is two hub instances, "a" and "b", on one Postgres schema, waking
+// each other through NATS, each with its own pool and bus as two processes
+// would be.
+type pair struct{ a, b *instance }
+
+type pairOptions struct {
+	sweepB     time.Duration
+	natsA      string // how a reaches NATS; default the test server
+	natsB      string // how b reaches NATS; default the test server
+	pgURL      string
+	key, admin string
+}
+
+func startPair(t *testing.T, o pairOptions) *pair {
+	t.Helper()
+	if o.pgURL == "" {
+		o.pgURL = pgtest.Schema(t)
+	}
+	server := natsURL(t)
+	if o.natsA == "" {
+		o.natsA = server
+	}
+	if o.natsB == "" {
+		o.natsB = server
+	}
+	o.key, o.admin = hub.NewAPIKey(), hub.NewAdminToken()
+	p := &pair{a: startInstance(t, o, "a", o.natsA, noSweep), b: startInstance(t, o, "b", o.natsB, o.sweepB)}
+	// b listens before anyone sends to it.
+	waitFor(t, "b's wake-up listener", func() bool {
+		return metric(t, p.b.hub.Registry, "marconi_wake_listener_connects_total") >= 2 // Postgres and NATS
+	})
+	return p
+}
+
+func startInstance(t *testing.T, o pairOptions, id, natsURL string, sweep time.Duration) *instance {
+	t.Helper()
+	st, err := pgstore.Open(context.Background(), o.pgURL, pgstore.WithMaxConns(4))
+	if err != nil {
+		t.Fatalf("open pgstore: %v", err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	in := &instance{store: st, reg: prometheus.NewRegistry()}
+	in.bus, err = natsbus.New(natsbus.Config{URL: natsURL, QueueSize: 64}, pgstore.NewBus(st, testLog), in.reg, testLog)
+	if err != nil {
+		t.Fatalf("natsbus.New: %v", err)
+	}
+	t.Cleanup(in.bus.Close) // after the hub's cleanup, which stops Listen
+	in.hub = hubtest.Start(t, hubtest.Options{Store: st, Bus: in.bus, Config: hub.Config{
+		InstanceID:   id,
+		APIKeys:      map[string]hub.TenantProject{o.key: {TenantID: "t1", ProjectID: "p1"}},
+		AdminToken:   o.admin,
+		PendingSweep: sweep,
+	}})
+	return in
+}
+
+func TestCrossInstanceOnNATSInOrder(t *testing.T) {
+	t.Parallel()
+	p := startPair(t, pairOptions{sweepB: noSweep})
+	alice := register(t, p.a.hub, "alice")
+	bob := register(t, p.a.hub, "bob")
+	c := dial(t, p.b.hub, bob) // bob's queue is on b
+
+	const n = 20
+	for i := 1; i <= n; i++ {
+		send(t, p.a.hub, alice, "bob", i)
+	}
+	for i := 1; i <= n; i++ {
+		f := readFrame(t, c)
+		if f["type"] != "signal" || f["seq"] != float64(i) || f["payload"] != float64(i) {
+			t.Fatalf("frame %d: %v, want signal seq %d payload %d", i, f, i, i)
+		}
+	}
+	if got := metric(t, p.a.hub.Registry, "marconi_wakeups_total", "result", "published"); got != n {
+		t.Errorf("a published %v wake-ups, want %d", got, n)
+	}
+	if got := metric(t, p.b.hub.Registry, "marconi_wakeups_total", "result", "carried"); got < 1 {
+		t.Errorf("b took %v carried signals from NATS, want some: the seal did not check out", got)
+	}
+	if got := metric(t, p.b.reg, "marconi_nats_bus_refused_total"); got != 0 {
+		t.Errorf("b refused %v wake-ups", got)
+	}
+}
+
+// NATS down: sends are answered 200 and delivered by the pending sweep;
+// back up, the bus delivers again.
+func TestCrossInstanceNATSDownFallsBackToSweep(t *testing.T) {
+	t.Parallel()
+	proxy := testproxy.Start(t, strings.TrimPrefix(natsURL(t), "nats://"))
+	via := "nats://" + proxy.Addr()
+	p := startPair(t, pairOptions{sweepB: 100 * time.Millisecond, natsA: via, natsB: via})
+	alice := register(t, p.a.hub, "alice")
+	bob := register(t, p.a.hub, "bob")
+	c := dial(t, p.b.hub, bob)
+	send(t, p.a.hub, alice, "bob", 1)
+	wantSignal(t, c, 1, 1)
+
+	proxy.Cut()
+	waitFor(t, "both buses to see NATS gone", func() bool {
+		return metric(t, p.a.reg, "marconi_nats_bus_connected") == 0 && metric(t, p.b.reg, "marconi_nats_bus_connected") == 0
+	})
+	received := metric(t, p.b.hub.Registry, "marconi_wakeups_total", "result", "received")
+	sweeps := metric(t, p.b.hub.Registry, "marconi_pending_sweeps_total")
+	for i := 2; i <= 4; i++ {
+		send(t, p.a.hub, alice, "bob", i) // 200, or send fails the test
+	}
+	for i := 2; i <= 4; i++ {
+		wantSignal(t, c, i, i)
+	}
+	if got := metric(t, p.a.hub.Registry, "marconi_wakeups_total", "result", "publish_failed"); got < 3 {
+		t.Errorf("a counted %v failed publishes while NATS was down, want 3", got)
+	}
+	if got := metric(t, p.b.hub.Registry, "marconi_wakeups_total", "result", "received"); got != received {
+		t.Errorf("b received %v wake-ups while NATS was down", got-received)
+	}
+	if metric(t, p.b.hub.Registry, "marconi_pending_sweeps_total") <= sweeps {
+		t.Error("no pending sweep ran on b while NATS was down")
+	}
+
+	connects := metric(t, p.b.hub.Registry, "marconi_wake_listener_connects_total")
+	proxy.Restore()
+	waitFor(t, "both buses back on NATS, b caught up", func() bool {
+		return metric(t, p.a.reg, "marconi_nats_bus_connected") == 1 && metric(t, p.b.reg, "marconi_nats_bus_connected") == 1 &&
+			metric(t, p.b.hub.Registry, "marconi_wake_listener_connects_total") > connects
+	})
+	send(t, p.a.hub, alice, "bob", 5)
+	wantSignal(t, c, 5, 5)
+	waitFor(t, "b to receive the wake-up of 5 by NATS", func() bool {
+		return metric(t, p.b.hub.Registry, "marconi_wakeups_total", "result", "received") > received
+	})
+	if got := metric(t, p.b.reg, "marconi_nats_bus_disconnects_total"); got < 1 {
+		t.Errorf("b counted %v disconnects", got)
+	}
+}
+
+// A message on an instance's subject that is not a wake-up is refused; one
+// whose carried signal was altered is taken as a bare wake-up, so its
+// signal is never pushed.
+func TestNATSBusRefusesGarbledAndForged(t *testing.T) {
+	t.Parallel()
+	p := startPair(t, pairOptions{sweepB: noSweep})
+	alice := register(t, p.a.hub, "alice")
+	bob := register(t, p.a.hub, "bob")
+	c := dial(t, p.b.hub, bob)
+
+	ctx := context.Background()
+	raw := pgstore.NewBus(p.a.store, nil)
+	ch, err := raw.Channel(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := "marconi.wake." + ch
+	nc, err := nats.Connect(natsURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+
+	for _, garbled := range []string{"not json", `{"tenant":"t1"}`, `[]`, strings.Repeat("x", 9000)} {
+		if err := nc.Publish(subject, []byte(garbled)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "b to refuse the four garbled messages", func() bool { return metric(t, p.b.reg, "marconi_nats_bus_refused_total") == 4 })
+
+	// A sealed wake-up for bob's next signal, its payload then altered.
+	sess, err := p.a.store.GetSession(ctx, sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig := sessionstore.Signal{ID: "forged-1", Seq: 1, To: sess.Key, FromSession: "alice", Kind: "signal",
+		Payload: json.RawMessage(`"genuine"`), CreatedAt: time.Now().UTC()}
+	sealed, err := raw.SealWakes(ctx, []sessionstore.Wake{{Key: sess.Key, Seq: 1, Signal: &sig, Incarnation: sess.RegisteredAt}})
+	if err != nil || len(sealed) != 1 || !strings.Contains(sealed[0], `"mac"`) {
+		t.Fatalf("seal: %v %q", err, sealed)
+	}
+	forged := strings.Replace(sealed[0], `\"genuine\"`, `\"forged\"`, 1)
+	if forged == sealed[0] {
+		t.Fatalf("payload not found in %s", sealed[0])
+	}
+	received := metric(t, p.b.hub.Registry, "marconi_wakeups_total", "result", "received")
+	if err := nc.Publish(subject, []byte(forged)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b to receive the forged wake-up", func() bool {
+		return metric(t, p.b.hub.Registry, "marconi_wakeups_total", "result", "received") > received
+	})
+	if got := metric(t, p.b.hub.Registry, "marconi_wakeups_total", "result", "carried"); got != 0 {
+		t.Fatalf("b took %v carried signals from a forged wake-up", got)
+	}
+	send(t, p.a.hub, alice, "bob", "real")
+	wantSignal(t, c, 1, "real")
+}
+
+// --- helpers: the hub as a client sees it ---
+
+type agent struct{ ID, Token string }
+
+func call(t *testing.T, method, url, cred string, body any) (int, map[string]any) {
+	t.Helper()
+	raw, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequest(method, url, bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+cred)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]any
+	_ = json.Unmarshal(b, &out)
+	return resp.StatusCode, out
+}
+
+func register(t *testing.T, h *hubtest.Hub, id string) agent {
+	t.Helper()
+	st, resp := call(t, "POST", h.URL+"/v1/sessions", h.APIKey, map[string]any{"session_id": id, "surface": "claude_code"})
+	if st != http.StatusCreated {
+		t.Fatalf("register %s: %d %v", id, st, resp)
+	}
+	return agent{ID: resp["session_id"].(string), Token: resp["token"].(string)}
+}
+
+func send(t *testing.T, h *hubtest.Hub, from agent, to string, payload any) {
+	t.Helper()
+	st, resp := call(t, "POST", h.URL+"/v1/signals", from.Token, map[string]any{"to_session": to, "payload": payload})
+	if st != http.StatusOK {
+		t.Fatalf("send %s→%s: %d %v", from.ID, to, st, resp)
+	}
+}
+
+// dial attaches a's WebSocket and reads the welcome frame.
+func dial(t *testing.T, h *hubtest.Hub, a agent) *websocket.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, h.WSURL(), &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + a.Token}}})
+	if err != nil {
+		t.Fatalf("dial %s: %v", a.ID, err)
+	}
+	t.Cleanup(func() { c.CloseNow() })
+	if w := readFrame(t, c); w["type"] != "welcome" {
+		t.Fatalf("first frame is %v, want welcome", w)
+	}
+	return c
+}
+
+func readFrame(t *testing.T, c *websocket.Conn) map[string]any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, data, err := c.Read(ctx)
+	if err != nil {
+		t.Fatalf("read frame: %v", err)
+	}
+	var f map[string]any
+	if err := json.Unmarshal(data, &f); err != nil {
+		t.Fatalf("frame is not JSON: %q", data)
+	}
+	return f
+}
+
+// wantSignal reads one frame and fails unless it is signal seq with payload.
+func wantSignal(t *testing.T, c *websocket.Conn, seq int, payload any) {
+	t.Helper()
+	f := readFrame(t, c)
+	want := payload
+	if n, ok := payload.(int); ok {
+		want = float64(n)
+	}
+	if f["type"] != "signal" || f["seq"] != float64(seq) || f["payload"] != want {
+		t.Fatalf("frame %v, want signal seq %d payload %v", f, seq, payload)
+	}
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// metric is the value of the first counter or gauge series named name with
+// the given label pairs in g, 0 when there is none.
+func metric(t *testing.T, g prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+						found = true
+					}
+				}
+				if !found {
+					continue next
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+// testLog logs to stderr when MARCONI_TEST_LOG is set, else nowhere.
+var testLog = func() *slog.Logger {
+	if os.Getenv("MARCONI_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}()
