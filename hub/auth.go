@@ -125,13 +125,6 @@ func (c *credentials) isConfiguredKey(key string) bool {
 	return ok
 }
 
-// ctxSession is where sessionAuth leaves the caller's session; ctxTokenHash
-// the SHA-256 of its token.
-const (
-	ctxSession   = "marconi.session"
-	ctxTokenHash = "marconi.token_hash"
-)
-
 // sessionAuth authenticates a session token and loads the caller's session
 // as it was before this call (the self-heal gates need that). A handler's
 // session_expired drops the token from the cache.
@@ -153,21 +146,25 @@ func (s *Server) authSession(next echo.HandlerFunc, cached bool) echo.HandlerFun
 			return errUnauthorized
 		}
 		h := sha256.Sum256([]byte(token))
-		sess, hit := sessionstore.Session{}, false
+		var sess *sessionstore.Session
 		if cached {
-			sess, hit = s.tokens.get(h, s.now())
+			sess, _ = s.tokens.get(h, s.now())
 		}
-		if !hit {
-			var err error
-			if sess, err = s.authenticateSessionCtx(c.Request().Context(), token); err != nil {
+		if sess == nil {
+			loaded, err := s.authenticateSessionCtx(c.Request().Context(), token)
+			if err != nil {
 				return err
 			}
+			sess = &loaded
 			if cached {
 				s.tokens.put(h, sess, s.now())
 			}
 		}
-		c.Set(ctxSession, sess)
-		c.Set(ctxTokenHash, h[:])
+		st := stateOf(c)
+		if st == nil {
+			return errors.New("hub: session authentication outside storeDeadline")
+		}
+		st.caller, st.callerTokenHash, st.hasCaller = sess, h, true
 		err := next(c)
 		if e, ok := errors.AsType[*marconi.Error](err); ok && e.Code == marconi.CodeSessionExpired {
 			s.tokens.drop(h[:])
@@ -209,14 +206,25 @@ func (s *Server) authenticateSessionCtx(ctx context.Context, token string) (sess
 	return s.sessions.SpendRegistrationKey(ctx, sess)
 }
 
-// session returns the caller's session loaded by sessionAuth.
+// session returns the caller's session loaded by sessionAuth. Only a
+// handler behind sessionAuth or sendAuth may ask.
 func session(c echo.Context) sessionstore.Session {
-	return c.Get(ctxSession).(sessionstore.Session)
+	return *callerState(c).caller
 }
 
 // tokenHash returns the SHA-256 of the caller's token, set by sessionAuth.
 func tokenHash(c echo.Context) []byte {
-	return c.Get(ctxTokenHash).([]byte)
+	return callerState(c).callerTokenHash[:]
+}
+
+// callerState is the request's state once a session is authenticated; it
+// panics otherwise, as a route wired without sessionAuth is a bug.
+func callerState(c echo.Context) *requestState {
+	st := stateOf(c)
+	if st == nil || !st.hasCaller {
+		panic("hub: a handler asked for the caller's session on a route without sessionAuth")
+	}
+	return st
 }
 
 // adminAuth guards /v1/ops/*.

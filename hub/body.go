@@ -37,7 +37,7 @@ func (s *Server) readBody(c echo.Context) error {
 	// Without support (never the case with net/http), the server's own
 	// ReadTimeout still bounds the read.
 	hasDeadline := rc.SetReadDeadline(time.Now().Add(s.cfg.BodyReadTimeout)) == nil
-	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), req.Body, s.maxBodyBytes()))
+	body, err := readAtMost(c.Response(), req, s.maxBodyBytes())
 	if hasDeadline {
 		// Clear it: on a kept-alive connection it would bound the next request.
 		_ = rc.SetReadDeadline(time.Time{})
@@ -56,26 +56,60 @@ func (s *Server) readBody(c echo.Context) error {
 		}
 		return marconi.Errorf(marconi.CodeInvalidJSON, "could not read the request body")
 	}
-	req.Body = &bufferedBody{Reader: bytes.NewReader(body), b: body}
+	bb := &bufferedBody{b: body}
+	bb.r.Reset(body)
+	req.Body = bb
 	return nil
+}
+
+// readAtMost reads req's whole body, at most limit bytes; more is an
+// *http.MaxBytesError. A body whose length the request declares (the usual
+// case) is read into one buffer of that length, with no growing and no
+// limiting reader; any other through http.MaxBytesReader.
+func readAtMost(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, error) {
+	n := req.ContentLength
+	if n < 0 {
+		return io.ReadAll(http.MaxBytesReader(w, req.Body, limit))
+	}
+	if n > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(req.Body, body); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF // a body shorter than declared
+		}
+		return nil, err
+	}
+	// net/http never yields more than the declared length; a Body that
+	// would is refused as too large rather than cut.
+	var one [1]byte
+	if m, err := req.Body.Read(one[:]); m > 0 {
+		return nil, &http.MaxBytesError{Limit: limit}
+	} else if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	return body, nil
 }
 
 // bufferedBody is a request body that readBody has read into memory:
 // decodeBody takes its bytes as they are instead of copying them again.
 type bufferedBody struct {
-	*bytes.Reader
+	r bytes.Reader
 	b []byte
 }
+
+func (b *bufferedBody) Read(p []byte) (int, error) { return b.r.Read(p) }
 
 func (*bufferedBody) Close() error { return nil }
 
 // take returns the whole body and leaves it read, unless some of it was
 // read already.
 func (b *bufferedBody) take() ([]byte, bool) {
-	if b.Len() != len(b.b) {
+	if b.r.Len() != len(b.b) {
 		return nil, false
 	}
-	b.Reset(nil)
+	b.r.Reset(nil)
 	return b.b, true
 }
 

@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"bytes"
 	"encoding/json"
 )
 
@@ -11,8 +10,10 @@ import (
 // ASCII that need no escapes and a valid JSON payload. It reports whether
 // it did; anything else is left to json.Unmarshal, which this matches value
 // for value (FuzzDecodeSendRequest). It spares a send the reflection and
-// the scanner's states: its only allocations are the strings and the
-// payload's copy.
+// the scanner's states: its only allocations are the strings. req.Payload
+// is body's own bytes, not a copy: body must not be changed or reused
+// while req is in use (a request's body is read into a buffer of its own,
+// readBody, and never written again).
 func decodeSendRequest(body []byte, req *sendRequest) bool {
 	p := jsonCursor{b: body}
 	var out sendRequest
@@ -72,7 +73,7 @@ func (r *sendRequest) decodeField(p *jsonCursor, key []byte, seen *[4]bool) bool
 		if !ok {
 			return false
 		}
-		r.Payload = bytes.Clone(raw)
+		r.Payload = raw[:len(raw):len(raw)] // an append copies rather than write over body
 		return true
 	}
 	s, ok := p.plainString()

@@ -118,8 +118,8 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		// The activity log: every refusal at info, by code. Neither the
 		// message nor anything logged here carries a secret.
 		attrs := []any{"method", c.Request().Method, "route", c.Path(), "status", statusOf(pe.Code), "code", pe.Code, "detail", pe.Message}
-		if sess, ok := c.Get(ctxSession).(sessionstore.Session); ok {
-			attrs = append(attrs, keyAttrs(sess.Key))
+		if st := stateOf(c); st != nil && st.hasCaller {
+			attrs = append(attrs, keyAttrs(st.caller.Key))
 		}
 		s.log.Info("request refused", attrs...)
 	}

@@ -642,37 +642,56 @@ func (s *Server) storeDeadline(next echo.HandlerFunc) echo.HandlerFunc {
 		if c.Path() == "/v1/ws" {
 			return next(c)
 		}
-		d := &requestDeadline{base: c.Request().Context(), timeout: s.cfg.StoreTimeout}
+		d := &requestState{base: c.Request().Context(), timeout: s.cfg.StoreTimeout}
 		defer d.stop()
-		c.Set(ctxDeadline, d)
 		d.arm(c)
 		return refuseUnread(c, next(c))
 	}
 }
 
-// ctxDeadline is where storeDeadline leaves the request's *requestDeadline.
-const ctxDeadline = "marconi.store_deadline"
-
-// requestDeadline is the deadline of a request's store calls; withBody arms
-// it again once the body is read, so that the read does not spend it.
-type requestDeadline struct {
+// requestState is what the hub keeps of one request under storeDeadline:
+// the deadline of its store calls, which withBody arms again once the body
+// is read so that the read does not spend it, and the caller sessionAuth
+// or sendAuth authenticated. It rides in the request's context (the
+// storeContext answers Value(requestStateKey{}) with it), so that a request
+// costs no map of echo.Context values and no boxed session.
+type requestState struct {
 	base    context.Context
 	timeout time.Duration
 	ctx     *storeContext
+
+	// caller is the authenticated session as it was before this call
+	// (never changed: it may be the token cache's), and callerTokenHash
+	// the SHA-256 of the token it presented; hasCaller reports whether a
+	// session was authenticated.
+	caller          *sessionstore.Session
+	callerTokenHash [32]byte
+	hasCaller       bool
+}
+
+// requestStateKey is the context key of a request's *requestState.
+type requestStateKey struct{}
+
+// stateOf returns the request's state, or nil outside storeDeadline.
+func stateOf(c echo.Context) *requestState {
+	st, _ := c.Request().Context().Value(requestStateKey{}).(*requestState)
+	return st
 }
 
 // arm gives c's request a fresh deadline, timeout from now: the one it
 // carries moved, unless a store call has started its timer already.
-func (d *requestDeadline) arm(c echo.Context) {
+func (d *requestState) arm(c echo.Context) {
 	if d.ctx != nil && d.ctx.rearm(d.timeout) {
 		return
 	}
 	d.stop()
 	d.ctx = newStoreContext(d.base, d.timeout)
+	d.ctx.state = d
 	c.SetRequest(c.Request().WithContext(d.ctx))
 }
 
-func (d *requestDeadline) stop() {
+// stop releases the deadline's timer, if one was made.
+func (d *requestState) stop() {
 	if d.ctx != nil {
 		d.ctx.release()
 	}
@@ -685,7 +704,7 @@ func (s *Server) withBody(next echo.HandlerFunc) echo.HandlerFunc {
 		if err := s.readBody(c); err != nil {
 			return err
 		}
-		if d, ok := c.Get(ctxDeadline).(*requestDeadline); ok {
+		if d := stateOf(c); d != nil {
 			d.arm(c)
 		}
 		return next(c)

@@ -14,6 +14,9 @@ import (
 type storeContext struct {
 	parent   context.Context
 	deadline time.Time
+	// state is the request's, answered to Value(requestStateKey{}); nil
+	// when the context is not a request's.
+	state *requestState
 
 	mu       sync.Mutex
 	inner    context.Context // the WithDeadline context, once Done is asked for
@@ -92,8 +95,14 @@ func (c *storeContext) AfterFunc(f func()) (stop func() bool) {
 	return context.AfterFunc(inner, f)
 }
 
-// Value is the parent's.
-func (c *storeContext) Value(key any) any { return c.parent.Value(key) }
+// Value is the request's state for requestStateKey{}, otherwise the
+// parent's.
+func (c *storeContext) Value(key any) any {
+	if _, ok := key.(requestStateKey); ok && c.state != nil {
+		return c.state
+	}
+	return c.parent.Value(key)
+}
 
 // release is the CancelFunc's part: it stops the timer, if one was made.
 func (c *storeContext) release() {

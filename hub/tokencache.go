@@ -27,8 +27,11 @@ type tokenCache struct {
 	m  map[[32]byte]tokenEntry
 }
 
+// tokenEntry is one cached session. sess is never changed once stored
+// (touched stores a changed copy), so get hands out the pointer itself and
+// a send copies no session.
 type tokenEntry struct {
-	sess     sessionstore.Session
+	sess     *sessionstore.Session
 	loadedAt time.Time
 }
 
@@ -43,21 +46,21 @@ func newTokenCache(max int, ttl time.Duration) *tokenCache {
 
 // get returns the session cached for hash h, if it is younger than ttl and
 // not expired at now.
-func (c *tokenCache) get(h [32]byte, now time.Time) (sessionstore.Session, bool) {
+func (c *tokenCache) get(h [32]byte, now time.Time) (*sessionstore.Session, bool) {
 	if c == nil {
-		return sessionstore.Session{}, false
+		return nil, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[h]
 	if !ok || now.Sub(e.loadedAt) >= c.ttl || now.Sub(e.loadedAt) < 0 || e.sess.ExpiresAt.Before(now) {
-		return sessionstore.Session{}, false
+		return nil, false
 	}
 	return e.sess, true
 }
 
 // put caches sess, loaded at now, under hash h.
-func (c *tokenCache) put(h [32]byte, sess sessionstore.Session, now time.Time) {
+func (c *tokenCache) put(h [32]byte, sess *sessionstore.Session, now time.Time) {
 	if c == nil {
 		return
 	}
@@ -81,8 +84,10 @@ func (c *tokenCache) touched(h [32]byte, t sessionstore.Touch) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := c.m[h]; ok {
-		e.sess.LastVerbAt = later(e.sess.LastVerbAt, t.VerbAt)
-		e.sess.ExpiresAt = later(e.sess.ExpiresAt, t.ExpiresAt)
+		sess := *e.sess
+		sess.LastVerbAt = later(sess.LastVerbAt, t.VerbAt)
+		sess.ExpiresAt = later(sess.ExpiresAt, t.ExpiresAt)
+		e.sess = &sess
 		c.m[h] = e
 	}
 }

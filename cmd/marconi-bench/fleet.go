@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,7 +28,10 @@ import (
 // three-instance figures as ratios of the one-instance ones. With -bus-url
 // each round also runs the three instances waking each other through NATS
 // (MARCONI_BUS_URL) instead of LISTEN/NOTIFY, and reports both buses'
-// ratios, and NATS's against NOTIFY's.
+// ratios, and NATS's against NOTIFY's. With -before, an earlier build runs
+// in the same rounds and the after/before ratios are printed too;
+// -instances 1 runs one instance alone, a quick before/after of one hub's
+// cost per send.
 
 // Bounds of a fleet run.
 const (
@@ -48,6 +52,8 @@ type fleetOptions struct {
 	// natsURL is the NATS server of the three-instance runs on the NATS
 	// bus; empty: none.
 	natsURL string
+	// instances are the fleet sizes each round runs: 1, 3 or both.
+	instances []int
 }
 
 func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
@@ -65,6 +71,7 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	fs.IntVar(&o.payload, "payload", 60, "payload bytes of each signal")
 	fs.StringVar(&o.natsURL, "bus-url", "", "a NATS server (nats://, loopback only): each round also runs the three instances waking each other through it (MARCONI_BUS_URL) instead of Postgres NOTIFY; -marconi only")
 	fs.IntVar(&o.rounds, "rounds", 2, fmt.Sprintf("rounds of one run each, one instance then three (1..%d)", maxFleetRounds))
+	instances := fs.String("instances", fmt.Sprintf("1,%d", fleetInstances), fmt.Sprintf("the fleet sizes each round runs: 1, %d or 1,%d (1 alone for a quick before/after of one instance)", fleetInstances, fleetInstances))
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -95,6 +102,16 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	}
 	if _, err := os.Stat(o.config); err != nil {
 		return o, fmt.Errorf("-haproxy-config: %w", err)
+	}
+	switch *instances {
+	case "1":
+		o.instances = []int{1}
+	case strconv.Itoa(fleetInstances):
+		o.instances = []int{fleetInstances}
+	case fmt.Sprintf("1,%d", fleetInstances):
+		o.instances = []int{1, fleetInstances}
+	default:
+		return o, fmt.Errorf("-instances %q: want 1, %d or 1,%d", *instances, fleetInstances, fleetInstances)
 	}
 	o.senders = []int{*senders}
 	return o, nil
@@ -149,17 +166,28 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 			}
 		}
 	}
+	withOne, withThree := slices.Contains(o.instances, 1), slices.Contains(o.instances, fleetInstances)
 	for _, bin := range builds {
 		name := buildName(o, bin)
 		one := meanFleet(results[name+"/1/"+busNOTIFY])
-		for _, c := range fleetConfigs(o, bin)[1:] {
+		for _, c := range fleetConfigs(o, bin) {
+			if c.instances == 1 || !withOne {
+				continue
+			}
 			fmt.Fprintln(out, fleetRatios(fmt.Sprintf("%s: three instances on %s / one", name, c.bus), o.rounds,
 				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, c.instances, c.bus)]), one))
 		}
-		if bin == o.marconi && o.natsURL != "" {
+		if bin == o.marconi && o.natsURL != "" && withThree {
 			fmt.Fprintln(out, fleetRatios(name+": three instances on NATS / three on NOTIFY", o.rounds,
 				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, busNATS)]),
 				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, busNOTIFY)])))
+		}
+	}
+	if o.before != "" {
+		for _, c := range fleetConfigs(o, o.before) { // the runs both builds made
+			key := fmt.Sprintf("/%d/%s", c.instances, c.bus)
+			fmt.Fprintln(out, fleetRatios(fmt.Sprintf("%d instance(s) on %s: after / before", c.instances, c.bus), o.rounds,
+				meanFleet(results["after"+key]), meanFleet(results["before"+key])))
 		}
 	}
 	return nil
@@ -178,12 +206,19 @@ type fleetConfig struct {
 }
 
 // fleetConfigs are the runs of a round for bin: one instance, then three
-// on NOTIFY, then (for -marconi with -bus-url) three on NATS. One instance
-// wakes nobody, so it has no NATS run.
+// on NOTIFY, then (for -marconi with -bus-url) three on NATS, less the
+// sizes -instances leaves out. One instance wakes nobody, so it has no NATS
+// run.
 func fleetConfigs(o fleetOptions, bin string) []fleetConfig {
-	cs := []fleetConfig{{1, busNOTIFY}, {fleetInstances, busNOTIFY}}
-	if o.natsURL != "" && bin == o.marconi {
-		cs = append(cs, fleetConfig{fleetInstances, busNATS})
+	var cs []fleetConfig
+	if slices.Contains(o.instances, 1) {
+		cs = append(cs, fleetConfig{1, busNOTIFY})
+	}
+	if slices.Contains(o.instances, fleetInstances) {
+		cs = append(cs, fleetConfig{fleetInstances, busNOTIFY})
+		if o.natsURL != "" && bin == o.marconi {
+			cs = append(cs, fleetConfig{fleetInstances, busNATS})
+		}
 	}
 	return cs
 }
