@@ -15,8 +15,9 @@ var ErrNotFound = errors.New("sessionstore: not found")
 // with the same key already exists, or an API key hash is already stored.
 var ErrConflict = errors.New("sessionstore: conflict")
 
-// ErrTokenMismatch is returned by ResumeSession when the presented token hash
-// is not the session's current one.
+// ErrTokenMismatch is returned when a presented token hash is not the
+// session's current one (ResumeSession, AppendSignal's sender check,
+// AckSignalsAs).
 var ErrTokenMismatch = errors.New("sessionstore: token mismatch")
 
 // ErrUnavailable is returned when the store cannot be reached (connection

@@ -16,6 +16,15 @@ type Key struct {
 	SessionID string
 }
 
+// Holder names who speaks for a session: one registration of it (its
+// RegisteredAt, the incarnation) and the hash of the token the caller
+// presented. A WebSocket's acks carry it, so that the store checks, in the
+// ack's own write, that the connection still speaks for its session.
+type Holder struct {
+	RegisteredAt time.Time
+	TokenHash    []byte
+}
+
 // SessionHead is a session's row with how far its signals go: what the
 // pending sweep needs to reconcile a connection and to tell whether it has
 // anything to write.
@@ -331,6 +340,15 @@ type Store interface {
 	// what ordering and a duplicate send need, and a duplicate of it is
 	// answered with a Signal whose Payload is nil.
 	AckSignals(ctx context.Context, k Key, upToSeq int64, at time.Time) (int, error)
+	// AckSignalsAs acknowledges as AckSignals does, in the same write as it
+	// checks that h still speaks for k: k is live at at, is the
+	// registration h.RegisteredAt, and holds h.TokenHash (a row without a
+	// token hash proves nothing against h). Returns ErrNotFound when k is
+	// not live or was registered again since, ErrTokenMismatch when it holds
+	// another token, and an error wrapping ErrConflict when k changed while
+	// the check ran (the caller reads it again to learn how). Nothing is
+	// acknowledged on any error.
+	AckSignalsAs(ctx context.Context, k Key, h Holder, upToSeq int64, at time.Time) (int, error)
 	// CountPending returns how many signals of k are unacknowledged.
 	CountPending(ctx context.Context, k Key) (int, error)
 	// PendingTotal returns how many signals of sessions live at now are

@@ -773,6 +773,22 @@ func (m *Store) AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int6
 	return m.ack(k, upToSeq, at), nil
 }
 
+// AckSignalsAs implements sessionstore.Store.
+func (m *Store) AckSignalsAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upToSeq int64, at time.Time) (int, error) {
+	if err := m.lock(); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	s, ok := m.sessions[k]
+	switch {
+	case !ok || !live(s, at) || !s.s.RegisteredAt.Equal(h.RegisteredAt):
+		return 0, sessionstore.ErrNotFound
+	case len(s.s.TokenHash) > 0 && !bytes.Equal(s.s.TokenHash, h.TokenHash):
+		return 0, sessionstore.ErrTokenMismatch
+	}
+	return m.ack(k, upToSeq, at), nil
+}
+
 // ack acknowledges the pending signals of k up to upToSeq. The caller holds the mutex.
 func (m *Store) ack(k sessionstore.Key, upToSeq int64, at time.Time) int {
 	s, ok := m.sessions[k]

@@ -113,6 +113,8 @@ type ackReq struct {
 	k    sessionstore.Key
 	upTo int64
 	at   time.Time
+	// as, when set, is who must still speak for k (AckSignalsAs).
+	as *sessionstore.Holder
 }
 
 // wakeReq is a wake-up of instance (Bus.Publish); it never rides an
@@ -225,7 +227,11 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 		switch {
 		case r.ack != nil:
 			a := r.ack
-			b.Queue(ackSeqSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo)
+			if a.as != nil {
+				b.Queue(ackSeqAsSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo, a.as.RegisteredAt, a.at, a.as.TokenHash)
+			} else {
+				b.Queue(ackSeqSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo)
+			}
 			b.Queue(ackSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.at)
 		case r.isAppend():
 			b.Queue(appendSQL, appendArgs(r.ns, r.now)...)
@@ -267,11 +273,17 @@ func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys, lockedProjec
 	for i, r := range batch {
 		switch {
 		case r.ack != nil:
-			if _, err := br.Exec(); err != nil {
+			if err := readAckSeq(br, r.ack, &outs[i]); err != nil {
 				return err
 			}
-			if err := br.QueryRow().Scan(&outs[i].acked); err != nil {
+			// ackSQL marks up to the row's acked_seq, moved or not: what
+			// it marks is acknowledged by the row, whoever asked.
+			var n int
+			if err := br.QueryRow().Scan(&n); err != nil {
 				return err
+			}
+			if outs[i].err == nil {
+				outs[i].acked = n
 			}
 		case r.isAppend():
 			out, err := scanAppend(br.QueryRow(), r.ns)
@@ -281,6 +293,21 @@ func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys, lockedProjec
 			outs[i] = out
 		}
 	}
+	return nil
+}
+
+// readAckSeq reads the result of a's first statement; a refused
+// AckSignalsAs sets out.err.
+func readAckSeq(br pgx.BatchResults, a *ackReq, out *appendOutcome) error {
+	if a.as == nil {
+		_, err := br.Exec()
+		return err
+	}
+	var moved, ours, holds bool
+	if err := br.QueryRow().Scan(&moved, &ours, &holds); err != nil {
+		return err
+	}
+	out.err = ackVerdict(moved, ours, holds)
 	return nil
 }
 

@@ -62,3 +62,70 @@ func testAckDropsPayload(t *testing.T, s sessionstore.Store) {
 	// The next append goes on after the acknowledged ones.
 	wantInt(t, "next seq", mustAppend(t, s, send(k, "alice")).Seq, 4)
 }
+
+// testAckAs: an ack made as a holder applies only while that holder still
+// speaks for the session: the same registration, live, with the same
+// token. Otherwise it says why (gone, or another token) and acknowledges
+// nothing, so that a connection of an earlier registration or token can
+// never acknowledge the signals of the one that replaced it.
+func testAckAs(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k := key("t", "p", "bob")
+	sess := mustCreate(t, s, k)
+	appendN(t, s, k, 4)
+	holder := sessionstore.Holder{RegisteredAt: sess.RegisteredAt, TokenHash: sess.TokenHash}
+	pending := func(want int) {
+		t.Helper()
+		n, err := s.CountPending(ctx, k)
+		noErr(t, "CountPending", err)
+		wantInt(t, "pending", n, want)
+	}
+
+	n, err := s.AckSignalsAs(ctx, k, holder, 1, at(time.Minute))
+	noErr(t, "AckSignalsAs(the holder)", err)
+	wantInt(t, "acked by the holder", n, 1)
+	pending(3)
+
+	other := holder
+	other.TokenHash = hash("another token")
+	_, err = s.AckSignalsAs(ctx, k, other, 2, at(time.Minute))
+	wantErr(t, "AckSignalsAs(another token)", err, sessionstore.ErrTokenMismatch)
+	earlier := holder
+	earlier.RegisteredAt = at(-time.Hour)
+	_, err = s.AckSignalsAs(ctx, k, earlier, 2, at(time.Minute))
+	wantErr(t, "AckSignalsAs(another registration)", err, sessionstore.ErrNotFound)
+	_, err = s.AckSignalsAs(ctx, k, holder, 2, at(25*time.Hour))
+	wantErr(t, "AckSignalsAs(after expiry)", err, sessionstore.ErrNotFound)
+	_, err = s.AckSignalsAs(ctx, key("t", "p", "nobody"), holder, 2, at(time.Minute))
+	wantErr(t, "AckSignalsAs(no such session)", err, sessionstore.ErrNotFound)
+	pending(3)
+
+	// A resume gives the session another token: the old one acks nothing.
+	_, err = s.ResumeSession(ctx, k, sess.TokenHash, hash("resumed"), sessionstore.Touch{}, at(time.Minute))
+	noErr(t, "ResumeSession", err)
+	_, err = s.AckSignalsAs(ctx, k, holder, 2, at(2*time.Minute))
+	wantErr(t, "AckSignalsAs(the token a resume replaced)", err, sessionstore.ErrTokenMismatch)
+	pending(3)
+	resumed := holder
+	resumed.TokenHash = hash("resumed")
+	n, err = s.AckSignalsAs(ctx, k, resumed, 3, at(2*time.Minute))
+	noErr(t, "AckSignalsAs(the resumed token)", err)
+	wantInt(t, "acked by the resumed token", n, 2)
+	pending(1)
+
+	// Deregistered, then registered again: the earlier registration is gone.
+	noErr(t, "DeleteSession", s.DeleteSession(ctx, k))
+	_, err = s.AckSignalsAs(ctx, k, resumed, 4, at(2*time.Minute))
+	wantErr(t, "AckSignalsAs(deregistered)", err, sessionstore.ErrNotFound)
+	again := newSession(k, hash("again"), at(24*time.Hour))
+	again.RegisteredAt = at(3 * time.Minute)
+	again = mustCreateSession(t, s, again)
+	appendN(t, s, k, 2)
+	_, err = s.AckSignalsAs(ctx, k, resumed, 2, at(4*time.Minute))
+	wantErr(t, "AckSignalsAs(the registration before)", err, sessionstore.ErrNotFound)
+	pending(2)
+	n, err = s.AckSignalsAs(ctx, k, sessionstore.Holder{RegisteredAt: again.RegisteredAt, TokenHash: again.TokenHash}, 2, at(4*time.Minute))
+	noErr(t, "AckSignalsAs(the new registration)", err)
+	wantInt(t, "acked by the new registration", n, 2)
+	pending(0)
+}
