@@ -366,8 +366,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 		OnQuotaRefused:           s.QuotaRefused,
 	}, conns.Deps{
 		Store: d.Store,
-		Ack: func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error) {
-			return s.signals.Ack(ctx, k, upToSeq)
+		// s.signals is built after the connection hub: read it at the call.
+		Ack: func(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upToSeq int64) (int, error) {
+			return s.signals.AckAs(ctx, k, h, upToSeq)
 		},
 		Peers:    s.fabric.Members,
 		Bus:      d.Bus,

@@ -56,6 +56,7 @@ type Store interface {
 	AppendSignal(ctx context.Context, s sessionstore.NewSignal, now time.Time) (sig sessionstore.Signal, duplicate bool, err error)
 	PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq int64, limit int) ([]sessionstore.Signal, error)
 	AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int64, at time.Time) (int, error)
+	AckSignalsAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upToSeq int64, at time.Time) (int, error)
 }
 
 // WithDefaults returns c with each zero field set to its default; each
@@ -334,6 +335,21 @@ func (s *Service) Pending(ctx context.Context, k sessionstore.Key, afterSeq int6
 // Ack acknowledges every signal of k with seq <= upToSeq.
 func (s *Service) Ack(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error) {
 	n, err := s.store.AckSignals(ctx, k, upToSeq, s.now())
+	if err != nil {
+		return 0, fmt.Errorf("ack signals: %w", err)
+	}
+	s.metrics.acked.Add(float64(n))
+	return n, nil
+}
+
+// AckAs acknowledges every signal of k with seq <= upToSeq while h still
+// speaks for k, checked in the same store write: it returns an error
+// wrapping sessionstore.ErrNotFound when k is gone or registered again,
+// sessionstore.ErrTokenMismatch when k holds another token, and
+// sessionstore.ErrConflict when k changed meanwhile; nothing is
+// acknowledged then.
+func (s *Service) AckAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upToSeq int64) (int, error) {
+	n, err := s.store.AckSignalsAs(ctx, k, h, upToSeq, s.now())
 	if err != nil {
 		return 0, fmt.Errorf("ack signals: %w", err)
 	}
