@@ -20,6 +20,12 @@ var ErrConflict = errors.New("sessionstore: conflict")
 // AckSignalsAs).
 var ErrTokenMismatch = errors.New("sessionstore: token mismatch")
 
+// ErrRecipientChanged is returned by AppendSignal when the live recipient
+// is no longer what NewSignal.Seen says (registered again, its queue
+// attached, detached or moved). Nothing was stored: the caller reads the
+// recipient again and classifies the send anew.
+var ErrRecipientChanged = errors.New("sessionstore: recipient changed")
+
 // ErrUnavailable is returned when the store cannot be reached (connection
 // refused, timed out, closed). Callers fail closed on it: they answer 503 and
 // never fall back to process memory.

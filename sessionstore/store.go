@@ -147,6 +147,25 @@ type NewSignal struct {
 	// from a cache relies on it, so a token rotated, deleted or expired
 	// anywhere can never send.
 	SenderTokenHash []byte
+	// Seen, when set, is what the caller read of the recipient before
+	// classifying its route (possibly some time ago): the append stores
+	// nothing and returns ErrRecipientChanged unless the live recipient is
+	// still that registration with that queue.
+	Seen *RecipientSeen
+}
+
+// RecipientSeen is what a send's route classification read of its
+// recipient: its registration (RegisteredAt) and its queue. Any attach,
+// detach, takeover or registration again changes one of them.
+type RecipientSeen struct {
+	RegisteredAt    time.Time
+	QueueInstance   string
+	QueueAttachedAt time.Time
+}
+
+// SeenOf is what s shows of itself as a recipient.
+func SeenOf(s Session) *RecipientSeen {
+	return &RecipientSeen{RegisteredAt: s.RegisteredAt, QueueInstance: s.QueueInstance, QueueAttachedAt: s.QueueAttachedAt}
 }
 
 // Limits are the quotas a store enforces atomically inside AppendSignal: a
@@ -328,7 +347,9 @@ type Store interface {
 	// no live session FromSession holds it (checked before anything else), a
 	// *QuotaError (ErrQuotaExceeded) when s.Limits refuse it, and
 	// ErrInvalidInput when a value cannot be stored. Nothing is stored on
-	// any error.
+	// any error. With s.Seen set, it returns ErrRecipientChanged when the
+	// live recipient is no longer what Seen says (checked after the
+	// duplicate lookup and before the quotas).
 	AppendSignal(ctx context.Context, s NewSignal, now time.Time) (sig Signal, duplicate bool, err error)
 	// PendingSignals returns the unacknowledged signals of k with seq >
 	// afterSeq, in seq order, at most limit of them.

@@ -683,6 +683,10 @@ func (m *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now
 			return cloneSignal(dup.sig), true, nil
 		}
 	}
+	if seen := ns.Seen; seen != nil && (!to.s.RegisteredAt.Equal(seen.RegisteredAt) ||
+		to.s.QueueInstance != seen.QueueInstance || !to.s.QueueAttachedAt.Equal(seen.QueueAttachedAt)) {
+		return sessionstore.Signal{}, false, sessionstore.ErrRecipientChanged
+	}
 	if err := m.checkLimits(to, ns); err != nil {
 		return sessionstore.Signal{}, false, err
 	}

@@ -129,3 +129,66 @@ func testAckAs(t *testing.T, s sessionstore.Store) {
 	wantInt(t, "acked by the new registration", n, 2)
 	pending(0)
 }
+
+// testAppendSeen: an append that says what its sender saw of the recipient
+// stores only while the recipient is still that: the same registration,
+// its queue where it was. An attach, a detach, a move or a registration
+// again refuses it with ErrRecipientChanged, storing nothing; a duplicate
+// still gets its first answer.
+func testAppendSeen(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k := key("t", "p", "bob")
+	mustCreate(t, s, k)
+	read := func() sessionstore.Session {
+		t.Helper()
+		sess, err := s.GetSession(ctx, k, at(time.Minute))
+		noErr(t, "GetSession", err)
+		return sess
+	}
+	seen := read()
+	ns := send(k, "alice")
+	ns.Seen = sessionstore.SeenOf(seen)
+	ns.IdempotencyKey = "first"
+	first := mustAppend(t, s, ns)
+	wantInt(t, "seq", first.Seq, 1)
+
+	refused := func(what string, seen sessionstore.Session) {
+		t.Helper()
+		ns := send(k, "alice")
+		ns.Seen = sessionstore.SeenOf(seen)
+		_, _, err := s.AppendSignal(ctx, ns, t0)
+		wantErr(t, "AppendSignal(seen before "+what+")", err, sessionstore.ErrRecipientChanged)
+		n, err := s.CountPending(ctx, k)
+		noErr(t, "CountPending", err)
+		wantInt(t, "pending after a refused append", n, 1)
+	}
+	noErr(t, "SetQueue", s.SetQueue(ctx, k, "hub-a", at(time.Second)))
+	refused("an attach", seen)
+	attached := read()
+	noErr(t, "SetQueue", s.SetQueue(ctx, k, "hub-b", at(2*time.Second)))
+	refused("a move", attached)
+	moved := read()
+	_, err := s.ClearQueue(ctx, k, "hub-b", moved.QueueAttachedAt, at(3*time.Second))
+	noErr(t, "ClearQueue", err)
+	refused("a detach", moved)
+
+	// The duplicate of the first send is answered whatever was seen.
+	sig, dup, err := s.AppendSignal(ctx, ns, t0)
+	noErr(t, "AppendSignal(duplicate)", err)
+	if !dup || sig.ID != first.ID {
+		t.Fatalf("duplicate after the recipient changed: dup %v id %s, want the first answer %s", dup, sig.ID, first.ID)
+	}
+	detached := read()
+	ns = send(k, "alice")
+	ns.Seen = sessionstore.SeenOf(detached)
+	wantInt(t, "seq seen as it is", mustAppend(t, s, ns).Seq, 2)
+
+	noErr(t, "DeleteSession", s.DeleteSession(ctx, k))
+	again := newSession(k, hash("again"), at(24*time.Hour))
+	again.RegisteredAt = at(4 * time.Second)
+	mustCreateSession(t, s, again)
+	ns = send(k, "alice")
+	ns.Seen = sessionstore.SeenOf(detached)
+	_, _, err = s.AppendSignal(ctx, ns, t0)
+	wantErr(t, "AppendSignal(seen before a registration again)", err, sessionstore.ErrRecipientChanged)
+}
