@@ -21,8 +21,8 @@ var ErrConflict = errors.New("sessionstore: conflict")
 var ErrTokenMismatch = errors.New("sessionstore: token mismatch")
 
 // ErrRecipientChanged is returned by AppendSignal when the live recipient
-// is no longer what NewSignal.Seen says (registered again, its queue
-// attached, detached or moved). Nothing was stored: the caller reads the
+// is no longer what NewSignal.Seen says (registered again, resumed or taken
+// over, its queue attached, detached or moved). Nothing was stored: the caller reads the
 // recipient again and classifies the send anew.
 var ErrRecipientChanged = errors.New("sessionstore: recipient changed")
 

@@ -150,22 +150,24 @@ type NewSignal struct {
 	// Seen, when set, is what the caller read of the recipient before
 	// classifying its route (possibly some time ago): the append stores
 	// nothing and returns ErrRecipientChanged unless the live recipient is
-	// still that registration with that queue.
+	// still that registration with that token and that queue.
 	Seen *RecipientSeen
 }
 
 // RecipientSeen is what a send's route classification read of its
-// recipient: its registration (RegisteredAt) and its queue. Any attach,
-// detach, takeover or registration again changes one of them.
+// recipient: its registration (RegisteredAt), its token and its queue. Any
+// attach, detach, move, resume, takeover or registration again changes one
+// of them.
 type RecipientSeen struct {
 	RegisteredAt    time.Time
+	TokenHash       []byte
 	QueueInstance   string
 	QueueAttachedAt time.Time
 }
 
 // SeenOf is what s shows of itself as a recipient.
 func SeenOf(s Session) *RecipientSeen {
-	return &RecipientSeen{RegisteredAt: s.RegisteredAt, QueueInstance: s.QueueInstance, QueueAttachedAt: s.QueueAttachedAt}
+	return &RecipientSeen{RegisteredAt: s.RegisteredAt, TokenHash: s.TokenHash, QueueInstance: s.QueueInstance, QueueAttachedAt: s.QueueAttachedAt}
 }
 
 // Limits are the quotas a store enforces atomically inside AppendSignal: a

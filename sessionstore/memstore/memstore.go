@@ -683,7 +683,7 @@ func (m *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now
 			return cloneSignal(dup.sig), true, nil
 		}
 	}
-	if seen := ns.Seen; seen != nil && (!to.s.RegisteredAt.Equal(seen.RegisteredAt) ||
+	if seen := ns.Seen; seen != nil && (!to.s.RegisteredAt.Equal(seen.RegisteredAt) || !bytes.Equal(to.s.TokenHash, seen.TokenHash) ||
 		to.s.QueueInstance != seen.QueueInstance || !to.s.QueueAttachedAt.Equal(seen.QueueAttachedAt)) {
 		return sessionstore.Signal{}, false, sessionstore.ErrRecipientChanged
 	}

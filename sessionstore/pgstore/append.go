@@ -61,9 +61,9 @@ WHERE u.tenant_id = s.tenant_id AND u.project_id = s.project_id`
 // $7 payload, $8 created_at, $9 idempotency key, $10 delivery,
 // $11 route_state, $12 idempotency since, $13 now, $14 payload bytes,
 // $15 pending limit, $16 pending bytes limit (0: none), $17 the sender's
-// token hash (NULL: not checked), $18 $19 $20 the recipient's registered_at,
-// queue_instance and queue_attached_at as the sender saw them ($18 NULL: not
-// checked; see sessionstore.NewSignal.Seen).
+// token hash (NULL: not checked), $18 $19 $20 $21 the recipient's
+// registered_at, queue_instance, queue_attached_at and token_hash as the
+// sender saw them ($18 NULL: not checked; see sessionstore.NewSignal.Seen).
 const appendSQL = `WITH auth AS (
 	SELECT $17::bytea IS NULL OR EXISTS (SELECT 1 FROM sessions
 		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $5 AND token_hash = $17 AND expires_at >= $13) AS ok
@@ -98,9 +98,9 @@ SELECT auth.ok, bump.last_seq, bump.queue_instance, rcpt.pending, rcpt.project_b
 FROM auth LEFT JOIN bump ON true LEFT JOIN rcpt ON true LEFT JOIN dup ON true`
 
 // seenSQL is true when the sessions row in scope is the recipient the
-// sender saw ($18, $19, $20), or when that is not checked.
+// sender saw ($18 to $21), or when that is not checked.
 const seenSQL = `($18::timestamptz IS NULL OR (registered_at = $18::timestamptz AND queue_instance = $19::text
-	AND queue_attached_at IS NOT DISTINCT FROM $20::timestamptz))`
+	AND queue_attached_at IS NOT DISTINCT FROM $20::timestamptz AND token_hash = $21::bytea))`
 
 // appendReq is one AppendSignal, or one acknowledgement, wake-up or
 // session-row write, waiting for its batch.
@@ -412,13 +412,14 @@ func appendArgs(ns sessionstore.NewSignal, now time.Time) []any {
 	}
 	var seenAt, seenQueueAt *time.Time
 	var seenQueue string
+	var seenToken []byte
 	if ns.Seen != nil {
-		seenAt, seenQueue, seenQueueAt = &ns.Seen.RegisteredAt, ns.Seen.QueueInstance, toNull(ns.Seen.QueueAttachedAt)
+		seenAt, seenQueue, seenQueueAt, seenToken = &ns.Seen.RegisteredAt, ns.Seen.QueueInstance, toNull(ns.Seen.QueueAttachedAt), ns.Seen.TokenHash
 	}
 	return []any{ns.To.TenantID, ns.To.ProjectID, ns.To.SessionID, ns.ID, ns.FromSession, ns.Kind,
 		payload, ns.CreatedAt, idem, ns.Delivery, ns.RouteState, toNull(ns.IdempotencySince), now,
 		int64(len(ns.Payload)), ns.Limits.PendingPerRecipient, ns.Limits.PendingBytesPerProject, ns.SenderTokenHash,
-		seenAt, seenQueue, seenQueueAt}
+		seenAt, seenQueue, seenQueueAt, seenToken}
 }
 
 // scanAppend reads appendSQL's row into the outcome of ns.

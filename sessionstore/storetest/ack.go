@@ -132,8 +132,8 @@ func testAckAs(t *testing.T, s sessionstore.Store) {
 
 // testAppendSeen: an append that says what its sender saw of the recipient
 // stores only while the recipient is still that: the same registration,
-// its queue where it was. An attach, a detach, a move or a registration
-// again refuses it with ErrRecipientChanged, storing nothing; a duplicate
+// its token and its queue where they were. An attach, a detach, a move, a
+// resume or a registration again refuses it with ErrRecipientChanged, storing nothing; a duplicate
 // still gets its first answer.
 func testAppendSeen(t *testing.T, s sessionstore.Store) {
 	ctx := t.Context()
@@ -171,6 +171,10 @@ func testAppendSeen(t *testing.T, s sessionstore.Store) {
 	_, err := s.ClearQueue(ctx, k, "hub-b", moved.QueueAttachedAt, at(3*time.Second))
 	noErr(t, "ClearQueue", err)
 	refused("a detach", moved)
+	detachedRow := read()
+	_, err = s.ResumeSession(ctx, k, detachedRow.TokenHash, hash("resumed"), sessionstore.Touch{}, at(3*time.Second))
+	noErr(t, "ResumeSession", err)
+	refused("a resume", detachedRow)
 
 	// The duplicate of the first send is answered whatever was seen.
 	sig, dup, err := s.AppendSignal(ctx, ns, t0)
