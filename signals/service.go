@@ -268,6 +268,7 @@ func (s *Service) persist(ctx context.Context, req *SendRequest, start time.Time
 	recipient, cached := s.recipients.get(toKey, start)
 	for {
 		if !cached {
+			s.metrics.recipientMiss.Inc()
 			var err error
 			recipient, err = s.store.GetSession(ctx, toKey, start)
 			if errors.Is(err, sessionstore.ErrNotFound) {
@@ -301,8 +302,12 @@ func (s *Service) persist(ctx context.Context, req *SendRequest, start time.Time
 		sig, dup, err := s.store.AppendSignal(ctx, ns, start)
 		switch {
 		case err == nil:
+			if cached {
+				s.metrics.recipientHit.Inc()
+			}
 			return recipient, rRoute, sig, dup, nil
 		case cached && errors.Is(err, sessionstore.ErrRecipientChanged):
+			s.metrics.recipientChanged.Inc()
 			s.recipients.drop(toKey)
 			cached = false
 			continue
