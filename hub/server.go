@@ -125,6 +125,12 @@ type Config struct {
 	// IdempotencyWindow is MARCONI_IDEMPOTENCY_WINDOW_SECONDS (86400): how
 	// long a send's idempotency key is remembered (signals.Config).
 	IdempotencyWindow time.Duration
+	// RecipientCacheAge is MARCONI_RECIPIENT_CACHE_MS (1000; negative: off)
+	// and RecipientCacheSize MARCONI_RECIPIENT_CACHE_SIZE (10000): how long,
+	// and for how many recipients, a recipient read by a send serves the
+	// next sends to it (signals.Config).
+	RecipientCacheAge  time.Duration
+	RecipientCacheSize int
 	// Pprof is MARCONI_PPROF (off): serve Go's runtime profiles under
 	// /debug/pprof/ to a request carrying the admin token.
 	Pprof bool
@@ -366,8 +372,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 		OnQuotaRefused:           s.QuotaRefused,
 	}, conns.Deps{
 		Store: d.Store,
-		Ack: func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error) {
-			return s.signals.Ack(ctx, k, upToSeq)
+		// s.signals is built after the connection hub: read it at the call.
+		Ack: func(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upToSeq int64) (int, error) {
+			return s.signals.AckAs(ctx, k, h, upToSeq)
 		},
 		Peers:    s.fabric.Members,
 		Bus:      d.Bus,
@@ -380,10 +387,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s.signals, err = signals.New(signals.Config{
-		MaxPayloadBytes:   cfg.MaxPayloadBytes,
-		IdempotencyWindow: cfg.IdempotencyWindow,
-		Freshness:         cfg.SelfHeal.Freshness,
-		Quotas:            cfg.StoreQuotas,
+		MaxPayloadBytes:    cfg.MaxPayloadBytes,
+		IdempotencyWindow:  cfg.IdempotencyWindow,
+		RecipientCacheAge:  cfg.RecipientCacheAge,
+		RecipientCacheSize: cfg.RecipientCacheSize,
+		Freshness:          cfg.SelfHeal.Freshness,
+		Quotas:             cfg.StoreQuotas,
 	}, d.Store, s.conns, s.selfheal, d.Now, d.Registry, d.Logger)
 	if err != nil {
 		return nil, err

@@ -15,9 +15,16 @@ var ErrNotFound = errors.New("sessionstore: not found")
 // with the same key already exists, or an API key hash is already stored.
 var ErrConflict = errors.New("sessionstore: conflict")
 
-// ErrTokenMismatch is returned by ResumeSession when the presented token hash
-// is not the session's current one.
+// ErrTokenMismatch is returned when a presented token hash is not the
+// session's current one (ResumeSession, AppendSignal's sender check,
+// AckSignalsAs).
 var ErrTokenMismatch = errors.New("sessionstore: token mismatch")
+
+// ErrRecipientChanged is returned by AppendSignal when the live recipient
+// is no longer what NewSignal.Seen says (registered again, resumed or taken
+// over, its queue attached, detached or moved). Nothing was stored: the caller reads the
+// recipient again and classifies the send anew.
+var ErrRecipientChanged = errors.New("sessionstore: recipient changed")
 
 // ErrUnavailable is returned when the store cannot be reached (connection
 // refused, timed out, closed). Callers fail closed on it: they answer 503 and

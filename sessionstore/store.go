@@ -16,6 +16,15 @@ type Key struct {
 	SessionID string
 }
 
+// Holder names who speaks for a session: one registration of it (its
+// RegisteredAt, the incarnation) and the hash of the token the caller
+// presented. A WebSocket's acks carry it, so that the store checks, in the
+// ack's own write, that the connection still speaks for its session.
+type Holder struct {
+	RegisteredAt time.Time
+	TokenHash    []byte
+}
+
 // SessionHead is a session's row with how far its signals go: what the
 // pending sweep needs to reconcile a connection and to tell whether it has
 // anything to write.
@@ -138,6 +147,27 @@ type NewSignal struct {
 	// from a cache relies on it, so a token rotated, deleted or expired
 	// anywhere can never send.
 	SenderTokenHash []byte
+	// Seen, when set, is what the caller read of the recipient before
+	// classifying its route (possibly some time ago): the append stores
+	// nothing and returns ErrRecipientChanged unless the live recipient is
+	// still that registration with that token and that queue.
+	Seen *RecipientSeen
+}
+
+// RecipientSeen is what a send's route classification read of its
+// recipient: its registration (RegisteredAt), its token and its queue. Any
+// attach, detach, move, resume, takeover or registration again changes one
+// of them.
+type RecipientSeen struct {
+	RegisteredAt    time.Time
+	TokenHash       []byte
+	QueueInstance   string
+	QueueAttachedAt time.Time
+}
+
+// SeenOf is what s shows of itself as a recipient.
+func SeenOf(s Session) *RecipientSeen {
+	return &RecipientSeen{RegisteredAt: s.RegisteredAt, TokenHash: s.TokenHash, QueueInstance: s.QueueInstance, QueueAttachedAt: s.QueueAttachedAt}
 }
 
 // Limits are the quotas a store enforces atomically inside AppendSignal: a
@@ -319,7 +349,9 @@ type Store interface {
 	// no live session FromSession holds it (checked before anything else), a
 	// *QuotaError (ErrQuotaExceeded) when s.Limits refuse it, and
 	// ErrInvalidInput when a value cannot be stored. Nothing is stored on
-	// any error.
+	// any error. With s.Seen set, it returns ErrRecipientChanged when the
+	// live recipient is no longer what Seen says (checked after the
+	// duplicate lookup and before the quotas).
 	AppendSignal(ctx context.Context, s NewSignal, now time.Time) (sig Signal, duplicate bool, err error)
 	// PendingSignals returns the unacknowledged signals of k with seq >
 	// afterSeq, in seq order, at most limit of them.
@@ -331,6 +363,15 @@ type Store interface {
 	// what ordering and a duplicate send need, and a duplicate of it is
 	// answered with a Signal whose Payload is nil.
 	AckSignals(ctx context.Context, k Key, upToSeq int64, at time.Time) (int, error)
+	// AckSignalsAs acknowledges as AckSignals does, in the same write as it
+	// checks that h still speaks for k: k is live at at, is the
+	// registration h.RegisteredAt, and holds h.TokenHash (a row without a
+	// token hash proves nothing against h). Returns ErrNotFound when k is
+	// not live or was registered again since, ErrTokenMismatch when it holds
+	// another token, and an error wrapping ErrConflict when k changed while
+	// the check ran (the caller reads it again to learn how). Nothing is
+	// acknowledged on any error.
+	AckSignalsAs(ctx context.Context, k Key, h Holder, upToSeq int64, at time.Time) (int, error)
 	// CountPending returns how many signals of k are unacknowledged.
 	CountPending(ctx context.Context, k Key) (int, error)
 	// PendingTotal returns how many signals of sessions live at now are

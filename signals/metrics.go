@@ -11,6 +11,13 @@ type metrics struct {
 	duplicates  prometheus.Counter
 	acked       prometheus.Counter
 	sendSeconds prometheus.Histogram
+	// recipients counts how a send found its recipient: hit, read recently
+	// and the append found it unchanged; miss, read from the store;
+	// changed, read recently but the append found it changed, so read
+	// again. Its three series are resolved once.
+	recipients                  *prometheus.CounterVec
+	recipientHit, recipientMiss prometheus.Counter
+	recipientChanged            prometheus.Counter
 }
 
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
@@ -32,8 +39,12 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Help:    "Time to handle a send, from validation to the answer (excluding HTTP).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}),
+		recipients: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "marconi_send_recipient_lookups_total",
+			Help: "How sends found their recipient: hit (read recently, unchanged), miss (read from the store), changed (read recently but changed since: read again).",
+		}, []string{"result"}),
 	}
-	for _, c := range []prometheus.Collector{m.sent, m.duplicates, m.acked, m.sendSeconds} {
+	for _, c := range []prometheus.Collector{m.sent, m.duplicates, m.acked, m.sendSeconds, m.recipients} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}
@@ -41,5 +52,8 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 	for _, d := range marconi.Deliveries {
 		m.sent.WithLabelValues(string(d))
 	}
+	m.recipientHit = m.recipients.WithLabelValues("hit")
+	m.recipientMiss = m.recipients.WithLabelValues("miss")
+	m.recipientChanged = m.recipients.WithLabelValues("changed")
 	return m, nil
 }

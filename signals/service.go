@@ -39,6 +39,14 @@ type Config struct {
 	// MARCONI_QUOTA_PENDING_BYTES_PER_PROJECT (268435456). A refused send
 	// stores nothing and answers 429 quota_exceeded.
 	Quotas sessionstore.Limits
+	// RecipientCacheAge is MARCONI_RECIPIENT_CACHE_MS (1000): how long a
+	// recipient read by a send serves the next sends to it without another
+	// read (the append still checks its registration, token and queue; its
+	// proof of life may be this old). Negative turns the cache off.
+	RecipientCacheAge time.Duration
+	// RecipientCacheSize is MARCONI_RECIPIENT_CACHE_SIZE (10000): how many
+	// recipients are kept at most.
+	RecipientCacheSize int
 }
 
 // Defaults of Config.
@@ -47,6 +55,8 @@ const (
 	DefaultIdempotencyWindow           = 24 * time.Hour
 	DefaultQuotaPendingPerRecipient    = 10000
 	DefaultQuotaPendingBytesPerProject = 256 << 20
+	DefaultRecipientCacheAge           = time.Second
+	DefaultRecipientCacheSize          = 10000
 )
 
 // Store is what the send path uses of sessionstore.Store; the methods'
@@ -56,6 +66,7 @@ type Store interface {
 	AppendSignal(ctx context.Context, s sessionstore.NewSignal, now time.Time) (sig sessionstore.Signal, duplicate bool, err error)
 	PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq int64, limit int) ([]sessionstore.Signal, error)
 	AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int64, at time.Time) (int, error)
+	AckSignalsAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upToSeq int64, at time.Time) (int, error)
 }
 
 // WithDefaults returns c with each zero field set to its default; each
@@ -82,6 +93,12 @@ func (c Config) WithDefaults() Config {
 	if c.Quotas.PendingBytesPerProject == 0 {
 		c.Quotas.PendingBytesPerProject = DefaultQuotaPendingBytesPerProject
 	}
+	if c.RecipientCacheAge == 0 {
+		c.RecipientCacheAge = DefaultRecipientCacheAge
+	}
+	if c.RecipientCacheSize == 0 {
+		c.RecipientCacheSize = DefaultRecipientCacheSize
+	}
 	return c
 }
 
@@ -102,6 +119,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: PiggybackLimit must be positive, got %d", ErrInvalidConfig, c.PiggybackLimit)
 	case c.DrainLimit < 0:
 		return fmt.Errorf("%w: DrainLimit must be positive, got %d", ErrInvalidConfig, c.DrainLimit)
+	case c.RecipientCacheSize < 0:
+		return fmt.Errorf("%w: RecipientCacheSize must be positive, got %d", ErrInvalidConfig, c.RecipientCacheSize)
 	case c.Quotas.PendingPerRecipient < 0 || c.Quotas.PendingBytesPerProject < 0:
 		return fmt.Errorf("%w: Quotas must not be negative, got %+v", ErrInvalidConfig, c.Quotas)
 	}
@@ -117,6 +136,8 @@ type Service struct {
 	now      func() time.Time
 	log      *slog.Logger
 	metrics  *metrics
+	// recipients are recently read recipients (persist).
+	recipients *recipients
 }
 
 // New builds the send path. store, router, sh and now are required; sh may
@@ -137,7 +158,8 @@ func New(cfg Config, store Store, router Router, sh *selfheal.Evaluator, now fun
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Service{cfg: cfg, store: store, router: router, selfheal: sh, now: now, log: log, metrics: m}, nil
+	return &Service{cfg: cfg, store: store, router: router, selfheal: sh, now: now, log: log, metrics: m,
+		recipients: newRecipients(cfg.RecipientCacheAge, cfg.RecipientCacheSize)}, nil
 }
 
 // Config returns the service's configuration with defaults applied.
@@ -214,39 +236,9 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 	if err := s.validate(&req); err != nil {
 		return SendResult{}, err
 	}
-	toKey := sessionstore.Key{TenantID: req.Sender.TenantID, ProjectID: req.Sender.ProjectID, SessionID: req.To}
-	recipient, err := s.store.GetSession(ctx, toKey, start)
-	if errors.Is(err, sessionstore.ErrNotFound) {
-		return SendResult{}, marconi.Errorf(marconi.CodeRecipientNotRegistered, "no live session %q in this project", req.To)
-	}
+	recipient, rRoute, sig, dup, err := s.persist(ctx, &req, start)
 	if err != nil {
-		return SendResult{}, fmt.Errorf("load recipient: %w", err)
-	}
-
-	rRoute := s.router.Route(ctx, recipient)
-	state := Classify(recipient, rRoute, start, s.cfg.Freshness)
-	sig, dup, err := s.store.AppendSignal(ctx, sessionstore.NewSignal{
-		ID:               uuid.NewString(),
-		To:               toKey,
-		FromSession:      req.Sender.SessionID,
-		Kind:             req.Kind,
-		Payload:          req.Payload,
-		CreatedAt:        start,
-		IdempotencyKey:   req.IdempotencyKey,
-		IdempotencySince: start.Add(-s.cfg.IdempotencyWindow),
-		Delivery:         DeliveryFor(state),
-		RouteState:       state,
-		Limits:           s.cfg.Quotas,
-		SenderTokenHash:  req.SenderTokenHash,
-	}, start)
-	if errors.Is(err, sessionstore.ErrTokenMismatch) {
-		return SendResult{}, marconi.Errorf(marconi.CodeSessionExpired, "this session token matches no live session; register again")
-	}
-	if errors.Is(err, sessionstore.ErrNotFound) {
-		return SendResult{}, marconi.Errorf(marconi.CodeRecipientNotRegistered, "no live session %q in this project", req.To)
-	}
-	if err != nil {
-		return SendResult{}, fmt.Errorf("append signal: %w", err)
+		return SendResult{}, err
 	}
 	res := SendResult{Signal: sig, Delivery: sig.Delivery, RouteState: sig.RouteState, Duplicate: dup}
 	if dup {
@@ -264,6 +256,75 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 	res = s.piggyback(ctx, req.Sender, sRoute, res)
 	s.metrics.sendSeconds.Observe(s.now().Sub(start).Seconds())
 	return res, nil
+}
+
+// persist classifies the send's route from its recipient and appends the
+// signal. The recipient is one read within RecipientCacheAge, whose
+// registration, token and queue the append checks (NewSignal.Seen), or else
+// read now; one that changed since it was read is read again.
+func (s *Service) persist(ctx context.Context, req *SendRequest, start time.Time) (sessionstore.Session, Route, sessionstore.Signal, bool, error) {
+	toKey := sessionstore.Key{TenantID: req.Sender.TenantID, ProjectID: req.Sender.ProjectID, SessionID: req.To}
+	id := uuid.NewString()
+	recipient, cached := s.recipients.get(toKey, start)
+	for {
+		if !cached {
+			s.metrics.recipientMiss.Inc()
+			var err error
+			recipient, err = s.store.GetSession(ctx, toKey, start)
+			if errors.Is(err, sessionstore.ErrNotFound) {
+				s.recipients.drop(toKey)
+				return recipient, Route{}, sessionstore.Signal{}, false, notRegistered(req.To)
+			}
+			if err != nil {
+				return recipient, Route{}, sessionstore.Signal{}, false, fmt.Errorf("load recipient: %w", err)
+			}
+			s.recipients.put(recipient, start)
+		}
+		rRoute := s.router.Route(ctx, recipient)
+		state := Classify(recipient, rRoute, start, s.cfg.Freshness)
+		ns := sessionstore.NewSignal{
+			ID:               id,
+			To:               toKey,
+			FromSession:      req.Sender.SessionID,
+			Kind:             req.Kind,
+			Payload:          req.Payload,
+			CreatedAt:        start,
+			IdempotencyKey:   req.IdempotencyKey,
+			IdempotencySince: start.Add(-s.cfg.IdempotencyWindow),
+			Delivery:         DeliveryFor(state),
+			RouteState:       state,
+			Limits:           s.cfg.Quotas,
+			SenderTokenHash:  req.SenderTokenHash,
+		}
+		if cached {
+			ns.Seen = sessionstore.SeenOf(recipient)
+		}
+		sig, dup, err := s.store.AppendSignal(ctx, ns, start)
+		switch {
+		case err == nil:
+			if cached {
+				s.metrics.recipientHit.Inc()
+			}
+			return recipient, rRoute, sig, dup, nil
+		case cached && errors.Is(err, sessionstore.ErrRecipientChanged):
+			s.metrics.recipientChanged.Inc()
+			s.recipients.drop(toKey)
+			cached = false
+			continue
+		case errors.Is(err, sessionstore.ErrTokenMismatch):
+			err = marconi.Errorf(marconi.CodeSessionExpired, "this session token matches no live session; register again")
+		case errors.Is(err, sessionstore.ErrNotFound):
+			s.recipients.drop(toKey)
+			err = notRegistered(req.To)
+		default:
+			err = fmt.Errorf("append signal: %w", err)
+		}
+		return recipient, rRoute, sig, dup, err
+	}
+}
+
+func notRegistered(to string) error {
+	return marconi.Errorf(marconi.CodeRecipientNotRegistered, "no live session %q in this project", to)
 }
 
 // piggyback adds the sender's own pending signals when it has no queue. It
@@ -334,6 +395,21 @@ func (s *Service) Pending(ctx context.Context, k sessionstore.Key, afterSeq int6
 // Ack acknowledges every signal of k with seq <= upToSeq.
 func (s *Service) Ack(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error) {
 	n, err := s.store.AckSignals(ctx, k, upToSeq, s.now())
+	if err != nil {
+		return 0, fmt.Errorf("ack signals: %w", err)
+	}
+	s.metrics.acked.Add(float64(n))
+	return n, nil
+}
+
+// AckAs acknowledges every signal of k with seq <= upToSeq while h still
+// speaks for k, checked in the same store write: it returns an error
+// wrapping sessionstore.ErrNotFound when k is gone or registered again,
+// sessionstore.ErrTokenMismatch when k holds another token, and
+// sessionstore.ErrConflict when k changed meanwhile; nothing is
+// acknowledged then.
+func (s *Service) AckAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upToSeq int64) (int, error) {
+	n, err := s.store.AckSignalsAs(ctx, k, h, upToSeq, s.now())
 	if err != nil {
 		return 0, fmt.Errorf("ack signals: %w", err)
 	}

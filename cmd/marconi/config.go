@@ -353,6 +353,18 @@ func settings(c *Config) []setting {
 			c.Hub.NoTakeover = !b
 			return err
 		}, public},
+		{"MARCONI_RECIPIENT_CACHE_MS", strconv.Itoa(int(signals.DefaultRecipientCacheAge / time.Millisecond)), "how long a recipient read by a send serves the next sends to it without a read (its registration, token and queue are checked by the append; its proof of life may be this old); 0 turns it off", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > 60000 {
+				return fmt.Errorf("want whole milliseconds from 0 to 60000, got %q", v)
+			}
+			c.Hub.RecipientCacheAge = time.Duration(n) * time.Millisecond
+			if n == 0 {
+				c.Hub.RecipientCacheAge = -1 // off
+			}
+			return nil
+		}, public},
+		{"MARCONI_RECIPIENT_CACHE_SIZE", strconv.Itoa(signals.DefaultRecipientCacheSize), "how many recipients the send path keeps read at most (MARCONI_RECIPIENT_CACHE_MS)", positiveInt(&h.RecipientCacheSize), public},
 		{"MARCONI_IDEMPOTENCY_WINDOW_SECONDS", secs(signals.DefaultIdempotencyWindow), "how long a send's idempotency_key is remembered (a retry within it is the same call)", seconds(&h.IdempotencyWindow), public},
 		{"MARCONI_RETAIN_ACKED_SECONDS", secs(hub.DefaultRetainAcked), "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked), public},
 		{"MARCONI_RETAIN_EXPIRED_SECONDS", secs(hub.DefaultRetainExpired), "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired), public},

@@ -2,8 +2,11 @@ package conns
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
+
+	"github.com/marconihub/marconi/sessionstore"
 )
 
 // acks coalesces a connection's acks: the newest up_to_seq wins, and it is
@@ -76,4 +79,32 @@ func (a *acks) flush() {
 	a.mu.Unlock()
 	a.wg.Wait()
 	a.write()
+}
+
+// ackUpTo acknowledges the session's signals up to seq while c still
+// speaks for it, checked by the store in the ack's own write: acks are keyed
+// by session key, and one from a connection of an earlier registration or
+// token would ack the signals of the session that replaced it. A refusal
+// closes c as the check of a keepalive would.
+func (c *Conn) ackUpTo(ctx context.Context, seq int64) {
+	actx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
+	defer cancel()
+	_, err := c.h.ack(actx, c.key, sessionstore.Holder{RegisteredAt: c.incarnation, TokenHash: c.tokenHash}, seq)
+	switch {
+	case err == nil:
+	case errors.Is(err, sessionstore.ErrNotFound):
+		c.kick(DisconnectSessionGone) // the writer closes it
+	case errors.Is(err, sessionstore.ErrTokenMismatch):
+		c.kick(DisconnectTokenReplaced)
+	case errors.Is(err, sessionstore.ErrConflict):
+		// The row changed while the ack was checked: read it to learn how.
+		d, err := c.stillCurrent(ctx)
+		if err != nil {
+			c.h.log.Warn("ack from websocket: check the session", KeyAttrs(c.key), "err", err)
+		} else if d != nil {
+			c.kick(*d)
+		}
+	default:
+		c.h.log.Warn("ack from websocket", KeyAttrs(c.key), "err", err)
+	}
 }

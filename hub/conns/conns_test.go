@@ -35,6 +35,11 @@ func (s *countingStore) AckSignals(ctx context.Context, k sessionstore.Key, upTo
 	return s.Store.AckSignals(ctx, k, upTo, at)
 }
 
+func (s *countingStore) AckSignalsAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upTo int64, at time.Time) (int, error) {
+	s.acks.Add(1)
+	return s.Store.AckSignalsAs(ctx, k, h, upTo, at)
+}
+
 // post does one JSON call and decodes the answer.
 func post(t testing.TB, url, cred string, body any) map[string]any {
 	t.Helper()

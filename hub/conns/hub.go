@@ -107,8 +107,9 @@ type Peers interface {
 // Deps are the collaborators of a connection hub.
 type Deps struct {
 	Store Store
-	// Ack acknowledges k's signals up to seq (signals.Service.Ack).
-	Ack func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
+	// Ack acknowledges k's signals up to seq while h still speaks for k
+	// (signals.Service.AckAs).
+	Ack func(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upToSeq int64) (int, error)
 	// Peers judges other instances' health (fabric.Members).
 	Peers Peers
 	// Bus carries wake-ups to and from other instances; nil means none
@@ -127,7 +128,7 @@ type Deps struct {
 type Hub struct {
 	cfg       Config
 	store     Store
-	ack       func(ctx context.Context, k sessionstore.Key, upToSeq int64) (int, error)
+	ack       func(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upToSeq int64) (int, error)
 	peers     Peers
 	bus       fabric.Bus // counted (countingBus)
 	draining  func() bool

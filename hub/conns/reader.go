@@ -68,27 +68,6 @@ func (c *Conn) readLoop(ctx context.Context) error {
 	}
 }
 
-// ackUpTo acknowledges the session's signals up to seq, once it has checked
-// that the session is still c's incarnation: acks are keyed by session key,
-// and one from a connection of an earlier incarnation would ack the new
-// session's signals.
-func (c *Conn) ackUpTo(ctx context.Context, seq int64) {
-	d, err := c.stillCurrent(ctx)
-	if err != nil {
-		c.h.log.Warn("ack from websocket: check the session", KeyAttrs(c.key), "err", err)
-		return
-	}
-	if d != nil {
-		c.kick(*d) // the writer closes it
-		return
-	}
-	actx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
-	defer cancel()
-	if _, err := c.h.ack(actx, c.key, seq); err != nil {
-		c.h.log.Warn("ack from websocket", KeyAttrs(c.key), "err", err)
-	}
-}
-
 // frameBudget is what a client may still send on its connection: a bucket
 // of frames, and whether the connection was refused for what it sent. The
 // reader spends it, and so do the library's control-frame callbacks, which

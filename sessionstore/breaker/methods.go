@@ -138,6 +138,11 @@ func (b *Store) AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int6
 	return guard(b, ctx, func() (int, error) { return b.inner.AckSignals(ctx, k, upToSeq, at) })
 }
 
+// AckSignalsAs implements sessionstore.Store.
+func (b *Store) AckSignalsAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upToSeq int64, at time.Time) (int, error) {
+	return guard(b, ctx, func() (int, error) { return b.inner.AckSignalsAs(ctx, k, h, upToSeq, at) })
+}
+
 // CountPending implements sessionstore.Store.
 func (b *Store) CountPending(ctx context.Context, k sessionstore.Key) (int, error) {
 	return guard(b, ctx, func() (int, error) { return b.inner.CountPending(ctx, k) })

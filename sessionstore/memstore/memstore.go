@@ -683,6 +683,10 @@ func (m *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now
 			return cloneSignal(dup.sig), true, nil
 		}
 	}
+	if seen := ns.Seen; seen != nil && (!to.s.RegisteredAt.Equal(seen.RegisteredAt) || !bytes.Equal(to.s.TokenHash, seen.TokenHash) ||
+		to.s.QueueInstance != seen.QueueInstance || !to.s.QueueAttachedAt.Equal(seen.QueueAttachedAt)) {
+		return sessionstore.Signal{}, false, sessionstore.ErrRecipientChanged
+	}
 	if err := m.checkLimits(to, ns); err != nil {
 		return sessionstore.Signal{}, false, err
 	}
@@ -770,6 +774,22 @@ func (m *Store) AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int6
 		return 0, err
 	}
 	defer m.mu.Unlock()
+	return m.ack(k, upToSeq, at), nil
+}
+
+// AckSignalsAs implements sessionstore.Store.
+func (m *Store) AckSignalsAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upToSeq int64, at time.Time) (int, error) {
+	if err := m.lock(); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	s, ok := m.sessions[k]
+	switch {
+	case !ok || !live(s, at) || !s.s.RegisteredAt.Equal(h.RegisteredAt):
+		return 0, sessionstore.ErrNotFound
+	case len(s.s.TokenHash) > 0 && !bytes.Equal(s.s.TokenHash, h.TokenHash):
+		return 0, sessionstore.ErrTokenMismatch
+	}
 	return m.ack(k, upToSeq, at), nil
 }
 

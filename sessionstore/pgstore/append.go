@@ -61,7 +61,9 @@ WHERE u.tenant_id = s.tenant_id AND u.project_id = s.project_id`
 // $7 payload, $8 created_at, $9 idempotency key, $10 delivery,
 // $11 route_state, $12 idempotency since, $13 now, $14 payload bytes,
 // $15 pending limit, $16 pending bytes limit (0: none), $17 the sender's
-// token hash (NULL: not checked).
+// token hash (NULL: not checked), $18 $19 $20 $21 the recipient's
+// registered_at, queue_instance, queue_attached_at and token_hash as the
+// sender saw them ($18 NULL: not checked; see sessionstore.NewSignal.Seen).
 const appendSQL = `WITH auth AS (
 	SELECT $17::bytea IS NULL OR EXISTS (SELECT 1 FROM sessions
 		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $5 AND token_hash = $17 AND expires_at >= $13) AS ok
@@ -72,12 +74,13 @@ const appendSQL = `WITH auth AS (
 	ORDER BY created_at DESC, seq DESC LIMIT 1
 ), rcpt AS (
 	SELECT last_seq - acked_seq AS pending,
-	       (SELECT pending_bytes FROM project_usage WHERE tenant_id = $1 AND project_id = $2) AS project_bytes
+	       (SELECT pending_bytes FROM project_usage WHERE tenant_id = $1 AND project_id = $2) AS project_bytes,
+	       ` + seenSQL + ` AS seen
 	FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $13
 ), bump AS (
 	UPDATE sessions SET last_seq = last_seq + 1, pending_bytes = pending_bytes + $14::bigint
 	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $13
-	  AND (SELECT ok FROM auth) AND NOT EXISTS (SELECT 1 FROM dup)
+	  AND (SELECT ok FROM auth) AND NOT EXISTS (SELECT 1 FROM dup) AND ` + seenSQL + `
 	  AND ($15::bigint <= 0 OR last_seq - acked_seq < $15::bigint)
 	  AND ($16::bigint <= 0 OR (SELECT project_bytes FROM rcpt) + $14::bigint <= $16::bigint)
 	RETURNING last_seq, queue_instance
@@ -89,10 +92,15 @@ const appendSQL = `WITH auth AS (
 		created_at, idempotency_key, delivery, route_state)
 	SELECT $1, $2, $3, bump.last_seq, $4, $5, $6, $7::json, $8, $9, $10, $11 FROM bump
 )
-SELECT auth.ok, bump.last_seq, bump.queue_instance, rcpt.pending, rcpt.project_bytes,
+SELECT auth.ok, bump.last_seq, bump.queue_instance, rcpt.pending, rcpt.project_bytes, rcpt.seen,
 	dup.id, dup.seq, dup.tenant_id, dup.project_id, dup.to_session, dup.from_session, dup.kind,
 	dup.payload, dup.created_at, dup.idempotency_key, dup.delivery, dup.route_state
 FROM auth LEFT JOIN bump ON true LEFT JOIN rcpt ON true LEFT JOIN dup ON true`
+
+// seenSQL is true when the sessions row in scope is the recipient the
+// sender saw ($18 to $21), or when that is not checked.
+const seenSQL = `($18::timestamptz IS NULL OR (registered_at = $18::timestamptz AND queue_instance = $19::text
+	AND queue_attached_at IS NOT DISTINCT FROM $20::timestamptz AND token_hash = $21::bytea))`
 
 // appendReq is one AppendSignal, or one acknowledgement, wake-up or
 // session-row write, waiting for its batch.
@@ -113,6 +121,8 @@ type ackReq struct {
 	k    sessionstore.Key
 	upTo int64
 	at   time.Time
+	// as, when set, is who must still speak for k (AckSignalsAs).
+	as *sessionstore.Holder
 }
 
 // wakeReq is a wake-up of instance (Bus.Publish); it never rides an
@@ -225,7 +235,11 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 		switch {
 		case r.ack != nil:
 			a := r.ack
-			b.Queue(ackSeqSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo)
+			if a.as != nil {
+				b.Queue(ackSeqAsSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo, a.as.RegisteredAt, a.at, a.as.TokenHash)
+			} else {
+				b.Queue(ackSeqSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo)
+			}
 			b.Queue(ackSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.at)
 		case r.isAppend():
 			b.Queue(appendSQL, appendArgs(r.ns, r.now)...)
@@ -267,11 +281,17 @@ func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys, lockedProjec
 	for i, r := range batch {
 		switch {
 		case r.ack != nil:
-			if _, err := br.Exec(); err != nil {
+			if err := readAckSeq(br, r.ack, &outs[i]); err != nil {
 				return err
 			}
-			if err := br.QueryRow().Scan(&outs[i].acked); err != nil {
+			// ackSQL marks up to the row's acked_seq, moved or not: what
+			// it marks is acknowledged by the row, whoever asked.
+			var n int
+			if err := br.QueryRow().Scan(&n); err != nil {
 				return err
+			}
+			if outs[i].err == nil {
+				outs[i].acked = n
 			}
 		case r.isAppend():
 			out, err := scanAppend(br.QueryRow(), r.ns)
@@ -281,6 +301,21 @@ func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys, lockedProjec
 			outs[i] = out
 		}
 	}
+	return nil
+}
+
+// readAckSeq reads the result of a's first statement; a refused
+// AckSignalsAs sets out.err.
+func readAckSeq(br pgx.BatchResults, a *ackReq, out *appendOutcome) error {
+	if a.as == nil {
+		_, err := br.Exec()
+		return err
+	}
+	var moved, ours, holds bool
+	if err := br.QueryRow().Scan(&moved, &ours, &holds); err != nil {
+		return err
+	}
+	out.err = ackVerdict(moved, ours, holds)
 	return nil
 }
 
@@ -375,15 +410,23 @@ func appendArgs(ns sessionstore.NewSignal, now time.Time) []any {
 		p := string(ns.Payload)
 		payload = &p
 	}
+	var seenAt, seenQueueAt *time.Time
+	var seenQueue string
+	var seenToken []byte
+	if ns.Seen != nil {
+		seenAt, seenQueue, seenQueueAt, seenToken = &ns.Seen.RegisteredAt, ns.Seen.QueueInstance, toNull(ns.Seen.QueueAttachedAt), ns.Seen.TokenHash
+	}
 	return []any{ns.To.TenantID, ns.To.ProjectID, ns.To.SessionID, ns.ID, ns.FromSession, ns.Kind,
 		payload, ns.CreatedAt, idem, ns.Delivery, ns.RouteState, toNull(ns.IdempotencySince), now,
-		int64(len(ns.Payload)), ns.Limits.PendingPerRecipient, ns.Limits.PendingBytesPerProject, ns.SenderTokenHash}
+		int64(len(ns.Payload)), ns.Limits.PendingPerRecipient, ns.Limits.PendingBytesPerProject, ns.SenderTokenHash,
+		seenAt, seenQueue, seenQueueAt, seenToken}
 }
 
 // scanAppend reads appendSQL's row into the outcome of ns.
 func scanAppend(row pgx.Row, ns sessionstore.NewSignal) (appendOutcome, error) {
 	var (
 		authorized                 bool
+		seen                       *bool
 		seq, pending, projectBytes *int64
 		queue                      *string
 		d                          struct {
@@ -394,7 +437,7 @@ func scanAppend(row pgx.Row, ns sessionstore.NewSignal) (appendOutcome, error) {
 			idem                                                 *string
 		}
 	)
-	if err := row.Scan(&authorized, &seq, &queue, &pending, &projectBytes,
+	if err := row.Scan(&authorized, &seq, &queue, &pending, &projectBytes, &seen,
 		&d.id, &d.seq, &d.tenant, &d.project, &d.to, &d.from, &d.kind,
 		&d.payload, &d.createdAt, &d.idem, &d.delivery, &d.route); err != nil {
 		return appendOutcome{}, err
@@ -420,6 +463,8 @@ func scanAppend(row pgx.Row, ns sessionstore.NewSignal) (appendOutcome, error) {
 		return appendOutcome{sig: sig, dup: true}, nil
 	case pending == nil:
 		return appendOutcome{err: sessionstore.ErrNotFound}, nil
+	case seen != nil && !*seen:
+		return appendOutcome{err: sessionstore.ErrRecipientChanged}, nil
 	case ns.Limits.PendingPerRecipient > 0 && *pending >= ns.Limits.PendingPerRecipient:
 		return appendOutcome{err: &sessionstore.QuotaError{Quota: marconi.QuotaPendingPerRecipient,
 			Limit: ns.Limits.PendingPerRecipient, Current: *pending}}, nil
@@ -429,7 +474,11 @@ func scanAppend(row pgx.Row, ns sessionstore.NewSignal) (appendOutcome, error) {
 			Limit: ns.Limits.PendingBytesPerProject, Current: *projectBytes}}, nil
 	}
 	// The recipient's row changed between the statement's snapshot and its
-	// update: it expired or went away meanwhile.
+	// update: it expired or went away meanwhile, or (when the sender said
+	// what it saw) it may have changed otherwise: the sender reads it again.
+	if ns.Seen != nil {
+		return appendOutcome{err: sessionstore.ErrRecipientChanged}, nil
+	}
 	return appendOutcome{err: sessionstore.ErrNotFound}, nil
 }
 

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"strings"
 	"time"
@@ -64,6 +65,52 @@ func (s *Store) PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq
 func (s *Store) AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int64, at time.Time) (int, error) {
 	n, err := s.ack(ctx, k, upToSeq, at)
 	return n, wrap("ack signals", err)
+}
+
+// AckSignalsAs implements sessionstore.Store: AckSignals whose first
+// statement (ackSeqAsSQL) checks h in the row it locks.
+func (s *Store) AckSignalsAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upToSeq int64, at time.Time) (int, error) {
+	r := &appendReq{ack: &ackReq{k: k, upTo: upToSeq, at: at, as: &h}}
+	if err := s.commit(ctx, r); err != nil {
+		return 0, wrap("ack signals", err)
+	}
+	return r.out.acked, nil
+}
+
+// ackSeqAsSQL is ackSeqSQL that moves acked_seq only while the row is the
+// live registration $5 (live at $6) holding the token hash $7 or none. It
+// returns whether it moved it, and what the statement's snapshot said of
+// the row (false, false when there is none), so a refusal is explained: a
+// row that changed between the snapshot and the update (the update
+// re-checks the newest version) reads as neither refused nor moved.
+const ackSeqAsSQL = `WITH s AS (
+	SELECT registered_at = $5::timestamptz AND expires_at >= $6::timestamptz AS ours,
+	       coalesce(token_hash IS NULL OR octet_length(token_hash) = 0 OR token_hash = $7::bytea, false) AS holds
+	FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
+), u AS (
+	UPDATE sessions SET acked_seq = GREATEST(acked_seq, LEAST($4::bigint, last_seq))
+	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
+	  AND registered_at = $5::timestamptz AND expires_at >= $6::timestamptz
+	  AND (token_hash IS NULL OR octet_length(token_hash) = 0 OR token_hash = $7::bytea)
+	RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM u), coalesce((SELECT ours FROM s), false), coalesce((SELECT holds FROM s), false)`
+
+// errAckRaced says the session changed between an AckSignalsAs check's
+// snapshot and its update.
+var errAckRaced = fmt.Errorf("the session changed while its ack was checked: %w", sessionstore.ErrConflict)
+
+// ackVerdict turns ackSeqAsSQL's row into AckSignalsAs's error.
+func ackVerdict(moved, ours, holds bool) error {
+	switch {
+	case moved:
+		return nil
+	case !ours:
+		return sessionstore.ErrNotFound
+	case !holds:
+		return sessionstore.ErrTokenMismatch
+	}
+	return errAckRaced
 }
 
 // ackSeqSQL moves k's acked_seq up to $4, never past its last seq. It locks

@@ -62,3 +62,137 @@ func testAckDropsPayload(t *testing.T, s sessionstore.Store) {
 	// The next append goes on after the acknowledged ones.
 	wantInt(t, "next seq", mustAppend(t, s, send(k, "alice")).Seq, 4)
 }
+
+// testAckAs: an ack made as a holder applies only while that holder still
+// speaks for the session: the same registration, live, with the same
+// token. Otherwise it says why (gone, or another token) and acknowledges
+// nothing, so that a connection of an earlier registration or token can
+// never acknowledge the signals of the one that replaced it.
+func testAckAs(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k := key("t", "p", "bob")
+	sess := mustCreate(t, s, k)
+	appendN(t, s, k, 4)
+	holder := sessionstore.Holder{RegisteredAt: sess.RegisteredAt, TokenHash: sess.TokenHash}
+	pending := func(want int) {
+		t.Helper()
+		n, err := s.CountPending(ctx, k)
+		noErr(t, "CountPending", err)
+		wantInt(t, "pending", n, want)
+	}
+
+	n, err := s.AckSignalsAs(ctx, k, holder, 1, at(time.Minute))
+	noErr(t, "AckSignalsAs(the holder)", err)
+	wantInt(t, "acked by the holder", n, 1)
+	pending(3)
+
+	other := holder
+	other.TokenHash = hash("another token")
+	_, err = s.AckSignalsAs(ctx, k, other, 2, at(time.Minute))
+	wantErr(t, "AckSignalsAs(another token)", err, sessionstore.ErrTokenMismatch)
+	earlier := holder
+	earlier.RegisteredAt = at(-time.Hour)
+	_, err = s.AckSignalsAs(ctx, k, earlier, 2, at(time.Minute))
+	wantErr(t, "AckSignalsAs(another registration)", err, sessionstore.ErrNotFound)
+	_, err = s.AckSignalsAs(ctx, k, holder, 2, at(25*time.Hour))
+	wantErr(t, "AckSignalsAs(after expiry)", err, sessionstore.ErrNotFound)
+	_, err = s.AckSignalsAs(ctx, key("t", "p", "nobody"), holder, 2, at(time.Minute))
+	wantErr(t, "AckSignalsAs(no such session)", err, sessionstore.ErrNotFound)
+	pending(3)
+
+	// A resume gives the session another token: the old one acks nothing.
+	_, err = s.ResumeSession(ctx, k, sess.TokenHash, hash("resumed"), sessionstore.Touch{}, at(time.Minute))
+	noErr(t, "ResumeSession", err)
+	_, err = s.AckSignalsAs(ctx, k, holder, 2, at(2*time.Minute))
+	wantErr(t, "AckSignalsAs(the token a resume replaced)", err, sessionstore.ErrTokenMismatch)
+	pending(3)
+	resumed := holder
+	resumed.TokenHash = hash("resumed")
+	n, err = s.AckSignalsAs(ctx, k, resumed, 3, at(2*time.Minute))
+	noErr(t, "AckSignalsAs(the resumed token)", err)
+	wantInt(t, "acked by the resumed token", n, 2)
+	pending(1)
+
+	// Deregistered, then registered again: the earlier registration is gone.
+	noErr(t, "DeleteSession", s.DeleteSession(ctx, k))
+	_, err = s.AckSignalsAs(ctx, k, resumed, 4, at(2*time.Minute))
+	wantErr(t, "AckSignalsAs(deregistered)", err, sessionstore.ErrNotFound)
+	again := newSession(k, hash("again"), at(24*time.Hour))
+	again.RegisteredAt = at(3 * time.Minute)
+	again = mustCreateSession(t, s, again)
+	appendN(t, s, k, 2)
+	_, err = s.AckSignalsAs(ctx, k, resumed, 2, at(4*time.Minute))
+	wantErr(t, "AckSignalsAs(the registration before)", err, sessionstore.ErrNotFound)
+	pending(2)
+	n, err = s.AckSignalsAs(ctx, k, sessionstore.Holder{RegisteredAt: again.RegisteredAt, TokenHash: again.TokenHash}, 2, at(4*time.Minute))
+	noErr(t, "AckSignalsAs(the new registration)", err)
+	wantInt(t, "acked by the new registration", n, 2)
+	pending(0)
+}
+
+// testAppendSeen: an append that says what its sender saw of the recipient
+// stores only while the recipient is still that: the same registration,
+// its token and its queue where they were. An attach, a detach, a move, a
+// resume or a registration again refuses it with ErrRecipientChanged, storing nothing; a duplicate
+// still gets its first answer.
+func testAppendSeen(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k := key("t", "p", "bob")
+	mustCreate(t, s, k)
+	read := func() sessionstore.Session {
+		t.Helper()
+		sess, err := s.GetSession(ctx, k, at(time.Minute))
+		noErr(t, "GetSession", err)
+		return sess
+	}
+	seen := read()
+	ns := send(k, "alice")
+	ns.Seen = sessionstore.SeenOf(seen)
+	ns.IdempotencyKey = "first"
+	first := mustAppend(t, s, ns)
+	wantInt(t, "seq", first.Seq, 1)
+
+	refused := func(what string, seen sessionstore.Session) {
+		t.Helper()
+		ns := send(k, "alice")
+		ns.Seen = sessionstore.SeenOf(seen)
+		_, _, err := s.AppendSignal(ctx, ns, t0)
+		wantErr(t, "AppendSignal(seen before "+what+")", err, sessionstore.ErrRecipientChanged)
+		n, err := s.CountPending(ctx, k)
+		noErr(t, "CountPending", err)
+		wantInt(t, "pending after a refused append", n, 1)
+	}
+	noErr(t, "SetQueue", s.SetQueue(ctx, k, "hub-a", at(time.Second)))
+	refused("an attach", seen)
+	attached := read()
+	noErr(t, "SetQueue", s.SetQueue(ctx, k, "hub-b", at(2*time.Second)))
+	refused("a move", attached)
+	moved := read()
+	_, err := s.ClearQueue(ctx, k, "hub-b", moved.QueueAttachedAt, at(3*time.Second))
+	noErr(t, "ClearQueue", err)
+	refused("a detach", moved)
+	detachedRow := read()
+	_, err = s.ResumeSession(ctx, k, detachedRow.TokenHash, hash("resumed"), sessionstore.Touch{}, at(3*time.Second))
+	noErr(t, "ResumeSession", err)
+	refused("a resume", detachedRow)
+
+	// The duplicate of the first send is answered whatever was seen.
+	sig, dup, err := s.AppendSignal(ctx, ns, t0)
+	noErr(t, "AppendSignal(duplicate)", err)
+	if !dup || sig.ID != first.ID {
+		t.Fatalf("duplicate after the recipient changed: dup %v id %s, want the first answer %s", dup, sig.ID, first.ID)
+	}
+	detached := read()
+	ns = send(k, "alice")
+	ns.Seen = sessionstore.SeenOf(detached)
+	wantInt(t, "seq seen as it is", mustAppend(t, s, ns).Seq, 2)
+
+	noErr(t, "DeleteSession", s.DeleteSession(ctx, k))
+	again := newSession(k, hash("again"), at(24*time.Hour))
+	again.RegisteredAt = at(4 * time.Second)
+	mustCreateSession(t, s, again)
+	ns = send(k, "alice")
+	ns.Seen = sessionstore.SeenOf(detached)
+	_, _, err = s.AppendSignal(ctx, ns, t0)
+	wantErr(t, "AppendSignal(seen before a registration again)", err, sessionstore.ErrRecipientChanged)
+}

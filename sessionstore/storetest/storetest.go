@@ -98,6 +98,8 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"PendingSignals/after seq, limit, order, acked excluded", testPending},
 		{"AckSignals/returns how many this call acknowledged", testAck},
 		{"AckSignals/drops acknowledged payloads; a duplicate still gets the first answer", testAckDropsPayload},
+		{"AckSignalsAs/acknowledges only for the registration and token that still hold the session", testAckAs},
+		{"AppendSignal/with Seen stores only while the recipient is what the sender saw", testAppendSeen},
 		{"CountPending and DropPending", testDropPending},
 		{"PendingTotal counts live sessions' unacked signals", testPendingTotal},
 		{"Prune keeps the newest KeepFallbackEvents fallback events", testPruneFallbacks},
