@@ -55,6 +55,9 @@ type durableOptions struct {
 	// busURL is the NATS server the hubs wake each other through
 	// (MARCONI_BUS_URL); empty: Postgres LISTEN/NOTIFY.
 	busURL string
+	// env is more of the hubs' environment (NAME=value), after the
+	// defaults: fleet's GOMAXPROCS and MARCONI_PPROF.
+	env []string
 }
 
 func parseDurableOptions(args []string, stderr io.Writer) (durableOptions, error) {
@@ -325,7 +328,7 @@ func startHub(ctx context.Context, o durableOptions, id, gc string, logs io.Writ
 		"MARCONI_INSTANCE_ID="+id,
 		"MARCONI_DATABASE_URL="+o.databaseURL,
 		"MARCONI_API_KEYS="+durableAPIKey+"=bench/durable",
-		"MARCONI_ADMIN_TOKEN=madm_durable_bench_local_only",
+		"MARCONI_ADMIN_TOKEN="+benchAdminToken,
 		"MARCONI_MODE=development",
 		"MARCONI_SELFHEAL=off",
 		"MARCONI_LOG_LEVEL=warn",
@@ -335,6 +338,7 @@ func startHub(ctx context.Context, o durableOptions, id, gc string, logs io.Writ
 		"MARCONI_GROUP_COMMIT="+gc,
 		"MARCONI_BUS_URL="+o.busURL,
 	)
+	cmd.Env = append(cmd.Env, o.env...)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", o.marconi, err)

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -31,13 +32,24 @@ import (
 // ratios, and NATS's against NOTIFY's. With -before, an earlier build runs
 // in the same rounds and the after/before ratios are printed too;
 // -instances 1 runs one instance alone, a quick before/after of one hub's
-// cost per send.
+// cost per send. With -gomaxprocs N each round also runs the three
+// instances with GOMAXPROCS=N each (on NATS with -bus-url), the operator's
+// remedy for three Go schedulers on few cores; with -alt-haproxy-config
+// FILE, three instances behind that balancer configuration instead of
+// -haproxy-config (and, with both, a run of the two together). With
+// -profile DIR every hub's CPU profile over each measured window is written
+// to DIR for go tool pprof, with the run's sends beside it to read it per
+// send.
 
 // Bounds of a fleet run.
 const (
 	maxFleetRounds   = 10
 	fleetInstances   = 3
 	haproxyStartWait = 10 * time.Second
+	maxFleetProcs    = 64
+	// benchAdminToken is the hubs' admin token, which their pprof
+	// endpoint asks for.
+	benchAdminToken = "madm_durable_bench_local_only"
 )
 
 type fleetOptions struct {
@@ -54,6 +66,16 @@ type fleetOptions struct {
 	natsURL string
 	// instances are the fleet sizes each round runs: 1, 3 or both.
 	instances []int
+	// procs is the GOMAXPROCS of an extra three-instance run in each
+	// round; zero: none.
+	procs int
+	// altConfig is the HAProxy configuration of an extra three-instance
+	// run in each round; empty: none.
+	altConfig string
+	// profileDir receives each hub's CPU profile of each run; empty: none.
+	profileDir string
+	// profileTag names one run's profile files; set by runFleet.
+	profileTag string
 }
 
 func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
@@ -70,6 +92,9 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	fs.DurationVar(&o.step, "duration", 15*time.Second, fmt.Sprintf("how long each run sends, after a %s warm-up (at most %s)", durableWarmup, maxDurableStep))
 	fs.IntVar(&o.payload, "payload", 60, "payload bytes of each signal")
 	fs.StringVar(&o.natsURL, "bus-url", "", "a NATS server (nats://, loopback only): each round also runs the three instances waking each other through it (MARCONI_BUS_URL) instead of Postgres NOTIFY; -marconi only")
+	fs.IntVar(&o.procs, "gomaxprocs", 0, fmt.Sprintf("when set (1..%d), each round also runs the three instances with GOMAXPROCS set to it (on NATS with -bus-url); -marconi only", maxFleetProcs))
+	fs.StringVar(&o.altConfig, "alt-haproxy-config", "", "another balancer configuration: each round also runs the three instances behind it (on NATS with -bus-url); -marconi only")
+	fs.StringVar(&o.profileDir, "profile", "", "a directory to write every hub's CPU profile of every run into (MARCONI_PPROF=on; one file per hub and run, and runs.tsv with each run's sends)")
 	fs.IntVar(&o.rounds, "rounds", 2, fmt.Sprintf("rounds of one run each, one instance then three (1..%d)", maxFleetRounds))
 	instances := fs.String("instances", fmt.Sprintf("1,%d", fleetInstances), fmt.Sprintf("the fleet sizes each round runs: 1, %d or 1,%d (1 alone for a quick before/after of one instance)", fleetInstances, fleetInstances))
 	if err := fs.Parse(args); err != nil {
@@ -89,6 +114,20 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 		return o, fmt.Errorf("-payload %d: want 2..%d", o.payload, maxDurablePayload)
 	case o.rounds < 1 || o.rounds > maxFleetRounds:
 		return o, fmt.Errorf("-rounds %d: want 1..%d", o.rounds, maxFleetRounds)
+	case o.procs < 0 || o.procs > maxFleetProcs:
+		return o, fmt.Errorf("-gomaxprocs %d: want 1..%d, or 0 for none", o.procs, maxFleetProcs)
+	case o.profileDir != "" && o.step < time.Second:
+		return o, fmt.Errorf("-profile: a CPU profile needs -duration of at least 1s")
+	}
+	if o.altConfig != "" {
+		if _, err := os.Stat(o.altConfig); err != nil {
+			return o, fmt.Errorf("-alt-haproxy-config: %w", err)
+		}
+	}
+	if o.profileDir != "" {
+		if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+			return o, fmt.Errorf("-profile: %w", err)
+		}
 	}
 	if o.beforeDB == "" {
 		o.beforeDB = o.databaseURL
@@ -137,7 +176,7 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 	n := o.senders[0]
 	fmt.Fprintf(out, "fleet: %d senders, each to its own attached recipient (acking over its WebSocket), payload %d B, %s per run after a %s warm-up, %d rounds\n",
 		n, o.payload, o.step, durableWarmup, o.rounds)
-	fmt.Fprintf(out, "%-6s %-7s %-10s %-7s %10s %10s %10s %14s %14s %8s\n", "round", "build", "instances", "bus", "sends/s", "p50", "p99", "commits/send", "hub_cpu/send", "failed")
+	fmt.Fprintf(out, "%-6s %-7s %-10s %-12s %10s %10s %10s %14s %14s %8s\n", "round", "build", "instances", "bus", "sends/s", "p50", "p99", "commits/send", "hub_cpu/send", "failed")
 	builds := []string{o.marconi}
 	if o.before != "" {
 		builds = []string{o.before, o.marconi}
@@ -154,14 +193,24 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 				if c.bus == busNATS {
 					run.busURL = o.natsURL
 				}
+				if c.altLB {
+					run.config = o.altConfig
+				}
+				if c.procs > 0 {
+					run.env = append(run.env, fmt.Sprintf("GOMAXPROCS=%d", c.procs))
+				}
+				name := buildName(o, bin)
+				if o.profileDir != "" {
+					run.env = append(run.env, "MARCONI_PPROF=on")
+					run.profileTag = fmt.Sprintf("r%d-%s-%d-%s", round, name, c.instances, c.label())
+				}
 				r, err := fleetRun(ctx, run, c.instances, logs)
 				if err != nil {
 					return err
 				}
-				name := buildName(o, bin)
-				fmt.Fprintf(out, "%-6d %-7s %-10d %-7s %10.0f %10s %10s %14.2f %14s %8d\n", round, name, c.instances, c.bus, r.perSec,
+				fmt.Fprintf(out, "%-6d %-7s %-10d %-12s %10.0f %10s %10s %14.2f %14s %8d\n", round, name, c.instances, c.label(), r.perSec,
 					r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.commitsPerSend, r.cpuPerSend.Round(time.Microsecond), r.failed)
-				key := fmt.Sprintf("%s/%d/%s", name, c.instances, c.bus)
+				key := fmt.Sprintf("%s/%d/%s", name, c.instances, c.label())
 				results[key] = append(results[key], r)
 			}
 		}
@@ -174,8 +223,17 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 			if c.instances == 1 || !withOne {
 				continue
 			}
-			fmt.Fprintln(out, fleetRatios(fmt.Sprintf("%s: three instances on %s / one", name, c.bus), o.rounds,
-				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, c.instances, c.bus)]), one))
+			fmt.Fprintln(out, fleetRatios(fmt.Sprintf("%s: three instances on %s / one", name, c.label()), o.rounds,
+				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, c.instances, c.label())]), one))
+		}
+		for _, p := range fleetConfigs(o, bin) {
+			if bin != o.marconi || (p.procs == 0 && !p.altLB) {
+				continue
+			}
+			d := fleetConfig{instances: fleetInstances, bus: p.bus}
+			fmt.Fprintln(out, fleetRatios(fmt.Sprintf("%s: three instances on %s / on %s (three each)", name, p.label(), d.label()), o.rounds,
+				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, p.label())]),
+				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, d.label())])))
 		}
 		if bin == o.marconi && o.natsURL != "" && withThree {
 			fmt.Fprintln(out, fleetRatios(name+": three instances on NATS / three on NOTIFY", o.rounds,
@@ -199,10 +257,35 @@ const (
 	busNATS   = "NATS"   // MARCONI_BUS_URL
 )
 
-// fleetConfig is one run of a round: how many instances, on which bus.
+// fleetConfig is one run of a round: how many instances, on which bus,
+// with which GOMAXPROCS (zero: Go's default, the machine's cores).
 type fleetConfig struct {
 	instances int
 	bus       string
+	procs     int
+	altLB     bool // behind -alt-haproxy-config
+}
+
+// label names c's bus, and its GOMAXPROCS when set, in rows and files.
+func (c fleetConfig) label() string {
+	l := c.bus
+	if c.procs > 0 {
+		l += fmt.Sprintf("-P%d", c.procs)
+	}
+	if c.altLB {
+		l += "-altLB"
+	}
+	return l
+}
+
+// fleetExtraConfig is an extra three-instance run (-gomaxprocs,
+// -alt-haproxy-config): on NATS with -bus-url, else on NOTIFY.
+func fleetExtraConfig(o fleetOptions, procs int, altLB bool) fleetConfig {
+	c := fleetConfig{instances: fleetInstances, bus: busNOTIFY, procs: procs, altLB: altLB}
+	if o.natsURL != "" {
+		c.bus = busNATS
+	}
+	return c
 }
 
 // fleetConfigs are the runs of a round for bin: one instance, then three
@@ -212,12 +295,22 @@ type fleetConfig struct {
 func fleetConfigs(o fleetOptions, bin string) []fleetConfig {
 	var cs []fleetConfig
 	if slices.Contains(o.instances, 1) {
-		cs = append(cs, fleetConfig{1, busNOTIFY})
+		cs = append(cs, fleetConfig{instances: 1, bus: busNOTIFY})
 	}
-	if slices.Contains(o.instances, fleetInstances) {
-		cs = append(cs, fleetConfig{fleetInstances, busNOTIFY})
-		if o.natsURL != "" && bin == o.marconi {
-			cs = append(cs, fleetConfig{fleetInstances, busNATS})
+	if !slices.Contains(o.instances, fleetInstances) {
+		return cs
+	}
+	cs = append(cs, fleetConfig{instances: fleetInstances, bus: busNOTIFY})
+	if o.natsURL != "" && bin == o.marconi {
+		cs = append(cs, fleetConfig{instances: fleetInstances, bus: busNATS})
+	}
+	if o.procs > 0 && bin == o.marconi {
+		cs = append(cs, fleetExtraConfig(o, o.procs, false))
+	}
+	if o.altConfig != "" && bin == o.marconi {
+		cs = append(cs, fleetExtraConfig(o, 0, true))
+		if o.procs > 0 {
+			cs = append(cs, fleetExtraConfig(o, o.procs, true))
 		}
 	}
 	return cs
@@ -279,11 +372,31 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 		target = lb.url
 	}
 	var before, after fleetSample
+	profiles := make(chan error, len(hubs))
 	marks := &stepMarks{
-		start: func() { before = sampleFleet(ctx, o.databaseURL, hubs) },
-		end:   func() { after = sampleFleet(ctx, o.databaseURL, hubs) },
+		start: func() {
+			before = sampleFleet(ctx, o.databaseURL, hubs)
+			if o.profileTag != "" {
+				for i, h := range hubs {
+					path := filepath.Join(o.profileDir, fmt.Sprintf("%s-hub%d.pprof", o.profileTag, i+1))
+					go func() { profiles <- fetchProfile(ctx, h.url, o.step, path) }()
+				}
+			}
+		},
+		end: func() { after = sampleFleet(ctx, o.databaseURL, hubs) },
 	}
 	r, err := durableStepMarked(ctx, o.durableOptions, target, target, o.senders[0], marks)
+	if o.profileTag != "" && before.started {
+		// The fetches end within a second of the window (whole seconds).
+		for range hubs {
+			if perr := <-profiles; perr != nil && err == nil {
+				err = perr
+			}
+		}
+		if err == nil {
+			err = appendRunsTSV(o.profileDir, o.profileTag, r.sends, after.cpu-before.cpu)
+		}
+	}
 	if err != nil {
 		return fleetResult{}, err
 	}
@@ -300,12 +413,64 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 type fleetSample struct {
 	commits int64
 	cpu     time.Duration
+	started bool // the sample was taken
+}
+
+// fetchProfile writes hub's CPU profile over the whole seconds of step to
+// path.
+func fetchProfile(ctx context.Context, hub string, step time.Duration, path string) error {
+	secs := int(step / time.Second)
+	pctx, cancel := context.WithTimeout(ctx, step+30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(pctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", hub, secs), nil)
+	if err != nil {
+		return fmt.Errorf("profile of %s: %w", hub, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+benchAdminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("profile of %s: %w", hub, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("profile of %s: %d %s", hub, resp.StatusCode, strings.TrimSpace(string(b)))
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("profile of %s: %w", hub, err)
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("profile of %s: %w", hub, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("profile of %s: %w", hub, err)
+	}
+	return nil
+}
+
+// appendRunsTSV records a profiled run's sends and hub CPU in dir/runs.tsv,
+// what its profiles are divided by to read them per send.
+func appendRunsTSV(dir, tag string, sends int64, cpu time.Duration) error {
+	f, err := os.OpenFile(filepath.Join(dir, "runs.tsv"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("runs.tsv: %w", err)
+	}
+	_, err = fmt.Fprintf(f, "%s\t%d\t%d\n", tag, sends, cpu.Microseconds())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("runs.tsv: %w", err)
+	}
+	return nil
 }
 
 // sampleFleet reads the database's commit count and the hubs' CPU time;
 // a figure it cannot read stays zero.
 func sampleFleet(ctx context.Context, databaseURL string, hubs []*benchHub) fleetSample {
-	var s fleetSample
+	s := fleetSample{started: true}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if conn, err := pgx.Connect(cctx, databaseURL); err == nil {

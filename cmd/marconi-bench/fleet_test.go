@@ -21,7 +21,7 @@ func TestFleetBusURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []fleetConfig{{1, busNOTIFY}, {3, busNOTIFY}}
+	want := []fleetConfig{{instances: 1, bus: busNOTIFY}, {instances: 3, bus: busNOTIFY}}
 	if got := fleetConfigs(o, "new"); !reflect.DeepEqual(got, want) {
 		t.Errorf("without -bus-url: runs %v, want %v", got, want)
 	}
@@ -32,7 +32,7 @@ func TestFleetBusURL(t *testing.T) {
 	if got := fleetConfigs(o, "old"); !reflect.DeepEqual(got, want) {
 		t.Errorf("-before with -bus-url: runs %v, want %v", got, want)
 	}
-	want = append(want, fleetConfig{3, busNATS})
+	want = append(want, fleetConfig{instances: 3, bus: busNATS})
 	if got := fleetConfigs(o, "new"); !reflect.DeepEqual(got, want) {
 		t.Errorf("-marconi with -bus-url: runs %v, want %v", got, want)
 	}
@@ -68,7 +68,7 @@ func TestParseFleetInstances(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := fleetConfigs(o, o.marconi), []fleetConfig{{1, busNOTIFY}}; !reflect.DeepEqual(got, want) {
+	if got, want := fleetConfigs(o, o.marconi), []fleetConfig{{instances: 1, bus: busNOTIFY}}; !reflect.DeepEqual(got, want) {
 		t.Errorf("-instances 1 with -bus-url: runs %v, want %v", got, want)
 	}
 	for _, bad := range []string{"2", "3,1", "0", "1,2,3", "x"} {
@@ -76,5 +76,61 @@ func TestParseFleetInstances(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "-instances") {
 			t.Errorf("-instances %q: got %v, want an -instances error", bad, err)
 		}
+	}
+}
+
+// fleet -gomaxprocs adds to each round of -marconi a run of three instances
+// with that GOMAXPROCS, on NATS with -bus-url, and refuses what is out of
+// range; -profile needs whole seconds to profile.
+func TestFleetGOMAXPROCS(t *testing.T) {
+	base := []string{"-database-url", "postgres://postgres@127.0.0.1:5432/f", "-haproxy-config", "../../deploy/haproxy.cfg", "-marconi", "new", "-before", "old"}
+	for _, bad := range []string{"-1", "65"} {
+		_, err := parseFleetOptions(append(base, "-gomaxprocs", bad), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "-gomaxprocs") {
+			t.Errorf("-gomaxprocs %s: err %v, want a -gomaxprocs error", bad, err)
+		}
+	}
+	o, err := parseFleetOptions(append(base, "-gomaxprocs", "1", "-bus-url", "nats://127.0.0.1:4222"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []fleetConfig{{instances: 1, bus: busNOTIFY}, {instances: 3, bus: busNOTIFY}}
+	if got := fleetConfigs(o, "old"); !reflect.DeepEqual(got, want) {
+		t.Errorf("-before with -gomaxprocs: runs %v, want %v", got, want)
+	}
+	want = append(want, fleetConfig{instances: 3, bus: busNATS}, fleetConfig{instances: 3, bus: busNATS, procs: 1})
+	if got := fleetConfigs(o, "new"); !reflect.DeepEqual(got, want) {
+		t.Errorf("-marconi with -gomaxprocs and -bus-url: runs %v, want %v", got, want)
+	}
+	if got := want[3].label(); got != "NATS-P1" {
+		t.Errorf("label %q, want NATS-P1", got)
+	}
+	o, err = parseFleetOptions(append(base, "-gomaxprocs", "2"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fleetConfigs(o, "new")[2]; got != (fleetConfig{instances: 3, bus: busNOTIFY, procs: 2}) {
+		t.Errorf("-gomaxprocs without -bus-url: run %v, want three on NOTIFY with GOMAXPROCS 2", got)
+	}
+	o, err = parseFleetOptions(append(base, "-alt-haproxy-config", "../../deploy/haproxy.cfg", "-bus-url", "nats://127.0.0.1:4222"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fleetConfigs(o, "new")[3]; got != (fleetConfig{instances: 3, bus: busNATS, altLB: true}) || got.label() != "NATS-altLB" {
+		t.Errorf("-alt-haproxy-config: run %v (%s), want three on NATS behind it", got, got.label())
+	}
+	o, err = parseFleetOptions(append(base, "-alt-haproxy-config", "../../deploy/haproxy.cfg", "-gomaxprocs", "1"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fleetConfigs(o, "new"); len(got) != 5 || got[4] != (fleetConfig{instances: 3, bus: busNOTIFY, procs: 1, altLB: true}) || got[4].label() != "NOTIFY-P1-altLB" {
+		t.Errorf("-alt-haproxy-config with -gomaxprocs: runs %v, want the two together last", got)
+	}
+	if _, err := parseFleetOptions(append(base, "-alt-haproxy-config", "no-such.cfg"), io.Discard); err == nil || !strings.Contains(err.Error(), "-alt-haproxy-config") {
+		t.Errorf("-alt-haproxy-config no-such.cfg: err %v, want an -alt-haproxy-config error", err)
+	}
+	_, err = parseFleetOptions(append(base, "-profile", t.TempDir(), "-duration", "500ms"), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-profile") {
+		t.Errorf("-profile with -duration 500ms: err %v, want a -profile error", err)
 	}
 }
