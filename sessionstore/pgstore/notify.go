@@ -483,7 +483,7 @@ func (c wakeCodec) decodeJSON(payload string) ([]Wake, error) {
 // that is forged or malformed.
 func (c wakeCodec) openSealed(payload string) (w Wake, ok bool) {
 	const tagLen = len(`,"tag":"`) + 44 + len(`"}`) // a sha256.Size tag in base64
-	if c.key == nil || len(payload) > MaxWakePayload || len(payload) < tagLen {
+	if c.key == nil || len(payload) > MaxWakePayload {
 		return Wake{}, false
 	}
 	b := []byte(payload) // the signal's payload is a slice of it
@@ -498,6 +498,9 @@ func (c wakeCodec) openSealed(payload string) (w Wake, ok bool) {
 		return Wake{}, false
 	}
 	rest := r.b
+	if len(rest) < tagLen {
+		return Wake{}, false
+	}
 	sealed, tail := rest[:len(rest)-tagLen], rest[len(rest)-tagLen:]
 	var tag [sha256.Size + 1]byte
 	if !bytes.HasPrefix(tail, []byte(`,"tag":"`)) || !bytes.HasSuffix(tail, []byte(`"}`)) {
