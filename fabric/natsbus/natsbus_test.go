@@ -234,10 +234,10 @@ func TestNATSBusRefusesGarbledAndForged(t *testing.T) {
 	sig := sessionstore.Signal{ID: "forged-1", Seq: 1, To: sess.Key, FromSession: "alice", Kind: "signal",
 		Payload: json.RawMessage(`"genuine"`), CreatedAt: time.Now().UTC()}
 	sealed, err := raw.SealWakes(ctx, []sessionstore.Wake{{Key: sess.Key, Seq: 1, Signal: &sig, Incarnation: sess.RegisteredAt}})
-	if err != nil || len(sealed) != 1 || !strings.Contains(sealed[0], `"mac"`) {
+	if err != nil || len(sealed) != 1 || !strings.Contains(sealed[0], `"tag"`) {
 		t.Fatalf("seal: %v %q", err, sealed)
 	}
-	forged := strings.Replace(sealed[0], `\"genuine\"`, `\"forged\"`, 1)
+	forged := strings.Replace(sealed[0], `"genuine"`, `"forged!"`, 1)
 	if forged == sealed[0] {
 		t.Fatalf("payload not found in %s", sealed[0])
 	}

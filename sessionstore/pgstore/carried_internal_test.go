@@ -106,3 +106,37 @@ func TestCarriedWakeNeedsTheKey(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkSealOpenWake: what one carried wake-up costs the sender's
+// instance (seal) and the holder's (open), as on the NATS bus: one wake-up
+// per payload, a signal of a typical size.
+func BenchmarkSealOpenWake(b *testing.B) {
+	bob := sessionstore.Key{TenantID: "tenant-0001", ProjectID: "project-0001", SessionID: "session-bench-0042"}
+	at := time.Date(2026, 12, 1, 15, 4, 5, 123456789, time.UTC)
+	sig := sessionstore.Signal{ID: "0193c1d2-7f4e-7a3b-9c1d-2e3f4a5b6c7d", Seq: 1234, To: bob, FromSession: "session-bench-0007",
+		Kind: "message", Payload: []byte(`{"text":"hello from the bench","n":42,"tags":["a","b"]}`), CreatedAt: at,
+		IdempotencyKey: "idem-0001", Delivery: "pushed_to_ws", RouteState: "attached"}
+	wakes := []Wake{{Key: bob, Seq: 1234, Signal: &sig, Incarnation: at.Add(-time.Hour)}}
+	codec := wakeCodec{key: fuzzBusKey}
+	ps, err := codec.encode(wakes)
+	if err != nil || len(ps) != 1 {
+		b.Fatalf("encode: %v, %d payloads", err, len(ps))
+	}
+	b.Run("seal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := codec.encode(wakes); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("open", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			ws, err := codec.decode(ps[0])
+			if err != nil || len(ws) != 1 || ws[0].Signal == nil {
+				b.Fatalf("decode: %v, %v", ws, err)
+			}
+		}
+	})
+}

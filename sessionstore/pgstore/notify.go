@@ -5,14 +5,19 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -74,33 +79,44 @@ const (
 )
 
 // wakePayload is the JSON of a wake-up. A bare one names the session and
-// seq only; one that carries its signal (sessionstore.Wake.Signal) adds the
-// signal, the session's incarnation and a MAC over the entry, keyed by the
-// database's bus key (migration 0008), since any role that can connect may
-// NOTIFY: a carried signal whose MAC does not check out is dropped, and the
-// wake-up is a bare one.
+// seq only; one that carries its signal (sessionstore.Wake.Signal) adds
+// Sealed, a JSON object (wakeSignal) of the signal and the session's
+// incarnation, and Tag, a MAC over the wake-up's session and seq and
+// Sealed's bytes as they travel (sealTag), keyed by the database's bus key
+// (migration 0008), since any role that can connect may NOTIFY. A receiver
+// checks the tag over the bytes it got before it decodes them: a carried
+// signal whose tag does not check out is dropped, and the wake-up is a
+// bare one.
+//
+// The names "sealed" and "tag" are new with this form: an instance of the
+// form before (which carried "registered_at", "signal" and a "mac" over
+// the entry's re-encoded JSON) ignores them, as every instance ignores
+// fields it does not know, and so reads a bare wake-up; this form ignores
+// that one's, likewise. Mixed versions lose no wake-up, only the carried
+// signal, which the holder then reads from the store.
 type wakePayload struct {
 	Tenant  string `json:"tenant"`
 	Project string `json:"project"`
 	Session string `json:"session"`
 	Seq     *int64 `json:"seq"` // required: nil when the payload has none
 
-	RegisteredAt *time.Time  `json:"registered_at,omitempty"`
-	Signal       *wakeSignal `json:"signal,omitempty"`
-	MAC          []byte      `json:"mac,omitempty"`
+	Sealed json.RawMessage `json:"sealed,omitempty"`
+	Tag    []byte          `json:"tag,omitempty"`
 }
 
-// wakeSignal is a carried signal; Payload is the sender's JSON text as a
-// string, so its bytes travel unchanged.
+// wakeSignal is the sealed part of a wake-up that carries its signal.
+// Payload is the sender's JSON text, embedded as it is, so its bytes travel
+// unchanged.
 type wakeSignal struct {
-	ID             string    `json:"id"`
-	From           string    `json:"from"`
-	Kind           string    `json:"kind"`
-	Payload        *string   `json:"payload,omitempty"`
-	CreatedAt      time.Time `json:"created_at"`
-	IdempotencyKey string    `json:"idempotency_key,omitempty"`
-	Delivery       string    `json:"delivery"`
-	RouteState     string    `json:"route_state"`
+	RegisteredAt   time.Time       `json:"registered_at"`
+	ID             string          `json:"id"`
+	From           string          `json:"from"`
+	Kind           string          `json:"kind"`
+	Payload        json.RawMessage `json:"payload,omitempty"`
+	CreatedAt      time.Time       `json:"created_at"`
+	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+	Delivery       string          `json:"delivery"`
+	RouteState     string          `json:"route_state"`
 }
 
 // Wake is one wake-up (sessionstore.Wake).
@@ -190,82 +206,215 @@ func (c wakeCodec) encode(wakes []Wake) ([]string, error) {
 	return payloads, nil
 }
 
-// entry is the JSON object of w: with its signal when the codec has a key
-// and the object fits a payload on its own, else bare.
+// entry is the JSON object of w, the bytes json.Marshal writes for its
+// wakePayload (wakecodec_internal_test.go holds the two to the same bytes): with
+// its signal sealed when the codec has a key and the object fits a payload
+// on its own, else bare.
 func (c wakeCodec) entry(w Wake) ([]byte, error) {
-	p := wakePayload{Tenant: w.Key.TenantID, Project: w.Key.ProjectID, Session: w.Key.SessionID, Seq: &w.Seq}
-	if err := p.validate(); err != nil {
+	if err := validateWake(w.Key, w.Seq); err != nil {
 		return nil, err
 	}
+	dst := make([]byte, 0, 128)
+	dst = append(dst, `{"tenant":`...)
+	dst = appendJSONString(dst, w.Key.TenantID)
+	dst = append(dst, `,"project":`...)
+	dst = appendJSONString(dst, w.Key.ProjectID)
+	dst = append(dst, `,"session":`...)
+	dst = appendJSONString(dst, w.Key.SessionID)
+	dst = append(dst, `,"seq":`...)
+	dst = strconv.AppendInt(dst, w.Seq, 10)
 	if c.key != nil && w.Signal != nil && w.Signal.Seq == w.Seq && w.Signal.To == w.Key {
-		carried := p
-		carried.RegisteredAt, carried.Signal = &w.Incarnation, toWakeSignal(*w.Signal)
-		if b, err := c.seal(carried); err == nil && len(b) < MaxWakeBatchPayload-1 {
-			return b, nil
+		bare := len(dst)
+		dst = append(dst, `,"sealed":`...)
+		var ok bool
+		sealed := len(dst)
+		if dst, ok = appendWakeSignal(dst, w.Signal, w.Incarnation); ok {
+			tag := c.sealTag(w.Key, w.Seq, dst[sealed:])
+			dst = append(dst, `,"tag":"`...)
+			dst = base64.StdEncoding.AppendEncode(dst, tag)
+			dst = append(dst, `"}`...)
+			if len(dst) < MaxWakeBatchPayload-1 {
+				return dst, nil
+			}
+		}
+		dst = dst[:bare]
+	}
+	return append(dst, '}'), nil
+}
+
+// appendWakeSignal appends the sealed part of a wake-up that carries sig
+// for the session of incarnation inc: the bytes json.Marshal writes for its
+// wakeSignal, with the payload as it is. ok is false when it cannot carry
+// them so: a time json cannot write, or a payload that is not one valid
+// UTF-8 JSON value without surrounding space (which would not travel
+// unchanged).
+func appendWakeSignal(dst []byte, sig *sessionstore.Signal, inc time.Time) (_ []byte, ok bool) {
+	if !jsonTime(inc) || !jsonTime(sig.CreatedAt) {
+		return dst, false
+	}
+	if p := sig.Payload; p != nil {
+		if len(p) == 0 || strings.ContainsRune(jsonSpace, rune(p[0])) || strings.ContainsRune(jsonSpace, rune(p[len(p)-1])) ||
+			!utf8.Valid(p) || !json.Valid(p) {
+			return dst, false
 		}
 	}
-	b, err := json.Marshal(p)
-	if err != nil {
-		return nil, fmt.Errorf("encode wake-up: %w", err)
+	dst = append(dst, `{"registered_at":"`...)
+	dst = inc.UTC().AppendFormat(dst, time.RFC3339Nano)
+	dst = append(dst, `","id":`...)
+	dst = appendJSONString(dst, sig.ID)
+	dst = append(dst, `,"from":`...)
+	dst = appendJSONString(dst, sig.FromSession)
+	dst = append(dst, `,"kind":`...)
+	dst = appendJSONString(dst, sig.Kind)
+	if sig.Payload != nil {
+		dst = append(dst, `,"payload":`...)
+		dst = append(dst, sig.Payload...)
 	}
-	return b, nil
-}
-
-// seal is p's JSON with its MAC set.
-func (c wakeCodec) seal(p wakePayload) ([]byte, error) {
-	p.MAC = nil
-	unsealed, err := json.Marshal(p)
-	if err != nil {
-		return nil, err
+	dst = append(dst, `,"created_at":"`...)
+	dst = sig.CreatedAt.UTC().AppendFormat(dst, time.RFC3339Nano)
+	dst = append(dst, '"')
+	if sig.IdempotencyKey != "" {
+		dst = append(dst, `,"idempotency_key":`...)
+		dst = appendJSONString(dst, sig.IdempotencyKey)
 	}
-	p.MAC = c.mac(unsealed)
-	return json.Marshal(p)
+	dst = append(dst, `,"delivery":`...)
+	dst = appendJSONString(dst, string(sig.Delivery))
+	dst = append(dst, `,"route_state":`...)
+	dst = appendJSONString(dst, string(sig.RouteState))
+	return append(dst, '}'), true
 }
 
-// mac is the HMAC-SHA256 of b under the codec's key.
-func (c wakeCodec) mac(b []byte) []byte {
-	h := hmac.New(sha256.New, c.key)
-	h.Write(b)
-	return h.Sum(nil)
+// jsonTime reports whether t's year is one time.Time's MarshalJSON writes.
+func jsonTime(t time.Time) bool {
+	y := t.UTC().Year()
+	return y >= 0 && y <= 9999
 }
 
-// carried returns the signal p carries when its MAC checks out under the
-// codec's key and it is well formed, else nil (a bare wake-up).
+// hexDigits are the digits of a \u escape.
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string, escaped as json.Marshal
+// escapes it (HTML characters, U+2028 and U+2029 too; invalid UTF-8 becomes
+// U+FFFD).
+func appendJSONString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// sealTagDomain opens every tag's input, so that no other use of the bus
+// key can produce one.
+const sealTagDomain = "marconi wake-up sealed v2\x00"
+
+// sealTag is the HMAC-SHA256, under the codec's key, of the wake-up of k and
+// seq that carries sealed: its input is sealTagDomain, each of k's ids
+// after its length (two bytes, big-endian; an id has at most maxWakeField
+// bytes), seq (eight bytes, big-endian), then sealed's bytes, so that
+// neither the sealed part nor the wake-up it belongs to can change.
+func (c wakeCodec) sealTag(k sessionstore.Key, seq int64, sealed []byte) []byte {
+	h := macs.get(c.key)
+	defer macs.put(h)
+	in := append(h.in[:0], sealTagDomain...)
+	for _, id := range [...]string{k.TenantID, k.ProjectID, k.SessionID} {
+		in = binary.BigEndian.AppendUint16(in, uint16(len(id)))
+		in = append(in, id...)
+	}
+	in = binary.BigEndian.AppendUint64(in, uint64(seq))
+	h.in = in
+	h.h.Write(in)
+	h.h.Write(sealed)
+	return h.h.Sum(nil)
+}
+
+// keyedMAC is a reusable HMAC-SHA256 under key, with a buffer for the
+// start of its input.
+type keyedMAC struct {
+	key []byte
+	h   hash.Hash
+	in  []byte
+}
+
+// macPool keeps keyedMACs, since hmac.New costs two hashes' allocations
+// and a key schedule per call.
+type macPool struct{ p sync.Pool }
+
+var macs macPool
+
+// get returns an HMAC under key, reset.
+func (m *macPool) get(key []byte) *keyedMAC {
+	if k, _ := m.p.Get().(*keyedMAC); k != nil && bytes.Equal(k.key, key) {
+		k.h.Reset()
+		return k
+	}
+	return &keyedMAC{key: key, h: hmac.New(sha256.New, key)}
+}
+
+func (m *macPool) put(k *keyedMAC) { m.p.Put(k) }
+
+// carried returns the signal p carries when its tag checks out under the
+// codec's key, over the sealed bytes as received, and they are well formed;
+// else nil (a bare wake-up).
 func (c wakeCodec) carried(p wakePayload) (*sessionstore.Signal, time.Time) {
-	if c.key == nil || p.Signal == nil || p.RegisteredAt == nil || p.MAC == nil {
+	if c.key == nil || p.Sealed == nil || len(p.Tag) != sha256.Size {
 		return nil, time.Time{}
 	}
-	got := p.MAC
-	p.MAC = nil
-	unsealed, err := json.Marshal(p)
-	if err != nil || !hmac.Equal(got, c.mac(unsealed)) {
+	k := sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}
+	if !hmac.Equal(p.Tag, c.sealTag(k, *p.Seq, p.Sealed)) {
 		return nil, time.Time{}
 	}
-	ws := p.Signal
-	if ws.ID == "" || (ws.Payload != nil && !json.Valid([]byte(*ws.Payload))) {
+	var ws wakeSignal
+	if err := json.Unmarshal(p.Sealed, &ws); err != nil || ws.ID == "" {
 		return nil, time.Time{}
 	}
 	sig := &sessionstore.Signal{
-		ID: ws.ID, Seq: *p.Seq, To: sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session},
+		ID: ws.ID, Seq: *p.Seq, To: k, Payload: ws.Payload,
 		FromSession: ws.From, Kind: ws.Kind, CreatedAt: ws.CreatedAt.UTC(), IdempotencyKey: ws.IdempotencyKey,
 		Delivery: marconi.Delivery(ws.Delivery), RouteState: marconi.RouteState(ws.RouteState),
 	}
-	if ws.Payload != nil {
-		sig.Payload = json.RawMessage(*ws.Payload)
-	}
-	return sig, p.RegisteredAt.UTC()
-}
-
-func toWakeSignal(sig sessionstore.Signal) *wakeSignal {
-	ws := &wakeSignal{
-		ID: sig.ID, From: sig.FromSession, Kind: sig.Kind, CreatedAt: sig.CreatedAt,
-		IdempotencyKey: sig.IdempotencyKey, Delivery: string(sig.Delivery), RouteState: string(sig.RouteState),
-	}
-	if sig.Payload != nil {
-		p := string(sig.Payload)
-		ws.Payload = &p
-	}
-	return ws
+	return sig, ws.RegisteredAt.UTC()
 }
 
 // decode parses a NOTIFY payload of either form: one object (as every
@@ -274,6 +423,14 @@ func toWakeSignal(sig sessionstore.Signal) *wakeSignal {
 // DecodeWake: one malformed entry refuses the whole payload. A carried
 // signal is kept only when its MAC checks out under the codec's key.
 func (c wakeCodec) decode(payload string) ([]Wake, error) {
+	if w, ok := c.openSealed(payload); ok {
+		return []Wake{w}, nil
+	}
+	return c.decodeJSON(payload)
+}
+
+// decodeJSON is decode's general way, with encoding/json.
+func (c wakeCodec) decodeJSON(payload string) ([]Wake, error) {
 	var ps []wakePayload
 	if !strings.HasPrefix(strings.TrimLeft(payload, jsonSpace), "[") {
 		if len(payload) > MaxWakePayload {
@@ -317,6 +474,126 @@ func (c wakeCodec) decode(payload string) ([]Wake, error) {
 	return wakes, nil
 }
 
+// openSealed decodes payload without reflection when it is one object
+// exactly as entry writes a sealed wake-up, with ids and strings of
+// printable ASCII that JSON writes unescaped, and its tag checks out over
+// the sealed bytes as received; then it returns what decode's general way
+// would (wakecodec_internal_test.go holds the two to that), and ok. Else ok
+// is false and decode takes the general way, which also judges a payload
+// that is forged or malformed.
+func (c wakeCodec) openSealed(payload string) (w Wake, ok bool) {
+	const tagLen = len(`,"tag":"`) + 44 + len(`"}`) // a sha256.Size tag in base64
+	if c.key == nil || len(payload) > MaxWakePayload {
+		return Wake{}, false
+	}
+	b := []byte(payload) // the signal's payload is a slice of it
+	r := plainScan{b}
+	var seq []byte
+	if !r.lit(`{"tenant":"`) || !r.plain(&w.Key.TenantID) || !r.lit(`,"project":"`) || !r.plain(&w.Key.ProjectID) ||
+		!r.lit(`,"session":"`) || !r.plain(&w.Key.SessionID) || !r.lit(`,"seq":`) || !r.digits(&seq) || !r.lit(`,"sealed":`) {
+		return Wake{}, false
+	}
+	var err error
+	if w.Seq, err = strconv.ParseInt(string(seq), 10, 64); err != nil || validateWake(w.Key, w.Seq) != nil {
+		return Wake{}, false
+	}
+	rest := r.b
+	if len(rest) < tagLen {
+		return Wake{}, false
+	}
+	sealed, tail := rest[:len(rest)-tagLen], rest[len(rest)-tagLen:]
+	var tag [sha256.Size + 1]byte
+	if !bytes.HasPrefix(tail, []byte(`,"tag":"`)) || !bytes.HasSuffix(tail, []byte(`"}`)) {
+		return Wake{}, false
+	}
+	if n, err := base64.StdEncoding.Decode(tag[:], tail[len(`,"tag":"`):len(tail)-2]); err != nil || n != sha256.Size ||
+		!hmac.Equal(tag[:n], c.sealTag(w.Key, w.Seq, sealed)) {
+		return Wake{}, false
+	}
+	// The tag checks out: decode what it covers.
+	sig := &sessionstore.Signal{Seq: w.Seq, To: w.Key}
+	var delivery, route string
+	r = plainScan{sealed}
+	if !r.lit(`{"registered_at":"`) || !r.time(&w.Incarnation) || !r.lit(`,"id":"`) || !r.plain(&sig.ID) ||
+		!r.lit(`,"from":"`) || !r.plain(&sig.FromSession) || !r.lit(`,"kind":"`) || !r.plain(&sig.Kind) {
+		return Wake{}, false
+	}
+	if r.lit(`,"payload":`) {
+		// Every string after the payload is plain, so the last
+		// `,"created_at":"` ends it.
+		i := bytes.LastIndex(r.b, []byte(`,"created_at":"`))
+		if i < 0 || !json.Valid(r.b[:i]) {
+			return Wake{}, false
+		}
+		sig.Payload, r.b = json.RawMessage(r.b[:i:i]), r.b[i:]
+	}
+	if !r.lit(`,"created_at":"`) || !r.time(&sig.CreatedAt) ||
+		(r.lit(`,"idempotency_key":"`) && (!r.plain(&sig.IdempotencyKey) || sig.IdempotencyKey == "")) ||
+		!r.lit(`,"delivery":"`) || !r.plain(&delivery) || !r.lit(`,"route_state":"`) || !r.plain(&route) ||
+		!r.lit(`}`) || len(r.b) != 0 || sig.ID == "" {
+		return Wake{}, false
+	}
+	sig.Delivery, sig.RouteState = marconi.Delivery(delivery), marconi.RouteState(route)
+	w.Signal = sig
+	return w, true
+}
+
+// plainScan reads the JSON that openSealed decodes, from the front of b.
+type plainScan struct{ b []byte }
+
+// lit consumes l when b starts with it.
+func (r *plainScan) lit(l string) bool {
+	if !bytes.HasPrefix(r.b, []byte(l)) {
+		return false
+	}
+	r.b = r.b[len(l):]
+	return true
+}
+
+// plain consumes a string's rest and its closing quote into *s when every
+// byte before that is printable ASCII other than a backslash: the bytes of
+// the string JSON decodes it to.
+func (r *plainScan) plain(s *string) bool {
+	for i, c := range r.b {
+		if c == '"' {
+			*s, r.b = string(r.b[:i]), r.b[i+1:]
+			return true
+		}
+		if c < 0x20 || c > 0x7e || c == '\\' {
+			return false
+		}
+	}
+	return false
+}
+
+// digits consumes a JSON number that is a non-negative integer into *d.
+func (r *plainScan) digits(d *[]byte) bool {
+	n := 0
+	for n < len(r.b) && r.b[n] >= '0' && r.b[n] <= '9' {
+		n++
+	}
+	if n == 0 || (n > 1 && r.b[0] == '0') {
+		return false
+	}
+	*d, r.b = r.b[:n], r.b[n:]
+	return true
+}
+
+// time consumes a string's rest into *t, as time.Time's UnmarshalJSON
+// reads it, in UTC.
+func (r *plainScan) time(t *time.Time) bool {
+	i := bytes.IndexByte(r.b, '"')
+	if i < 0 {
+		return false
+	}
+	var v time.Time
+	if err := v.UnmarshalText(r.b[:i]); err != nil {
+		return false
+	}
+	*t, r.b = v.UTC(), r.b[i+1:]
+	return true
+}
+
 // jsonSpace is JSON's whitespace.
 const jsonSpace = " \t\r\n"
 
@@ -325,16 +602,22 @@ const jsonSpace = " \t\r\n"
 func onlySpace(s string) bool { return strings.Trim(s, jsonSpace) == "" }
 
 func (p wakePayload) validate() error {
-	for _, f := range []struct{ name, v string }{{"tenant", p.Tenant}, {"project", p.Project}, {"session", p.Session}} {
+	if p.Seq == nil {
+		return errors.New("wake-up has no seq")
+	}
+	return validateWake(sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, *p.Seq)
+}
+
+// validateWake refuses a wake-up that names no session, or one with an id
+// over maxWakeField bytes, or a negative seq.
+func validateWake(k sessionstore.Key, seq int64) error {
+	for _, f := range [...]struct{ name, v string }{{"tenant", k.TenantID}, {"project", k.ProjectID}, {"session", k.SessionID}} {
 		if f.v == "" || len(f.v) > maxWakeField {
 			return fmt.Errorf("wake-up %s must have 1 to %d bytes", f.name, maxWakeField)
 		}
 	}
-	if p.Seq == nil {
-		return errors.New("wake-up has no seq")
-	}
-	if *p.Seq < 0 { // 0 is a check wake-up (fabric.CheckSeq)
-		return fmt.Errorf("wake-up seq %d is negative", *p.Seq)
+	if seq < 0 { // 0 is a check wake-up (fabric.CheckSeq)
+		return fmt.Errorf("wake-up seq %d is negative", seq)
 	}
 	return nil
 }
