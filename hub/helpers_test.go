@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/metrictest"
 )
 
 // call does one HTTP request and decodes the JSON answer into a map.
@@ -176,36 +177,7 @@ func metric(t *testing.T, h *hubtest.Hub, name string, labels ...string) float64
 // name with the given label pairs, and whether there is one.
 func lookupMetric(t *testing.T, h *hubtest.Hub, name string, labels ...string) (float64, bool) {
 	t.Helper()
-	mfs, err := h.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue next
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				return m.Counter.GetValue(), true
-			case m.Gauge != nil:
-				return m.Gauge.GetValue(), true
-			}
-		}
-	}
-	return 0, false
+	return metrictest.Lookup(t, h.Registry, name, labels...)
 }
 
 var _ = testutil.ToFloat64

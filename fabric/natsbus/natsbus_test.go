@@ -20,6 +20,7 @@ import (
 	"github.com/marconihub/marconi/fabric/natsbus"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/metrictest"
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/internal/testproxy"
 	"github.com/marconihub/marconi/sessionstore"
@@ -362,34 +363,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // the given label pairs in g, 0 when there is none.
 func metric(t *testing.T, g prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue next
-				}
-			}
-			if m.GetCounter() != nil {
-				return m.GetCounter().GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return 0
+	v, _ := metrictest.Lookup(t, g, name, labels...)
+	return v
 }
 
 // testLog logs to stderr when MARCONI_TEST_LOG is set, else nowhere.
