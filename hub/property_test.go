@@ -428,7 +428,16 @@ func (m *model) send(rt *rapid.T) {
 		wantDelivery = "pushed_to_ws"
 	}
 	if body["delivery"] != wantDelivery {
-		rt.Fatalf("send to %s: delivery %v, want %s", to.id, body["delivery"], wantDelivery)
+		// Say what the hub and the connection showed, so that a failure
+		// seen once under load can be read without reproducing it.
+		conn := "no connection"
+		if c := to.conn; c != nil {
+			c.mu.Lock()
+			conn = fmt.Sprintf("connection on instance %d, closed by %d (%v)", c.hub, c.closeBy, c.readErr)
+			c.mu.Unlock()
+		}
+		rt.Fatalf("send to %s through instance %d: delivery %v (route_state %v), want %s; %s; route state on every instance: %q",
+			to.id, slices.Index(m.hubs, m.h), body["delivery"], body["route_state"], wantDelivery, conn, m.routeState(rt, to))
 	}
 	to.lastSeq = seq
 	sig := modelSignal{ID: body["signal_id"].(string), Seq: seq, From: from.id, Payload: payload}
