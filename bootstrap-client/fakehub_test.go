@@ -442,6 +442,35 @@ func TestFakeSessionExpiredReregisters(t *testing.T) {
 	h.mu.Unlock()
 }
 
+// A call answered 410 while Deregister is under way (a heartbeat that
+// raced the DELETE) does not register the session again: the agent asked
+// for it to end, and a new registration would outlive the client until its
+// TTL.
+func TestFakeNoReregistrationWhileDeregistering(t *testing.T) {
+	h := newFakeHub(t)
+	defer h.close()
+	c := dialFake(t, h.srv.URL, Config{SessionID: "agent-7"})
+	defer c.Close()
+	c.mu.Lock()
+	c.ending = true // as Deregister sets it before its DELETE
+	c.mu.Unlock()
+	h.mu.Lock()
+	h.expired = true
+	h.mu.Unlock()
+	_, err := c.Send(context.Background(), "peer", "", 1)
+	if !errors.Is(err, errEnding) {
+		t.Fatalf("Send answered 410 while deregistering = %v, want errEnding", err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.registers) != 1 {
+		t.Errorf("register answers %v, want the dial's only", h.registers)
+	}
+	if got := c.Stats().Reregistrations; got != 0 {
+		t.Errorf("Reregistrations = %d, want 0", got)
+	}
+}
+
 // TestFakeDrainAfterReregistrationStartsAtZero: signals 1..3 of the first
 // registration were delivered; the session is registered again, and while
 // its WebSocket cannot attach the client drains over HTTP. The new

@@ -183,17 +183,26 @@ func (c *Client) register(ctx context.Context) error {
 	return c.keep(ctx)
 }
 
+// errEnding is why a call answered 410 during Deregister is not made again.
+var errEnding = errors.New("bootstrap: the session is being deregistered; not registering it again")
+
 // reregister registers the session_id again after the hub answered 410
 // session_expired to a call made with token stale. Only the first of several
 // concurrent callers registers; the others find the token changed and return.
 // The WebSocket of the old registration is closed so the supervisor attaches
-// anew right away.
+// anew right away. While Deregister is under way it registers nothing and
+// returns errEnding.
 func (c *Client) reregister(ctx context.Context, stale string) error {
 	c.regMu.Lock()
 	defer c.regMu.Unlock()
 	c.mu.Lock()
-	id, token := c.sessionID, c.token
+	id, token, ending := c.sessionID, c.token, c.ending
 	c.mu.Unlock()
+	if ending {
+		// Deregister ended the session on purpose: a call that raced it
+		// (a heartbeat, a drain) must not bring it back.
+		return errEnding
+	}
 	if token != stale {
 		return nil
 	}
