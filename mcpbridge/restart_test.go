@@ -99,6 +99,11 @@ func TestExitKeepsSessionUnlessDeregisterOnExit(t *testing.T) {
 		t.Fatalf("after the restart bob read %v", tx)
 	}
 	bob.stop()
+	t.Cleanup(func() { // what the bridge said of its exit, should it not deregister
+		if t.Failed() {
+			t.Logf("bob's stderr:\n%s", bob.stderr.String())
+		}
+	})
 	eventually(t, "bob deregistered on exit", func() bool {
 		st, _ := routeState(t, h.URL, h.AdminToken, "bob")
 		return st == "not_registered"
