@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -12,22 +11,9 @@ import (
 	"github.com/coder/websocket"
 	"github.com/nats-io/nats.go"
 
+	"github.com/marconihub/marconi/internal/natstest"
 	"github.com/marconihub/marconi/internal/pgtest"
 )
-
-// testNATSURL is the NATS server of the tests (MARCONI_TEST_NATS_URL); they
-// skip without it, or fail when MARCONI_TEST_REQUIRE_NATS=1.
-func testNATSURL(t *testing.T) string {
-	t.Helper()
-	if u := os.Getenv("MARCONI_TEST_NATS_URL"); u != "" {
-		return u
-	}
-	if os.Getenv("MARCONI_TEST_REQUIRE_NATS") == "1" {
-		t.Fatal("MARCONI_TEST_NATS_URL is not set and MARCONI_TEST_REQUIRE_NATS=1: NATS tests must run")
-	}
-	t.Skip("skipping NATS test: MARCONI_TEST_NATS_URL is not set")
-	return ""
-}
 
 // TestTwoInstancesWakeThroughNATS runs two hub processes in-process on one
 // database with MARCONI_BUS_URL set: a send on hub-a reaches a WebSocket on
@@ -36,7 +22,7 @@ func testNATSURL(t *testing.T) string {
 // listener holds beside NATS).
 func TestTwoInstancesWakeThroughNATS(t *testing.T) {
 	db := pgtest.Schema(t)
-	bus := testNATSURL(t)
+	bus := natstest.URL(t)
 	const key, admin = "e2e-key-0123456789abcdef", "e2e-admin-0123456789abcdef"
 	common := func(id string) map[string]string {
 		return map[string]string{

@@ -21,6 +21,7 @@ import (
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/internal/metrictest"
+	"github.com/marconihub/marconi/internal/natstest"
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/internal/testproxy"
 	"github.com/marconihub/marconi/sessionstore"
@@ -30,25 +31,6 @@ import (
 // TestMain fails the package when a goroutine outlives its tests: the
 // buses, hubs and NATS connections are all closed by then.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// The NATS server the tests use: MARCONI_TEST_NATS_URL; without it they
-// skip with one clear line, or fail when MARCONI_TEST_REQUIRE_NATS=1.
-const (
-	envNATSURL     = "MARCONI_TEST_NATS_URL"
-	envRequireNATS = "MARCONI_TEST_REQUIRE_NATS"
-)
-
-func natsURL(t *testing.T) string {
-	t.Helper()
-	if u := os.Getenv(envNATSURL); u != "" {
-		return u
-	}
-	if os.Getenv(envRequireNATS) == "1" {
-		t.Fatalf("%s is not set and %s=1: NATS tests must run", envNATSURL, envRequireNATS)
-	}
-	t.Skipf("skipping NATS test: %s is not set", envNATSURL)
-	return ""
-}
 
 // noSweep is a pending-sweep interval no test outlives: a signal that
 // arrives under it came by a wake-up.
@@ -80,7 +62,7 @@ func startPair(t *testing.T, o pairOptions) *pair {
 	if o.pgURL == "" {
 		o.pgURL = pgtest.Schema(t)
 	}
-	server := natsURL(t)
+	server := natstest.URL(t)
 	if o.natsA == "" {
 		o.natsA = server
 	}
@@ -150,7 +132,7 @@ func TestCrossInstanceOnNATSInOrder(t *testing.T) {
 // back up, the bus delivers again.
 func TestCrossInstanceNATSDownFallsBackToSweep(t *testing.T) {
 	t.Parallel()
-	proxy := testproxy.Start(t, strings.TrimPrefix(natsURL(t), "nats://"))
+	proxy := testproxy.Start(t, strings.TrimPrefix(natstest.URL(t), "nats://"))
 	via := "nats://" + proxy.Addr()
 	p := startPair(t, pairOptions{sweepB: 100 * time.Millisecond, natsA: via, natsB: via})
 	alice := register(t, p.a.hub, "alice")
@@ -214,7 +196,7 @@ func TestNATSBusRefusesGarbledAndForged(t *testing.T) {
 		t.Fatal(err)
 	}
 	subject := "marconi.wake." + ch
-	nc, err := nats.Connect(natsURL(t))
+	nc, err := nats.Connect(natstest.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}

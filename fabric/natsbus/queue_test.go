@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/marconihub/marconi/fabric/natsbus"
+	"github.com/marconihub/marconi/internal/natstest"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
@@ -77,7 +78,7 @@ func listenOn(t *testing.T, b *natsbus.Bus, instance string) (wakes, connects *a
 // the client drops wake-ups, the overflow is counted, and the listener
 // catches every queue up (onConnect) once it can.
 func TestNATSBusQueueIsBounded(t *testing.T) {
-	url := natsURL(t)
+	url := natstest.URL(t)
 	st, reg := newFakeStore(), prometheus.NewRegistry()
 	b, err := natsbus.New(natsbus.Config{URL: url, QueueSize: 4}, st, reg, testLog)
 	if err != nil {
@@ -106,7 +107,7 @@ func TestNATSBusQueueIsBounded(t *testing.T) {
 // NATS unreachable: New does not wait for it, and Publish fails at once
 // rather than buffer, so the hub counts the failure and the sweep delivers.
 func TestNATSBusUnreachable(t *testing.T) {
-	natsURL(t)
+	natstest.URL(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
