@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"golang.org/x/sync/errgroup"
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
@@ -193,6 +194,9 @@ type stepMarks struct{ start, end func() }
 // durableStepMarked is durableStep that calls marks (when not nil) at the
 // edges of the measured window.
 func durableStepMarked(ctx context.Context, o durableOptions, senderHub, recipientHub string, n int, marks *stepMarks) (durableResult, error) {
+	if err := settleDatabase(ctx, o.databaseURL); err != nil {
+		return durableResult{}, err
+	}
 	var clients []*bootstrap.Client
 	defer func() {
 		for _, c := range clients {
@@ -240,6 +244,31 @@ func durableStepMarked(ctx context.Context, o durableOptions, senderHub, recipie
 		_, err := senders[i].Send(ctx, recipients[i], "bench", body)
 		return err
 	})
+}
+
+// settleDatabase vacuums the hubs' database and checkpoints the server, so
+// that every step starts from the same state: neither the dead rows of the
+// steps before it (which a Postgres with autovacuum, as in production,
+// would have cleaned) nor their dirty buffers (which this step's
+// backends would otherwise write out themselves before they could read)
+// weigh on it. Without it, a step that follows another at once was seen
+// at a quarter of the sends/s of the same step after a CHECKPOINT, so a
+// fleet's second run (three instances) paid for its first (one instance).
+func settleDatabase(ctx context.Context, databaseURL string) error {
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, databaseURL)
+	if err != nil {
+		return fmt.Errorf("settle the database before a step: %w", err)
+	}
+	defer conn.Close(cctx)
+	if _, err := conn.Exec(cctx, `VACUUM`); err != nil {
+		return fmt.Errorf("settle the database before a step: VACUUM: %w", err)
+	}
+	if _, err := conn.Exec(cctx, `CHECKPOINT`); err != nil {
+		return fmt.Errorf("settle the database before a step: CHECKPOINT (needs a superuser or the pg_checkpoint role): %w", err)
+	}
+	return nil
 }
 
 // closedLoop runs n loops of send (the next call after the answer to the
