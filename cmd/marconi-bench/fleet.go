@@ -170,13 +170,23 @@ type fleetResult struct {
 	durableResult
 	commitsPerSend float64
 	cpuPerSend     time.Duration
+	// pgPerSend is the CPU of every postgres process of the machine per
+	// send (the server is shared: other databases' backends count too);
+	// loadPerSend this process's (the load: senders and recipients).
+	pgPerSend, loadPerSend time.Duration
+	// idle is the share of the machine's CPU time left idle in the window:
+	// near 0, the run was bound by the machine's cores, not by a lock or
+	// a round trip.
+	idle float64
+	// busyPerSend is the machine's busy CPU time per send: every process.
+	busyPerSend time.Duration
 }
 
 func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 	n := o.senders[0]
 	fmt.Fprintf(out, "fleet: %d senders, each to its own attached recipient (acking over its WebSocket), payload %d B, %s per run after a %s warm-up, %d rounds\n",
 		n, o.payload, o.step, durableWarmup, o.rounds)
-	fmt.Fprintf(out, "%-6s %-7s %-10s %-12s %10s %10s %10s %14s %14s %8s\n", "round", "build", "instances", "bus", "sends/s", "p50", "p99", "commits/send", "hub_cpu/send", "failed")
+	fmt.Fprintf(out, "%-6s %-7s %-10s %-12s %10s %10s %10s %14s %14s %13s %14s %6s %8s\n", "round", "build", "instances", "bus", "sends/s", "p50", "p99", "commits/send", "hub_cpu/send", "pg_cpu/send", "load_cpu/send", "idle", "failed")
 	builds := []string{o.marconi}
 	if o.before != "" {
 		builds = []string{o.before, o.marconi}
@@ -208,8 +218,9 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(out, "%-6d %-7s %-10d %-12s %10.0f %10s %10s %14.2f %14s %8d\n", round, name, c.instances, c.label(), r.perSec,
-					r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.commitsPerSend, r.cpuPerSend.Round(time.Microsecond), r.failed)
+				fmt.Fprintf(out, "%-6d %-7s %-10d %-12s %10.0f %10s %10s %14.2f %14s %13s %14s %5.0f%% %8d\n", round, name, c.instances, c.label(), r.perSec,
+					r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.commitsPerSend, r.cpuPerSend.Round(time.Microsecond),
+					r.pgPerSend.Round(time.Microsecond), r.loadPerSend.Round(time.Microsecond), 100*r.idle, r.failed)
 				key := fmt.Sprintf("%s/%d/%s", name, c.instances, c.label())
 				results[key] = append(results[key], r)
 			}
@@ -322,8 +333,12 @@ func fleetRatios(what string, rounds int, b, a fleetResult) string {
 	if a.perSec <= 0 || a.p99 <= 0 || a.commitsPerSend <= 0 || a.cpuPerSend <= 0 {
 		return what + ": no figures to divide by"
 	}
-	return fmt.Sprintf("%s (means of %d rounds): sends/s %.2fx, p99 %.2fx, commits per send %.2fx, hub CPU per send %.2fx",
-		what, rounds, b.perSec/a.perSec, float64(b.p99)/float64(a.p99), b.commitsPerSend/a.commitsPerSend, float64(b.cpuPerSend)/float64(a.cpuPerSend))
+	machine := "machine CPU per send not read"
+	if a.busyPerSend > 0 {
+		machine = fmt.Sprintf("machine CPU per send %.2fx", float64(b.busyPerSend)/float64(a.busyPerSend))
+	}
+	return fmt.Sprintf("%s (means of %d rounds): sends/s %.2fx, p99 %.2fx, commits per send %.2fx, hub CPU per send %.2fx, %s",
+		what, rounds, b.perSec/a.perSec, float64(b.p99)/float64(a.p99), b.commitsPerSend/a.commitsPerSend, float64(b.cpuPerSend)/float64(a.cpuPerSend), machine)
 }
 
 // buildName is how a row names the binary it ran: before or after.
@@ -342,6 +357,7 @@ func meanFleet(rs []fleetResult) fleetResult {
 		m.p99 += r.p99 / time.Duration(len(rs))
 		m.commitsPerSend += r.commitsPerSend / float64(len(rs))
 		m.cpuPerSend += r.cpuPerSend / time.Duration(len(rs))
+		m.busyPerSend += r.busyPerSend / time.Duration(len(rs))
 	}
 	return m
 }
@@ -404,6 +420,16 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 	if r.sends > 0 {
 		out.commitsPerSend = float64(after.commits-before.commits) / float64(r.sends)
 		out.cpuPerSend = (after.cpu - before.cpu) / time.Duration(r.sends)
+		out.pgPerSend = (after.pgCPU - before.pgCPU) / time.Duration(r.sends)
+		out.loadPerSend = (after.selfCPU - before.selfCPU) / time.Duration(r.sends)
+	}
+	if total := after.machine.total - before.machine.total; total > 0 {
+		idle := after.machine.idle - before.machine.idle
+		out.idle = float64(idle) / float64(total)
+		if r.sends > 0 {
+			const tick = time.Second / 100 // USER_HZ on Linux
+			out.busyPerSend = time.Duration(total-idle) * tick / time.Duration(r.sends)
+		}
 	}
 	return out, nil
 }
@@ -413,7 +439,63 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 type fleetSample struct {
 	commits int64
 	cpu     time.Duration
-	started bool // the sample was taken
+	// pgCPU is every postgres process's CPU time, selfCPU this process's.
+	pgCPU, selfCPU time.Duration
+	machine        machineTicks
+	started        bool // the sample was taken
+}
+
+// machineTicks are the machine's CPU time counters from /proc/stat, in
+// ticks: all of it, and the idle part (idle and iowait).
+type machineTicks struct{ total, idle int64 }
+
+// readMachineTicks reads /proc/stat's first line (zero when it cannot).
+func readMachineTicks() machineTicks {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return machineTicks{}
+	}
+	return parseMachineTicks(string(b))
+}
+
+// parseMachineTicks reads the machine's ticks from /proc/stat's text.
+func parseMachineTicks(stat string) machineTicks {
+	line, _, _ := strings.Cut(stat, "\n")
+	f := strings.Fields(line)
+	if len(f) < 6 || f[0] != "cpu" {
+		return machineTicks{}
+	}
+	var t machineTicks
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		if i >= 8 { // guest time is already counted in user time
+			break
+		}
+		t.total += n
+		if i == 3 || i == 4 { // idle, iowait
+			t.idle += n
+		}
+	}
+	return t
+}
+
+// processesCPU is the CPU time of every process whose command is comm.
+func processesCPU(comm string) time.Duration {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	var sum time.Duration
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if c, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm")); err == nil && strings.TrimSpace(string(c)) == comm {
+			sum += processCPU(pid)
+		}
+	}
+	return sum
 }
 
 // fetchProfile writes hub's CPU profile over the whole seconds of step to
@@ -483,6 +565,9 @@ func sampleFleet(ctx context.Context, databaseURL string, hubs []*benchHub) flee
 	for _, h := range hubs {
 		s.cpu += processCPU(h.cmd.Process.Pid)
 	}
+	s.pgCPU = processesCPU("postgres")
+	s.selfCPU = processCPU(os.Getpid())
+	s.machine = readMachineTicks()
 	return s
 }
 

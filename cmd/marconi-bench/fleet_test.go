@@ -134,3 +134,16 @@ func TestFleetGOMAXPROCS(t *testing.T) {
 		t.Errorf("-profile with -duration 500ms: err %v, want a -profile error", err)
 	}
 }
+
+func TestParseMachineTicks(t *testing.T) {
+	// user nice system idle iowait irq softirq steal guest guest_nice
+	got := parseMachineTicks("cpu  100 2 30 500 7 0 11 5 40 3\ncpu0 50 1 15 250 3 0 5 2 20 1\n")
+	if want := (machineTicks{total: 100 + 2 + 30 + 500 + 7 + 0 + 11 + 5, idle: 500 + 7}); got != want {
+		t.Fatalf("parseMachineTicks = %+v, want %+v (guest time is part of user time, idle counts iowait)", got, want)
+	}
+	for _, bad := range []string{"", "intr 1 2 3\n", "cpu 1 2\n"} {
+		if got := parseMachineTicks(bad); got != (machineTicks{}) {
+			t.Errorf("parseMachineTicks(%q) = %+v, want zero", bad, got)
+		}
+	}
+}
