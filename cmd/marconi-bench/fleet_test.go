@@ -5,6 +5,11 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/marconihub/marconi/internal/pgtest"
 )
 
 // fleet -bus-url takes a NATS server on this machine only, and adds a run
@@ -145,5 +150,53 @@ func TestParseMachineTicks(t *testing.T) {
 		if got := parseMachineTicks(bad); got != (machineTicks{}) {
 			t.Errorf("parseMachineTicks(%q) = %+v, want zero", bad, got)
 		}
+	}
+}
+
+// TestSettleDatabaseVacuumsAndCheckpoints runs a step's settling on a
+// migrated schema of the real Postgres: the server checkpoints, and the
+// tables a step writes are vacuumed.
+func TestSettleDatabaseVacuumsAndCheckpoints(t *testing.T) {
+	url := pgtest.Schema(t)
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	checkpoints := func() int64 {
+		var n int64
+		if err := conn.QueryRow(ctx, `SELECT checkpoints_req FROM pg_stat_bgwriter`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO project_usage_deltas (tenant_id, project_id, delta)
+		SELECT 't', 'p', g FROM generate_series(1, 500) AS g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `DELETE FROM project_usage_deltas`); err != nil {
+		t.Fatal(err)
+	}
+	before := checkpoints()
+	var start time.Time
+	if err := conn.QueryRow(ctx, `SELECT now()`).Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	if err := settleDatabase(ctx, url); err != nil {
+		t.Fatalf("settleDatabase: %v", err)
+	}
+	if after := checkpoints(); after <= before {
+		t.Errorf("requested checkpoints %d before and %d after: settleDatabase did not checkpoint", before, after)
+	}
+	// Whether VACUUM could remove the dead rows depends on every other
+	// transaction of the database (other tests'), so ask whether it ran.
+	var vacuumed bool
+	if err := conn.QueryRow(ctx, `SELECT coalesce(last_vacuum >= $1, false) FROM pg_stat_user_tables
+		WHERE relid = 'project_usage_deltas'::regclass`, start).Scan(&vacuumed); err != nil {
+		t.Fatal(err)
+	}
+	if !vacuumed {
+		t.Error("project_usage_deltas was not vacuumed by settleDatabase")
 	}
 }
