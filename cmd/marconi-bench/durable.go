@@ -259,20 +259,19 @@ const settledTables = "sessions, signals, project_usage, project_usage_deltas, i
 // at a quarter of the sends/s of the same step after a CHECKPOINT, so a
 // fleet's second run (three instances) paid for its first (one instance).
 func settleDatabase(ctx context.Context, databaseURL string) error {
-	// CHECKPOINT also writes what other databases dirtied: it is the
-	// server's buffers that a step would otherwise clean.
-	cctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(cctx, databaseURL)
+	err := withConn(ctx, databaseURL, func(ctx context.Context, conn *pgx.Conn) error {
+		if _, err := conn.Exec(ctx, `VACUUM `+settledTables); err != nil {
+			return fmt.Errorf("VACUUM: %w", err)
+		}
+		// CHECKPOINT also writes what other databases dirtied: it is the
+		// server's buffers that a step would otherwise clean.
+		if _, err := conn.Exec(ctx, `CHECKPOINT`); err != nil {
+			return fmt.Errorf("CHECKPOINT (needs a superuser or the pg_checkpoint role): %w", err)
+		}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("settle the database before a step: %w", err)
-	}
-	defer conn.Close(cctx)
-	if _, err := conn.Exec(cctx, `VACUUM `+settledTables); err != nil {
-		return fmt.Errorf("settle the database before a step: VACUUM: %w", err)
-	}
-	if _, err := conn.Exec(cctx, `CHECKPOINT`); err != nil {
-		return fmt.Errorf("settle the database before a step: CHECKPOINT (needs a superuser or the pg_checkpoint role): %w", err)
 	}
 	return nil
 }

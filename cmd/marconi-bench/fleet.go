@@ -39,7 +39,8 @@ import (
 // -haproxy-config (and, with both, a run of the two together). With
 // -profile DIR every hub's CPU profile over each measured window is written
 // to DIR for go tool pprof, with the run's sends beside it to read it per
-// send.
+// send. With -statements N each run lists the N statements Postgres spent
+// the most time on, per send (statements.go).
 
 // Bounds of a fleet run.
 const (
@@ -47,6 +48,8 @@ const (
 	fleetInstances   = 3
 	haproxyStartWait = 10 * time.Second
 	maxFleetProcs    = 64
+	// maxFleetStatements bounds -statements.
+	maxFleetStatements = 20
 	// benchAdminToken is the hubs' admin token, which their pprof
 	// endpoint asks for.
 	benchAdminToken = "madm_durable_bench_local_only"
@@ -76,6 +79,9 @@ type fleetOptions struct {
 	profileDir string
 	// profileTag names one run's profile files; set by runFleet.
 	profileTag string
+	// statements is how many of Postgres's statements each run lists
+	// (pg_stat_statements); zero: none.
+	statements int
 }
 
 func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
@@ -95,6 +101,7 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	fs.IntVar(&o.procs, "gomaxprocs", 0, fmt.Sprintf("when set (1..%d), each round also runs the three instances with GOMAXPROCS set to it (on NATS with -bus-url); -marconi only", maxFleetProcs))
 	fs.StringVar(&o.altConfig, "alt-haproxy-config", "", "another balancer configuration: each round also runs the three instances behind it (on NATS with -bus-url); -marconi only")
 	fs.StringVar(&o.profileDir, "profile", "", "a directory to write every hub's CPU profile of every run into (MARCONI_PPROF=on; one file per hub and run, and runs.tsv with each run's sends)")
+	fs.IntVar(&o.statements, "statements", 0, fmt.Sprintf("when set (1..%d), each run lists that many of the database's statements that took the most time, per send (pg_stat_statements: the server must preload it; its statistics are reset at each run's start)", maxFleetStatements))
 	fs.IntVar(&o.rounds, "rounds", 2, fmt.Sprintf("rounds of one run each, one instance then three (1..%d)", maxFleetRounds))
 	instances := fs.String("instances", fmt.Sprintf("1,%d", fleetInstances), fmt.Sprintf("the fleet sizes each round runs: 1, %d or 1,%d (1 alone for a quick before/after of one instance)", fleetInstances, fleetInstances))
 	if err := fs.Parse(args); err != nil {
@@ -116,6 +123,8 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 		return o, fmt.Errorf("-rounds %d: want 1..%d", o.rounds, maxFleetRounds)
 	case o.procs < 0 || o.procs > maxFleetProcs:
 		return o, fmt.Errorf("-gomaxprocs %d: want 1..%d, or 0 for none", o.procs, maxFleetProcs)
+	case o.statements < 0 || o.statements > maxFleetStatements:
+		return o, fmt.Errorf("-statements %d: want 1..%d, or 0 for none", o.statements, maxFleetStatements)
 	case o.profileDir != "" && o.step < time.Second:
 		return o, fmt.Errorf("-profile: a CPU profile needs -duration of at least 1s")
 	}
@@ -180,6 +189,8 @@ type fleetResult struct {
 	idle float64
 	// busyPerSend is the machine's busy CPU time per send: every process.
 	busyPerSend time.Duration
+	// statements are the run's costliest statements (-statements).
+	statements []statementCost
 }
 
 func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
@@ -221,6 +232,7 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 				fmt.Fprintf(out, "%-6d %-7s %-10d %-12s %10.0f %10s %10s %14.2f %14s %13s %14s %5.0f%% %8d\n", round, name, c.instances, c.label(), r.perSec,
 					r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.commitsPerSend, r.cpuPerSend.Round(time.Microsecond),
 					r.pgPerSend.Round(time.Microsecond), r.loadPerSend.Round(time.Microsecond), 100*r.idle, r.failed)
+				printStatements(out, r)
 				key := fmt.Sprintf("%s/%d/%s", name, c.instances, c.label())
 				results[key] = append(results[key], r)
 			}
@@ -388,9 +400,19 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 		target = lb.url
 	}
 	var before, after fleetSample
+	var stmts []statementCost
+	var stmtErr error
+	if o.statements > 0 {
+		if stmtErr = enableStatements(ctx, o.databaseURL); stmtErr != nil {
+			return fleetResult{}, stmtErr
+		}
+	}
 	profiles := make(chan error, len(hubs))
 	marks := &stepMarks{
 		start: func() {
+			if o.statements > 0 {
+				stmtErr = resetStatements(ctx, o.databaseURL)
+			}
 			before = sampleFleet(ctx, o.databaseURL, hubs)
 			if o.profileTag != "" {
 				for i, h := range hubs {
@@ -399,7 +421,12 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 				}
 			}
 		},
-		end: func() { after = sampleFleet(ctx, o.databaseURL, hubs) },
+		end: func() {
+			after = sampleFleet(ctx, o.databaseURL, hubs)
+			if o.statements > 0 && stmtErr == nil {
+				stmts, stmtErr = topStatements(ctx, o.databaseURL, o.statements)
+			}
+		},
 	}
 	r, err := durableStepMarked(ctx, o.durableOptions, target, target, o.senders[0], marks)
 	if o.profileTag != "" && before.started {
@@ -413,10 +440,13 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 			err = appendRunsTSV(o.profileDir, o.profileTag, r.sends, after.cpu-before.cpu)
 		}
 	}
+	if err == nil {
+		err = stmtErr
+	}
 	if err != nil {
 		return fleetResult{}, err
 	}
-	out := fleetResult{durableResult: r}
+	out := fleetResult{durableResult: r, statements: stmts}
 	if r.sends > 0 {
 		out.commitsPerSend = float64(after.commits-before.commits) / float64(r.sends)
 		out.cpuPerSend = (after.cpu - before.cpu) / time.Duration(r.sends)
