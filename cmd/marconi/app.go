@@ -77,6 +77,15 @@ func (m *Main) Run(ctx context.Context) error {
 			return fmt.Errorf("MARCONI_DATABASE_URL: %w", err)
 		}
 		m.store = st
+		// Off the start's path: a store still unreachable must not hold
+		// the listener up for a warning.
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			if w := st.AutovacuumWarning(bg); w != "" {
+				m.Logger.Warn(w)
+			}
+		}()
 		bus = pgstore.NewBus(st, m.Logger)
 		if cfg.BusURL != "" {
 			nb, err := natsbus.New(natsbus.Config{URL: cfg.BusURL, QueueSize: cfg.BusQueueSize, Name: "marconi " + cfg.Hub.InstanceID},
