@@ -179,9 +179,9 @@ type fleetResult struct {
 	durableResult
 	commitsPerSend float64
 	cpuPerSend     time.Duration
-	// pgPerSend is the CPU of every postgres process of the machine per
-	// send (the server is shared: other databases' backends count too);
-	// loadPerSend this process's (the load: senders and recipients).
+	// pgPerSend is the Postgres server's CPU per send (all of it: other
+	// databases' backends count too); loadPerSend this process's (the
+	// load: senders and recipients).
 	pgPerSend, loadPerSend time.Duration
 	// idle is the share of the machine's CPU time left idle in the window:
 	// near 0, the run was bound by the machine's cores, not by a lock or
@@ -469,7 +469,7 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 type fleetSample struct {
 	commits int64
 	cpu     time.Duration
-	// pgCPU is every postgres process's CPU time, selfCPU this process's.
+	// pgCPU is the Postgres server's CPU time, selfCPU this process's.
 	pgCPU, selfCPU time.Duration
 	machine        machineTicks
 	started        bool // the sample was taken
@@ -509,23 +509,38 @@ func parseMachineTicks(stat string) machineTicks {
 	return t
 }
 
-// processesCPU is the CPU time of every process whose command is comm.
-func processesCPU(comm string) time.Duration {
+// serverCPU is the CPU time of the Postgres server that runs backend (a
+// backend's pid on this machine): its postmaster and every process the
+// postmaster started (backends of every database, the WAL writer, the
+// checkpointer). Another server on the machine is not counted; zero when
+// /proc cannot say.
+func serverCPU(backend int) time.Duration {
+	postmaster := parentPID(backend)
+	if postmaster <= 1 {
+		return 0
+	}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0
 	}
-	var sum time.Duration
+	sum := processCPU(postmaster)
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if c, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm")); err == nil && strings.TrimSpace(string(c)) == comm {
+		if err == nil && parentPID(pid) == postmaster {
 			sum += processCPU(pid)
 		}
 	}
 	return sum
+}
+
+// parentPID is pid's parent from /proc (zero when it cannot be read).
+func parentPID(pid int) int {
+	f := procStatFields(pid)
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
 }
 
 // fetchProfile writes hub's CPU profile over the whole seconds of step to
@@ -590,12 +605,15 @@ func sampleFleet(ctx context.Context, databaseURL string, hubs []*benchHub) flee
 		// this backend's snapshot so the read is current.
 		_, _ = conn.Exec(cctx, `SELECT pg_stat_clear_snapshot()`)
 		_ = conn.QueryRow(cctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&s.commits)
+		var backend int
+		if conn.QueryRow(cctx, `SELECT pg_backend_pid()`).Scan(&backend) == nil {
+			s.pgCPU = serverCPU(backend)
+		}
 		_ = conn.Close(cctx)
 	}
 	for _, h := range hubs {
 		s.cpu += processCPU(h.cmd.Process.Pid)
 	}
-	s.pgCPU = processesCPU("postgres")
 	s.selfCPU = processCPU(os.Getpid())
 	s.machine = readMachineTicks()
 	return s
@@ -604,16 +622,7 @@ func sampleFleet(ctx context.Context, databaseURL string, hubs []*benchHub) flee
 // processCPU is pid's user and system CPU time from /proc (zero when it
 // cannot be read).
 func processCPU(pid int) time.Duration {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return 0
-	}
-	// Fields after the command (which may hold spaces) start after ") ".
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
+	f := procStatFields(pid)
 	if len(f) < 13 {
 		return 0
 	}
@@ -621,6 +630,22 @@ func processCPU(pid int) time.Duration {
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
 	const ticksPerSecond = 100 // USER_HZ on Linux
 	return time.Duration(utime+stime) * time.Second / ticksPerSecond
+}
+
+// procStatFields are the fields of /proc/PID/stat after the command (the
+// state first); nil when it cannot be read.
+func procStatFields(pid int) []string {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return nil
+	}
+	// The command may hold spaces and parentheses: the fields after it
+	// start after the last ") ".
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
 }
 
 // balancer is a running HAProxy.

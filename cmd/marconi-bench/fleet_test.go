@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -251,5 +252,40 @@ func TestEnableStatements(t *testing.T) {
 	}
 	if _, err := topStatements(ctx, url, 3); err != nil {
 		t.Fatalf("topStatements: %v", err)
+	}
+}
+
+func TestParentPID(t *testing.T) {
+	if got, want := parentPID(os.Getpid()), os.Getppid(); got != want {
+		t.Errorf("parentPID(self) = %d, want %d", got, want)
+	}
+	if got := parentPID(-1); got != 0 {
+		t.Errorf("parentPID(-1) = %d, want 0", got)
+	}
+}
+
+// The server's CPU counts the backend's own: a backend that has just
+// worked is part of the sum.
+func TestServerCPUCountsItsBackends(t *testing.T) {
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, pgtest.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var backend int
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		t.Fatal(err)
+	}
+	if parentPID(backend) == 0 {
+		t.Skip("the Postgres backend is not a process of this machine's /proc (another host or pid namespace)")
+	}
+	var n int64
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM generate_series(1, 5000000)`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	own, all := processCPU(backend), serverCPU(backend)
+	if own <= 0 || all < own {
+		t.Errorf("backend CPU %s, server CPU %s: want the backend's (after 5M rows) counted in the server's", own, all)
 	}
 }
