@@ -93,6 +93,29 @@ type Store struct {
 	closed       atomic.Bool
 }
 
+// plannerParams are the planner settings of the store's connections.
+// Every statement the store runs finds its rows through an index (by
+// session, by seq, by key), but Postgres plans a prepared statement
+// generically after its fifth run from the table statistics of that
+// moment: taken while a table held a few rows of one or two sessions
+// (autovacuum's first ANALYZE on a new deployment, or any VACUUM), they
+// say that a session's rows are most of the table, and the plan it keeps
+// for the connection's life scans the whole signals table for each ack
+// (seen: a durable load falling to a quarter of its sends/s as the table
+// grew). enable_seqscan off keeps every plan on its index while one
+// exists; a full listing (the operator's) still scans when it must.
+var plannerParams = map[string]string{"enable_seqscan": "off"}
+
+// setPlannerParams sets plannerParams on params, where the database URL
+// did not set them (its ?enable_seqscan=on wins).
+func setPlannerParams(params map[string]string) {
+	for k, v := range plannerParams {
+		if _, set := params[k]; !set {
+			params[k] = v
+		}
+	}
+}
+
 // Open returns a Store on the database at databaseURL (postgres://...). It
 // does not connect: a hub can start while Postgres is down, answer
 // ErrUnavailable, and recover by itself when Postgres comes back. Open fails
@@ -118,6 +141,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if o.maxConns > 0 {
 		cfg.MaxConns = o.maxConns
 	}
+	setPlannerParams(cfg.ConnConfig.RuntimeParams)
 	cfg.MinConns = 0 // never connect in the background at Open
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
