@@ -103,8 +103,11 @@ type Store struct {
 // for the connection's life scans the whole signals table for each ack
 // (seen: a durable load falling to a quarter of its sends/s as the table
 // grew). enable_seqscan off keeps every plan on its index while one
-// exists; a full listing (the operator's) still scans when it must.
-var plannerParams = map[string]string{"enable_seqscan": "off"}
+// exists; a full listing (the operator's) still scans when it must, and
+// then costs what the planner adds to a disabled path (10^10), which is
+// past every JIT threshold: jit off, or a one-row listing spends 230 ms
+// compiling itself (seen). No statement of the store is one JIT speeds up.
+var plannerParams = map[string]string{"enable_seqscan": "off", "jit": "off"}
 
 // setPlannerParams sets plannerParams on params, where the database URL
 // did not set them (its ?enable_seqscan=on wins).

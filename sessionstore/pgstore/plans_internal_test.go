@@ -140,3 +140,52 @@ func literals(args []any) string {
 	}
 	return strings.Join(out, ", ")
 }
+
+// A statement with no index to use costs what the planner adds to a
+// disabled path, past every JIT threshold: the store's connections do not
+// compile it (a one-row listing spent 230 ms so).
+func TestDisabledPathsAreNotCompiled(t *testing.T) {
+	u := pgtest.Schema(t)
+	ctx := t.Context()
+	cfg, err := pgx.ParseConfig(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setPlannerParams(cfg.RuntimeParams)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// pg_jit_available is false where jit is off: ask a plain connection.
+	plain, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close(ctx)
+	var available bool
+	if err := plain.QueryRow(ctx, `SELECT pg_jit_available()`).Scan(&available); err != nil {
+		t.Fatal(err)
+	}
+	if !available {
+		t.Skip("this Postgres has no JIT to compile with")
+	}
+	var plan string
+	if err := conn.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) SELECT id FROM instances WHERE url = 'nowhere'`).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(plan, `"Seq Scan"`) {
+		t.Fatalf("the listing did not scan, so it tests nothing:\n%s", plan)
+	}
+	if strings.Contains(plan, `"JIT"`) {
+		t.Errorf("a disabled scan was JIT-compiled:\n%s", plan)
+	}
+}
+
+func TestPlannerParamsYieldToTheURL(t *testing.T) {
+	params := map[string]string{"enable_seqscan": "on"}
+	setPlannerParams(params)
+	if params["enable_seqscan"] != "on" || params["jit"] != "off" {
+		t.Errorf("params = %v, want the URL's enable_seqscan=on kept and jit=off added", params)
+	}
+}
