@@ -88,7 +88,7 @@ const ackSeqAsSQL = `WITH s AS (
 	       coalesce(token_hash IS NULL OR octet_length(token_hash) = 0 OR token_hash = $7::bytea, false) AS holds
 	FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
 ), u AS (
-	UPDATE sessions SET acked_seq = GREATEST(acked_seq, LEAST($4::bigint, last_seq))
+	UPDATE sessions SET ack_floor = acked_seq, acked_seq = GREATEST(acked_seq, LEAST($4::bigint, last_seq))
 	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
 	  AND registered_at = $5::timestamptz AND expires_at >= $6::timestamptz
 	  AND (token_hash IS NULL OR octet_length(token_hash) = 0 OR token_hash = $7::bytea)
@@ -113,23 +113,38 @@ func ackVerdict(moved, ours, holds bool) error {
 	return errAckRaced
 }
 
-// ackSeqSQL moves k's acked_seq up to $4, never past its last seq. It locks
+// ackSeqSQL moves k's acked_seq up to $4, never past its last seq, and
+// keeps the value it had in ack_floor (the right-hand sides read the row as
+// it was), so that ackSQL marks only what this ack acknowledges. It locks
 // the session's row first, as an append to it does.
-const ackSeqSQL = `UPDATE sessions SET acked_seq = GREATEST(acked_seq, LEAST($4::bigint, last_seq))
+const ackSeqSQL = `UPDATE sessions SET ack_floor = acked_seq, acked_seq = GREATEST(acked_seq, LEAST($4::bigint, last_seq))
 	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3`
 
-// ackSQL marks k's pending signals up to its acked_seq, drops their
+// ackSQL marks k's pending signals in (ack_floor, acked_seq], drops their
 // payloads (never delivered again, they would be kept for nothing until
 // Prune) and takes their bytes off the session's counter, and off its
 // project's by a delta (see migration 0005); it returns how many it marked.
 // The session's row, locked by ackSeqSQL, keeps another ack out meanwhile.
-const ackSQL = `WITH o AS (
+//
+// Every signal at or below ack_floor is already marked: acked_seq only ever
+// moves in ackSeqSQL or ackSeqAsSQL, always followed by this statement in
+// the same transaction, and a session registered again starts from a new
+// row. The lower bound matters: acknowledged signals stay in
+// signals_unacked_idx as dead entries until a VACUUM, and a scan from the
+// recipient's first seq visited every one of them (migration 0009). Both
+// the scan and the update are bounded, so that no join order walks them.
+// It is a statement of its own, after ackSeqSQL: its snapshot, taken once
+// the row lock was granted, sees the appends committed meanwhile.
+const ackSQL = `WITH r AS (
+	SELECT ack_floor, acked_seq FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
+), o AS (
 	SELECT seq, coalesce(octet_length(payload::text), 0) AS n FROM signals
 	WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL
-	  AND seq <= (SELECT acked_seq FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3)
+	  AND seq > (SELECT ack_floor FROM r) AND seq <= (SELECT acked_seq FROM r)
 ), a AS (
 	UPDATE signals g SET acked_at = $4, payload = NULL FROM o
 	WHERE g.tenant_id = $1 AND g.project_id = $2 AND g.to_session = $3 AND g.seq = o.seq AND g.acked_at IS NULL
+	  AND g.seq > (SELECT ack_floor FROM r) AND g.seq <= (SELECT acked_seq FROM r)
 	RETURNING o.n
 ), t AS (SELECT count(*) AS c, coalesce(sum(n), 0)::bigint AS b FROM a
 ), s AS (

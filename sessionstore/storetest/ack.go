@@ -3,6 +3,7 @@ package storetest
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -195,4 +196,45 @@ func testAppendSeen(t *testing.T, s sessionstore.Store) {
 	ns.Seen = sessionstore.SeenOf(detached)
 	_, _, err = s.AppendSignal(ctx, ns, t0)
 	wantErr(t, "AppendSignal(seen before a registration again)", err, sessionstore.ErrRecipientChanged)
+}
+
+// testAckMarksItsRange: each ack marks the signals it acknowledges, those
+// after what was acknowledged before it: none when it does not move (up to
+// a seq already acknowledged, or past the last one once all are), the
+// signals an append added in between when it does, and after a
+// registration again the new registration's from its first seq, however
+// far the one before had gone.
+func testAckMarksItsRange(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k := key("t", "p", "bob")
+	mustCreateSession(t, s, newSession(k, hash("first"), at(time.Minute)))
+	appendN(t, s, k, 6)
+	ack := func(upTo int64, want int, pending ...int64) {
+		t.Helper()
+		n, err := s.AckSignals(ctx, k, upTo, at(time.Second))
+		noErr(t, "AckSignals", err)
+		wantInt(t, fmt.Sprintf("acknowledged by the ack up to %d", upTo), n, want)
+		wantPending(t, s, k, pending...)
+		wantCount(t, s, k, len(pending))
+	}
+	ack(4, 4, 5, 6)
+	ack(4, 0, 5, 6)
+	ack(2, 0, 5, 6)
+	ack(5, 1, 6)
+	appendN(t, s, k, 2)
+	ack(100, 3)
+	ack(100, 0)
+	appendN(t, s, k, 1)
+	ack(9, 1)
+
+	// Registered again once the first expired: seqs start at 1 again, and
+	// nothing of the first registration's acks carries over.
+	now := at(2 * time.Minute)
+	again := newSession(k, hash("again"), at(time.Hour))
+	again.RegisteredAt = now
+	_, err := s.CreateSession(ctx, again, now)
+	noErr(t, "CreateSession over the expired session", err)
+	wantInt(t, "first seq after registering again", appendN(t, s, k, 3)[0].Seq, 1)
+	ack(1, 1, 2, 3)
+	ack(3, 2)
 }

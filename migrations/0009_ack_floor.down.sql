@@ -1,0 +1,1 @@
+ALTER TABLE sessions DROP COLUMN ack_floor;
