@@ -22,7 +22,7 @@ import (
 // appends one more signal and returns the plan of ackSQL acknowledging it,
 // with its buffers: EXPLAIN (ANALYZE, BUFFERS) of the real statement with
 // the real arguments, after ackSeqSQL, in a transaction rolled back.
-func ackPlan(t *testing.T, n int) explainNode {
+func ackPlan(t *testing.T, n int) (ack, pending explainNode) {
 	t.Helper()
 	u := pgtest.Schema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -81,6 +81,13 @@ func ackPlan(t *testing.T, n int) explainNode {
 		t.Fatal(err)
 	}
 	appendOne()
+	var pendingPlan []struct {
+		Plan explainNode `json:"Plan"`
+	}
+	if err := conn.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+pendingSQL,
+		k.TenantID, k.ProjectID, k.SessionID, int64(0), nil).Scan(&pendingPlan); err != nil {
+		t.Fatal(err)
+	}
 
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -101,7 +108,7 @@ func ackPlan(t *testing.T, n int) explainNode {
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM signals WHERE acked_at IS NULL`).Scan(&marked); err != nil || marked != 0 {
 		t.Fatalf("after the ack of seq %d, %d signals pending (%v); want 0", n+1, marked, err)
 	}
-	return plan[0].Plan
+	return plan[0].Plan, pendingPlan[0].Plan
 }
 
 // explainNode is the part of one node of EXPLAIN (FORMAT JSON) that the
@@ -144,7 +151,14 @@ func TestAckScanBoundedBelow(t *testing.T) {
 	pgtest.DatabaseURL(t)
 	t.Parallel()
 	const small, large = 50, 2000
-	planSmall, planLarge := ackPlan(t, small), ackPlan(t, large)
+	planSmall, pendingSmall := ackPlan(t, small)
+	planLarge, pendingLarge := ackPlan(t, large)
+	// A read of the pending signals (drain, replay, the piggyback) from
+	// seq 0 is bounded by acked_seq the same way.
+	if pSmall, pLarge := pendingSmall.blocks(), pendingLarge.blocks(); pLarge > 2*pSmall+4 {
+		t.Errorf("reading the pending signals touched %d buffers after %d acknowledged signals, %d after %d: it walks the acknowledged history\n%s",
+			pLarge, large, pSmall, small, pendingLarge)
+	}
 	// The root covers the walk and the marking of signals; the write of the
 	// session's counter and of the project's delta are beside it.
 	bSmall, bLarge := planSmall.blocks(), planLarge.blocks()

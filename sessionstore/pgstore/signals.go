@@ -39,15 +39,23 @@ func scanSignal(row pgx.Row) (sessionstore.Signal, error) {
 
 // PendingSignals implements sessionstore.Store. A limit of 0 or less means
 // no limit.
+// pendingSQL reads a session's unacknowledged signals after seq $4, at
+// most $5. It is bounded below by acked_seq too: every signal at or below
+// it is marked (ackSQL), and the index entries of marked signals stay in
+// signals_unacked_idx until a VACUUM, so a scan from seq 0 walked them all.
+const pendingSQL = `SELECT ` + signalCols + ` FROM signals
+	WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL
+	  AND seq > GREATEST($4::bigint, coalesce((SELECT acked_seq FROM sessions
+		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3), 0))
+	ORDER BY seq LIMIT $5`
+
 func (s *Store) PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq int64, limit int) ([]sessionstore.Signal, error) {
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
 	if err != nil {
 		return nil, wrap("pending signals", err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+signalCols+` FROM signals
-		WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL AND seq > $4
-		ORDER BY seq LIMIT $5`, k.TenantID, k.ProjectID, k.SessionID, afterSeq, limitOrNil(limit))
+	rows, err := s.pool.Query(ctx, pendingSQL, k.TenantID, k.ProjectID, k.SessionID, afterSeq, limitOrNil(limit))
 	if err != nil {
 		return nil, wrap("pending signals", err)
 	}
@@ -164,7 +172,9 @@ func (s *Store) CountPending(ctx context.Context, k sessionstore.Key) (int, erro
 	}
 	var n int
 	err = s.pool.QueryRow(ctx, `SELECT count(*) FROM signals
-		WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL`,
+		WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL
+		  AND seq > coalesce((SELECT acked_seq FROM sessions
+			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3), 0)`,
 		k.TenantID, k.ProjectID, k.SessionID).Scan(&n)
 	if err != nil {
 		return 0, wrap("count pending", err)
@@ -182,6 +192,7 @@ func (s *Store) PendingTotal(ctx context.Context, now time.Time) (int, error) {
 	var n int
 	err = s.pool.QueryRow(ctx, `SELECT count(*) FROM signals g
 		JOIN sessions s ON s.tenant_id = g.tenant_id AND s.project_id = g.project_id AND s.session_id = g.to_session
+			AND g.seq > s.acked_seq
 		WHERE g.acked_at IS NULL AND s.expires_at >= $1`, now).Scan(&n)
 	if err != nil {
 		return 0, wrap("pending total", err)
