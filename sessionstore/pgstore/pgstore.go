@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -107,16 +108,24 @@ type Store struct {
 // then costs what the planner adds to a disabled path (10^10), which is
 // past every JIT threshold: jit off, or a one-row listing spends 230 ms
 // compiling itself (seen). No statement of the store is one JIT speeds up.
-var plannerParams = map[string]string{"enable_seqscan": "off", "jit": "off"}
+var plannerParams = []struct{ name, value string }{{"enable_seqscan", "off"}, {"jit", "off"}}
 
-// setPlannerParams sets plannerParams on params, where the database URL
-// did not set them (its ?enable_seqscan=on wins).
-func setPlannerParams(params map[string]string) {
-	for k, v := range plannerParams {
-		if _, set := params[k]; !set {
-			params[k] = v
+// plannerSettings is the statement that applies plannerParams on a new
+// connection, but for those the database URL set itself (its
+// ?enable_seqscan=on wins); "" when there is none left. They are set once
+// connected rather than sent at startup, where a pooler in front
+// (PgBouncer) refuses parameters it does not know.
+func plannerSettings(params map[string]string) string {
+	var sets []string
+	for _, p := range plannerParams {
+		if _, set := params[p.name]; !set {
+			sets = append(sets, fmt.Sprintf("set_config('%s', '%s', false)", p.name, p.value))
 		}
 	}
+	if len(sets) == 0 {
+		return ""
+	}
+	return "SELECT " + strings.Join(sets, ", ")
 }
 
 // Open returns a Store on the database at databaseURL (postgres://...). It
@@ -144,7 +153,12 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if o.maxConns > 0 {
 		cfg.MaxConns = o.maxConns
 	}
-	setPlannerParams(cfg.ConnConfig.RuntimeParams)
+	if q := plannerSettings(cfg.ConnConfig.RuntimeParams); q != "" {
+		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+			_, err := c.Exec(ctx, q)
+			return err
+		}
+	}
 	cfg.MinConns = 0 // never connect in the background at Open
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -26,12 +26,14 @@ func TestGenericPlansKeepTheirIndexes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	setPlannerParams(cfg.RuntimeParams)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, plannerSettings(cfg.RuntimeParams)); err != nil {
+		t.Fatal(err)
+	}
 	now := time.Now()
 	statements := []struct {
 		name, sql string
@@ -151,12 +153,14 @@ func TestDisabledPathsAreNotCompiled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	setPlannerParams(cfg.RuntimeParams)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, plannerSettings(cfg.RuntimeParams)); err != nil {
+		t.Fatal(err)
+	}
 	// pg_jit_available is false where jit is off: ask a plain connection.
 	plain, err := pgx.Connect(ctx, u)
 	if err != nil {
@@ -182,10 +186,29 @@ func TestDisabledPathsAreNotCompiled(t *testing.T) {
 	}
 }
 
-func TestPlannerParamsYieldToTheURL(t *testing.T) {
-	params := map[string]string{"enable_seqscan": "on"}
-	setPlannerParams(params)
-	if params["enable_seqscan"] != "on" || params["jit"] != "off" {
-		t.Errorf("params = %v, want the URL's enable_seqscan=on kept and jit=off added", params)
+func TestPlannerSettingsYieldToTheURL(t *testing.T) {
+	if got, want := plannerSettings(map[string]string{"enable_seqscan": "on"}), "SELECT set_config('jit', 'off', false)"; got != want {
+		t.Errorf("with the URL's enable_seqscan: %q, want %q", got, want)
+	}
+	if got := plannerSettings(map[string]string{"enable_seqscan": "on", "jit": "on"}); got != "" {
+		t.Errorf("with both set by the URL: %q, want none", got)
+	}
+}
+
+// The store's own connections carry the settings.
+func TestStoreConnectionsCarryPlannerSettings(t *testing.T) {
+	u := pgtest.Schema(t)
+	ctx := t.Context()
+	s, err := Open(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var seqscan, jit string
+	if err := s.pool.QueryRow(ctx, `SELECT current_setting('enable_seqscan'), current_setting('jit')`).Scan(&seqscan, &jit); err != nil {
+		t.Fatal(err)
+	}
+	if seqscan != "off" || jit != "off" {
+		t.Errorf("a store connection has enable_seqscan %s and jit %s, want both off", seqscan, jit)
 	}
 }
