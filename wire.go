@@ -3,6 +3,7 @@ package marconi
 import (
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/coder/websocket"
 )
@@ -223,3 +224,27 @@ const (
 
 // DeploymentModes lists every DeploymentMode.
 var DeploymentModes = []DeploymentMode{Development, LAN, Cloud}
+
+// SessionAnswer is the hub's answer to POST /v1/sessions, a registration or
+// a resume (docs/api.md): the session, its new token and where the hub
+// placed it. The hub writes it and the Go client reads it.
+type SessionAnswer struct {
+	SessionID         string      `json:"session_id"`
+	Token             string      `json:"token"`
+	TenantID          string      `json:"tenant_id"`
+	ProjectID         string      `json:"project_id"`
+	Surface           Surface     `json:"surface"`
+	RuntimeMode       RuntimeMode `json:"runtime_mode"`
+	RuntimeModeSource ModeSource  `json:"runtime_mode_source"`
+	// InstanceID is the instance that answered, or a sticky session's
+	// assigned one; InstanceURL is that one's URL, or null when the hub
+	// does not know it (and for a stateless session).
+	InstanceID               string    `json:"instance_id"`
+	InstanceURL              *string   `json:"instance_url"`
+	RegisteredAt             time.Time `json:"registered_at"`
+	ExpiresAt                time.Time `json:"expires_at"`
+	HeartbeatIntervalSeconds int       `json:"heartbeat_interval_seconds"`
+	// TakenOver says the registration took the live session over by its
+	// project's API key; false in every other answer.
+	TakenOver bool `json:"taken_over"`
+}

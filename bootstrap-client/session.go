@@ -233,7 +233,7 @@ func (c *Client) reregister(ctx context.Context, stale string) error {
 // hub URL, up to Config.SendAttempts times: the hub answers a retry of a
 // registration it made with a new token. A 429 is waited out
 // (Config.RateLimitWait). The caller holds regMu.
-func (c *Client) postRegister(ctx context.Context, id, token string, takeover bool) (registerResponse, int, error) {
+func (c *Client) postRegister(ctx context.Context, id, token string, takeover bool) (marconi.SessionAnswer, int, error) {
 	if c.regKey == "" {
 		c.regKey = newRegistrationKey()
 	}
@@ -244,7 +244,7 @@ func (c *Client) postRegister(ctx context.Context, id, token string, takeover bo
 	req := registerRequest{SessionID: id, Surface: c.cfg.Surface, RuntimeMode: c.cfg.RuntimeMode, ClientID: c.cfg.ClientID, Takeover: takeover}
 	var limit rateLimit
 	for attempt := 0; ; {
-		var res registerResponse
+		var res marconi.SessionAnswer
 		status, err := c.do(ctx, http.MethodPost, "/v1/sessions", c.cfg.APIKey, h, req, &res)
 		if err == nil && res.Token == "" {
 			err = fmt.Errorf("bootstrap: register answered %d without a token", status)
@@ -254,7 +254,7 @@ func (c *Client) postRegister(ctx context.Context, id, token string, takeover bo
 		}
 		retry, stop := c.waitRateLimit(ctx, &limit, err)
 		if stop != nil {
-			return registerResponse{}, 0, stop
+			return marconi.SessionAnswer{}, 0, stop
 		}
 		if retry {
 			continue
@@ -265,7 +265,7 @@ func (c *Client) postRegister(ctx context.Context, id, token string, takeover bo
 		c.log.Info("marconi: registration got no answer; registering again with the same idempotency key",
 			"session_id", id, "attempt", attempt+1, "err", err)
 		if werr := c.retryWait(ctx, attempt, err); werr != nil {
-			return registerResponse{}, 0, werr
+			return marconi.SessionAnswer{}, 0, werr
 		}
 		attempt++
 	}
@@ -342,13 +342,13 @@ func (c *Client) retryWait(ctx context.Context, attempt int, err error) error {
 // registration (created) starts a new epoch: the hub numbers its signals
 // afresh; so does the client's first registration, a resume included. The
 // caller holds regMu.
-func (c *Client) adopt(res registerResponse, created bool) {
+func (c *Client) adopt(res marconi.SessionAnswer, created bool) {
 	c.regKey = "" // answered: the next registration is another one
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sessionID = res.SessionID
 	c.token = res.Token
-	c.registration = res.registration()
+	c.registration = registrationOf(res)
 	if created || c.epoch == 0 {
 		c.epoch++
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+
+	"github.com/marconihub/marconi"
 )
 
 // Registration is what the hub answered to the session's last registration
@@ -12,9 +14,10 @@ type Registration struct {
 	SessionID, TenantID, ProjectID, Surface, RuntimeMode string
 }
 
-func (r registerResponse) registration() Registration {
-	return Registration{SessionID: r.SessionID, TenantID: r.TenantID, ProjectID: r.ProjectID,
-		Surface: r.Surface, RuntimeMode: r.RuntimeMode}
+// registrationOf is the Registration of a hub's answer.
+func registrationOf(a marconi.SessionAnswer) Registration {
+	return Registration{SessionID: a.SessionID, TenantID: a.TenantID, ProjectID: a.ProjectID,
+		Surface: string(a.Surface), RuntimeMode: string(a.RuntimeMode)}
 }
 
 // Registration returns what the hub said of the session when it last

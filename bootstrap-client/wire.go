@@ -177,19 +177,6 @@ type registerRequest struct {
 	Takeover    bool   `json:"takeover,omitempty"`
 }
 
-// registerResponse is the part of the hub's answer to POST /v1/sessions the
-// client uses.
-type registerResponse struct {
-	SessionID                string `json:"session_id"`
-	Token                    string `json:"token"`
-	TenantID                 string `json:"tenant_id"`
-	ProjectID                string `json:"project_id"`
-	Surface                  string `json:"surface"`
-	RuntimeMode              string `json:"runtime_mode"`
-	HeartbeatIntervalSeconds int    `json:"heartbeat_interval_seconds"`
-	TakenOver                bool   `json:"taken_over"`
-}
-
 // heartbeatResponse is the part of the answer to POST /v1/heartbeat the client uses.
 type heartbeatResponse struct {
 	RouteState string   `json:"route_state"`

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Capacity run behind docs/operations.md's capacity plan: N hub instances (1, or 3 behind
 # deploy/haproxy.cfg) on one local Postgres, loaded by marconi-bench. Loopback only.
-#   deploy/capacity.sh [instances=1|3] [agents=300] [sends/s per agent=3] [duration=20s]
+#   [GOMAXPROCS=n] deploy/capacity.sh [instances=1|3] [agents=300] [sends/s per agent=3] [duration=20s]
+# GOMAXPROCS, when set, is each hub's (docs/operations.md: an instance's share of the cores);
+# the load generator runs without it, with Go's default (the machine's cores), so that the
+# hubs' setting is what a run measures.
 # Needs psql and curl, Postgres on 127.0.0.1:5432 (user postgres, trust), haproxy for 3.
 set -euo pipefail
 N=${1:-1}; AGENTS=${2:-300}; RATE=${3:-3}; DUR=${4:-20s}
@@ -42,5 +45,6 @@ if [ "$N" != 1 ]; then
   until curl -sf "http://$LB/readyz" >/dev/null; do sleep 0.2; done
   HUB=http://$LB
 fi
-MARCONI_BENCH_API_KEY=$KEY "$D/marconi-bench" -hub "$HUB" -agents "$AGENTS" -rate "$RATE" -duration "$DUR"
+echo "hubs: GOMAXPROCS=${GOMAXPROCS:-default}; load generator: GOMAXPROCS=default"
+MARCONI_BENCH_API_KEY=$KEY env -u GOMAXPROCS "$D/marconi-bench" -hub "$HUB" -agents "$AGENTS" -rate "$RATE" -duration "$DUR"
 for i in $(seq 1 "$N"); do echo "hub-$i CPU time: $(ps -o cputime= -p "${pids[$((i - 1))]}")"; done

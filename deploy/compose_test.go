@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -136,5 +137,60 @@ func TestDockerignoreKeepsTheBuild(t *testing.T) {
 	}
 	if !strings.Contains(string(data), ".git") {
 		t.Error(".dockerignore does not exclude .git")
+	}
+}
+
+// balancingWords maps how a text may name an HAProxy balancing algorithm
+// to the algorithm's name in haproxy.cfg.
+var balancingWords = map[string]string{
+	"round robin": "roundrobin", "round-robin": "roundrobin", "roundrobin": "roundrobin",
+	"static-rr": "static-rr", "leastconn": "leastconn", "least connections": "leastconn",
+	"least-connections": "leastconn",
+}
+
+// The docs and marconi-bench's help and output name the algorithm that
+// haproxy.cfg's balance line sets, never another.
+func TestDocsNameTheBalancersAlgorithm(t *testing.T) {
+	cfg, err := os.ReadFile("haproxy.cfg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*balance\s+(\S+)`).FindAllSubmatch(cfg, -1)
+	if len(m) != 1 {
+		t.Fatalf("haproxy.cfg has %d balance lines, want 1", len(m))
+	}
+	algo := string(m[0][1])
+	var files []string
+	for _, pattern := range []string{"../docs/*.md", "../README.md", "../cmd/marconi-bench/*.go", "*.sh", "../docker-compose.yml"} {
+		fs, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, fs...)
+	}
+	if len(files) < 10 {
+		t.Fatalf("found %d files to read: the globs are broken", len(files))
+	}
+	words := regexp.MustCompile(`(?i)round[ -]?robin|static-rr|leastconn|least[ -]connections`)
+	mentions := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		text, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(text), "\n") {
+			for _, w := range words.FindAllString(line, -1) {
+				mentions++
+				if named := balancingWords[strings.ToLower(w)]; named != algo {
+					t.Errorf("%s:%d says %q (%s), but haproxy.cfg balances with %s", f, i+1, w, named, algo)
+				}
+			}
+		}
+	}
+	if mentions == 0 {
+		t.Errorf("no file names the balancer's algorithm (%s): the docs should", algo)
 	}
 }

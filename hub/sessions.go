@@ -30,24 +30,6 @@ type registerRequest struct {
 	} `json:"hints"`
 }
 
-type sessionResponse struct {
-	SessionID                string              `json:"session_id"`
-	Token                    string              `json:"token"`
-	TenantID                 string              `json:"tenant_id"`
-	ProjectID                string              `json:"project_id"`
-	Surface                  marconi.Surface     `json:"surface"`
-	RuntimeMode              marconi.RuntimeMode `json:"runtime_mode"`
-	RuntimeModeSource        marconi.ModeSource  `json:"runtime_mode_source"`
-	InstanceID               string              `json:"instance_id"`
-	InstanceURL              *string             `json:"instance_url"`
-	RegisteredAt             time.Time           `json:"registered_at"`
-	ExpiresAt                time.Time           `json:"expires_at"`
-	HeartbeatIntervalSeconds int                 `json:"heartbeat_interval_seconds"`
-	// TakenOver says the registration took the live session over by its
-	// project's API key; false in every other answer.
-	TakenOver bool `json:"taken_over"`
-}
-
 // Registration headers: the registration's optional idempotency key (a
 // retry of a registration whose answer was lost presents the same key and
 // is answered with a new token instead of 403), and the current token of
@@ -95,12 +77,13 @@ func (s *Server) register(c echo.Context) error {
 	if reg.Created() {
 		status = http.StatusCreated
 	}
-	return c.JSON(status, s.sessionResponse(reg))
+	return c.JSON(status, s.sessionAnswer(reg))
 }
 
-func (s *Server) sessionResponse(reg sessions.Registration) sessionResponse {
+// sessionAnswer is the answer to a registration or a resume.
+func (s *Server) sessionAnswer(reg sessions.Registration) marconi.SessionAnswer {
 	sess := reg.Session
-	r := sessionResponse{
+	r := marconi.SessionAnswer{
 		SessionID: sess.SessionID, Token: reg.Token, TenantID: sess.TenantID, ProjectID: sess.ProjectID,
 		Surface: sess.Surface, RuntimeMode: sess.RuntimeMode, RuntimeModeSource: sess.RuntimeModeSource,
 		InstanceID:   s.cfg.InstanceID,

@@ -1,11 +1,14 @@
 package hub_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/sessionstore"
 )
@@ -217,5 +220,42 @@ func TestHealthAndReady(t *testing.T) {
 	}
 	if st, r := call(t, "POST", h.URL+"/v1/sessions", h.APIKey, map[string]any{"surface": "codex"}); st != 503 || errCode(r) != "draining" {
 		t.Fatalf("register while draining: %d %v", st, r)
+	}
+}
+
+// TestRegisterAnswerIsTheWireType: the answer to a registration has exactly
+// the fields of marconi.SessionAnswer, the type the Go client reads it
+// with, so that neither side has a field the other does not know.
+func TestRegisterAnswerIsTheWireType(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{})
+	st, r := call(t, "POST", h.URL+"/v1/sessions", h.APIKey, map[string]any{"session_id": "alice", "surface": "claude_code", "runtime_mode": "sticky"})
+	if st != http.StatusCreated {
+		t.Fatalf("register: %d %v", st, r)
+	}
+	raw, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a marconi.SessionAnswer
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&a); err != nil {
+		t.Fatalf("the answer %s is not a marconi.SessionAnswer: %v", raw, err)
+	}
+	back, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(back, &fields); err != nil {
+		t.Fatal(err)
+	}
+	for f := range fields {
+		if _, ok := r[f]; !ok {
+			t.Errorf("the answer lacks %s, which marconi.SessionAnswer names: %s", f, raw)
+		}
+	}
+	if a.SessionID != "alice" || a.Token == "" || a.Surface != marconi.SurfaceClaudeCode || a.RuntimeMode != marconi.RuntimeSticky || a.HeartbeatIntervalSeconds <= 0 {
+		t.Errorf("answer read as %+v", a)
 	}
 }

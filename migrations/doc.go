@@ -1,6 +1,9 @@
 // Package migrations holds the Postgres schema of the durable store as
 // golang-migrate SQL files, embedded in the binary, and applies them.
 //
+// Up, Down, Steps and Version take the database as a postgres:// URL or a
+// keyword/value string (host=… dbname=…), as pgx reads them.
+//
 // `marconi migrate` and the hub at start call Up; pgstore assumes the schema
 // is at the latest version, and the hub's /readyz compares the schema's
 // version with Latest. Before `marconi migrate down` reverts anything, each

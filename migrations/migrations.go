@@ -6,20 +6,26 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/golang-migrate/migrate/v4"
 	// Registers the pgx5:// database driver.
-	_ "github.com/golang-migrate/migrate/v4/database/pgx/v5"
+	pgxmigrate "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 //go:embed *.sql
 var files embed.FS
 
-// defaultConnectTimeout is added to the URL when it names none, so that a
-// migration against an unreachable database fails instead of hanging.
-const defaultConnectTimeout = "5"
+// defaultConnectTimeout, in seconds, is added to the URL when it names
+// none, so that a migration against an unreachable database fails instead
+// of hanging.
+const defaultConnectTimeout = 5
 
 // Option changes how Up, Down and Steps run.
 type Option func(*options)
@@ -170,7 +176,18 @@ func named(m Migration) Migration {
 	return m
 }
 
+// urlScheme matches what opens a URL; a keyword/value string (a keyword,
+// then "=") never starts so, though a value in it may hold "://".
+var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
+
+// open opens the migrations on databaseURL: a URL (postgres://…) through
+// golang-migrate's pgx5:// driver URL, or a keyword/value connection string
+// (host=… dbname=…), which that driver cannot parse, through pgx's own
+// parser and the driver's WithInstance.
 func open(databaseURL string) (*migrate.Migrate, error) {
+	if !urlScheme.MatchString(databaseURL) {
+		return openKeywordValue(databaseURL)
+	}
 	u, err := DriverURL(databaseURL)
 	if err != nil {
 		return nil, err
@@ -181,6 +198,44 @@ func open(databaseURL string) (*migrate.Migrate, error) {
 	}
 	m, err := migrate.NewWithSourceInstance("iofs", src, u)
 	if err != nil {
+		return nil, fmt.Errorf("migrations: open database: %w", err)
+	}
+	return m, nil
+}
+
+// openKeywordValue is open for a keyword/value connection string, with
+// what DriverURL does for a URL: pgxpool's pool_* settings are left out
+// (pgxpool.ParseConfig takes them), and a connect timeout is added when
+// the string has none.
+func openKeywordValue(dsn string) (*migrate.Migrate, error) {
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, errors.New("migrations: malformed database connection string")
+	}
+	cc := pc.ConnConfig
+	if cc.ConnectTimeout == 0 {
+		cc.ConnectTimeout = defaultConnectTimeout * time.Second
+	}
+	src, err := iofs.New(files, ".")
+	if err != nil {
+		return nil, fmt.Errorf("migrations: source: %w", err)
+	}
+	db := stdlib.OpenDB(*cc)
+	// The driver's migration lock is keyed by the database name as the
+	// URL's path ("/name"): the same name here takes the same lock as an
+	// instance given the URL form.
+	name := ""
+	if cc.Database != "" {
+		name = "/" + cc.Database
+	}
+	drv, err := pgxmigrate.WithInstance(db, &pgxmigrate.Config{DatabaseName: name, MultiStatementMaxSize: pgxmigrate.DefaultMultiStatementMaxSize})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrations: open database: %w", err)
+	}
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", drv)
+	if err != nil {
+		drv.Close()
 		return nil, fmt.Errorf("migrations: open database: %w", err)
 	}
 	return m, nil
@@ -219,7 +274,7 @@ func DriverURL(databaseURL string) (string, error) {
 		}
 	}
 	if q.Get("connect_timeout") == "" {
-		q.Set("connect_timeout", defaultConnectTimeout)
+		q.Set("connect_timeout", strconv.Itoa(defaultConnectTimeout))
 	}
 	u.RawQuery = q.Encode()
 	return u.String(), nil

@@ -179,6 +179,38 @@ func TestUpWithPoolSettings(t *testing.T) {
 	}
 }
 
+// TestUpWithKeywordValueString: the keyword/value form pgx takes (host=…
+// dbname=…, pool settings included) migrates as the URL form does, into
+// the schema its search_path names.
+func TestUpWithKeywordValueString(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptySchema(t)
+	kv, err := pgtest.KeywordValue(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv += " pool_max_conns=2"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := migrations.Up(ctx, kv); err != nil {
+		t.Fatalf("Up(%q): %v", kv, err)
+	}
+	if v, dirty, err := migrations.Version(kv); err != nil || v != latestOnDisk(t) || dirty {
+		t.Fatalf("Version = %d, %v, %v; want %d, false, nil", v, dirty, err, latestOnDisk(t))
+	}
+	conn, err := pgx.Connect(ctx, u) // the URL form sees the same schema
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if got := tablesIn(t, ctx, conn); !got["signals"] || !got["schema_migrations"] {
+		t.Fatalf("tables after Up with the keyword form: %v", got)
+	}
+	if err := migrations.Up(ctx, "host=127.0.0.1 port=notaport"); err == nil || !strings.Contains(err.Error(), "malformed") {
+		t.Errorf("Up with a malformed keyword/value string: %v, want it refused as malformed", err)
+	}
+}
+
 func TestUpUnreachableFailsFast(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

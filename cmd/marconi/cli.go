@@ -130,6 +130,9 @@ func mask(env, v string) string {
 		}
 		return strings.Join(out, ",")
 	case "MARCONI_DATABASE_URL":
+		if !urlScheme.MatchString(v) {
+			return maskKeywordValue(v)
+		}
 		u, err := url.Parse(v)
 		if err != nil {
 			return "****"
@@ -137,9 +140,97 @@ func mask(env, v string) string {
 		if _, ok := u.User.Password(); ok {
 			u.User = url.UserPassword(u.User.Username(), "****")
 		}
+		if u.RawQuery != "" { // pgx takes password= and sslpassword= there too
+			params := strings.Split(u.RawQuery, "&")
+			for i, p := range params {
+				raw, _, _ := strings.Cut(p, "=")
+				k, err := url.QueryUnescape(raw)
+				if err != nil {
+					return "****"
+				}
+				if passwordKeys[k] {
+					params[i] = raw + "=" + maskedPassword
+				}
+			}
+			u.RawQuery = strings.Join(params, "&")
+		}
 		return u.Redacted()
 	}
 	return "****"
+}
+
+// maskedPassword stands for a password in a masked database URL, as
+// url.URL.Redacted writes it.
+const maskedPassword = "xxxxx"
+
+// passwordKeys are a database URL's keys whose values are secret.
+var passwordKeys = map[string]bool{"password": true, "sslpassword": true}
+
+// connSpace is what separates a keyword/value string's settings.
+const connSpace = " \t\n\r\v\f"
+
+// maskKeywordValue masks the password and sslpassword values of a
+// keyword/value connection string (host=… password=…), read as pgx reads
+// it, and keeps the rest as written; a string it cannot read is masked
+// whole.
+func maskKeywordValue(s string) string {
+	var out strings.Builder
+	for {
+		rest := strings.TrimLeft(s, connSpace)
+		out.WriteString(s[:len(s)-len(rest)])
+		if rest == "" {
+			return out.String()
+		}
+		eq := strings.IndexByte(rest, '=')
+		if eq < 0 {
+			return "****"
+		}
+		key := strings.Trim(rest[:eq], connSpace)
+		if key == "" || strings.ContainsAny(key, connSpace) {
+			return "****"
+		}
+		out.WriteString(rest[:eq+1])
+		s = rest[eq+1:]
+		rest = strings.TrimLeft(s, connSpace)
+		out.WriteString(s[:len(s)-len(rest)])
+		n, ok := connValueLen(rest)
+		if !ok {
+			return "****"
+		}
+		switch {
+		case passwordKeys[key] && strings.HasPrefix(rest, "'"):
+			out.WriteString("'" + maskedPassword + "'") // a quote ends a value as a space does
+		case passwordKeys[key]:
+			out.WriteString(maskedPassword)
+		default:
+			out.WriteString(rest[:n])
+		}
+		s = rest[n:]
+	}
+}
+
+// connValueLen is the length of the value that opens s in a keyword/value
+// string: a quoted one with its quotes, else a run up to a space; a
+// backslash escapes the byte after it. ok is false for an unclosed quote.
+func connValueLen(s string) (n int, ok bool) {
+	if s != "" && s[0] == '\'' {
+		for i := 1; i < len(s); i++ {
+			switch s[i] {
+			case '\\':
+				i++
+			case '\'':
+				return i + 1, true
+			}
+		}
+		return 0, false
+	}
+	for n < len(s) && !strings.ContainsRune(connSpace, rune(s[n])) {
+		if s[n] == '\\' {
+			n++
+		}
+		n++
+	}
+	return min(n, len(s)), true
 }
 
 // notSettings are MARCONI_* prefixes read by something other than the hub

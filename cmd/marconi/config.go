@@ -13,6 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/fabric/natsbus"
@@ -177,14 +180,13 @@ func settings(c *Config) []setting {
 	return []setting{
 		{"MARCONI_ADDR", "", "address to listen on (default: 127.0.0.1:8080 in development, :8080 in lan and cloud)", func(c *Config, v string) error { c.Addr = v; return nil }, public},
 		{"MARCONI_MODE", string(hub.DefaultMode), "development, lan or cloud", oneOf(&h.Mode, marconi.DeploymentModes...), public},
-		{"MARCONI_DATABASE_URL", "", "Postgres URL (several host:port with target_session_attrs=read-write for a replicated database); empty runs on the embedded in-memory store", func(c *Config, v string) error {
+		{"MARCONI_DATABASE_URL", "", "Postgres URL (postgres://…, or the keyword/value form host=… dbname=…; several hosts with target_session_attrs=read-write for a replicated database); empty runs on the embedded in-memory store", func(c *Config, v string) error {
 			if v == "" {
 				c.DatabaseURL = ""
 				return nil
 			}
-			u, err := url.Parse(v)
-			if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-				return fmt.Errorf("want a postgres:// URL")
+			if err := checkDatabaseURL(v); err != nil {
+				return err
 			}
 			c.DatabaseURL = v
 			return nil
@@ -645,4 +647,30 @@ func loadConfig(cmd string, args []string, getenv func(string) string, out io.Wr
 		}
 	}
 	return c, nil
+}
+
+// urlScheme matches what opens a URL; a keyword/value string (a keyword,
+// then "=") never starts so, though a value in it may hold "://".
+var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
+
+// checkDatabaseURL refuses a database URL that pgx would not connect with:
+// a postgres:// URL or a keyword/value string (host=… dbname=…), as pgx
+// parses them. The reason never quotes v, which may hold a password.
+func checkDatabaseURL(v string) error {
+	const want = "want a postgres:// URL or a keyword/value string (host=… dbname=…)"
+	if urlScheme.MatchString(v) {
+		if u, err := url.Parse(v); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+			return errors.New(want)
+		}
+	}
+	if _, err := pgxpool.ParseConfig(v); err != nil {
+		var pe *pgconn.ParseConfigError
+		if !errors.As(err, &pe) {
+			return errors.New(want)
+		}
+		bare := *pe
+		bare.ConnString = ""
+		return fmt.Errorf("%s: %s", want, strings.TrimPrefix(bare.Error(), "cannot parse ``: "))
+	}
+	return nil
 }

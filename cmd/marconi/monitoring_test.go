@@ -12,6 +12,9 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/marconihub/marconi/internal/natstest"
+	"github.com/marconihub/marconi/internal/pgtest"
 )
 
 // promtool returns the path of Debian's promtool. Without it the test
@@ -141,7 +144,7 @@ func TestMonitoringAgainstRealMetrics(t *testing.T) {
 	}
 	var missing []string
 	for n, where := range used {
-		if !names[n] {
+		if !names[n] && !busOnly(n) { // TestBusAlertsAgainstRealMetrics checks those
 			missing = append(missing, n+" ("+where+")")
 		}
 	}
@@ -151,5 +154,59 @@ func TestMonitoringAgainstRealMetrics(t *testing.T) {
 	}
 	if !regexp.MustCompile(`(?m)^marconi_build_info\{goversion="go[^"]+",revision="[^"]+",version="[^"]+"\} 1$`).Match(text) {
 		t.Error("marconi_build_info is missing or malformed")
+	}
+}
+
+// busOnly tells the metrics a hub exports only with MARCONI_BUS_URL.
+func busOnly(name string) bool { return strings.HasPrefix(name, "marconi_nats_bus_") }
+
+// TestBusAlertsAgainstRealMetrics holds the alerting rules on the NATS
+// wake-up bus to the metrics a hub with MARCONI_BUS_URL exports (a hub
+// without it has none of them, so TestMonitoringAgainstRealMetrics leaves
+// them to this test).
+func TestBusAlertsAgainstRealMetrics(t *testing.T) {
+	db := pgtest.Schema(t)
+	bus := natstest.URL(t)
+	rules, err := os.ReadFile(filepath.Join("..", "..", "deploy", "prometheus", "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var named []string
+	for _, n := range metricName.FindAllString(string(rules), -1) {
+		if busOnly(n) {
+			named = append(named, n)
+		}
+	}
+	if len(named) == 0 {
+		t.Fatal("deploy/prometheus/alerts.yml names no metric of the NATS wake-up bus (MarconiWakeBusDown)")
+	}
+	m, _ := startMain(t, map[string]string{"MARCONI_DATABASE_URL": db, "MARCONI_BUS_URL": bus})
+	names := exported(scrape(t, m.URL()))
+	for _, n := range named {
+		if !names[n] {
+			t.Errorf("deploy/prometheus/alerts.yml names %s, which a hub with MARCONI_BUS_URL does not export", n)
+		}
+	}
+}
+
+// TestEveryAlertIsDocumented holds docs/operations.md's table of alerts to
+// the rules: each alert has its row.
+func TestEveryAlertIsDocumented(t *testing.T) {
+	rules, err := os.ReadFile(filepath.Join("..", "..", "deploy", "prometheus", "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	alerts := regexp.MustCompile(`(?m)^\s*- alert: (\w+)$`).FindAllSubmatch(rules, -1)
+	if len(alerts) < 10 {
+		t.Fatalf("found %d alerts in deploy/prometheus/alerts.yml: the parse is broken", len(alerts))
+	}
+	for _, a := range alerts {
+		if !bytes.Contains(doc, []byte("| `"+string(a[1])+"` |")) {
+			t.Errorf("alert %s has no row in docs/operations.md, Alerts", a[1])
+		}
 	}
 }

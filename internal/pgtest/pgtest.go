@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"net/url"
 	"os"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -117,4 +118,47 @@ func randomHex(n int) string {
 		panic(err) // crypto/rand never fails on supported platforms
 	}
 	return hex.EncodeToString(b)
+}
+
+// KeywordValue returns the keyword/value form (host=… port=… dbname=…) of a
+// postgres:// URL, each query parameter a keyword of its own, so that a
+// test can give the hub the form libpq's users write.
+func KeywordValue(databaseURL string) (string, error) {
+	u, err := url.Parse(databaseURL)
+	if err != nil {
+		return "", err
+	}
+	var hosts, ports []string
+	for _, hp := range strings.Split(u.Host, ",") {
+		h, p, ok := strings.Cut(hp, ":")
+		if !ok {
+			p = "5432"
+		}
+		hosts, ports = append(hosts, h), append(ports, p)
+	}
+	kv := []string{"host=" + quoteValue(strings.Join(hosts, ",")), "port=" + quoteValue(strings.Join(ports, ","))}
+	if u.User != nil {
+		kv = append(kv, "user="+quoteValue(u.User.Username()))
+		if pw, ok := u.User.Password(); ok {
+			kv = append(kv, "password="+quoteValue(pw))
+		}
+	}
+	if db := strings.TrimPrefix(u.Path, "/"); db != "" {
+		kv = append(kv, "dbname="+quoteValue(db))
+	}
+	q := u.Query()
+	keys := make([]string, 0, len(q))
+	for k := range q {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		kv = append(kv, k+"="+quoteValue(q.Get(k)))
+	}
+	return strings.Join(kv, " "), nil
+}
+
+// quoteValue quotes a keyword/value string's value as libpq reads it.
+func quoteValue(v string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
 }

@@ -101,7 +101,30 @@ type wakePayload struct {
 	Seq     *int64 `json:"seq"` // required: nil when the payload has none
 
 	Sealed json.RawMessage `json:"sealed,omitempty"`
-	Tag    []byte          `json:"tag,omitempty"`
+	Tag    wakeTag         `json:"tag,omitempty"`
+}
+
+// strictBase64 is the tag's encoding as a receiver reads it: standard
+// base64 whose padding bits are zero, so that one tag has one text.
+var strictBase64 = base64.StdEncoding.Strict()
+
+// wakeTag is a wake-up's tag, read from its one canonical base64 text: any
+// other text of the same bytes (non-zero padding bits, line breaks) makes
+// the payload malformed, so no altered byte of a sealed wake-up carries.
+type wakeTag []byte
+
+// UnmarshalJSON decodes a JSON string of the tag's canonical base64.
+func (t *wakeTag) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	d, err := strictBase64.DecodeString(s)
+	if err != nil || base64.StdEncoding.EncodeToString(d) != s {
+		return errors.New("wake-up tag is not canonical base64")
+	}
+	*t = d
+	return nil
 }
 
 // wakeSignal is the sealed part of a wake-up that carries its signal.
@@ -506,7 +529,7 @@ func (c wakeCodec) openSealed(payload string) (w Wake, ok bool) {
 	if !bytes.HasPrefix(tail, []byte(`,"tag":"`)) || !bytes.HasSuffix(tail, []byte(`"}`)) {
 		return Wake{}, false
 	}
-	if n, err := base64.StdEncoding.Decode(tag[:], tail[len(`,"tag":"`):len(tail)-2]); err != nil || n != sha256.Size ||
+	if n, err := strictBase64.Decode(tag[:], tail[len(`,"tag":"`):len(tail)-2]); err != nil || n != sha256.Size ||
 		!hmac.Equal(tag[:n], c.sealTag(w.Key, w.Seq, sealed)) {
 		return Wake{}, false
 	}

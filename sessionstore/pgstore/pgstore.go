@@ -128,7 +128,8 @@ func plannerSettings(params map[string]string) string {
 	return "SELECT " + strings.Join(sets, ", ")
 }
 
-// Open returns a Store on the database at databaseURL (postgres://...). It
+// Open returns a Store on the database at databaseURL (postgres://..., or
+// keyword/value: host=... dbname=..., as pgxpool.ParseConfig reads it). It
 // does not connect: a hub can start while Postgres is down, answer
 // ErrUnavailable, and recover by itself when Postgres comes back. Open fails
 // only on a malformed URL.

@@ -1,0 +1,67 @@
+package deploy_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// capacityStubs stand in for what deploy/capacity.sh runs, so that its
+// plumbing is tested in a second, without a build, Postgres or load: go
+// "builds" each binary by copying the stub of its name, and each stub
+// records the GOMAXPROCS it was started with.
+var capacityStubs = map[string]string{
+	"go": `#!/bin/sh
+# go build -o OUT ./cmd/NAME
+cp "$CAPACITY_STUBS/$(basename "$4")" "$3"
+`,
+	"marconi": `#!/bin/sh
+echo "${GOMAXPROCS-unset}" > "$CAPACITY_STUBS/ran-$MARCONI_INSTANCE_ID"
+exec sleep 60
+`,
+	"marconi-bench": `#!/bin/sh
+echo "bench GOMAXPROCS=${GOMAXPROCS-unset}"
+`,
+	"haproxy": "#!/bin/sh\nexec sleep 60\n",
+	"psql":    "#!/bin/sh\n",
+	"curl":    "#!/bin/sh\n",
+}
+
+// deploy/capacity.sh gives the hubs the caller's GOMAXPROCS and runs the
+// load generator without it (Go's default), so that docs/operations.md's
+// advice (GOMAXPROCS per instance) is what a run measures.
+func TestCapacityScriptGOMAXPROCSIsTheHubsOnly(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("skipping: no bash")
+	}
+	stubs := t.TempDir()
+	for name, text := range capacityStubs {
+		if err := os.WriteFile(filepath.Join(stubs, name), []byte(text), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", "3", "2", "1", "1s")
+	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"),
+		"CAPACITY_STUBS="+stubs, "GOMAXPROCS=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("capacity.sh: %v\n%s", err, out)
+	}
+	for _, id := range []string{"hub-1", "hub-2", "hub-3"} {
+		got, err := os.ReadFile(filepath.Join(stubs, "ran-"+id))
+		if err != nil {
+			t.Fatalf("%s did not start: %v\n%s", id, err, out)
+		}
+		if strings.TrimSpace(string(got)) != "1" {
+			t.Errorf("%s ran with GOMAXPROCS %q, want the caller's 1", id, strings.TrimSpace(string(got)))
+		}
+	}
+	if !strings.Contains(string(out), "bench GOMAXPROCS=unset\n") {
+		t.Errorf("the load generator did not run with Go's default GOMAXPROCS:\n%s", out)
+	}
+	if !strings.Contains(string(out), "hubs: GOMAXPROCS=1; load generator: GOMAXPROCS=default\n") {
+		t.Errorf("capacity.sh does not say which GOMAXPROCS each side has:\n%s", out)
+	}
+}
