@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"os"
 	"reflect"
@@ -158,13 +159,8 @@ func TestParseMachineTicks(t *testing.T) {
 // migrated schema of the real Postgres: the server checkpoints, and the
 // tables a step writes are vacuumed.
 func TestSettleDatabaseVacuumsAndCheckpoints(t *testing.T) {
-	url := pgtest.Schema(t)
+	url, conn := schemaConn(t)
 	ctx := t.Context()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
 	checkpoints := func() int64 {
 		var n int64
 		if err := conn.QueryRow(ctx, `SELECT checkpoints_req FROM pg_stat_bgwriter`).Scan(&n); err != nil {
@@ -229,18 +225,13 @@ func TestStatementStart(t *testing.T) {
 // CI's) is refused with what to change, and creates nothing; on one that
 // does, the extension is there afterwards.
 func TestEnableStatements(t *testing.T) {
-	url := pgtest.Schema(t)
+	url, conn := schemaConn(t)
 	ctx := t.Context()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
 	var preloads string
 	if err := conn.QueryRow(ctx, `SELECT current_setting('shared_preload_libraries')`).Scan(&preloads); err != nil {
 		t.Fatal(err)
 	}
-	err = enableStatements(ctx, url)
+	err := enableStatements(ctx, url)
 	if !strings.Contains(preloads, "pg_stat_statements") {
 		if err == nil || !strings.Contains(err.Error(), "shared_preload_libraries") {
 			t.Fatalf("enableStatements without the module preloaded: %v, want a refusal naming shared_preload_libraries", err)
@@ -288,4 +279,17 @@ func TestServerCPUCountsItsBackends(t *testing.T) {
 	if own <= 0 || all < own {
 		t.Errorf("backend CPU %s, server CPU %s: want the backend's (after 5M rows) counted in the server's", own, all)
 	}
+}
+
+// schemaConn is a connection to a fresh migrated schema of the test
+// database, and the schema's URL.
+func schemaConn(t *testing.T) (string, *pgx.Conn) {
+	t.Helper()
+	url := pgtest.Schema(t)
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return url, conn
 }

@@ -27,17 +27,7 @@ func ackPlan(t *testing.T, n int) (ack, pending explainNode) {
 	u := pgtest.Schema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := Open(ctx, u, WithMaxConns(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "bob"}
-	if _, err := s.CreateSession(ctx, sessionstore.Session{Key: k, TokenHash: []byte(uuid.NewString()),
-		RegisteredAt: now, ExpiresAt: now.Add(time.Hour)}, now); err != nil {
-		t.Fatal(err)
-	}
+	s, k, now := storeWithBob(ctx, t, u)
 	holder, err := pgx.Connect(ctx, u)
 	if err != nil {
 		t.Fatal(err)
@@ -111,6 +101,24 @@ func ackPlan(t *testing.T, n int) (ack, pending explainNode) {
 	return plan[0].Plan, pendingPlan[0].Plan
 }
 
+// storeWithBob opens a store on u with one live session, bob's, closed
+// when the test ends.
+func storeWithBob(ctx context.Context, t *testing.T, u string) (*Store, sessionstore.Key, time.Time) {
+	t.Helper()
+	s, err := Open(ctx, u, WithMaxConns(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "bob"}
+	if _, err := s.CreateSession(ctx, sessionstore.Session{Key: k, TokenHash: []byte(uuid.NewString()),
+		RegisteredAt: now, ExpiresAt: now.Add(time.Hour)}, now); err != nil {
+		t.Fatal(err)
+	}
+	return s, k, now
+}
+
 // explainNode is the part of one node of EXPLAIN (FORMAT JSON) that the
 // test reads.
 type explainNode struct {
@@ -180,17 +188,7 @@ func TestAcksInOneBatch(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := Open(ctx, u, WithMaxConns(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "bob"}
-	if _, err := s.CreateSession(ctx, sessionstore.Session{Key: k, TokenHash: []byte(uuid.NewString()),
-		RegisteredAt: now, ExpiresAt: now.Add(time.Hour)}, now); err != nil {
-		t.Fatal(err)
-	}
+	s, k, now := storeWithBob(ctx, t, u)
 	send := func() *appendReq {
 		return &appendReq{now: now, ns: sessionstore.NewSignal{ID: uuid.NewString(), To: k, FromSession: "alice",
 			Kind: "k", Payload: json.RawMessage(`{"n":1}`), CreatedAt: now}}

@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -20,20 +21,8 @@ import (
 // durable run: a quarter of the sends/s). The store's connections plan its
 // statements on their indexes whatever the statistics said.
 func TestGenericPlansKeepTheirIndexes(t *testing.T) {
-	u := pgtest.Schema(t)
+	_, conn := plannedConn(t)
 	ctx := t.Context()
-	cfg, err := pgx.ParseConfig(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, plannerSettings(cfg.RuntimeParams)); err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
 	statements := []struct {
 		name, sql string
@@ -107,6 +96,27 @@ func TestGenericPlansKeepTheirIndexes(t *testing.T) {
 	}
 }
 
+// plannedConn is a connection to a fresh schema with the store's planner
+// settings, and the schema's URL.
+func plannedConn(t *testing.T) (string, *pgx.Conn) {
+	t.Helper()
+	u := pgtest.Schema(t)
+	ctx := t.Context()
+	cfg, err := pgx.ParseConfig(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, plannerSettings(cfg.RuntimeParams)); err != nil {
+		t.Fatal(err)
+	}
+	return u, conn
+}
+
 // grow stores signals from seq to seq of another recipient, through no
 // foreign key (the test has no sessions).
 func grow(t *testing.T, conn *pgx.Conn, from, to int) {
@@ -147,20 +157,8 @@ func literals(args []any) string {
 // disabled path, past every JIT threshold: the store's connections do not
 // compile it (a one-row listing spent 230 ms so).
 func TestDisabledPathsAreNotCompiled(t *testing.T) {
-	u := pgtest.Schema(t)
+	u, conn := plannedConn(t)
 	ctx := t.Context()
-	cfg, err := pgx.ParseConfig(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, plannerSettings(cfg.RuntimeParams)); err != nil {
-		t.Fatal(err)
-	}
 	// pg_jit_available is false where jit is off: ask a plain connection.
 	plain, err := pgx.Connect(ctx, u)
 	if err != nil {
