@@ -156,6 +156,9 @@ func (n explainNode) indent(pre string) string {
 // heap for each: O(n) per ack, O(n²) per recipient (18 buffers after 50,
 // 107 after 2000, where the bound gives 15 and 19).
 func TestAckScanBoundedBelow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (4 000 appends and acks, each its own commit): skipped by -short")
+	}
 	pgtest.DatabaseURL(t)
 	t.Parallel()
 	const small, large = 50, 2000
