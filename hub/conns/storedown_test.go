@@ -46,3 +46,27 @@ func TestCatchUpOnAStoreDownKeepsTheConnection(t *testing.T) {
 		t.Fatalf("frame after the store came back: %v, want signal 1 on the same connection", f)
 	}
 }
+
+// The replay that follows the welcome is a catch-up like the others: a
+// store that cannot serve it leaves the new connection open, and the
+// signals come with the next wake-up.
+func TestReplayOnAStoreDownKeepsTheConnection(t *testing.T) {
+	st := &pendingDown{Store: memstore.New()}
+	h, _ := attachIdle(t, st, time.Hour, 0)
+	k := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "late"}
+	tok := register(t, h, k.SessionID)
+	storeDirect(t, st, k.SessionID)
+
+	st.down.Store(true)
+	c := dial(t, h, tok)
+	if f := read(t, c); f["type"] != "welcome" {
+		t.Fatalf("first frame %v, want the welcome", f)
+	}
+	waitFor(t, "the replay's read to fail", func() bool { return st.failed.Load() >= 1 })
+	st.down.Store(false)
+
+	h.Server.WakeLocal(sessionstore.Wake{Key: k})
+	if f := read(t, c); f["type"] != "signal" || f["seq"] != 1.0 {
+		t.Fatalf("frame after the store came back: %v, want signal 1 on the same connection", f)
+	}
+}

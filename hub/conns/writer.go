@@ -103,7 +103,13 @@ func (c *Conn) writeSome(ctx context.Context) error {
 		if err := c.writeJSON(c.welcome); err != nil {
 			return err
 		}
-		if err := c.catchUp(ctx); err != nil {
+		// A replay the store cannot serve now is a catch-up like any other:
+		// the connection stays, and the next wake-up or sweep replays.
+		if err := c.catchUp(ctx); errors.Is(err, errStoreRead) {
+			if err := c.storeLater(ctx, err); err != nil {
+				return err
+			}
+		} else if err != nil {
 			return err
 		}
 		c.mu.Lock()
