@@ -37,8 +37,6 @@ func scanSignal(row pgx.Row) (sessionstore.Signal, error) {
 	return sig, nil
 }
 
-// PendingSignals implements sessionstore.Store. A limit of 0 or less means
-// no limit.
 // pendingSQL reads a session's unacknowledged signals after seq $4, at
 // most $5. It is bounded below by acked_seq too: every signal at or below
 // it is marked (ackSQL), and the index entries of marked signals stay in
@@ -49,6 +47,8 @@ const pendingSQL = `SELECT ` + signalCols + ` FROM signals
 		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3), 0))
 	ORDER BY seq LIMIT $5`
 
+// PendingSignals implements sessionstore.Store. A limit of 0 or less means
+// no limit.
 func (s *Store) PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq int64, limit int) ([]sessionstore.Signal, error) {
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
