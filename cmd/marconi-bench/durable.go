@@ -255,9 +255,10 @@ const settledTables = "sessions, signals, project_usage, project_usage_deltas, i
 // steps before it (which a Postgres with autovacuum, as in production,
 // would have cleaned) nor their dirty buffers (which this step's
 // backends would otherwise write out themselves before they could read)
-// weigh on it. Without it, a step that follows another at once was seen
-// at a quarter of the sends/s of the same step after a CHECKPOINT, so a
-// fleet's second run (three instances) paid for its first (one instance).
+// weigh on it, as a fleet's second run (three instances) would otherwise
+// pay for its first (one instance). (The quarter of the sends/s first seen
+// in such runs came mostly from plans, since fixed: docs/benchmarks-history.md,
+// "Issue 18, third session".)
 func settleDatabase(ctx context.Context, databaseURL string) error {
 	err := withConn(ctx, databaseURL, func(ctx context.Context, conn *pgx.Conn) error {
 		if _, err := conn.Exec(ctx, `VACUUM `+settledTables); err != nil {
