@@ -1,12 +1,9 @@
 package hub_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -20,47 +17,7 @@ import (
 // call does one HTTP request and decodes the JSON answer into a map.
 func call(t *testing.T, method, url, cred string, body any, hdr ...string) (int, map[string]any) {
 	t.Helper()
-	var r io.Reader
-	switch b := body.(type) {
-	case nil:
-	case string:
-		r = strings.NewReader(b)
-	case []byte:
-		r = bytes.NewReader(b)
-	default:
-		raw, err := json.Marshal(b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r = bytes.NewReader(raw)
-	}
-	req, err := http.NewRequest(method, url, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if cred != "" {
-		req.Header.Set("Authorization", "Bearer "+cred)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out map[string]any
-	if len(raw) > 0 {
-		if err := json.Unmarshal(raw, &out); err != nil {
-			t.Fatalf("%s %s: answer is not JSON: %q", method, url, raw)
-		}
-	}
-	return resp.StatusCode, out
+	return hubtest.Call(t, method, url, cred, body, hdr...)
 }
 
 // errCode returns the error code of an error answer.
@@ -70,9 +27,7 @@ func errCode(body map[string]any) string {
 	return c
 }
 
-type agent struct {
-	ID, Token string
-}
+type agent = hubtest.Agent
 
 // register registers a session and fails the test unless it gets 201.
 func register(t *testing.T, h *hubtest.Hub, id, surface string, extra ...map[string]any) agent {
@@ -102,34 +57,12 @@ func send(t *testing.T, h *hubtest.Hub, from agent, to string, payload any) map[
 // dial attaches a's WebSocket and reads the welcome frame.
 func dial(t *testing.T, h *hubtest.Hub, a agent) (*websocket.Conn, map[string]any) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, _, err := websocket.Dial(ctx, h.WSURL(), &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + a.Token}}})
-	if err != nil {
-		t.Fatalf("dial %s: %v", a.ID, err)
-	}
-	c.SetReadLimit(1 << 20)
-	t.Cleanup(func() { c.CloseNow() })
-	w := readFrame(t, c)
-	if w["type"] != "welcome" {
-		t.Fatalf("first frame is %v, want welcome", w)
-	}
-	return c, w
+	return h.Dial(t, a.Token)
 }
 
 func readFrame(t *testing.T, c *websocket.Conn) map[string]any {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, data, err := c.Read(ctx)
-	if err != nil {
-		t.Fatalf("read frame: %v", err)
-	}
-	var f map[string]any
-	if err := json.Unmarshal(data, &f); err != nil {
-		t.Fatalf("frame is not JSON: %q", data)
-	}
-	return f
+	return hubtest.ReadFrame(t, c)
 }
 
 func writeFrame(t *testing.T, c *websocket.Conn, v any) {
@@ -145,13 +78,7 @@ func writeFrame(t *testing.T, c *websocket.Conn, v any) {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	hubtest.WaitFor(t, what, cond)
 }
 
 // routeState reads one session's route_state through the ops API.

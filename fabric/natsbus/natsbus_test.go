@@ -1,12 +1,9 @@
 package natsbus_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -72,7 +69,7 @@ func startPair(t *testing.T, o pairOptions) *pair {
 	o.key, o.admin = hub.NewAPIKey(), hub.NewAdminToken()
 	p := &pair{a: startInstance(t, o, "a", o.natsA, noSweep), b: startInstance(t, o, "b", o.natsB, o.sweepB)}
 	// b listens before anyone sends to it.
-	waitFor(t, "b's wake-up listener", func() bool {
+	hubtest.WaitFor(t, "b's wake-up listener", func() bool {
 		return metric(t, p.b.hub.Registry, "marconi_wake_listener_connects_total") >= 2 // Postgres and NATS
 	})
 	return p
@@ -103,16 +100,16 @@ func startInstance(t *testing.T, o pairOptions, id, natsURL string, sweep time.D
 func TestCrossInstanceOnNATSInOrder(t *testing.T) {
 	t.Parallel()
 	p := startPair(t, pairOptions{sweepB: noSweep})
-	alice := register(t, p.a.hub, "alice")
-	bob := register(t, p.a.hub, "bob")
-	c := dial(t, p.b.hub, bob) // bob's queue is on b
+	alice := p.a.hub.Register(t, "alice")
+	bob := p.a.hub.Register(t, "bob")
+	c, _ := p.b.hub.Dial(t, bob.Token) // bob's queue is on b
 
 	const n = 20
 	for i := 1; i <= n; i++ {
-		send(t, p.a.hub, alice, "bob", i)
+		p.a.hub.Send(t, alice, "bob", i)
 	}
 	for i := 1; i <= n; i++ {
-		f := readFrame(t, c)
+		f := hubtest.ReadFrame(t, c)
 		if f["type"] != "signal" || f["seq"] != float64(i) || f["payload"] != float64(i) {
 			t.Fatalf("frame %d: %v, want signal seq %d payload %d", i, f, i, i)
 		}
@@ -135,20 +132,20 @@ func TestCrossInstanceNATSDownFallsBackToSweep(t *testing.T) {
 	proxy := testproxy.Start(t, strings.TrimPrefix(natstest.URL(t), "nats://"))
 	via := "nats://" + proxy.Addr()
 	p := startPair(t, pairOptions{sweepB: 100 * time.Millisecond, natsA: via, natsB: via})
-	alice := register(t, p.a.hub, "alice")
-	bob := register(t, p.a.hub, "bob")
-	c := dial(t, p.b.hub, bob)
-	send(t, p.a.hub, alice, "bob", 1)
+	alice := p.a.hub.Register(t, "alice")
+	bob := p.a.hub.Register(t, "bob")
+	c, _ := p.b.hub.Dial(t, bob.Token)
+	p.a.hub.Send(t, alice, "bob", 1)
 	wantSignal(t, c, 1, 1)
 
 	proxy.Cut()
-	waitFor(t, "both buses to see NATS gone", func() bool {
+	hubtest.WaitFor(t, "both buses to see NATS gone", func() bool {
 		return metric(t, p.a.reg, "marconi_nats_bus_connected") == 0 && metric(t, p.b.reg, "marconi_nats_bus_connected") == 0
 	})
 	received := metric(t, p.b.hub.Registry, "marconi_wakeups_total", "result", "received")
 	sweeps := metric(t, p.b.hub.Registry, "marconi_pending_sweeps_total")
 	for i := 2; i <= 4; i++ {
-		send(t, p.a.hub, alice, "bob", i) // 200, or send fails the test
+		p.a.hub.Send(t, alice, "bob", i) // 200, or send fails the test
 	}
 	for i := 2; i <= 4; i++ {
 		wantSignal(t, c, i, i)
@@ -165,13 +162,13 @@ func TestCrossInstanceNATSDownFallsBackToSweep(t *testing.T) {
 
 	connects := metric(t, p.b.hub.Registry, "marconi_wake_listener_connects_total")
 	proxy.Restore()
-	waitFor(t, "both buses back on NATS, b caught up", func() bool {
+	hubtest.WaitFor(t, "both buses back on NATS, b caught up", func() bool {
 		return metric(t, p.a.reg, "marconi_nats_bus_connected") == 1 && metric(t, p.b.reg, "marconi_nats_bus_connected") == 1 &&
 			metric(t, p.b.hub.Registry, "marconi_wake_listener_connects_total") > connects
 	})
-	send(t, p.a.hub, alice, "bob", 5)
+	p.a.hub.Send(t, alice, "bob", 5)
 	wantSignal(t, c, 5, 5)
-	waitFor(t, "b to receive the wake-up of 5 by NATS", func() bool {
+	hubtest.WaitFor(t, "b to receive the wake-up of 5 by NATS", func() bool {
 		return metric(t, p.b.hub.Registry, "marconi_wakeups_total", "result", "received") > received
 	})
 	if got := metric(t, p.b.reg, "marconi_nats_bus_disconnects_total"); got < 1 {
@@ -185,9 +182,9 @@ func TestCrossInstanceNATSDownFallsBackToSweep(t *testing.T) {
 func TestNATSBusRefusesGarbledAndForged(t *testing.T) {
 	t.Parallel()
 	p := startPair(t, pairOptions{sweepB: noSweep})
-	alice := register(t, p.a.hub, "alice")
-	bob := register(t, p.a.hub, "bob")
-	c := dial(t, p.b.hub, bob)
+	alice := p.a.hub.Register(t, "alice")
+	bob := p.a.hub.Register(t, "bob")
+	c, _ := p.b.hub.Dial(t, bob.Token)
 
 	ctx := context.Background()
 	raw := pgstore.NewBus(p.a.store, nil)
@@ -207,7 +204,7 @@ func TestNATSBusRefusesGarbledAndForged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "b to refuse the four garbled messages", func() bool { return metric(t, p.b.reg, "marconi_nats_bus_refused_total") == 4 })
+	hubtest.WaitFor(t, "b to refuse the four garbled messages", func() bool { return metric(t, p.b.reg, "marconi_nats_bus_refused_total") == 4 })
 
 	// A sealed wake-up for bob's next signal, its payload then altered.
 	sess, err := p.a.store.GetSession(ctx, sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}, time.Now())
@@ -228,116 +225,28 @@ func TestNATSBusRefusesGarbledAndForged(t *testing.T) {
 	if err := nc.Publish(subject, []byte(forged)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "b to receive the forged wake-up", func() bool {
+	hubtest.WaitFor(t, "b to receive the forged wake-up", func() bool {
 		return metric(t, p.b.hub.Registry, "marconi_wakeups_total", "result", "received") > received
 	})
 	if got := metric(t, p.b.hub.Registry, "marconi_wakeups_total", "result", "carried"); got != 0 {
 		t.Fatalf("b took %v carried signals from a forged wake-up", got)
 	}
-	send(t, p.a.hub, alice, "bob", "real")
+	p.a.hub.Send(t, alice, "bob", "real")
 	wantSignal(t, c, 1, "real")
 }
 
 // --- helpers: the hub as a client sees it ---
 
-type agent struct{ ID, Token string }
-
-func call(t *testing.T, method, url, cred string, body any) (int, map[string]any) {
-	t.Helper()
-	raw, err := json.Marshal(body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, err := http.NewRequest(method, url, bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+cred)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out map[string]any
-	_ = json.Unmarshal(b, &out)
-	return resp.StatusCode, out
-}
-
-func register(t *testing.T, h *hubtest.Hub, id string) agent {
-	t.Helper()
-	st, resp := call(t, "POST", h.URL+"/v1/sessions", h.APIKey, map[string]any{"session_id": id, "surface": "claude_code"})
-	if st != http.StatusCreated {
-		t.Fatalf("register %s: %d %v", id, st, resp)
-	}
-	return agent{ID: resp["session_id"].(string), Token: resp["token"].(string)}
-}
-
-func send(t *testing.T, h *hubtest.Hub, from agent, to string, payload any) {
-	t.Helper()
-	st, resp := call(t, "POST", h.URL+"/v1/signals", from.Token, map[string]any{"to_session": to, "payload": payload})
-	if st != http.StatusOK {
-		t.Fatalf("send %s→%s: %d %v", from.ID, to, st, resp)
-	}
-}
-
-// dial attaches a's WebSocket and reads the welcome frame.
-func dial(t *testing.T, h *hubtest.Hub, a agent) *websocket.Conn {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, _, err := websocket.Dial(ctx, h.WSURL(), &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + a.Token}}})
-	if err != nil {
-		t.Fatalf("dial %s: %v", a.ID, err)
-	}
-	t.Cleanup(func() { c.CloseNow() })
-	if w := readFrame(t, c); w["type"] != "welcome" {
-		t.Fatalf("first frame is %v, want welcome", w)
-	}
-	return c
-}
-
-func readFrame(t *testing.T, c *websocket.Conn) map[string]any {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, data, err := c.Read(ctx)
-	if err != nil {
-		t.Fatalf("read frame: %v", err)
-	}
-	var f map[string]any
-	if err := json.Unmarshal(data, &f); err != nil {
-		t.Fatalf("frame is not JSON: %q", data)
-	}
-	return f
-}
-
 // wantSignal reads one frame and fails unless it is signal seq with payload.
 func wantSignal(t *testing.T, c *websocket.Conn, seq int, payload any) {
 	t.Helper()
-	f := readFrame(t, c)
+	f := hubtest.ReadFrame(t, c)
 	want := payload
 	if n, ok := payload.(int); ok {
 		want = float64(n)
 	}
 	if f["type"] != "signal" || f["seq"] != float64(seq) || f["payload"] != want {
 		t.Fatalf("frame %v, want signal seq %d payload %v", f, seq, payload)
-	}
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/marconihub/marconi/fabric/natsbus"
+	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/internal/natstest"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
@@ -86,7 +87,7 @@ func TestNATSBusQueueIsBounded(t *testing.T) {
 	}
 	t.Cleanup(b.Close) // after Listen ends (cleanups run last first)
 	wakes, connects := listenOn(t, b, "b")
-	waitFor(t, "the listener's first catch-up", func() bool { return connects.Load() >= 1 })
+	hubtest.WaitFor(t, "the listener's first catch-up", func() bool { return connects.Load() >= 1 })
 
 	const n = 100
 	k := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}
@@ -95,10 +96,10 @@ func TestNATSBusQueueIsBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the queue to overflow", func() bool { return metric(t, reg, "marconi_nats_bus_slow_consumer_total") >= 1 })
+	hubtest.WaitFor(t, "the queue to overflow", func() bool { return metric(t, reg, "marconi_nats_bus_slow_consumer_total") >= 1 })
 	before := connects.Load() // the listener is stuck on the first wake-up
 	close(st.gate)
-	waitFor(t, "a catch-up after the overflow", func() bool { return connects.Load() > before })
+	hubtest.WaitFor(t, "a catch-up after the overflow", func() bool { return connects.Load() > before })
 	if got := wakes.Load(); got >= n {
 		t.Errorf("%d wake-ups handed on through a queue of 4 with the listener stuck, want fewer than %d", got, n)
 	}

@@ -78,17 +78,7 @@ func dial(t testing.TB, h *hubtest.Hub, token string) *websocket.Conn {
 
 func read(t testing.TB, c *websocket.Conn) map[string]any {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, b, err := c.Read(ctx)
-	if err != nil {
-		t.Fatalf("read: %v", err)
-	}
-	var f map[string]any
-	if err := json.Unmarshal(b, &f); err != nil {
-		t.Fatal(err)
-	}
-	return f
+	return hubtest.ReadFrame(t, c)
 }
 
 func write(t *testing.T, c *websocket.Conn, v any) {
@@ -101,13 +91,7 @@ func write(t *testing.T, c *websocket.Conn, v any) {
 
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	hubtest.WaitFor(t, what, cond)
 }
 
 func pending(t *testing.T, st sessionstore.Store, id string) int {
