@@ -180,12 +180,16 @@ func named(m Migration) Migration {
 // then "=") never starts so, though a value in it may hold "://".
 var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
 
+// IsURL reports whether databaseURL is written as a URL (scheme://…)
+// rather than as a keyword/value connection string (host=… dbname=…).
+func IsURL(databaseURL string) bool { return urlScheme.MatchString(databaseURL) }
+
 // open opens the migrations on databaseURL: a URL (postgres://…) through
 // golang-migrate's pgx5:// driver URL, or a keyword/value connection string
 // (host=… dbname=…), which that driver cannot parse, through pgx's own
 // parser and the driver's WithInstance.
 func open(databaseURL string) (*migrate.Migrate, error) {
-	if !urlScheme.MatchString(databaseURL) {
+	if !IsURL(databaseURL) {
 		return openKeywordValue(databaseURL)
 	}
 	u, err := DriverURL(databaseURL)

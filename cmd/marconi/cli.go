@@ -9,6 +9,8 @@ import (
 	"runtime/debug"
 	"sort"
 	"strings"
+
+	"github.com/marconihub/marconi/migrations"
 )
 
 // isTerminal reports whether f is an interactive terminal (a character
@@ -130,7 +132,7 @@ func mask(env, v string) string {
 		}
 		return strings.Join(out, ",")
 	case "MARCONI_DATABASE_URL":
-		if !urlScheme.MatchString(v) {
+		if !migrations.IsURL(v) {
 			return maskKeywordValue(v)
 		}
 		u, err := url.Parse(v)

@@ -78,6 +78,29 @@ func TestUnknownFlagSuggestsTheNearest(t *testing.T) {
 	}
 }
 
+// TestMigrateNamesAMalformedDatabaseURL: a database URL pgx would not
+// connect with is a usage error naming where it came from (the flag or the
+// variable), without quoting the value, which may hold a password.
+func TestMigrateNamesAMalformedDatabaseURL(t *testing.T) {
+	tests := []struct {
+		kv   map[string]string
+		args []string
+		want string
+	}{
+		{nil, []string{"migrate", "up", "--database-url", "postgres://u:hunter2@[bad/x"}, "--database-url: want a postgres:// URL"},
+		{nil, []string{"migrate", "version", "--database-url", "host=/tmp port=hunter2"}, "--database-url: want a postgres:// URL"},
+		{map[string]string{"MARCONI_DATABASE_URL": "mysql://u:hunter2@h/x"}, []string{"migrate", "up"}, "MARCONI_DATABASE_URL: want a postgres:// URL"},
+		// The flag wins over the variable, and is the one named.
+		{map[string]string{"MARCONI_DATABASE_URL": "postgres://u@h/x"}, []string{"migrate", "down", "1", "--database-url", "x://hunter2"}, "--database-url: want"},
+	}
+	for _, tt := range tests {
+		code, _, stderr := runCLI(t, tt.kv, "", false, tt.args...)
+		if code != 2 || !strings.Contains(stderr, tt.want) || strings.Contains(stderr, "hunter2") {
+			t.Errorf("%v %v: exit %d, stderr %q; want 2 and %q, no secret", tt.kv, tt.args, code, stderr, tt.want)
+		}
+	}
+}
+
 // TestConfigMasksWhatIsDeclaredSecret: masking follows each setting's
 // declaration, not its name: the token cache's size prints, and the secret
 // settings are exactly the credentials.

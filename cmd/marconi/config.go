@@ -20,6 +20,7 @@ import (
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/fabric/natsbus"
 	"github.com/marconihub/marconi/hub"
+	"github.com/marconihub/marconi/migrations"
 	"github.com/marconihub/marconi/sessionstore/breaker"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
 	"github.com/marconihub/marconi/signals"
@@ -649,16 +650,12 @@ func loadConfig(cmd string, args []string, getenv func(string) string, out io.Wr
 	return c, nil
 }
 
-// urlScheme matches what opens a URL; a keyword/value string (a keyword,
-// then "=") never starts so, though a value in it may hold "://".
-var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
-
 // checkDatabaseURL refuses a database URL that pgx would not connect with:
 // a postgres:// URL or a keyword/value string (host=… dbname=…), as pgx
 // parses them. The reason never quotes v, which may hold a password.
 func checkDatabaseURL(v string) error {
 	const want = "want a postgres:// URL or a keyword/value string (host=… dbname=…)"
-	if urlScheme.MatchString(v) {
+	if migrations.IsURL(v) {
 		if u, err := url.Parse(v); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 			return errors.New(want)
 		}

@@ -125,7 +125,7 @@ func FuzzMaskDatabaseURL(f *testing.F) {
 	f.Setenv("PGPASSWORD", "")
 	f.Setenv("PGPASSFILE", "/nonexistent")
 	f.Fuzz(func(t *testing.T, s string) {
-		if urlScheme.MatchString(s) {
+		if migrations.IsURL(s) {
 			return
 		}
 		masked := mask("MARCONI_DATABASE_URL", s)

@@ -58,6 +58,18 @@ func (c cli) parseMigrate(args []string) (*migrateFlags, error) {
 	return f, err
 }
 
+// dbURLSource names where the database URL came from: the flag when it was
+// given, else the environment variable.
+func (f *migrateFlags) dbURLSource() string {
+	src := "MARCONI_DATABASE_URL"
+	f.fs.Visit(func(fl *flag.Flag) {
+		if fl.Name == "database-url" {
+			src = "--database-url"
+		}
+	})
+	return src
+}
+
 // migrate is `marconi migrate up|down|version`.
 func (c cli) migrate(ctx context.Context, args []string) error {
 	f, err := c.parseMigrate(args)
@@ -92,6 +104,9 @@ func (c cli) migrate(ctx context.Context, args []string) error {
 	rest := f.positional[1:]
 	if f.dbURL == "" {
 		return usagef("no database: set MARCONI_DATABASE_URL or --database-url")
+	}
+	if err := checkDatabaseURL(f.dbURL); err != nil {
+		return usagef("%s: %v", f.dbURLSource(), err)
 	}
 	if (f.all || f.yes || f.force) && sub != "down" {
 		return usagef("--all, --yes and --force apply to down only; %s", migrateUsage)
