@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/internal/pgtest"
@@ -125,9 +126,7 @@ func newHTTPFuzzer(f *testing.F, store sessionstore.Store) *httpFuzzer {
 	z := &httpFuzzer{h: hubtest.Start(f, hubtest.Options{Store: store, Config: hub.Config{MaxPayloadBytes: 2048, SendRatePerSecond: 1e9, QuotaRegistrationsPerSecond: 1e9}})}
 	for name, a := range map[string]*agent{"alice": &z.alice, "bob": &z.bob} {
 		rec := z.do("POST", "/v1/sessions", bearerHeader(z.h.APIKey), []byte(`{"session_id":"`+name+`","surface":"codex"}`))
-		var r struct {
-			Token string `json:"token"`
-		}
+		var r marconi.SessionAnswer
 		if rec.Code != http.StatusCreated || json.Unmarshal(rec.Body.Bytes(), &r) != nil {
 			f.Fatalf("register %s: %d %s", name, rec.Code, rec.Body)
 		}
