@@ -341,6 +341,12 @@ func (s *Service) piggyback(ctx context.Context, sender sessionstore.Session, r 
 		return res
 	}
 	p, err := s.Pending(ctx, sender.Key, 0, s.cfg.PiggybackLimit)
+	if err != nil && ctx.Err() != nil {
+		// The sender's request ended (its client went away): nobody is
+		// left to read the answer, and nothing is wrong with the hub.
+		s.log.Debug("piggyback: the send's request ended", "session_id", sender.SessionID, "err", err)
+		return res
+	}
 	if err != nil {
 		s.log.Warn("piggyback: reading the sender's pending signals", "session_id", sender.SessionID, "err", err)
 		return res
