@@ -220,3 +220,96 @@ func TestUpUnreachableFailsFast(t *testing.T) {
 		t.Fatal("Up against a closed port succeeded")
 	}
 }
+
+// TestHotAckIndexes: at 0010 no index of signals holds acked_at or payload
+// (an ack is then a HOT update) and signals and sessions keep room in their
+// pages; a step down to 0009 puts back the indexes and settings 0010
+// replaced, and a step up again takes them away.
+func TestHotAckIndexes(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptySchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	indexes := func() map[string]string {
+		t.Helper()
+		rows, err := conn.Query(ctx, `SELECT indexname, indexdef FROM pg_indexes
+			WHERE schemaname = current_schema() AND tablename = 'signals'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for rows.Next() {
+			var name, def string
+			if err := rows.Scan(&name, &def); err != nil {
+				t.Fatal(err)
+			}
+			out[name] = def
+		}
+		if rows.Err() != nil {
+			t.Fatal(rows.Err())
+		}
+		return out
+	}
+	options := func(table string) string {
+		t.Helper()
+		var opts *string
+		if err := conn.QueryRow(ctx, `SELECT array_to_string(reloptions, ',') FROM pg_class
+			WHERE oid = (quote_ident(current_schema()) || '.' || $1)::regclass`, table).Scan(&opts); err != nil {
+			t.Fatal(err)
+		}
+		if opts == nil {
+			return ""
+		}
+		return *opts
+	}
+	at10 := func() {
+		t.Helper()
+		for name, def := range indexes() {
+			if strings.Contains(def, "acked_at") || strings.Contains(def, "payload") {
+				t.Errorf("at 0010, index %s holds what an ack writes: %s", name, def)
+			}
+		}
+		for _, name := range []string{"signals_pkey", "signals_id_key", "signals_created_at_idx", "signals_sender_key_idx"} {
+			if _, ok := indexes()[name]; !ok {
+				t.Errorf("at 0010, index %s missing (have %v)", name, indexes())
+			}
+		}
+		if got := options("signals"); got != "fillfactor=55" {
+			t.Errorf("signals' options at 0010: %q, want fillfactor=55", got)
+		}
+		if got := options("sessions"); got != "fillfactor=50" {
+			t.Errorf("sessions' options at 0010: %q, want fillfactor=50", got)
+		}
+	}
+
+	if err := migrations.Steps(ctx, u, 10); err != nil {
+		t.Fatalf("up to 0010: %v", err)
+	}
+	at10()
+	if err := migrations.Steps(ctx, u, -1); err != nil {
+		t.Fatalf("down to 0009: %v", err)
+	}
+	got := indexes()
+	for _, name := range []string{"signals_unacked_idx", "signals_acked_at_idx", "signals_idempotency_idx"} {
+		if _, ok := got[name]; !ok {
+			t.Errorf("at 0009 again, index %s missing (have %v)", name, got)
+		}
+	}
+	for _, name := range []string{"signals_created_at_idx", "signals_sender_key_idx"} {
+		if _, ok := got[name]; ok {
+			t.Errorf("at 0009 again, 0010's index %s is still there", name)
+		}
+	}
+	if a, b := options("signals"), options("sessions"); a != "" || b != "" {
+		t.Errorf("at 0009 again, options %q on signals and %q on sessions, want none", a, b)
+	}
+	if err := migrations.Steps(ctx, u, 1); err != nil {
+		t.Fatalf("up to 0010 again: %v", err)
+	}
+	at10()
+}

@@ -17,8 +17,9 @@ import (
 // ackPlan builds one recipient's history of n signals, each appended and
 // then acknowledged on its own (as an attached client acks every signal),
 // with no VACUUM of signals and a snapshot held open meanwhile by another
-// connection, so that no dead entry of signals_unacked_idx can be removed
-// or marked dead: what a lagging (or disabled) autovacuum leaves. It then
+// connection, so that no dead row version can be removed or its index entry
+// marked dead: what a lagging (or disabled) autovacuum leaves. Every
+// acknowledged signal stays in the primary key until Prune. It then
 // appends one more signal and returns the plan of ackSQL acknowledging it,
 // with its buffers: EXPLAIN (ANALYZE, BUFFERS) of the real statement with
 // the real arguments, after ackSeqSQL, in a transaction rolled back.
