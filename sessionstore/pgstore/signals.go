@@ -167,7 +167,13 @@ const ackSQL = `WITH r AS (
 )
 SELECT c FROM t`
 
-// CountPending implements sessionstore.Store.
+// CountPending implements sessionstore.Store. Acknowledgements are
+// cumulative and a recipient's seqs gap-free, so its pending signals are
+// exactly those with seq in (acked_seq, last_seq]: their count is read from
+// its sessions row (as the append's quota and AttachQueue read it), not
+// counted in signals. Nothing deletes a signal above acked_seq but the
+// deletion of its session (DeleteSession, a registration again, Prune of
+// an expired session, which removes the row once its signals are gone).
 func (s *Store) CountPending(ctx context.Context, k sessionstore.Key) (int, error) {
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
@@ -175,18 +181,19 @@ func (s *Store) CountPending(ctx context.Context, k sessionstore.Key) (int, erro
 		return 0, wrap("count pending", err)
 	}
 	var n int
-	err = s.pool.QueryRow(ctx, `SELECT count(*) FROM signals
-		WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL
-		  AND seq > coalesce((SELECT acked_seq FROM sessions
-			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3), 0)`,
-		k.TenantID, k.ProjectID, k.SessionID).Scan(&n)
+	err = s.pool.QueryRow(ctx, countPendingSQL, k.TenantID, k.ProjectID, k.SessionID).Scan(&n)
 	if err != nil {
 		return 0, wrap("count pending", err)
 	}
 	return n, nil
 }
 
-// PendingTotal implements sessionstore.Store.
+// countPendingSQL is CountPending's count: 0 for no such session.
+const countPendingSQL = `SELECT coalesce((SELECT last_seq - acked_seq FROM sessions
+	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3), 0)`
+
+// PendingTotal implements sessionstore.Store: CountPending's count summed
+// over the sessions live at now.
 func (s *Store) PendingTotal(ctx context.Context, now time.Time) (int, error) {
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
@@ -194,15 +201,15 @@ func (s *Store) PendingTotal(ctx context.Context, now time.Time) (int, error) {
 		return 0, wrap("pending total", err)
 	}
 	var n int
-	err = s.pool.QueryRow(ctx, `SELECT count(*) FROM signals g
-		JOIN sessions s ON s.tenant_id = g.tenant_id AND s.project_id = g.project_id AND s.session_id = g.to_session
-			AND g.seq > s.acked_seq
-		WHERE g.acked_at IS NULL AND s.expires_at >= $1`, now).Scan(&n)
+	err = s.pool.QueryRow(ctx, pendingTotalSQL, now).Scan(&n)
 	if err != nil {
 		return 0, wrap("pending total", err)
 	}
 	return n, nil
 }
+
+// pendingTotalSQL is PendingTotal's sum, one row per live session.
+const pendingTotalSQL = `SELECT coalesce(sum(last_seq - acked_seq), 0) FROM sessions WHERE expires_at >= $1`
 
 // DropPending implements sessionstore.Store: an acknowledgement of
 // everything stored.
