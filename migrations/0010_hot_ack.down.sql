@@ -1,8 +1,8 @@
 -- Back to 0009: the two indexes on acked_at and the idempotency index led
 -- by tenant_id and project_id again, 0010's two indexes gone, the default
--- fillfactors. Acknowledgements are then no longer HOT updates. The indexes
--- are built before the drops, under the same locks as 0010's (see there).
-SET LOCAL lock_timeout = '10s';
+-- fillfactors. Acknowledgements are then no longer HOT updates. The same
+-- lock as 0010's, taken first for the same reason (see there).
+LOCK TABLE signals IN ACCESS EXCLUSIVE MODE;
 
 CREATE INDEX signals_unacked_idx ON signals (tenant_id, project_id, to_session, seq)
     WHERE acked_at IS NULL;

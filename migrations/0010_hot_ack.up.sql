@@ -14,11 +14,16 @@
 -- filled from now on; existing full pages get their room back as they are
 -- pruned and vacuumed. docs/operations.md, "Migration 0010", says what an
 -- operator must know: this file runs as one transaction, and holds an
--- ACCESS EXCLUSIVE lock on signals from its first DROP INDEX to its end.
+-- ACCESS EXCLUSIVE lock on signals from its start to its end.
 --
--- The new indexes are built first, under a SHARE lock (reads go on, writes
--- wait), so that the exclusive lock is held only for the drops.
-SET LOCAL lock_timeout = '10s';
+-- That lock is taken first, and at once: built under CREATE INDEX's SHARE
+-- lock, the indexes let reads go on, but the DROP INDEX after them then
+-- upgrades to ACCESS EXCLUSIVE, and an append or an ack that had taken its
+-- ACCESS SHARE lock (its read of signals) and waits for ROW EXCLUSIVE (its
+-- write) behind the SHARE lock deadlocks with it: Postgres aborts the
+-- migration. No lock_timeout: a migration that gave up would leave the
+-- schema marked dirty, which every hub, old or new, answers with 503.
+LOCK TABLE signals IN ACCESS EXCLUSIVE MODE;
 
 CREATE INDEX signals_created_at_idx ON signals (created_at);
 

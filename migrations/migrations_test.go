@@ -313,3 +313,79 @@ func TestHotAckIndexes(t *testing.T) {
 	}
 	at10()
 }
+
+// TestHotAckMigratesBesideWrites: 0010 runs while the hub writes. An
+// append or an ack reads signals (ACCESS SHARE) before it writes it (ROW
+// EXCLUSIVE). Had 0010 built its indexes under CREATE INDEX's SHARE lock
+// and only then asked for ACCESS EXCLUSIVE (its DROP INDEX), such a write
+// caught between the two would wait for the migration while the migration
+// waited for it: a deadlock, which Postgres breaks by aborting one of them.
+// Taking ACCESS EXCLUSIVE first, the migration waits for the write to end.
+func TestHotAckMigratesBesideWrites(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptySchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := migrations.Steps(ctx, u, 9); err != nil {
+		t.Fatalf("up to 0009: %v", err)
+	}
+	writer, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close(context.Background())
+	now := time.Now()
+	if _, err := writer.Exec(ctx, `INSERT INTO sessions (tenant_id, project_id, session_id, token_hash, registered_at, expires_at)
+		VALUES ('t', 'p', 'bob', '\x01', $1, $2)`, now, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	// The write's read: its ACCESS SHARE lock on signals is held to its end.
+	tx, err := writer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // committed below
+	if _, err := tx.Exec(ctx, `SELECT count(*) FROM signals`); err != nil {
+		t.Fatal(err)
+	}
+
+	migrated := make(chan error, 1)
+	go func() { migrated <- migrations.Steps(ctx, u, 1) }()
+	defer func() {
+		if err := <-migrated; err != nil {
+			t.Errorf("0010 beside a write: %v", err)
+		}
+	}()
+	// The migration waits for a lock on signals.
+	watcher, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close(context.Background())
+	for {
+		var waiting bool
+		if err := watcher.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
+			WHERE relation = 'signals'::regclass AND NOT granted)`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case err := <-migrated:
+			migrated <- err
+			t.Fatalf("0010 ended (%v) while a transaction held signals", err)
+		case <-ctx.Done():
+			t.Fatal("0010 never waited for the transaction that holds signals")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	// The write itself, then its commit: the migration goes on after it.
+	if _, err := tx.Exec(ctx, `INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, payload, created_at)
+		VALUES ('t', 'p', 'bob', 1, 'sig-1', 'alice', 'k', '{}', $1)`, now); err != nil {
+		t.Fatalf("a write beside the migration: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("a write beside the migration: %v", err)
+	}
+}
