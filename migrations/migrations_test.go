@@ -220,3 +220,172 @@ func TestUpUnreachableFailsFast(t *testing.T) {
 		t.Fatal("Up against a closed port succeeded")
 	}
 }
+
+// TestHotAckIndexes: at 0010 no index of signals holds acked_at or payload
+// (an ack is then a HOT update) and signals and sessions keep room in their
+// pages; a step down to 0009 puts back the indexes and settings 0010
+// replaced, and a step up again takes them away.
+func TestHotAckIndexes(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptySchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	indexes := func() map[string]string {
+		t.Helper()
+		rows, err := conn.Query(ctx, `SELECT indexname, indexdef FROM pg_indexes
+			WHERE schemaname = current_schema() AND tablename = 'signals'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for rows.Next() {
+			var name, def string
+			if err := rows.Scan(&name, &def); err != nil {
+				t.Fatal(err)
+			}
+			out[name] = def
+		}
+		if rows.Err() != nil {
+			t.Fatal(rows.Err())
+		}
+		return out
+	}
+	options := func(table string) string {
+		t.Helper()
+		var opts *string
+		if err := conn.QueryRow(ctx, `SELECT array_to_string(reloptions, ',') FROM pg_class
+			WHERE oid = (quote_ident(current_schema()) || '.' || $1)::regclass`, table).Scan(&opts); err != nil {
+			t.Fatal(err)
+		}
+		if opts == nil {
+			return ""
+		}
+		return *opts
+	}
+	at10 := func() {
+		t.Helper()
+		for name, def := range indexes() {
+			if strings.Contains(def, "acked_at") || strings.Contains(def, "payload") {
+				t.Errorf("at 0010, index %s holds what an ack writes: %s", name, def)
+			}
+		}
+		for _, name := range []string{"signals_pkey", "signals_id_key", "signals_created_at_idx", "signals_sender_key_idx"} {
+			if _, ok := indexes()[name]; !ok {
+				t.Errorf("at 0010, index %s missing (have %v)", name, indexes())
+			}
+		}
+		if got := options("signals"); got != "fillfactor=55" {
+			t.Errorf("signals' options at 0010: %q, want fillfactor=55", got)
+		}
+		if got := options("sessions"); got != "fillfactor=50" {
+			t.Errorf("sessions' options at 0010: %q, want fillfactor=50", got)
+		}
+	}
+
+	if err := migrations.Steps(ctx, u, 10); err != nil {
+		t.Fatalf("up to 0010: %v", err)
+	}
+	at10()
+	if err := migrations.Steps(ctx, u, -1); err != nil {
+		t.Fatalf("down to 0009: %v", err)
+	}
+	got := indexes()
+	for _, name := range []string{"signals_unacked_idx", "signals_acked_at_idx", "signals_idempotency_idx"} {
+		if _, ok := got[name]; !ok {
+			t.Errorf("at 0009 again, index %s missing (have %v)", name, got)
+		}
+	}
+	for _, name := range []string{"signals_created_at_idx", "signals_sender_key_idx"} {
+		if _, ok := got[name]; ok {
+			t.Errorf("at 0009 again, 0010's index %s is still there", name)
+		}
+	}
+	if a, b := options("signals"), options("sessions"); a != "" || b != "" {
+		t.Errorf("at 0009 again, options %q on signals and %q on sessions, want none", a, b)
+	}
+	if err := migrations.Steps(ctx, u, 1); err != nil {
+		t.Fatalf("up to 0010 again: %v", err)
+	}
+	at10()
+}
+
+// TestHotAckMigratesBesideWrites: 0010 runs while the hub writes. An
+// append or an ack reads signals (ACCESS SHARE) before it writes it (ROW
+// EXCLUSIVE). Had 0010 built its indexes under CREATE INDEX's SHARE lock
+// and only then asked for ACCESS EXCLUSIVE (its DROP INDEX), such a write
+// caught between the two would wait for the migration while the migration
+// waited for it: a deadlock, which Postgres breaks by aborting one of them.
+// Taking ACCESS EXCLUSIVE first, the migration waits for the write to end.
+func TestHotAckMigratesBesideWrites(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptySchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := migrations.Steps(ctx, u, 9); err != nil {
+		t.Fatalf("up to 0009: %v", err)
+	}
+	writer, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close(context.Background())
+	now := time.Now()
+	if _, err := writer.Exec(ctx, `INSERT INTO sessions (tenant_id, project_id, session_id, token_hash, registered_at, expires_at)
+		VALUES ('t', 'p', 'bob', '\x01', $1, $2)`, now, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	// The write's read: its ACCESS SHARE lock on signals is held to its end.
+	tx, err := writer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // committed below
+	if _, err := tx.Exec(ctx, `SELECT count(*) FROM signals`); err != nil {
+		t.Fatal(err)
+	}
+
+	migrated := make(chan error, 1)
+	go func() { migrated <- migrations.Steps(ctx, u, 1) }()
+	defer func() {
+		if err := <-migrated; err != nil {
+			t.Errorf("0010 beside a write: %v", err)
+		}
+	}()
+	// The migration waits for a lock on signals.
+	watcher, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close(context.Background())
+	for {
+		var waiting bool
+		if err := watcher.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
+			WHERE relation = 'signals'::regclass AND NOT granted)`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case err := <-migrated:
+			migrated <- err
+			t.Fatalf("0010 ended (%v) while a transaction held signals", err)
+		case <-ctx.Done():
+			t.Fatal("0010 never waited for the transaction that holds signals")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	// The write itself, then its commit: the migration goes on after it.
+	if _, err := tx.Exec(ctx, `INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, payload, created_at)
+		VALUES ('t', 'p', 'bob', 1, 'sig-1', 'alice', 'k', '{}', $1)`, now); err != nil {
+		t.Fatalf("a write beside the migration: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("a write beside the migration: %v", err)
+	}
+}

@@ -83,8 +83,8 @@ func benchAck(b *testing.B, history int, held bool) {
 		}
 		seq++
 	}
-	// The history, acknowledged 100 signals at a time: each leaves its dead
-	// entry in signals_unacked_idx all the same.
+	// The history, acknowledged 100 signals at a time: each stays in the
+	// primary key all the same.
 	for seq < int64(history) {
 		appendOne()
 		if seq%100 == 0 || seq == int64(history) {

@@ -38,9 +38,9 @@ func scanSignal(row pgx.Row) (sessionstore.Signal, error) {
 }
 
 // pendingSQL reads a session's unacknowledged signals after seq $4, at
-// most $5. It is bounded below by acked_seq too: every signal at or below
-// it is marked (ackSQL), and the index entries of marked signals stay in
-// signals_unacked_idx until a VACUUM, so a scan from seq 0 walked them all.
+// most $5, on the primary key. It is bounded below by acked_seq too: every
+// signal at or below it is marked (ackSQL) and stays in the primary key
+// until Prune, so a scan from seq 0 would walk them all.
 const pendingSQL = `SELECT ` + signalCols + ` FROM signals
 	WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL
 	  AND seq > GREATEST($4::bigint, coalesce((SELECT acked_seq FROM sessions
@@ -137,10 +137,14 @@ const ackSeqSQL = `UPDATE sessions SET ack_floor = acked_seq, acked_seq = GREATE
 // Every signal at or below ack_floor is already marked: acked_seq only ever
 // moves in ackSeqSQL or ackSeqAsSQL, always followed by this statement in
 // the same transaction, and a session registered again starts from a new
-// row. The lower bound matters: acknowledged signals stay in
-// signals_unacked_idx as dead entries until a VACUUM, and a scan from the
-// recipient's first seq visited every one of them (migration 0009). Both
-// the scan and the update are bounded, so that no join order walks them.
+// row. The lower bound matters: acknowledged signals stay in the primary
+// key until Prune, and a scan from the recipient's first seq visited every
+// one of them (migration 0009). Both the scan and the update are bounded,
+// so that no join order walks them.
+//
+// The update is HOT (heap-only): no index of signals holds acked_at or
+// payload (migration 0010), so the new version goes into the old one's
+// page, kept roomy by the table's fillfactor, and no index is written.
 // It is a statement of its own, after ackSeqSQL: its snapshot, taken once
 // the row lock was granted, sees the appends committed meanwhile.
 const ackSQL = `WITH r AS (
@@ -163,7 +167,13 @@ const ackSQL = `WITH r AS (
 )
 SELECT c FROM t`
 
-// CountPending implements sessionstore.Store.
+// CountPending implements sessionstore.Store. Acknowledgements are
+// cumulative and a recipient's seqs gap-free, so its pending signals are
+// exactly those with seq in (acked_seq, last_seq]: their count is read from
+// its sessions row (as the append's quota and AttachQueue read it), not
+// counted in signals. Nothing deletes a signal above acked_seq but the
+// deletion of its session (DeleteSession, a registration again, Prune of
+// an expired session, which removes the row once its signals are gone).
 func (s *Store) CountPending(ctx context.Context, k sessionstore.Key) (int, error) {
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
@@ -171,18 +181,19 @@ func (s *Store) CountPending(ctx context.Context, k sessionstore.Key) (int, erro
 		return 0, wrap("count pending", err)
 	}
 	var n int
-	err = s.pool.QueryRow(ctx, `SELECT count(*) FROM signals
-		WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL
-		  AND seq > coalesce((SELECT acked_seq FROM sessions
-			WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3), 0)`,
-		k.TenantID, k.ProjectID, k.SessionID).Scan(&n)
+	err = s.pool.QueryRow(ctx, countPendingSQL, k.TenantID, k.ProjectID, k.SessionID).Scan(&n)
 	if err != nil {
 		return 0, wrap("count pending", err)
 	}
 	return n, nil
 }
 
-// PendingTotal implements sessionstore.Store.
+// countPendingSQL is CountPending's count: 0 for no such session.
+const countPendingSQL = `SELECT coalesce((SELECT last_seq - acked_seq FROM sessions
+	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3), 0)`
+
+// PendingTotal implements sessionstore.Store: CountPending's count summed
+// over the sessions live at now.
 func (s *Store) PendingTotal(ctx context.Context, now time.Time) (int, error) {
 	ctx, cancel, err := s.call(ctx)
 	defer cancel()
@@ -190,15 +201,15 @@ func (s *Store) PendingTotal(ctx context.Context, now time.Time) (int, error) {
 		return 0, wrap("pending total", err)
 	}
 	var n int
-	err = s.pool.QueryRow(ctx, `SELECT count(*) FROM signals g
-		JOIN sessions s ON s.tenant_id = g.tenant_id AND s.project_id = g.project_id AND s.session_id = g.to_session
-			AND g.seq > s.acked_seq
-		WHERE g.acked_at IS NULL AND s.expires_at >= $1`, now).Scan(&n)
+	err = s.pool.QueryRow(ctx, pendingTotalSQL, now).Scan(&n)
 	if err != nil {
 		return 0, wrap("pending total", err)
 	}
 	return n, nil
 }
+
+// pendingTotalSQL is PendingTotal's sum, one row per live session.
+const pendingTotalSQL = `SELECT coalesce(sum(last_seq - acked_seq), 0) FROM sessions WHERE expires_at >= $1`
 
 // DropPending implements sessionstore.Store: an acknowledgement of
 // everything stored.
@@ -212,8 +223,14 @@ func (s *Store) DropPending(ctx context.Context, k sessionstore.Key, at time.Tim
 // cheap, the outer WHERE repeats the condition, so that a row changed since
 // the subselect read it is judged again.
 const (
-	pruneAckedSQL = `DELETE FROM signals WHERE acked_at < $1 AND ctid = ANY (ARRAY(
-		SELECT ctid FROM signals WHERE acked_at < $1 LIMIT $2))`
+	// Acknowledged signals are found through signals_created_at_idx: no
+	// index holds acked_at, so that an ack is a HOT update (migration
+	// 0010). A signal is acknowledged after it is made, so created_at < $1
+	// adds nothing to acked_at < $1 but when the clocks of the instance
+	// that stored a signal and of the one that acknowledged it disagree;
+	// such a signal goes then at a later Prune, at most that skew later.
+	pruneAckedSQL = `DELETE FROM signals WHERE created_at < $1 AND acked_at < $1 AND ctid = ANY (ARRAY(
+		SELECT ctid FROM signals WHERE created_at < $1 AND acked_at < $1 LIMIT $2))`
 	// The LIMIT inside LATERAL keeps it a per-session index lookup: a join
 	// the planner may flatten could scan all of signals to find a few rows.
 	// A session expired before the cutoff cannot come back to life, so the

@@ -103,6 +103,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"AppendSignal/with Seen stores only while the recipient is what the sender saw", testAppendSeen},
 		{"CountPending and DropPending", testDropPending},
 		{"PendingTotal counts live sessions' unacked signals", testPendingTotal},
+		{"CountPending and PendingTotal agree with PendingSignals through every path", testPendingCountsAgree},
 		{"Prune keeps the newest KeepFallbackEvents fallback events", testPruneFallbacks},
 		{"Prune/acked signals before the cutoff, unacked kept, idempotency kept until pruned", testPruneSignals},
 		{"Prune/seq continues after every signal was pruned", testPruneSeqContinues},
@@ -1523,6 +1524,111 @@ func testPendingTotal(t *testing.T, s sessionstore.Store) {
 	wantInt(t, "pending total, all live", total(t0), 2+2+4)
 	// After short's expiry its signals no longer count.
 	wantInt(t, "pending total after one expired", total(at(2*time.Hour)), 2+2)
+}
+
+// testPendingCountsAgree: the counts (which a store may keep apart from the
+// signals, as last seq minus acknowledged seq) are what PendingSignals lists,
+// after each way a signal comes or goes: appends, a duplicate and a refused
+// append (nothing stored), acks, DropPending, Prune of acknowledged signals,
+// expiry, Prune of an expired session, a registration again of an expired
+// id, and DeleteSession.
+func testPendingCountsAgree(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	a, b, c := key("t", "p", "a"), key("t", "p", "b"), key("u", "q", "c")
+	short := key("t", "p", "short")
+	all := []sessionstore.Key{a, b, c, short}
+	expiry := map[sessionstore.Key]time.Time{}
+	create := func(k sessionstore.Key, expires time.Time) {
+		t.Helper()
+		mustCreateSession(t, s, newSession(k, hash(fmt.Sprint(k, expires)), expires))
+		expiry[k] = expires
+	}
+	agree := func(step string, now time.Time) {
+		t.Helper()
+		total := 0
+		for _, k := range all {
+			listed, err := s.PendingSignals(ctx, k, 0, 100000)
+			noErr(t, "PendingSignals", err)
+			n, err := s.CountPending(ctx, k)
+			noErr(t, "CountPending", err)
+			wantInt(t, fmt.Sprintf("after %s: CountPending(%v) against the %d listed", step, k, len(listed)), n, len(listed))
+			if e, ok := expiry[k]; ok && !e.Before(now) {
+				total += len(listed)
+			}
+		}
+		got, err := s.PendingTotal(ctx, now)
+		noErr(t, "PendingTotal", err)
+		wantInt(t, fmt.Sprintf("after %s: PendingTotal(%v)", step, now), got, total)
+	}
+	create(a, at(24*time.Hour))
+	create(b, at(24*time.Hour))
+	create(c, at(24*time.Hour))
+	create(short, at(time.Hour))
+	agree("registrations", t0)
+
+	appendN(t, s, a, 5)
+	appendN(t, s, b, 3)
+	appendN(t, s, c, 2)
+	appendN(t, s, short, 4)
+	agree("appends", t0)
+
+	first := send(a, "b")
+	first.IdempotencyKey = "once"
+	mustAppend(t, s, first)
+	again := send(a, "b")
+	again.IdempotencyKey = "once"
+	if _, dup, err := s.AppendSignal(ctx, again, t0); err != nil || !dup {
+		t.Fatalf("the repeat of an idempotency key: duplicate %v, %v; want a duplicate", dup, err)
+	}
+	refused := send(b, "a")
+	refused.Limits = sessionstore.Limits{PendingPerRecipient: 3}
+	if _, _, err := s.AppendSignal(ctx, refused, t0); !errors.Is(err, sessionstore.ErrQuotaExceeded) {
+		t.Fatalf("an append past the pending quota: %v, want ErrQuotaExceeded", err)
+	}
+	agree("a duplicate and a refused append", t0)
+
+	for _, ack := range []struct {
+		k    sessionstore.Key
+		upTo int64
+	}{{a, 2}, {a, 1}, {b, 3}, {c, 100}} {
+		_, err := s.AckSignals(ctx, ack.k, ack.upTo, at(time.Minute))
+		noErr(t, "AckSignals", err)
+	}
+	agree("acks", t0)
+
+	_, err := s.DropPending(ctx, b, at(time.Minute))
+	noErr(t, "DropPending", err)
+	appendN(t, s, b, 2)
+	_, err = s.DropPending(ctx, c, at(time.Minute))
+	noErr(t, "DropPending", err)
+	agree("DropPending", t0)
+
+	// Acknowledged signals pruned, none of the pending.
+	nsig, _, err := s.Prune(ctx, at(2*time.Minute), at(-time.Hour))
+	noErr(t, "Prune", err)
+	if nsig == 0 {
+		t.Fatal("Prune removed no acknowledged signal: the step tests nothing")
+	}
+	agree("Prune of acknowledged signals", at(3*time.Minute))
+
+	// short expires with its pending signals: no longer in the total, still
+	// counted until Prune removes it.
+	agree("the expiry of a session", at(2*time.Hour))
+	_, nsess, err := s.Prune(ctx, at(2*time.Minute), at(2*time.Hour))
+	noErr(t, "Prune", err)
+	wantInt(t, "sessions pruned", nsess, 1)
+	delete(expiry, short)
+	agree("Prune of an expired session", at(2*time.Hour))
+
+	// Its id registered again starts from nothing.
+	create(short, at(48*time.Hour))
+	agree("a registration again", at(2*time.Hour))
+	appendN(t, s, short, 2)
+	agree("appends to it", at(2*time.Hour))
+
+	noErr(t, "DeleteSession", s.DeleteSession(ctx, a))
+	delete(expiry, a)
+	agree("DeleteSession", at(2*time.Hour))
 }
 
 func testPruneSignals(t *testing.T, s sessionstore.Store) {
