@@ -23,16 +23,21 @@
 -- write) behind the SHARE lock deadlocks with it: Postgres aborts the
 -- migration. No lock_timeout: a migration that gave up would leave the
 -- schema marked dirty, which every hub, old or new, answers with 503.
+--
+-- IF NOT EXISTS: on a large table an operator builds the two new indexes
+-- beforehand with CREATE INDEX CONCURRENTLY (the statements are in
+-- docs/operations.md, "Migration 0010"), while the hubs run; the lock is
+-- then held only for the drops and the settings, an instant.
 LOCK TABLE signals IN ACCESS EXCLUSIVE MODE;
 
-CREATE INDEX signals_created_at_idx ON signals (created_at);
+CREATE INDEX IF NOT EXISTS signals_created_at_idx ON signals (created_at);
 
 -- The append's idempotency lookup, on a key the primary key cannot serve
 -- (sessionstore/pgstore/append.go, appendSQL). signals_idempotency_idx was
 -- led by tenant_id and project_id, as the primary key is, and lost to it in
 -- generic plans made without statistics, which then walked every signal of
 -- the project at every append.
-CREATE INDEX signals_sender_key_idx ON signals (from_session, idempotency_key, created_at)
+CREATE INDEX IF NOT EXISTS signals_sender_key_idx ON signals (from_session, idempotency_key, created_at)
     WHERE idempotency_key IS NOT NULL;
 
 DROP INDEX signals_unacked_idx;
