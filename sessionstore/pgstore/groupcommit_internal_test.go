@@ -21,7 +21,7 @@ func TestCommitterBatches(t *testing.T) {
 		firstRunning            = make(chan struct{})
 		once                    sync.Once
 	)
-	c := newCommitter(maxBatch, 4*maxBatch, func(batch []*appendReq) {
+	c := newCommitter(maxBatch, 4*maxBatch, 1, func(batch []*appendReq) {
 		n := inFlight.Add(1)
 		defer inFlight.Add(-1)
 		for {
@@ -91,8 +91,8 @@ func TestCommitterBatches(t *testing.T) {
 	if b := batches.Load(); b < callers/maxBatch || b >= callers {
 		t.Fatalf("%d batches for %d requests of at most %d: want them gathered", b, callers, maxBatch)
 	}
-	if c.busy || len(c.queue) != 0 {
-		t.Fatalf("after all answers: busy %v, %d queued; want idle and empty", c.busy, len(c.queue))
+	if c.running != 0 || len(c.queue) != 0 {
+		t.Fatalf("after all answers: %d running, %d queued; want idle and empty", c.running, len(c.queue))
 	}
 }
 
@@ -106,7 +106,7 @@ func TestCommitterWithdrawsOnContextEnd(t *testing.T) {
 		firstRunning = make(chan struct{})
 		once         sync.Once
 	)
-	c := newCommitter(8, 32, func(batch []*appendReq) {
+	c := newCommitter(8, 32, 1, func(batch []*appendReq) {
 		once.Do(func() { close(firstRunning); <-release })
 		for _, r := range batch {
 			ran.Store(r, true)
@@ -157,7 +157,7 @@ func TestCommitterWithdrawsOnContextEnd(t *testing.T) {
 	if first.out.acked != 1 || kept.out.acked != 1 {
 		t.Fatal("a request queued beside the withdrawn one was not answered")
 	}
-	if c.busy || len(c.queue) != 0 || len(c.slots) != 0 {
+	if c.running != 0 || len(c.queue) != 0 || len(c.slots) != 0 {
 		t.Fatalf("after all answers: busy %v, %d queued, %d slots held; want idle", c.busy, len(c.queue), len(c.slots))
 	}
 }
