@@ -208,6 +208,9 @@ func (s *Store) runBatch(batch []*appendReq) {
 		return
 	}
 	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeDeadlock {
+		s.deadlocks.Add(1)
+	}
 	if len(batch) > 1 && errors.As(err, &pgErr) && !isUnavailable(err) {
 		// A server-side error aborted the implicit transaction: nothing
 		// of the batch is stored, so each member may run again.

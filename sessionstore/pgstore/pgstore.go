@@ -103,6 +103,9 @@ type Store struct {
 	maxBatch     int        // of a group commit, and of a Bus's NOTIFY statement
 	group        *committer // nil when group commit is off
 	closed       atomic.Bool
+	// deadlocks counts the batches Postgres aborted to break a deadlock
+	// (each then ran again one by one).
+	deadlocks atomic.Int64
 }
 
 // plannerParams are the planner settings of the store's connections.
