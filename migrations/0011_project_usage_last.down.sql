@@ -1,1 +1,1 @@
-DROP FUNCTION marconi_settle_usage(text[], text[], text[], bigint[], bigint[]);
+DROP FUNCTION marconi_settle_usage;
