@@ -229,8 +229,9 @@ func (s *Store) runBatch(batch []*appendReq) {
 	}
 }
 
-// projectQuotaError is the *sessionstore.QuotaError of a settleUsageSQL
-// that refused an append under limit, or nil when err is something else.
+// projectQuotaError is the *sessionstore.QuotaError of a batch of one
+// append, of pending-bytes limit limit, that settleUsageSQL refused; nil
+// when err is something else.
 func projectQuotaError(err error, limit int64) *sessionstore.QuotaError {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != quotaSQLState {
