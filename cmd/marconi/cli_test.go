@@ -261,7 +261,8 @@ func TestStoreCauseAuthAndMissingDatabase(t *testing.T) {
 func TestMigrateDownStepsAndConfirms(t *testing.T) {
 	dbURL := pgtest.Schema(t)
 	latest := migrations.Latest()
-	if v, _, err := migrations.Version(dbURL); err != nil || v != latest || latest < 3 {
+	all := migrations.All()
+	if v, _, err := migrations.Version(dbURL); err != nil || v != latest || len(all) < 4 {
 		t.Fatalf("version %d of %d, %v", v, latest, err)
 	}
 	kv := map[string]string{"MARCONI_DATABASE_URL": dbURL}
@@ -273,24 +274,25 @@ func TestMigrateDownStepsAndConfirms(t *testing.T) {
 		}
 		return stdout
 	}
-	all := migrations.All()
-	name := func(v uint) string { return all[v-1].String() }
-	out := step(latest-1, "migrate", "down", "--yes")
-	if !strings.Contains(out, "reverted "+name(latest)+"\n") || strings.Contains(out, "reverted "+name(latest-1)) {
+	// back(k) is the migration k steps before the latest (a version number
+	// may be skipped: branches reserve theirs).
+	back := func(k int) migrations.Migration { return all[len(all)-1-k] }
+	out := step(back(1).Version, "migrate", "down", "--yes")
+	if !strings.Contains(out, "reverted "+back(0).String()+"\n") || strings.Contains(out, "reverted "+back(1).String()) {
 		t.Errorf("down prints each step reverted, and only those:\n%s", out)
 	}
-	out = step(latest-3, "migrate", "down", "2", "--yes")
-	if !strings.Contains(out, "from schema version "+fmt.Sprint(latest-1)+" to "+fmt.Sprint(latest-3)) ||
-		!strings.Contains(out, "reverted "+name(latest-1)+"\nreverted "+name(latest-2)+"\n") {
+	out = step(back(3).Version, "migrate", "down", "2", "--yes")
+	if !strings.Contains(out, "from schema version "+fmt.Sprint(back(1).Version)+" to "+fmt.Sprint(back(3).Version)) ||
+		!strings.Contains(out, "reverted "+back(1).String()+"\nreverted "+back(2).String()+"\n") {
 		t.Errorf("down 2 output:\n%s", out)
 	}
 	out = step(latest, "migrate", "up")
-	for v := latest - 2; v <= latest; v++ {
-		if !strings.Contains(out, "applied "+name(v)+"\n") {
-			t.Errorf("up does not print %s applied:\n%s", name(v), out)
+	for k := 2; k >= 0; k-- {
+		if !strings.Contains(out, "applied "+back(k).String()+"\n") {
+			t.Errorf("up does not print %s applied:\n%s", back(k), out)
 		}
 	}
-	if strings.Contains(out, "applied "+name(latest-3)) {
+	if strings.Contains(out, "applied "+back(3).String()) {
 		t.Errorf("up printed a step it did not apply:\n%s", out)
 	}
 
@@ -300,7 +302,7 @@ func TestMigrateDownStepsAndConfirms(t *testing.T) {
 			t.Errorf("%v: exit %d (%s), want 2", bad, code, stderr)
 		}
 	}
-	if code, _, stderr := runCLI(t, kv, "", false, "migrate", "down", fmt.Sprint(latest+1), "--yes"); code != 1 || !strings.Contains(stderr, "only") {
+	if code, _, stderr := runCLI(t, kv, "", false, "migrate", "down", fmt.Sprint(len(all)+1), "--yes"); code != 1 || !strings.Contains(stderr, "only") {
 		t.Errorf("stepping back past zero: exit %d %q", code, stderr)
 	}
 	// On a terminal, anything but "yes" keeps the schema.
@@ -327,7 +329,8 @@ func TestMigrateDownSaysWhatItDropsAndWaitsForTheHubs(t *testing.T) {
 	m, _ := startMain(t, map[string]string{"MARCONI_DATABASE_URL": dbURL, "MARCONI_INSTANCE_ID": "hub-live"})
 	pollUntil(t, "the hub to be ready", func() bool { return get(t, m.URL()+"/readyz") == 200 })
 	kv := map[string]string{"MARCONI_DATABASE_URL": dbURL}
-	n := fmt.Sprint(latest - 1) // down to 0001: the signals table (0002) goes too
+	all := migrations.All()
+	n := fmt.Sprint(len(all) - 1) // down to 0001: the signals table (0002) goes too
 	code, stdout, stderr := runCLI(t, kv, "", false, "migrate", "down", n, "--yes")
 	if code != 1 || !strings.Contains(stderr, "hub-live (") || !strings.Contains(stderr, "--force") {
 		t.Errorf("down with a hub running: exit %d, stderr %q", code, stderr)
@@ -346,8 +349,9 @@ func TestMigrateDownSaysWhatItDropsAndWaitsForTheHubs(t *testing.T) {
 	if code, _, stderr := runCLI(t, kv, "", false, "migrate", "down", "--yes", "--force"); code != 0 {
 		t.Fatalf("down --force: exit %d %q", code, stderr)
 	}
-	if v, _, _ := migrations.Version(dbURL); v != latest-1 {
-		t.Fatalf("down --force: version %d, want %d", v, latest-1)
+	prev := all[len(all)-2].Version
+	if v, _, _ := migrations.Version(dbURL); v != prev {
+		t.Fatalf("down --force: version %d, want %d", v, prev)
 	}
 }
 

@@ -46,6 +46,9 @@ type Config struct {
 	GroupCommit bool
 	// GroupCommitMaxBatch is how many sends one group commit carries at most.
 	GroupCommitMaxBatch int
+	// StoreBatchesInFlight is how many group commits run at once
+	// (MARCONI_STORE_BATCHES_IN_FLIGHT); each holds a pooled connection.
+	StoreBatchesInFlight int
 	// DatabaseMaxConns is the size of the Postgres connection pool.
 	DatabaseMaxConns int
 	// StoreBreaker puts the Postgres store behind a circuit breaker that
@@ -127,6 +130,10 @@ func positiveInt(dst *int) func(*Config, string) error {
 // defaultDatabaseMaxConns sizes the pool for a send's reads beside the one
 // connection a group commit holds.
 const defaultDatabaseMaxConns = 8
+
+// maxBatchesInFlight bounds MARCONI_STORE_BATCHES_IN_FLIGHT: past a few,
+// batches only wait on one another's locks and WAL flushes.
+const maxBatchesInFlight = 16
 
 func positiveInt64(dst *int64) func(*Config, string) error {
 	return func(_ *Config, v string) error {
@@ -401,6 +408,14 @@ func settings(c *Config) []setting {
 			return err
 		}, public},
 		{"MARCONI_GROUP_COMMIT_MAX_BATCH", strconv.Itoa(pgstore.DefaultMaxBatch), "most writes one group commit carries, and most wake-ups one NOTIFY statement sends (eight times as many may wait)", positiveInt(&c.GroupCommitMaxBatch), public},
+		{"MARCONI_STORE_BATCHES_IN_FLIGHT", strconv.Itoa(pgstore.DefaultBatchesInFlight), "group commits running at once, each on a pooled connection (below MARCONI_DATABASE_MAX_CONNS); a session's writes are in one at a time, so they commit in arrival order", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > maxBatchesInFlight {
+				return fmt.Errorf("want a whole number from 1 to %d, got %q", maxBatchesInFlight, v)
+			}
+			c.StoreBatchesInFlight = n
+			return nil
+		}, public},
 	}
 }
 
@@ -632,6 +647,9 @@ func loadConfig(cmd string, args []string, getenv func(string) string, out io.Wr
 	}
 	if c.BusURL != "" && c.DatabaseURL == "" {
 		return c, errors.New("MARCONI_BUS_URL: needs MARCONI_DATABASE_URL (the embedded store is one instance: there is nobody to wake)")
+	}
+	if c.StoreBatchesInFlight > 1 && c.StoreBatchesInFlight >= c.DatabaseMaxConns {
+		return c, fmt.Errorf("MARCONI_STORE_BATCHES_IN_FLIGHT: %d must be below MARCONI_DATABASE_MAX_CONNS (%d), which also serves a send's reads", c.StoreBatchesInFlight, c.DatabaseMaxConns)
 	}
 	if c.InstanceHeartbeat >= c.Hub.Fabric.DeadAfter {
 		return c, fmt.Errorf("MARCONI_INSTANCE_HEARTBEAT_SECONDS: must be shorter than MARCONI_INSTANCE_DEAD_AFTER_SECONDS (%v)", c.Hub.Fabric.DeadAfter)

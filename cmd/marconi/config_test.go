@@ -115,6 +115,7 @@ func TestConfigBadValuesNameTheVariable(t *testing.T) {
 		"MARCONI_INSTANCE_DEAD_AFTER_SECONDS":       "2",
 		"MARCONI_BUS_URL":                           "http://127.0.0.1:4222",
 		"MARCONI_BUS_QUEUE_SIZE":                    "0",
+		"MARCONI_STORE_BATCHES_IN_FLIGHT":           "0",
 	}
 	for name, v := range bad {
 		_, err := LoadConfig(nil, env(map[string]string{name: v}), io.Discard)
@@ -141,6 +142,14 @@ func TestConfigBadValuesNameTheVariable(t *testing.T) {
 	c, err := LoadConfig(nil, env(map[string]string{"MARCONI_BUS_URL": "nats://a:4222, tls://b:4222", "MARCONI_DATABASE_URL": "postgres://x@db/marconi"}), io.Discard)
 	if err != nil || c.BusURL != "nats://a:4222, tls://b:4222" || c.BusQueueSize != natsbus.DefaultQueueSize {
 		t.Errorf("a NATS cluster URL list: %v, bus %q queue %d", err, c.BusURL, c.BusQueueSize)
+	}
+	if _, err := LoadConfig(nil, env(map[string]string{"MARCONI_STORE_BATCHES_IN_FLIGHT": "8"}), io.Discard); err == nil ||
+		!strings.HasPrefix(err.Error(), "MARCONI_STORE_BATCHES_IN_FLIGHT: 8 must be below MARCONI_DATABASE_MAX_CONNS (8)") {
+		t.Errorf("as many batches in flight as pooled connections: err %v, want one opening with MARCONI_STORE_BATCHES_IN_FLIGHT", err)
+	}
+	c, err = LoadConfig(nil, env(map[string]string{"MARCONI_STORE_BATCHES_IN_FLIGHT": "3", "MARCONI_DATABASE_MAX_CONNS": "4"}), io.Discard)
+	if err != nil || c.StoreBatchesInFlight != 3 {
+		t.Errorf("3 batches in flight on 4 connections: %v, %d", err, c.StoreBatchesInFlight)
 	}
 	if _, err := LoadConfig([]string{"--no-such-flag"}, env(nil), io.Discard); err == nil {
 		t.Error("an unknown flag was accepted")

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,28 +32,38 @@ import (
 const lockIdempotencySQL = `SELECT count(pg_advisory_xact_lock(h)) FROM (
 	SELECT DISTINCT hashtextextended(k, 0) AS h FROM unnest($1::text[]) AS k ORDER BY h OFFSET 0) AS locks`
 
-// lockProjectsSQL locks (creating where missing) the project_usage row of
-// every project the batch appends to, in order. Only appends write that row,
-// so no two batches can lock the session rows of a project in different
-// orders, and the quota check of an append reads exactly what appends
-// stored.
-const lockProjectsSQL = `INSERT INTO project_usage AS u (tenant_id, project_id)
-	SELECT t, p FROM unnest($1::text[], $2::text[]) AS x(t, p) ORDER BY t, p
-	ON CONFLICT (tenant_id, project_id) DO UPDATE SET pending_bytes = u.pending_bytes`
+// lockSessionsSQL locks the sessions rows of a batch that writes rows
+// (rows.go), in the global order of sendBatch's comment: byte order of
+// (tenant, project, session), the order in which sendBatch sorts the batch.
+// The locks are taken as the sorted rows leave the sort.
+const lockSessionsSQL = `SELECT 1 FROM sessions s
+	JOIN unnest($1::text[], $2::text[], $3::text[]) AS x(t, p, sid)
+	  ON s.tenant_id = x.t AND s.project_id = x.p AND s.session_id = x.sid
+	ORDER BY s.tenant_id COLLATE "C", s.project_id COLLATE "C", s.session_id COLLATE "C"
+	FOR NO KEY UPDATE OF s`
 
-// foldDeltasSQL folds into the locked project_usage rows the bytes that
-// acks, deletes and prunes freed (committed deltas; one committed meanwhile
-// waits for the next batch, so the quota errs on the side of refusing).
-const foldDeltasSQL = `WITH d AS (
-	DELETE FROM project_usage_deltas
-	WHERE (tenant_id, project_id) IN (SELECT t, p FROM unnest($1::text[], $2::text[]) AS x(t, p))
-	RETURNING tenant_id, project_id, delta
-), s AS (SELECT tenant_id, project_id, sum(delta)::bigint AS b FROM d GROUP BY 1, 2)
-UPDATE project_usage u SET pending_bytes = u.pending_bytes + s.b FROM s
-WHERE u.tenant_id = s.tenant_id AND u.project_id = s.project_id`
+// settleUsageSQL is the last statement of a batch that appends: it locks
+// the batch's projects' project_usage rows, in order, folds into them the
+// freed bytes (project_usage_deltas) and the bytes of the batch's stored
+// appends, and raises quotaSQLState when a project would pass its
+// pending-bytes limit (migration 0011).
+//
+// $1 ids, $2 tenants, $3 projects, $4 payload bytes, $5 pending-bytes
+// limits, one element per append of the batch.
+const settleUsageSQL = `SELECT marconi_settle_usage($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])`
+
+// quotaSQLState is what marconi_settle_usage raises when a batch would take
+// a project past its pending-bytes limit; its DETAIL is the project's bytes
+// before the batch's appends.
+const quotaSQLState = "MQ001"
 
 // appendSQL is one append in one statement: the idempotency lookup, the
-// recipient and quota checks, the seq bump, the byte counters and the insert.
+// recipient and quota checks, the seq bump, the recipient's byte counter and
+// the insert. Its project's counter is read, unlocked, as a cheap first
+// refusal; the batch's last statement (settleUsageSQL) adds the bytes and
+// checks the limit again under the project's lock. The bytes freed since
+// the last batch folded them (project_usage_deltas) are read only when the
+// counter alone would refuse: near the limit, where they decide.
 // It always returns one row: the new seq and queue instance when it stored
 // the signal; otherwise what decided (the earlier signal, or the recipient's
 // pending count and its project's bytes, NULL when it is not live).
@@ -89,25 +100,28 @@ const appendSQL = `WITH auth AS (
 	       (SELECT pending_bytes FROM project_usage WHERE tenant_id = $1 AND project_id = $2) AS project_bytes,
 	       ` + seenSQL + ` AS seen
 	FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $13
+), room AS (
+	SELECT CASE WHEN $16::bigint <= 0 OR coalesce(project_bytes, 0) + $14::bigint <= $16::bigint
+	            THEN coalesce(project_bytes, 0)
+	            ELSE coalesce(project_bytes, 0) + coalesce((SELECT sum(delta) FROM project_usage_deltas
+	                 WHERE tenant_id = $1 AND project_id = $2), 0) END AS project_bytes
+	FROM rcpt
 ), bump AS (
 	UPDATE sessions SET last_seq = last_seq + 1, pending_bytes = pending_bytes + $14::bigint
 	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $13
 	  AND (SELECT ok FROM auth) AND NOT EXISTS (SELECT 1 FROM dup) AND ` + seenSQL + `
 	  AND ($15::bigint <= 0 OR last_seq - acked_seq < $15::bigint)
-	  AND ($16::bigint <= 0 OR (SELECT project_bytes FROM rcpt) + $14::bigint <= $16::bigint)
+	  AND ($16::bigint <= 0 OR (SELECT project_bytes FROM room) + $14::bigint <= $16::bigint)
 	RETURNING last_seq, queue_instance
-), counted AS (
-	UPDATE project_usage SET pending_bytes = project_usage.pending_bytes + $14::bigint
-	FROM bump WHERE tenant_id = $1 AND project_id = $2
 ), ins AS (
 	INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, payload,
 		created_at, idempotency_key, delivery, route_state)
 	SELECT $1, $2, $3, bump.last_seq, $4, $5, $6, $7::json, $8, $9, $10, $11 FROM bump
 )
-SELECT auth.ok, bump.last_seq, bump.queue_instance, rcpt.pending, rcpt.project_bytes, rcpt.seen,
+SELECT auth.ok, bump.last_seq, bump.queue_instance, rcpt.pending, room.project_bytes, rcpt.seen,
 	dup.id, dup.seq, dup.tenant_id, dup.project_id, dup.to_session, dup.from_session, dup.kind,
 	dup.payload, dup.created_at, dup.idempotency_key, dup.delivery, dup.route_state
-FROM auth LEFT JOIN bump ON true LEFT JOIN rcpt ON true LEFT JOIN dup ON true`
+FROM auth LEFT JOIN bump ON true LEFT JOIN rcpt ON true LEFT JOIN room ON true LEFT JOIN dup ON true`
 
 // seenSQL is true when the sessions row in scope is the recipient the
 // sender saw ($18 to $21), or when that is not checked.
@@ -123,9 +137,9 @@ type appendReq struct {
 	wake *wakeReq // set for a wake-up instead of an append
 	row  *rowReq  // set for a session-row write instead of an append (rows.go)
 	out  appendOutcome
-	// turn receives true when out is set, false when this request is to
-	// lead the next batch.
-	turn chan bool
+	// turn receives nil when out is set, or the batch this request is to
+	// run (itself first).
+	turn chan []*appendReq
 }
 
 // ackReq is an acknowledgement of k's signals up to upTo.
@@ -192,9 +206,10 @@ func (s *Store) commit(ctx context.Context, r *appendReq) error {
 
 // runBatch stores the appends of batch in one transaction and sets each
 // one's outcome. When Postgres refuses the batch as a whole (one member's
-// bad value aborts the transaction, or a deadlock), nothing of it was
-// stored: each member then runs again alone, so only the one at fault fails.
-// When the store cannot be reached, every member fails closed.
+// bad value aborts the transaction, a deadlock, or the batch would take a
+// project past its pending-bytes limit), nothing of it was stored: each
+// member then runs again alone, so only the one at fault fails. When the
+// store cannot be reached, every member fails closed.
 func (s *Store) runBatch(batch []*appendReq) {
 	ctx, cancel, err := s.call(context.Background())
 	defer cancel()
@@ -205,6 +220,9 @@ func (s *Store) runBatch(batch []*appendReq) {
 		return
 	}
 	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeDeadlock {
+		s.deadlocks.Add(1)
+	}
 	if len(batch) > 1 && errors.As(err, &pgErr) && !isUnavailable(err) {
 		// A server-side error aborted the implicit transaction: nothing
 		// of the batch is stored, so each member may run again.
@@ -213,35 +231,72 @@ func (s *Store) runBatch(batch []*appendReq) {
 		}
 		return
 	}
+	if len(batch) == 1 && batch[0].isAppend() {
+		if q := projectQuotaError(err, batch[0].ns.Limits.PendingBytesPerProject); q != nil {
+			err = q
+		}
+	}
 	for _, r := range batch {
 		r.out = appendOutcome{err: err}
 	}
+}
+
+// projectQuotaError is the *sessionstore.QuotaError of a batch of one
+// append, of pending-bytes limit limit, that settleUsageSQL refused; nil
+// when err is something else.
+func projectQuotaError(err error, limit int64) *sessionstore.QuotaError {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != quotaSQLState {
+		return nil
+	}
+	current, perr := strconv.ParseInt(pgErr.Detail, 10, 64)
+	if perr != nil {
+		current = limit // the function always sets it; never mind if not
+	}
+	return &sessionstore.QuotaError{Quota: marconi.QuotaPendingBytesPerProject, Limit: limit, Current: current}
 }
 
 // sendBatch sends batch as one pipelined implicit transaction and reads its
 // outcomes. It returns an error when the transaction did not commit (or may
 // not have: a lost connection leaves that unknown, and the members fail
 // closed); outcomes are set only when it returns nil.
+//
+// Every lock a batch takes comes in one global order, so that batches (of
+// this instance, with several in flight, and of others) cannot deadlock on
+// one another: first the idempotency keys' advisory locks (by hash), then
+// the sessions rows (by tenant, project and session, in byte order), then
+// the project_usage rows (by tenant and project), in the last statement;
+// the project_usage_deltas rows a batch folds are deleted only under their
+// project's lock. Two batches that both take locks in one order cannot each
+// wait for a lock the other holds. The sessions rows: the batch is sorted
+// by recipient (stably, so each recipient's appends and acks keep their
+// arrival order), and an append or an ack locks its recipient's row first
+// (the signals rows an ack marks are written only under that row's lock).
+// The row writes (touches, queue placements and detaches) run after the
+// appends, in statements of their own, each in key order, which would break
+// the order (a touch of A after an append to B): a batch with row writes
+// therefore locks all of its sessions rows first, in order
+// (lockSessionsSQL), and its later statements take none that it does not
+// hold. What stays outside the order: writes that are not batched (a
+// registration, a deleted session, a prune deleting many rows in one
+// statement) and an UPDATE that finds its rows in an order of its own
+// plan; should one of them deadlock with a batch, Postgres aborts one, and
+// runBatch runs an aborted batch's members again one by one.
 func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
-	// Row locks in one global order (by recipient), so that batches of two
-	// instances (one appending to A then B, the other acknowledging B then
-	// A) cannot deadlock; the sort is stable, so each recipient's appends
-	// and acks keep their arrival order. The row writes (touches, queue
-	// placements and detaches) come after the appends, in statements of their own, each
-	// in key order: should another instance's batch lock the same rows in
-	// an order that deadlocks, Postgres aborts one, and runBatch runs its
-	// members again one by one.
 	batch = slices.Clone(batch)
 	slices.SortStableFunc(batch, func(a, b *appendReq) int { return compareKeys(a.recipient(), b.recipient()) })
 	b := &pgx.Batch{}
-	keys := idempotencyLockKeys(batch)
-	if len(keys) > 0 {
+	prefix := 0
+	if keys := idempotencyLockKeys(batch); len(keys) > 0 {
 		b.Queue(lockIdempotencySQL, keys)
+		prefix++
 	}
-	tenants, projects := batchProjects(batch)
-	if len(tenants) > 0 {
-		b.Queue(lockProjectsSQL, tenants, projects)
-		b.Queue(foldDeltasSQL, tenants, projects)
+	layers := rowLayers(batch)
+	if len(layers) > 0 {
+		if tenants, projects, ids := batchSessions(batch); len(ids) > 1 {
+			b.Queue(lockSessionsSQL, tenants, projects, ids)
+			prefix++
+		}
 	}
 	for _, r := range batch {
 		switch {
@@ -257,13 +312,16 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 			b.Queue(appendSQL, appendArgs(r.ns, r.now)...)
 		}
 	}
-	layers := rowLayers(batch)
 	queueRows(b, batch, layers)
+	settles := queueSettle(b, batch)
 	br := s.pool.SendBatch(ctx, b)
 	outs := make([]appendOutcome, len(batch))
-	err := readBatch(br, batch, len(keys) > 0, len(tenants) > 0, outs)
+	err := readBatch(br, batch, prefix, outs)
 	if err == nil {
 		err = readRows(br, batch, layers, outs)
+	}
+	if err == nil && settles {
+		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -277,14 +335,42 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 	return nil
 }
 
-func readBatch(br pgx.BatchResults, batch []*appendReq, lockedKeys, lockedProjects bool, outs []appendOutcome) error {
-	prefix := 0
-	if lockedKeys {
-		prefix++
+// queueSettle queues settleUsageSQL for the appends of batch, when it has
+// any, and reports whether it did.
+func queueSettle(b *pgx.Batch, batch []*appendReq) bool {
+	var (
+		ids, tenants, projects []string
+		bytes, limits          []int64
+	)
+	for _, r := range batch {
+		if !r.isAppend() {
+			continue
+		}
+		ns := r.ns
+		ids, tenants, projects = append(ids, ns.ID), append(tenants, ns.To.TenantID), append(projects, ns.To.ProjectID)
+		bytes, limits = append(bytes, int64(len(ns.Payload))), append(limits, ns.Limits.PendingBytesPerProject)
 	}
-	if lockedProjects {
-		prefix += 2
+	if len(ids) == 0 {
+		return false
 	}
+	b.Queue(settleUsageSQL, ids, tenants, projects, bytes, limits)
+	return true
+}
+
+// batchSessions lists the distinct sessions whose rows batch (sorted by
+// recipient) locks, in its order.
+func batchSessions(batch []*appendReq) (tenants, projects, ids []string) {
+	var last *sessionstore.Key
+	for _, r := range batch {
+		if k := r.recipient(); last == nil || k != *last {
+			last = &k
+			tenants, projects, ids = append(tenants, k.TenantID), append(projects, k.ProjectID), append(ids, k.SessionID)
+		}
+	}
+	return tenants, projects, ids
+}
+
+func readBatch(br pgx.BatchResults, batch []*appendReq, prefix int, outs []appendOutcome) error {
 	for range prefix {
 		if _, err := br.Exec(); err != nil {
 			return err
@@ -511,24 +597,4 @@ func idempotencyLockKeys(batch []*appendReq) []string {
 		}
 	}
 	return keys
-}
-
-// batchProjects lists the distinct (tenant, project) pairs of batch, sorted.
-func batchProjects(batch []*appendReq) (tenants, projects []string) {
-	type tp struct{ t, p string }
-	var seen []tp
-	for _, r := range batch {
-		if !r.isAppend() {
-			continue
-		}
-		k := tp{r.ns.To.TenantID, r.ns.To.ProjectID}
-		if !slices.Contains(seen, k) {
-			seen = append(seen, k)
-		}
-	}
-	slices.SortFunc(seen, func(a, b tp) int { return strings.Compare(a.t+"\x00"+a.p, b.t+"\x00"+b.p) })
-	for _, k := range seen {
-		tenants, projects = append(tenants, k.t), append(projects, k.p)
-	}
-	return tenants, projects
 }

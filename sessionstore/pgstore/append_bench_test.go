@@ -32,10 +32,24 @@ func BenchmarkAppendSignal(b *testing.B) {
 	}
 }
 
-func benchAppend(b *testing.B, groupCommit bool, senders int) {
+// BenchmarkAppendSignalInFlight is BenchmarkAppendSignal with group commit
+// on and 1, 2 or 3 batches in flight (MARCONI_STORE_BATCHES_IN_FLIGHT):
+//
+//	go test ./sessionstore/pgstore -run '^$' -bench AppendSignalInFlight -benchtime 3000x
+func BenchmarkAppendSignalInFlight(b *testing.B) {
+	for _, inFlight := range []int{1, 2, 3} {
+		for _, senders := range []int{8, 64} {
+			b.Run(fmt.Sprintf("in_flight=%d/senders=%d", inFlight, senders), func(b *testing.B) {
+				benchAppend(b, true, senders, pgstore.WithBatchesInFlight(inFlight))
+			})
+		}
+	}
+}
+
+func benchAppend(b *testing.B, groupCommit bool, senders int, opts ...pgstore.Option) {
 	u := pgtest.Schema(b)
 	ctx := context.Background()
-	st, err := pgstore.Open(ctx, u, pgstore.WithGroupCommit(groupCommit), pgstore.WithMaxConns(16))
+	st, err := pgstore.Open(ctx, u, append([]pgstore.Option{pgstore.WithGroupCommit(groupCommit), pgstore.WithMaxConns(16)}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -25,6 +25,7 @@ const (
 	codeCannotConnectNow = "57P03"
 	codeTooManyConns     = "53300"
 	codeQueryCanceled    = "57014" // statement_timeout or a cancel request after a deadline
+	codeDeadlock         = "40P01" // deadlock_detected: this transaction was the one aborted
 	// codeReadOnly is read_only_sql_transaction: a write reached a standby,
 	// or a primary being demoted. The store is not writable here now.
 	codeReadOnly = "25006"

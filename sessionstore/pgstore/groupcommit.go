@@ -4,29 +4,43 @@ import (
 	"context"
 	"slices"
 	"sync"
+
+	"github.com/marconihub/marconi/sessionstore"
 )
 
-// committer gathers concurrent appends into batches, one batch in flight at
-// a time. It starts no goroutine: the first caller to find no batch running
-// leads, running the batch of everything queued (itself first); when its
-// batch is done it hands the lead to the oldest request still queued and
-// answers its batch. So a lone append runs at once, and under load each
-// batch carries whatever arrived while the previous one committed. It is
-// safe for concurrent use.
+// committer gathers concurrent appends into batches, at most maxInFlight
+// batches running at once. It starts no goroutine: while fewer batches run
+// than it allows, a batch is cut from the head of the queue and handed to
+// its oldest request, whose caller runs it; when a batch is done, the next
+// ones are cut before its members are answered. So a lone append runs at
+// once, and under load each batch carries whatever arrived while the
+// others committed. It is safe for concurrent use.
+//
+// The requests of one session (appendReq.recipient) are in one running
+// batch at a time: a batch is cut from the queue in arrival order, passing
+// over those whose session is in a batch still running (and so every later
+// one of that session too). Two batches running at once take their locks
+// and commit in an order of their own, so this is what keeps a recipient's
+// appends committing (and taking their seqs) in arrival order.
 type committer struct {
-	run      func(batch []*appendReq) // sets every req's outcome
-	maxBatch int
+	run         func(batch []*appendReq) // sets every req's outcome
+	maxBatch    int
+	maxInFlight int
 	// slots bounds the requests queued or in flight; a caller past it
 	// waits for room (or its context).
 	slots chan struct{}
 
-	mu    sync.Mutex
-	queue []*appendReq
-	busy  bool // a leader is running; false only while queue is empty
+	mu      sync.Mutex
+	queue   []*appendReq
+	running int // batches cut and not yet answered
+	// busy counts, per session, its requests in running batches; kept only
+	// with maxInFlight > 1.
+	busy map[sessionstore.Key]int
 }
 
-func newCommitter(maxBatch, maxQueued int, run func([]*appendReq)) *committer {
-	return &committer{run: run, maxBatch: maxBatch, slots: make(chan struct{}, maxQueued)}
+func newCommitter(maxBatch, maxQueued, maxInFlight int, run func([]*appendReq)) *committer {
+	return &committer{run: run, maxBatch: maxBatch, maxInFlight: max(maxInFlight, 1),
+		slots: make(chan struct{}, maxQueued), busy: map[sessionstore.Key]int{}}
 }
 
 // do runs r in a batch and returns once r's outcome is set. It returns an
@@ -40,66 +54,98 @@ func (c *committer) do(ctx context.Context, r *appendReq) error {
 		return ctx.Err()
 	}
 	defer func() { <-c.slots }()
-	r.turn = make(chan bool, 1)
+	r.turn = make(chan []*appendReq, 1)
 	c.mu.Lock()
 	c.queue = append(c.queue, r)
-	lead := !c.busy
-	c.busy = true
+	c.dispatch()
 	c.mu.Unlock()
-	if lead {
-		c.lead()
-		return nil
-	}
 	select {
-	case answered := <-r.turn:
-		if !answered {
-			c.lead()
-		}
+	case batch := <-r.turn:
+		c.serve(batch)
 		return nil
 	case <-ctx.Done():
 		if c.withdraw(r) {
 			return ctx.Err()
 		}
 	}
-	// A batch took r, or r was handed the lead: as if ctx had not ended.
-	if !<-r.turn {
-		c.lead()
-	}
+	// A batch took r: as if ctx had not ended.
+	c.serve(<-r.turn)
 	return nil
 }
 
-// withdraw takes r off the queue, unless a batch took it or it was handed
-// the lead (both happen under c.mu, so its turn says which).
+// withdraw takes r off the queue, unless a batch took it.
 func (c *committer) withdraw(r *appendReq) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	i := slices.Index(c.queue, r)
-	if i < 0 || len(r.turn) > 0 {
+	if i < 0 {
 		return false
 	}
 	c.queue = slices.Delete(c.queue, i, i+1)
 	return true
 }
 
-// lead runs one batch from the head of the queue, which holds the caller.
-func (c *committer) lead() {
-	c.mu.Lock()
-	n := min(len(c.queue), c.maxBatch)
-	batch := make([]*appendReq, n)
-	copy(batch, c.queue)
-	c.queue = append(c.queue[:0], c.queue[n:]...)
-	c.mu.Unlock()
-
-	c.run(batch)
-
-	c.mu.Lock()
-	if len(c.queue) > 0 {
-		c.queue[0].turn <- false // the oldest waiter leads the next batch
-	} else {
-		c.busy = false
+// dispatch cuts batches while fewer than maxInFlight run and the queue
+// holds requests free to go, and hands each to its first request. c.mu is
+// held.
+func (c *committer) dispatch() {
+	for c.running < c.maxInFlight && len(c.queue) > 0 {
+		batch := c.cut()
+		if len(batch) == 0 {
+			return // every queued session is in a running batch
+		}
+		c.running++
+		batch[0].turn <- batch
 	}
+}
+
+// cut takes the next batch off the queue: up to maxBatch requests, in
+// arrival order, but for those whose session is in a running batch. c.mu
+// is held.
+func (c *committer) cut() []*appendReq {
+	if c.maxInFlight == 1 { // nothing else runs: the head of the queue
+		n := min(len(c.queue), c.maxBatch)
+		batch := slices.Clone(c.queue[:n])
+		c.queue = slices.Delete(c.queue, 0, n)
+		return batch
+	}
+	var batch []*appendReq
+	kept := c.queue[:0]
+	for _, r := range c.queue {
+		if len(batch) == c.maxBatch || c.busy[r.recipient()] > 0 {
+			kept = append(kept, r)
+			continue
+		}
+		batch = append(batch, r)
+	}
+	clear(c.queue[len(kept):]) // drop the references the batch took
+	c.queue = kept
+	for _, r := range batch {
+		c.busy[r.recipient()]++
+	}
+	return batch
+}
+
+// serve runs batch, when r was handed one, then starts the batches it made
+// room for and answers its members (batch[0] is the caller).
+func (c *committer) serve(batch []*appendReq) {
+	if batch == nil {
+		return // answered by another's batch
+	}
+	c.run(batch)
+	c.mu.Lock()
+	c.running--
+	if c.maxInFlight > 1 {
+		for _, r := range batch {
+			k := r.recipient()
+			if c.busy[k]--; c.busy[k] == 0 {
+				delete(c.busy, k)
+			}
+		}
+	}
+	c.dispatch()
 	c.mu.Unlock()
 	for _, r := range batch[1:] {
-		r.turn <- true
+		r.turn <- nil
 	}
 }

@@ -2,11 +2,14 @@ package pgstore
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/marconihub/marconi/sessionstore"
 )
 
 // TestCommitterBatches: every request is answered exactly once, by one batch
@@ -21,7 +24,7 @@ func TestCommitterBatches(t *testing.T) {
 		firstRunning            = make(chan struct{})
 		once                    sync.Once
 	)
-	c := newCommitter(maxBatch, 4*maxBatch, func(batch []*appendReq) {
+	c := newCommitter(maxBatch, 4*maxBatch, 1, func(batch []*appendReq) {
 		n := inFlight.Add(1)
 		defer inFlight.Add(-1)
 		for {
@@ -91,8 +94,8 @@ func TestCommitterBatches(t *testing.T) {
 	if b := batches.Load(); b < callers/maxBatch || b >= callers {
 		t.Fatalf("%d batches for %d requests of at most %d: want them gathered", b, callers, maxBatch)
 	}
-	if c.busy || len(c.queue) != 0 {
-		t.Fatalf("after all answers: busy %v, %d queued; want idle and empty", c.busy, len(c.queue))
+	if c.running != 0 || len(c.queue) != 0 {
+		t.Fatalf("after all answers: %d running, %d queued; want idle and empty", c.running, len(c.queue))
 	}
 }
 
@@ -106,7 +109,7 @@ func TestCommitterWithdrawsOnContextEnd(t *testing.T) {
 		firstRunning = make(chan struct{})
 		once         sync.Once
 	)
-	c := newCommitter(8, 32, func(batch []*appendReq) {
+	c := newCommitter(8, 32, 1, func(batch []*appendReq) {
 		once.Do(func() { close(firstRunning); <-release })
 		for _, r := range batch {
 			ran.Store(r, true)
@@ -157,7 +160,130 @@ func TestCommitterWithdrawsOnContextEnd(t *testing.T) {
 	if first.out.acked != 1 || kept.out.acked != 1 {
 		t.Fatal("a request queued beside the withdrawn one was not answered")
 	}
-	if c.busy || len(c.queue) != 0 || len(c.slots) != 0 {
-		t.Fatalf("after all answers: busy %v, %d queued, %d slots held; want idle", c.busy, len(c.queue), len(c.slots))
+	if c.running != 0 || len(c.queue) != 0 || len(c.slots) != 0 {
+		t.Fatalf("after all answers: %d running, %d queued, %d slots held; want idle", c.running, len(c.queue), len(c.slots))
+	}
+}
+
+// TestCommitterBatchesInFlight: with maxInFlight 3, three batches run at
+// once, never more; no session is in two running batches at once, and each
+// session's requests run in the order they were queued, across batches.
+// The first three batches are held while the rest queue one by one, so
+// that the order of arrival is known.
+func TestCommitterBatchesInFlight(t *testing.T) {
+	const inFlight, maxBatch, sessions, perSession = 3, 4, 5, 12
+	var (
+		mu        sync.Mutex
+		running   = map[sessionstore.Key]bool{}
+		next      = map[sessionstore.Key]int{} // the rank of each session's next request
+		rank      = map[*appendReq]int{}
+		now, most int
+		release   = make(chan struct{})
+		held      sync.WaitGroup
+		heldOnce  atomic.Int64
+	)
+	held.Add(inFlight)
+	c := newCommitter(maxBatch, inFlight+sessions*perSession, inFlight, func(batch []*appendReq) {
+		mu.Lock()
+		now++
+		most = max(most, now)
+		if len(batch) > maxBatch {
+			t.Errorf("batch of %d, want at most %d", len(batch), maxBatch)
+		}
+		mine := map[sessionstore.Key]bool{}
+		for _, r := range batch {
+			k := r.recipient()
+			if running[k] && !mine[k] {
+				t.Errorf("%s is in two running batches", k.SessionID)
+			}
+			running[k], mine[k] = true, true
+			if rank[r] != next[k] {
+				t.Errorf("%s: request %d ran when %d was next", k.SessionID, rank[r], next[k])
+			}
+			next[k] = rank[r] + 1
+			r.out.acked = 1
+		}
+		mu.Unlock()
+		if heldOnce.Add(1) <= inFlight {
+			held.Done()
+			<-release
+		} else {
+			runtime.Gosched() // let other batches start meanwhile
+		}
+		mu.Lock()
+		now--
+		for k := range mine {
+			delete(running, k)
+		}
+		mu.Unlock()
+	})
+	session := func(i int) sessionstore.Key {
+		return sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: fmt.Sprint("s", i)}
+	}
+	var wg sync.WaitGroup
+	var reqs []*appendReq
+	start := func(k sessionstore.Key) {
+		r := &appendReq{row: &rowReq{k: k}}
+		mu.Lock()
+		rank[r] = countOf(reqs, k)
+		reqs = append(reqs, r)
+		mu.Unlock()
+		wg.Go(func() {
+			if err := c.do(context.Background(), r); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	for i := range inFlight { // three batches, held
+		start(session(i))
+	}
+	held.Wait()
+	for range perSession {
+		for i := range sessions {
+			start(session(i))
+			waitQueued(t, c, len(reqs)-inFlight)
+		}
+	}
+	close(release)
+	wg.Wait()
+	for i, r := range reqs {
+		if r.out.acked != 1 {
+			t.Fatalf("request %d was not answered", i)
+		}
+	}
+	if most != inFlight {
+		t.Errorf("at most %d batches ran at once, want %d", most, inFlight)
+	}
+	if c.running != 0 || len(c.queue) != 0 || len(c.busy) != 0 {
+		t.Fatalf("after all answers: %d running, %d queued, %d sessions busy; want idle", c.running, len(c.queue), len(c.busy))
+	}
+}
+
+// countOf is how many of reqs are k's.
+func countOf(reqs []*appendReq, k sessionstore.Key) int {
+	n := 0
+	for _, r := range reqs {
+		if r.recipient() == k {
+			n++
+		}
+	}
+	return n
+}
+
+// waitQueued waits until c's queue holds n requests.
+func waitQueued(t *testing.T, c *committer, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.mu.Lock()
+		got := len(c.queue)
+		c.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests queued, want %d", got, n)
+		}
+		runtime.Gosched()
 	}
 }

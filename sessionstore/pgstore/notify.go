@@ -668,7 +668,7 @@ func NewBus(s *Store, log *slog.Logger) *Bus {
 		log = slog.New(slog.DiscardHandler)
 	}
 	b := &Bus{store: s, log: log}
-	b.notifier = newCommitter(s.maxBatch, 8*s.maxBatch, b.runWakes)
+	b.notifier = newCommitter(s.maxBatch, 8*s.maxBatch, 1, b.runWakes)
 	return b
 }
 

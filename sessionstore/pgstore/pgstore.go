@@ -32,6 +32,8 @@ const (
 	DefaultPruneBatch = 5000
 	// DefaultMaxBatch is how many appends one group commit carries at most.
 	DefaultMaxBatch = 256
+	// DefaultBatchesInFlight is how many group commits run at once.
+	DefaultBatchesInFlight = 1
 )
 
 // Option tunes Open.
@@ -44,6 +46,7 @@ type options struct {
 	pruneBatch     int
 	groupCommitOff bool
 	maxBatch       int
+	inFlight       int
 }
 
 // WithGroupCommit turns group commit on (the default) or off. Off, every
@@ -58,6 +61,14 @@ func WithGroupCommit(on bool) Option {
 // times as many appends wait for a batch; more wait for room.
 func WithMaxBatch(n int) Option {
 	return func(o *options) { o.maxBatch = n }
+}
+
+// WithBatchesInFlight sets how many group commits run at once (default
+// DefaultBatchesInFlight); values below 1 keep the default. Each holds a
+// pooled connection while it runs. A session's writes are in one running
+// batch at a time, so they commit in arrival order whatever n.
+func WithBatchesInFlight(n int) Option {
+	return func(o *options) { o.inFlight = n }
 }
 
 // WithConnectTimeout sets how long establishing one connection may take
@@ -92,6 +103,9 @@ type Store struct {
 	maxBatch     int        // of a group commit, and of a Bus's NOTIFY statement
 	group        *committer // nil when group commit is off
 	closed       atomic.Bool
+	// deadlocks counts the batches Postgres aborted to break a deadlock
+	// (each then ran again one by one).
+	deadlocks atomic.Int64
 }
 
 // plannerParams are the planner settings of the store's connections.
@@ -144,6 +158,9 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if o.maxBatch < 1 {
 		o.maxBatch = DefaultMaxBatch
 	}
+	if o.inFlight < 1 {
+		o.inFlight = DefaultBatchesInFlight
+	}
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: malformed database URL: %w", err)
@@ -167,7 +184,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	}
 	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch}
 	if !o.groupCommitOff {
-		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, s.runBatch)
+		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, o.inFlight, s.runBatch)
 	}
 	return s, nil
 }

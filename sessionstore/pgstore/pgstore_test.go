@@ -17,10 +17,11 @@ import (
 const conformancePruneBatch = 4
 
 // newStore opens a Store on a fresh, migrated schema of its own.
-func newStore(t *testing.T) *pgstore.Store {
+func newStore(t *testing.T, opts ...pgstore.Option) *pgstore.Store {
 	t.Helper()
 	u := pgtest.Schema(t)
-	s, err := pgstore.Open(context.Background(), u, pgstore.WithMaxConns(4), pgstore.WithPruneBatch(conformancePruneBatch))
+	opts = append([]pgstore.Option{pgstore.WithMaxConns(4), pgstore.WithPruneBatch(conformancePruneBatch)}, opts...)
+	s, err := pgstore.Open(context.Background(), u, opts...)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -31,6 +32,18 @@ func newStore(t *testing.T) *pgstore.Store {
 func TestConformance(t *testing.T) {
 	pgtest.DatabaseURL(t) // skip once, not once per subtest
 	storetest.Run(t, func(t *testing.T) sessionstore.Store { return newStore(t) })
+}
+
+// TestConformanceBatchesInFlight runs the suite on stores with three group
+// commits in flight (MARCONI_STORE_BATCHES_IN_FLIGHT=3).
+func TestConformanceBatchesInFlight(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (the whole suite a second time): skipped by -short")
+	}
+	pgtest.DatabaseURL(t)
+	storetest.Run(t, func(t *testing.T) sessionstore.Store {
+		return newStore(t, pgstore.WithBatchesInFlight(3), pgstore.WithMaxConns(5))
+	})
 }
 
 func TestOpenFailsOnlyOnAMalformedURL(t *testing.T) {

@@ -1,0 +1,1 @@
+DROP FUNCTION marconi_settle_usage;
