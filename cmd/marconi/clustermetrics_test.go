@@ -8,8 +8,8 @@ import (
 )
 
 // TestClusterGaugesFromTheStart: a fresh hub exports the cluster-wide
-// gauges (sessions by route state, pending signals) within moments of
-// starting, not after its first retention run (MARCONI_PRUNE_INTERVAL_SECONDS,
+// gauges (sessions by route state, pending signals), and on Postgres the
+// group commit's reruns, within moments of starting, not after its first retention run (MARCONI_PRUNE_INTERVAL_SECONDS,
 // 60 s here as by default; the poll gives up after 30 s).
 func TestClusterGaugesFromTheStart(t *testing.T) {
 	for _, store := range []string{"memory", "postgres"} {
@@ -25,6 +25,10 @@ func TestClusterGaugesFromTheStart(t *testing.T) {
 				`marconi_sessions{route_state="attached",surface_class="live"} 0`,
 				`marconi_sessions{route_state="route_without_queue",surface_class="piggyback"} 0`,
 				`marconi_sessions{route_state="stale",surface_class="live"} 0`,
+			}
+			if store == "postgres" { // the store's group commit, from the start
+				want = append(want, `marconi_store_batch_reruns_total{reason="deadlock"} 0`,
+					`marconi_store_batch_reruns_total{reason="quota"} 0`, `marconi_store_batch_reruns_total{reason="refused"} 0`)
 			}
 			var text string
 			pollUntil(t, "the cluster-wide gauges on a fresh hub", func() bool {

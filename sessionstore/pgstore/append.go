@@ -217,15 +217,14 @@ func (s *Store) runBatch(batch []*appendReq) {
 		err = s.sendBatch(ctx, batch)
 	}
 	if err == nil {
+		s.metrics.size.Observe(float64(len(batch)))
 		return
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == codeDeadlock {
-		s.deadlocks.Add(1)
-	}
 	if len(batch) > 1 && errors.As(err, &pgErr) && !isUnavailable(err) {
 		// A server-side error aborted the implicit transaction: nothing
 		// of the batch is stored, so each member may run again.
+		s.metrics.reruns.WithLabelValues(rerunReason(err)).Inc()
 		for _, r := range batch {
 			s.runBatch([]*appendReq{r})
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/internal/pgtest"
@@ -283,8 +284,8 @@ func TestNoDeadlockWithBatchesInFlight(t *testing.T) {
 	}
 	wg.Wait()
 	for i, s := range stores {
-		if n := s.deadlocks.Load(); n > 0 {
-			t.Errorf("store %d: Postgres aborted %d batches as deadlocks", i, n)
+		if n := testutil.ToFloat64(s.metrics.reruns.WithLabelValues(rerunDeadlock)); n > 0 {
+			t.Errorf("store %d: Postgres aborted %v batches as deadlocks", i, n)
 		}
 	}
 }

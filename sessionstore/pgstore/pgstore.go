@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
@@ -47,6 +48,7 @@ type options struct {
 	groupCommitOff bool
 	maxBatch       int
 	inFlight       int
+	registerer     prometheus.Registerer
 }
 
 // WithGroupCommit turns group commit on (the default) or off. Off, every
@@ -69,6 +71,13 @@ func WithMaxBatch(n int) Option {
 // batch at a time, so they commit in arrival order whatever n.
 func WithBatchesInFlight(n int) Option {
 	return func(o *options) { o.inFlight = n }
+}
+
+// WithRegisterer registers the store's group-commit metrics
+// (marconi_store_batch_size, marconi_store_batch_reruns_total) with reg;
+// without it they are kept but exported nowhere.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(o *options) { o.registerer = reg }
 }
 
 // WithConnectTimeout sets how long establishing one connection may take
@@ -103,9 +112,7 @@ type Store struct {
 	maxBatch     int        // of a group commit, and of a Bus's NOTIFY statement
 	group        *committer // nil when group commit is off
 	closed       atomic.Bool
-	// deadlocks counts the batches Postgres aborted to break a deadlock
-	// (each then ran again one by one).
-	deadlocks atomic.Int64
+	metrics      *batchMetrics
 }
 
 // plannerParams are the planner settings of the store's connections.
@@ -165,6 +172,10 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: malformed database URL: %w", err)
 	}
+	metrics := newBatchMetrics()
+	if err := metrics.register(o.registerer); err != nil {
+		return nil, fmt.Errorf("pgstore: register metrics: %w", err)
+	}
 	if o.connectTimeout > 0 {
 		cfg.ConnConfig.ConnectTimeout = o.connectTimeout
 	}
@@ -182,7 +193,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: open pool: %w", err)
 	}
-	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch}
+	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch, metrics: metrics}
 	if !o.groupCommitOff {
 		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, o.inFlight, s.runBatch)
 	}

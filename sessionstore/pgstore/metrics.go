@@ -1,0 +1,69 @@
+package pgstore
+
+import (
+	"errors"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// batchMetrics describe the group commit: how much each transaction
+// carries, and how often Postgres refused a batch whole so that its
+// members ran again one by one (each then a transaction of its own, the
+// cost a contended fleet pays).
+type batchMetrics struct {
+	size   prometheus.Histogram
+	reruns *prometheus.CounterVec
+}
+
+// Rerun reasons (the reason label of marconi_store_batch_reruns_total).
+const (
+	rerunDeadlock = "deadlock" // Postgres aborted the batch to break a deadlock
+	rerunQuota    = "quota"    // the batch would take a project past its pending-bytes limit
+	rerunRefused  = "refused"  // any other error of one member (a value Postgres refused)
+)
+
+func newBatchMetrics() *batchMetrics {
+	m := &batchMetrics{
+		size: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "marconi_store_batch_size",
+			Help:    "Requests (appends, acknowledgements, session-row writes) committed by one group commit of the Postgres store.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}),
+		reruns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "marconi_store_batch_reruns_total",
+			Help: "Group commits Postgres refused whole, whose members then ran again one by one, by reason.",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{rerunDeadlock, rerunQuota, rerunRefused} {
+		m.reruns.WithLabelValues(r) // present from the start
+	}
+	return m
+}
+
+// register registers m with reg; nil registers nowhere.
+func (m *batchMetrics) register(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{m.size, m.reruns} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rerunReason names why Postgres refused a batch whole (err a server error).
+func rerunReason(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case codeDeadlock:
+			return rerunDeadlock
+		case quotaSQLState:
+			return rerunQuota
+		}
+	}
+	return rerunRefused
+}
