@@ -116,22 +116,6 @@ func TestCommitterWithdrawsOnContextEnd(t *testing.T) {
 			r.out.acked = 1
 		}
 	})
-	queued := func(n int) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			c.mu.Lock()
-			got := len(c.queue)
-			c.mu.Unlock()
-			if got == n {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d requests queued, want %d", got, n)
-			}
-			runtime.Gosched()
-		}
-	}
 	first, gone, kept := &appendReq{}, &appendReq{}, &appendReq{}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = c.do(context.Background(), first) })
@@ -139,9 +123,9 @@ func TestCommitterWithdrawsOnContextEnd(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	goneErr := make(chan error, 1)
 	wg.Go(func() { goneErr <- c.do(ctx, gone) })
-	queued(1)
+	waitQueued(t, c, 1)
 	wg.Go(func() { _ = c.do(context.Background(), kept) })
-	queued(2)
+	waitQueued(t, c, 2)
 	cancel()
 	select {
 	case err := <-goneErr:
