@@ -98,9 +98,9 @@ func (s *Server) send(c echo.Context) error {
 }
 
 // instanceURL is the public URL of instance, from the members in memory;
-// empty for none or an unknown one.
+// empty for none, an unknown one, or when this instance has no peers.
 func (s *Server) instanceURL(instance string) string {
-	if instance == "" {
+	if instance == "" || !s.peered {
 		return ""
 	}
 	return s.fabric.Members.URL(instance)
