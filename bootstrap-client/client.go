@@ -133,6 +133,23 @@ type Config struct {
 	// WebSocket). The caller owns it: Close leaves its idle connections
 	// alone. Default nil: the client owns a clone of http.DefaultTransport.
 	HTTPClient *http.Client
+
+	// NoHolderRouting turns off sending to the recipient's instance. By
+	// default, when a send's answer names the instance holding the
+	// recipient's queue (recipient_instance_url), the client sends that
+	// recipient's next signals there, with the same session token, and goes
+	// back to the hub URL when an answer names none. Only a send that
+	// certainly did not reach that instance (its dial failed, or a balancer
+	// answered 502 or 503 itself) is sent through the hub URL at once;
+	// docs/client.md, "Sending to the recipient's instance".
+	NoHolderRouting bool
+	// HolderHints bounds how many recipients' instance URLs the client
+	// remembers (and how many unreachable ones it leaves alone). Default 1024.
+	HolderHints int
+	// HolderRetryAfter is how long an instance URL that could not be reached
+	// is not sent to: its recipients' sends go through the hub URL, without a
+	// dial each. Default 30s.
+	HolderRetryAfter time.Duration
 }
 
 // Client is one registered, attached session. It is safe for concurrent use:
@@ -186,7 +203,12 @@ type Client struct {
 	// registration or resume. Guarded by mu.
 	registration Registration
 
+	// holders routes sends to the recipient's instance; nil with
+	// Config.NoHolderRouting.
+	holders *holders
+
 	reconnects, selfHeals, reregistrations, droppedAtReset, pingTimeouts, takeovers, rateLimited atomic.Int64
+	holderSends, holderFallbacks                                                                 atomic.Int64
 }
 
 const (
@@ -300,6 +322,15 @@ func newClient(cfg Config) (*Client, error) {
 	if cfg.RateLimitWait == 0 {
 		cfg.RateLimitWait = defaultRateLimitWait
 	}
+	if cfg.HolderHints < 0 || cfg.HolderRetryAfter < 0 {
+		return nil, errors.New("bootstrap: HolderHints and HolderRetryAfter must not be negative")
+	}
+	if cfg.HolderHints == 0 {
+		cfg.HolderHints = defaultHolderHints
+	}
+	if cfg.HolderRetryAfter == 0 {
+		cfg.HolderRetryAfter = defaultHolderRetryAfter
+	}
 	if cfg.ReconnectMaxDelay < cfg.ReconnectBaseDelay {
 		return nil, errors.New("bootstrap: ReconnectMaxDelay is below ReconnectBaseDelay")
 	}
@@ -326,6 +357,9 @@ func newClient(cfg Config) (*Client, error) {
 		heal:       make(chan struct{}, 1),
 		sessionID:  cfg.SessionID,
 		hbEvery:    defaultHeartbeat,
+	}
+	if !cfg.NoHolderRouting {
+		c.holders = newHolders(cfg.HolderHints, cfg.HolderRetryAfter, urls)
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c, nil
@@ -389,6 +423,8 @@ func (c *Client) Stats() Stats {
 		PingTimeouts:       int(c.pingTimeouts.Load()),
 		Takeovers:          int(c.takeovers.Load()),
 		RateLimited:        int(c.rateLimited.Load()),
+		HolderSends:        int(c.holderSends.Load()),
+		HolderFallbacks:    int(c.holderFallbacks.Load()),
 	}
 }
 

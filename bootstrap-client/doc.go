@@ -32,6 +32,13 @@
 //     application rehydrates its runtime-local state. A welcome's "dropped": n
 //     (disconnect policy drop) is logged at warn level and summed in
 //     Stats.DroppedAtReset.
+//   - recipient_instance_url in a send answer: that recipient's next signals
+//     go to that instance (the one holding its queue), with the same token;
+//     an answer without it sends them through the hub URL again. A send that
+//     certainly never reached that instance (dial failed, a balancer's own
+//     502/503) goes through the hub URL at once, and the URL is left alone
+//     for Config.HolderRetryAfter; any other failure is Send's as above.
+//     Config.NoHolderRouting turns it off.
 //   - 409 wrong_instance on attach (sticky session): instance_url is followed,
 //     but not pinned: every reattach starts at the hub URL in use again, so
 //     when the assigned instance dies, that URL's instance takes the session

@@ -108,10 +108,21 @@ func (c *Client) doAt(ctx context.Context, base, method, path, bearer string, he
 // session_expired, after which the same session_id is registered again), the
 // call is made once more with the new token.
 func (c *Client) sessionCall(ctx context.Context, method, path string, in, out any) (auth, error) {
+	return c.sessionCallAt(ctx, "", method, path, in, out)
+}
+
+// sessionCallAt is sessionCall on base, a URL the hub named, or on the hub in
+// use (with its failover) when base is "". A re-registration goes to the hub.
+func (c *Client) sessionCallAt(ctx context.Context, base, method, path string, in, out any) (auth, error) {
 	reregistered := false
 	for attempt := 1; ; attempt++ {
 		a := c.currentAuth()
-		_, err := c.do(ctx, method, path, a.token, nil, in, out)
+		var err error
+		if base == "" {
+			_, err = c.do(ctx, method, path, a.token, nil, in, out)
+		} else {
+			_, err = c.doAt(ctx, base, method, path, a.token, nil, in, out)
+		}
 		var he *Error
 		if err == nil || attempt == maxCallAttempts || !errors.As(err, &he) {
 			return a, err
@@ -447,7 +458,7 @@ func (c *Client) Send(ctx context.Context, to, kind string, payload any, opts ..
 	)
 	var limit rateLimit
 	for attempt := 0; ; {
-		a, err = c.sessionCall(ctx, http.MethodPost, "/v1/signals", req, &resp)
+		a, err = c.sendCall(ctx, req, &resp)
 		if err == nil {
 			break
 		}

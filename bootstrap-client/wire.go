@@ -129,6 +129,11 @@ type SendResult struct {
 // included.
 type Stats struct {
 	Reconnects, SelfHealReconnects, Reregistrations, DroppedAtReset, PingTimeouts, Takeovers, RateLimited int
+	// HolderSends counts sends answered by the instance holding the
+	// recipient's queue, sent there on the hub's hint; HolderFallbacks, those
+	// sent through the hub URL instead because that instance could not be
+	// reached (Config.HolderRetryAfter).
+	HolderSends, HolderFallbacks int
 }
 
 // sendRequest is the body of POST /v1/signals.
@@ -145,11 +150,13 @@ type sendResponse struct {
 	Seq                 int64              `json:"seq"`
 	Delivery            marconi.Delivery   `json:"delivery"`
 	RecipientRouteState marconi.RouteState `json:"recipient_route_state"`
-	SelfhealOutcome     *marconi.Outcome   `json:"selfheal_outcome"`
-	RecipientRouteStale bool               `json:"recipient_route_stale"`
-	SenderRouteStale    bool               `json:"sender_route_stale"`
-	Duplicate           bool               `json:"duplicate"`
-	Pending             []Signal           `json:"pending"`
+	// RecipientInstanceURL is the hub's hint where the recipient's queue is.
+	RecipientInstanceURL string           `json:"recipient_instance_url"`
+	SelfhealOutcome      *marconi.Outcome `json:"selfheal_outcome"`
+	RecipientRouteStale  bool             `json:"recipient_route_stale"`
+	SenderRouteStale     bool             `json:"sender_route_stale"`
+	Duplicate            bool             `json:"duplicate"`
+	Pending              []Signal         `json:"pending"`
 }
 
 func (r sendResponse) result() SendResult {

@@ -385,3 +385,30 @@ func TestCrossInstanceOwnerKilledMidFlightLosesNothing(t *testing.T) {
 	}
 	xiWantSeqs(t, "after the owner died", got, 1)
 }
+
+// TestSendAnswerNamesTheRecipientsInstance: a send's answer carries the
+// public URL of the instance holding the recipient's queue, whichever
+// instance answers, and none while the recipient has no queue.
+func TestSendAnswerNamesTheRecipientsInstance(t *testing.T) {
+	t.Parallel()
+	p := startPair(t, pairOptions{sweepB: noSweep})
+	alice := register(t, p.a, "alice", "claude_code")
+	bob := register(t, p.a, "bob", "claude_code")
+
+	if got, ok := send(t, p.a, alice, "bob", 0)["recipient_instance_url"]; ok {
+		t.Fatalf("bob has no queue, yet the answer names %v", got)
+	}
+	c, _ := dial(t, p.b, bob) // bob's queue is on b
+	// a learns b's URL from the instances table on its next membership read.
+	waitFor(t, "a's answer to name b", func() bool {
+		return send(t, p.a, alice, "bob", 1)["recipient_instance_url"] == p.b.URL
+	})
+	if got := send(t, p.b, alice, "bob", 2)["recipient_instance_url"]; got != p.b.URL {
+		t.Fatalf("b's own answer names %v, want %s", got, p.b.URL)
+	}
+	_ = c.Close(websocket.StatusNormalClosure, "")
+	waitFor(t, "the hint to go with bob's queue", func() bool {
+		_, ok := send(t, p.a, alice, "bob", 3)["recipient_instance_url"]
+		return !ok
+	})
+}

@@ -52,6 +52,10 @@ func appendSendAnswer(dst []byte, a *sendResponse) ([]byte, bool) {
 	dst, ok = conns.AppendPlainString(dst, a.Delivery, ok)
 	dst = append(dst, `,"recipient_route_state":`...)
 	dst, ok = conns.AppendPlainString(dst, a.RecipientRouteState, ok)
+	if a.RecipientInstanceURL != "" {
+		dst = append(dst, `,"recipient_instance_url":`...)
+		dst, ok = conns.AppendPlainString(dst, a.RecipientInstanceURL, ok)
+	}
 	dst = append(dst, `,"selfheal_outcome":`...)
 	dst, ok = appendNullableString(dst, a.SelfhealOutcome, ok)
 	if a.RecipientRouteStale {

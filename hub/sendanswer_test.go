@@ -34,6 +34,8 @@ func TestAppendSendAnswer(t *testing.T) {
 			Selfheal: selfhealJSON{Recipient: strp("reattach"), Sender: strp("")}}, true},
 		{"recipient stale only", sendResponse{SignalID: "s", RecipientRouteStale: true, Selfheal: selfhealJSON{Sender: strp("x")}}, true},
 		{"empty", sendResponse{}, true},
+		{"holder", sendResponse{SignalID: "s", Seq: 2, Delivery: "pushed_to_ws", RecipientRouteState: "attached",
+			RecipientInstanceURL: "http://lb.example:8080/i/hub-2"}, true},
 		{"html in a string", sendResponse{SignalID: "a<b>&c", Delivery: "pushed_to_ws"}, false},
 		{"quote in a string", sendResponse{SignalID: `a"b`}, false},
 		{"unicode in a string", sendResponse{SignalID: "é"}, false},
@@ -70,6 +72,9 @@ func FuzzAppendSendAnswer(f *testing.F) {
 			Selfheal: selfhealJSON{Recipient: opt(recipient, 8), Sender: opt(sender, 16)}, Duplicate: flags&32 != 0}
 		if flags&64 != 0 {
 			a.Pending = []signalJSON{}
+		}
+		if flags&128 != 0 {
+			a.RecipientInstanceURL = recipient
 		}
 		got, ok := appendSendAnswer(nil, &a)
 		if ok && !bytes.Equal(got, encoded(t, a)) {

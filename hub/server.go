@@ -268,7 +268,11 @@ type Server struct {
 	conns    *conns.Hub
 	signals  *signals.Service
 	selfheal *selfheal.Evaluator
-	fabric   *fabric.Fabric
+	// peered is true when a bus joins this instance to others: only then do
+	// send answers name the recipient's instance (one instance alone has no
+	// cross-instance path to save, and its default public URL is a guess).
+	peered bool
+	fabric *fabric.Fabric
 
 	cluster  *clusterGauges
 	http     *httpMetrics
@@ -337,6 +341,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.peered = d.Bus != nil
 	if d.Bus == nil {
 		d.Bus = fabric.NoBus{}
 	}

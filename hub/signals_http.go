@@ -37,16 +37,20 @@ type selfhealJSON struct {
 }
 
 type sendResponse struct {
-	SignalID            string       `json:"signal_id"`
-	Seq                 int64        `json:"seq"`
-	Delivery            string       `json:"delivery"`
-	RecipientRouteState string       `json:"recipient_route_state"`
-	SelfhealOutcome     *string      `json:"selfheal_outcome"`
-	RecipientRouteStale bool         `json:"recipient_route_stale,omitzero"`
-	SenderRouteStale    bool         `json:"sender_route_stale,omitzero"`
-	Selfheal            selfhealJSON `json:"selfheal"`
-	Duplicate           bool         `json:"duplicate"`
-	Pending             []signalJSON `json:"pending"`
+	SignalID            string `json:"signal_id"`
+	Seq                 int64  `json:"seq"`
+	Delivery            string `json:"delivery"`
+	RecipientRouteState string `json:"recipient_route_state"`
+	// RecipientInstanceURL is the public URL of the instance holding the
+	// recipient's queue, when it is attached on a healthy instance whose URL
+	// is known: a hint where the sender's next sends to it are cheapest.
+	RecipientInstanceURL string       `json:"recipient_instance_url,omitzero"`
+	SelfhealOutcome      *string      `json:"selfheal_outcome"`
+	RecipientRouteStale  bool         `json:"recipient_route_stale,omitzero"`
+	SenderRouteStale     bool         `json:"sender_route_stale,omitzero"`
+	Selfheal             selfhealJSON `json:"selfheal"`
+	Duplicate            bool         `json:"duplicate"`
+	Pending              []signalJSON `json:"pending"`
 }
 
 func nullable[T ~string](s T) *string {
@@ -79,17 +83,27 @@ func (s *Server) send(c echo.Context) error {
 		return err
 	}
 	return writeSendAnswer(c, sendResponse{
-		SignalID:            res.Signal.ID,
-		Seq:                 res.Signal.Seq,
-		Delivery:            string(res.Delivery),
-		RecipientRouteState: string(res.RouteState),
-		SelfhealOutcome:     nullable(res.SelfHeal.Outcome),
-		RecipientRouteStale: res.SelfHeal.RecipientRouteStale,
-		SenderRouteStale:    res.SelfHeal.SenderRouteStale,
-		Selfheal:            selfhealJSON{Recipient: nullable(res.SelfHeal.Recipient), Sender: nullable(res.SelfHeal.Sender)},
-		Duplicate:           res.Duplicate,
-		Pending:             toSignalsJSON(res.Pending),
+		SignalID:             res.Signal.ID,
+		Seq:                  res.Signal.Seq,
+		Delivery:             string(res.Delivery),
+		RecipientRouteState:  string(res.RouteState),
+		RecipientInstanceURL: s.instanceURL(res.RecipientInstance),
+		SelfhealOutcome:      nullable(res.SelfHeal.Outcome),
+		RecipientRouteStale:  res.SelfHeal.RecipientRouteStale,
+		SenderRouteStale:     res.SelfHeal.SenderRouteStale,
+		Selfheal:             selfhealJSON{Recipient: nullable(res.SelfHeal.Recipient), Sender: nullable(res.SelfHeal.Sender)},
+		Duplicate:            res.Duplicate,
+		Pending:              toSignalsJSON(res.Pending),
 	})
+}
+
+// instanceURL is the public URL of instance, from the members in memory;
+// empty for none, an unknown one, or when this instance has no peers.
+func (s *Server) instanceURL(instance string) string {
+	if instance == "" || !s.peered {
+		return ""
+	}
+	return s.fabric.Members.URL(instance)
 }
 
 type drainResponse struct {

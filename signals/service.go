@@ -190,6 +190,9 @@ type SendResult struct {
 	// Pending are the sender's own unacknowledged signals when it has no
 	// attached queue (piggyback drain); nil otherwise.
 	Pending []sessionstore.Signal
+	// RecipientInstance is the instance holding the recipient's queue when it
+	// is attached on a healthy instance (Route.Attached); empty otherwise.
+	RecipientInstance string
 }
 
 var (
@@ -241,6 +244,9 @@ func (s *Service) Send(ctx context.Context, req SendRequest) (SendResult, error)
 		return SendResult{}, err
 	}
 	res := SendResult{Signal: sig, Delivery: sig.Delivery, RouteState: sig.RouteState, Duplicate: dup}
+	if rRoute.Attached {
+		res.RecipientInstance = rRoute.InstanceID
+	}
 	if dup {
 		// The first send's answer; nothing new is stored, delivered or counted.
 		s.metrics.duplicates.Inc()

@@ -136,7 +136,7 @@ func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
 			r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.failed)
 	}
 	for _, gc := range []string{"on", "off"} {
-		a, err := startHub(ctx, o, "bench-a-"+gc, gc, logs)
+		a, err := startHub(ctx, o, "bench-a-"+gc, gc, "", logs)
 		if err != nil {
 			return err
 		}
@@ -150,12 +150,12 @@ func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
 		}
 		a.stop()
 	}
-	a, err := startHub(ctx, o, "bench-a-x", "on", logs)
+	a, err := startHub(ctx, o, "bench-a-x", "on", "", logs)
 	if err != nil {
 		return err
 	}
 	defer a.stop()
-	b, err := startHub(ctx, o, "bench-b-x", "on", logs)
+	b, err := startHub(ctx, o, "bench-b-x", "on", "", logs)
 	if err != nil {
 		return err
 	}
@@ -204,11 +204,16 @@ func durableStepMarked(ctx context.Context, o durableOptions, senderHub, recipie
 		}
 	}()
 	stamp := time.Now().UnixNano()
+	// Senders on one hub and recipients on another measure the
+	// cross-instance path: the senders do not follow the hub's hint to the
+	// recipients' instance (recipient_instance_url), which would make the
+	// step a local one.
+	cross := senderHub != recipientHub
 	dial := func(hubURL, id string) (*bootstrap.Client, error) {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		return bootstrap.Dial(dctx, bootstrap.Config{HubURL: hubURL, APIKey: durableAPIKey, Surface: "headless_cc",
-			SessionID: id, OnSignal: func(bootstrap.Signal) {}})
+			SessionID: id, OnSignal: func(bootstrap.Signal) {}, NoHolderRouting: cross})
 	}
 	senders := make([]*bootstrap.Client, n)
 	recipients := make([]string, n)
@@ -350,16 +355,20 @@ type benchHub struct {
 }
 
 // startHub starts marconi serve on a free loopback port with group commit
-// gc, and waits until it is ready.
-func startHub(ctx context.Context, o durableOptions, id, gc string, logs io.Writer) (*benchHub, error) {
+// gc, and waits until it is ready. public is its MARCONI_PUBLIC_URL; ""
+// for its own address.
+func startHub(ctx context.Context, o durableOptions, id, gc, public string, logs io.Writer) (*benchHub, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
+	if public == "" {
+		public = "http://" + addr
+	}
 	cmd := exec.Command(o.marconi, "serve")
 	cmd.Env = append(os.Environ(),
 		"MARCONI_ADDR="+addr,
-		"MARCONI_PUBLIC_URL=http://"+addr,
+		"MARCONI_PUBLIC_URL="+public,
 		"MARCONI_INSTANCE_ID="+id,
 		"MARCONI_DATABASE_URL="+o.databaseURL,
 		"MARCONI_API_KEYS="+durableAPIKey+"=bench/durable",

@@ -383,8 +383,22 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 			h.stop()
 		}
 	}()
+	// Behind the balancer, each instance's public URL is <balancer>/i/<id>
+	// (deploy/haproxy.cfg routes it there), as deploy/capacity.sh sets it:
+	// the send answers' recipient_instance_url then reaches the instance.
+	var lbAddr string
+	if k > 1 {
+		var err error
+		if lbAddr, err = freeAddr(); err != nil {
+			return fleetResult{}, err
+		}
+	}
 	for i := 1; i <= k; i++ {
-		h, err := startHub(ctx, o.durableOptions, fmt.Sprintf("hub-%d", i), "on", logs)
+		id, public := fmt.Sprintf("hub-%d", i), ""
+		if k > 1 {
+			public = "http://" + lbAddr + "/i/" + id
+		}
+		h, err := startHub(ctx, o.durableOptions, id, "on", public, logs)
 		if err != nil {
 			return fleetResult{}, err
 		}
@@ -392,7 +406,7 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 	}
 	target := hubs[0].url
 	if k > 1 {
-		lb, err := startHAProxy(ctx, o, hubs, logs)
+		lb, err := startHAProxy(ctx, o, lbAddr, hubs, logs)
 		if err != nil {
 			return fleetResult{}, err
 		}
@@ -655,13 +669,9 @@ type balancer struct {
 	done chan struct{}
 }
 
-// startHAProxy runs haproxy in front of hubs with o.config and waits until
-// it forwards /readyz.
-func startHAProxy(ctx context.Context, o fleetOptions, hubs []*benchHub, logs io.Writer) (*balancer, error) {
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
+// startHAProxy runs haproxy on addr in front of hubs with o.config and
+// waits until it forwards /readyz.
+func startHAProxy(ctx context.Context, o fleetOptions, addr string, hubs []*benchHub, logs io.Writer) (*balancer, error) {
 	stats, err := freeAddr()
 	if err != nil {
 		return nil, err

@@ -95,7 +95,7 @@ func durableBesideJetStream(ctx context.Context, o durableOptions, out, logs io.
 		return err
 	}
 	defer ns.stop()
-	hub, err := startHub(ctx, o, "bench-peer", "on", logs)
+	hub, err := startHub(ctx, o, "bench-peer", "on", "", logs)
 	if err != nil {
 		return err
 	}
