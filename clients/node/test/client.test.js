@@ -223,8 +223,9 @@ test('an idempotency key makes a repeat a no-op; a send whose answer was lost is
   const url = await proxy.listen();
   t.after(() => proxy.close());
   const log = new LogRecorder();
-  // The hub's answers name its own URL (the recipient's instance), not the
-  // proxy's: with holder routing the sends would go round the proxy.
+  // Every send must cross the proxy, which loses an answer: a hint naming
+  // the recipient's instance (the hub's own URL, not the proxy's) must not
+  // take the sends round it.
   const a = await agent('idem-a', { hubURL: url, logger: log, noHolderRouting: true });
   const b = await agent('idem-b');
   t.after(async () => { await a.client.close(); await b.client.close(); });
