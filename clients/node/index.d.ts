@@ -205,6 +205,28 @@ export interface Config {
    * Default 60000; 0 never waits.
    */
   rateLimitWaitMs?: number;
+  /**
+   * true turns off sending to the recipient's instance. By default, when a
+   * send's answer names the instance holding the recipient's queue
+   * (recipient_instance_url), the client sends that recipient's next signals
+   * there, with the same session token, and goes back to the hub URL when an
+   * answer names none. Only a send that certainly did not reach that
+   * instance (the connection could not be made, or a balancer answered 502
+   * or 503 itself) is sent through the hub URL at once (docs/client.md,
+   * "Sending to the recipient's instance (Node)"). Default false.
+   */
+  noHolderRouting?: boolean;
+  /**
+   * How many recipients' instance URLs the client remembers (and how many
+   * unreachable ones it leaves alone). Default 1024.
+   */
+  holderHints?: number;
+  /**
+   * How long an instance URL that could not be reached is not sent to: its
+   * recipients' sends go through the hub URL, without a dial each.
+   * Default 30000.
+   */
+  holderRetryAfterMs?: number;
 }
 
 /** A session's id and current token, as a TokenStore keeps them. */
@@ -286,6 +308,10 @@ export interface Stats {
   takeovers: number;
   /** 429 answers waited out and the call made again (rateLimitWaitMs), attaches included. */
   rateLimited: number;
+  /** Sends answered by the instance holding the recipient's queue, sent there on the hub's hint. */
+  holderSends: number;
+  /** Sends made through the hub URL instead because that instance could not be reached (holderRetryAfterMs). */
+  holderFallbacks: number;
 }
 
 /** Defaults of the optional numeric Config fields. */
@@ -298,6 +324,8 @@ export declare const defaults: Readonly<{
   pingIntervalMs: number;
   pingTimeoutMs: number;
   rateLimitWaitMs: number;
+  holderHints: number;
+  holderRetryAfterMs: number;
 }>;
 
 /**

@@ -11,6 +11,7 @@ import { settle } from './config.js';
 import { Dispatcher, toSignal } from './delivery.js';
 import { ClientClosedError, MarconiError, ReplacedError, permanent } from './errors.js';
 import { TransportError } from './http.js';
+import { Holders, notProcessed } from './holders.js';
 import { Hubs, unavailable } from './hubs.js';
 import { keepalive } from './keepalive.js';
 import { linked } from './signals.js';
@@ -75,6 +76,8 @@ export class Client extends EventEmitter {
   #cfg;
   /** @type {Hubs} */
   #hubs;
+  /** @type {Holders | null} routes sends to the recipient's instance; null with noHolderRouting */
+  #holders = null;
   /** @type {Required<import('../index.js').Logger>} */
   #log;
   #backoff;
@@ -110,7 +113,7 @@ export class Client extends EventEmitter {
   #keptToken = '';
   #fatal = false; // 'fatal' was told
 
-  #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0, pingTimeouts: 0, takeovers: 0, rateLimited: 0 };
+  #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0, pingTimeouts: 0, takeovers: 0, rateLimited: 0, holderSends: 0, holderFallbacks: 0 };
 
   /** @param {Config} config */
   constructor(config) {
@@ -131,6 +134,7 @@ export class Client extends EventEmitter {
         this.#log.warn('marconi: hub URL unreachable; failing over', { from, to, err: String(err) });
       },
     });
+    if (!cfg.noHolderRouting) this.#holders = new Holders(cfg.holderHints, cfg.holderRetryAfterMs, urls);
     this.#delivery = new Dispatcher({
       closing: this.#closing.signal,
       handlers: cfg,
@@ -220,6 +224,8 @@ export class Client extends EventEmitter {
    * onSignal. When the hub says sender_route_stale, the reconnect has started
    * when it resolves. A send that got no answer, or a 502, 503 or 504, is
    * made again with the same idempotency key, up to sendAttempts times.
+   * When an earlier answer named the instance holding to's queue, the send
+   * goes there (#sendCall).
    * @param {string} to
    * @param {string} kind
    * @param {unknown} payload
@@ -236,7 +242,7 @@ export class Client extends EventEmitter {
     const limit = { waits: 0, spentMs: 0 };
     for (let attempt = 0; ; attempt++) {
       try {
-        const { auth, data } = await this.#sessionCall('POST', '/v1/signals', { body, signal: options.signal });
+        const { auth, data } = await this.#sendCall(to, body, options.signal);
         return this.#sent(to, key, auth, data);
       } catch (err) {
         if (await this.#waitRateLimit(err, limit, options.signal)) {
@@ -251,6 +257,45 @@ export class Client extends EventEmitter {
         await this.#sleep(this.#backoff.delay(attempt), options.signal);
       }
     }
+  }
+
+  /**
+   * Makes one send: to the instance the hub last named as holding to's queue
+   * when there is one, else (and when that instance certainly did not get
+   * it: the connection could not be made, or a balancer answered 502/503
+   * itself) through the hub URL. Learns the answer's hint. Any other failure
+   * at the holder is thrown (the send loop may retry it, with the same key,
+   * through the hub URL): it may have been stored.
+   * @param {string} to
+   * @param {string} body
+   * @param {AbortSignal} [signal]
+   * @returns {Promise<{auth: Auth, data: any}>}
+   */
+  async #sendCall(to, body, signal) {
+    const opts = { body, signal };
+    const holders = this.#holders;
+    const holder = holders?.route(to) ?? '';
+    if (holders && holder) {
+      try {
+        const r = await this.#sessionCall('POST', '/v1/signals', opts, holder);
+        this.#stats.holderSends++;
+        holders.learn(to, r.data?.recipient_instance_url);
+        return r;
+      } catch (err) {
+        if (!notProcessed(err) || signal?.aborted || this.#closing.signal.aborted) {
+          holders.forget(to);
+          throw err;
+        }
+        holders.unreachable(to, holder);
+        this.#stats.holderFallbacks++;
+        this.#log.info('marconi: the recipient\'s instance is unreachable; sending through the hub URL', {
+          to_session: to, instance_url: holder, retry_after_ms: this.#cfg.holderRetryAfterMs, err: String(err),
+        });
+      }
+    }
+    const r = await this.#sessionCall('POST', '/v1/signals', opts);
+    holders?.learn(to, r.data?.recipient_instance_url);
+    return r;
   }
 
   /**
@@ -805,18 +850,23 @@ export class Client extends EventEmitter {
   /**
    * A call with the session token. When the token was rotated meanwhile by a
    * resume (401), or the session is gone (410, after which the same
-   * session_id is registered again), the call is made once more.
+   * session_id is registered again), the call is made once more. It goes to
+   * base, a URL the hub named, when given, else to the hub URL in use (with
+   * its failover); a re-registration goes to the hub URL.
    * @param {string} method
    * @param {string} path
    * @param {import('./http.js').CallOptions} [opts]
+   * @param {string} [base]
    * @returns {Promise<{auth: Auth, data: any}>}
    */
-  async #sessionCall(method, path, opts = {}) {
+  async #sessionCall(method, path, opts = {}, base = '') {
     let reregistered = false;
     for (let attempt = 1; ; attempt++) {
       const a = this.#auth();
       try {
-        const r = await this.#hubs.call(method, path, a.token, opts);
+        const r = base
+          ? await this.#hubs.callAt(base, method, path, a.token, opts)
+          : await this.#hubs.call(method, path, a.token, opts);
         return { auth: a, data: r.data };
       } catch (err) {
         if (!(err instanceof MarconiError) || attempt === maxCallAttempts) throw err;

@@ -10,6 +10,8 @@ export const defaults = Object.freeze({
   pingIntervalMs: 20000,
   pingTimeoutMs: 10000,
   rateLimitWaitMs: 60000,
+  holderHints: 1024,
+  holderRetryAfterMs: 30000,
 });
 
 /**
@@ -41,12 +43,17 @@ export function settle(config) {
     pingIntervalMs: config.pingIntervalMs ?? defaults.pingIntervalMs,
     pingTimeoutMs: config.pingTimeoutMs ?? defaults.pingTimeoutMs,
     rateLimitWaitMs: config.rateLimitWaitMs ?? defaults.rateLimitWaitMs,
+    holderHints: config.holderHints ?? defaults.holderHints,
+    holderRetryAfterMs: config.holderRetryAfterMs ?? defaults.holderRetryAfterMs,
   };
-  for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'reconnectRestartMaxDelayMs', 'requestTimeoutMs', 'sendAttempts', 'pingTimeoutMs'])) {
+  for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'reconnectRestartMaxDelayMs', 'requestTimeoutMs', 'sendAttempts', 'pingTimeoutMs', 'holderHints', 'holderRetryAfterMs'])) {
     if (!Number.isFinite(cfg[k]) || cfg[k] <= 0) throw new TypeError(`marconi: ${k} must be a positive number`);
   }
   if (!Number.isFinite(cfg.pingIntervalMs) || cfg.pingIntervalMs < 0) throw new TypeError('marconi: pingIntervalMs must be 0 (off) or a positive number');
-  if (!Number.isInteger(cfg.sendAttempts)) throw new TypeError('marconi: sendAttempts must be a whole number');
+  for (const k of /** @type {const} */ (['sendAttempts', 'holderHints'])) {
+    if (!Number.isInteger(cfg[k])) throw new TypeError(`marconi: ${k} must be a whole number`);
+  }
+  if (config.noHolderRouting !== undefined && typeof config.noHolderRouting !== 'boolean') throw new TypeError('marconi: noHolderRouting must be a boolean');
   if (!Number.isFinite(cfg.rateLimitWaitMs) || cfg.rateLimitWaitMs < 0) throw new TypeError('marconi: rateLimitWaitMs must be 0 (never wait) or a positive number');
   checkTokenKeeping(config);
   for (const k of /** @type {const} */ (['hubURL', 'apiKey', 'surface', 'sessionID', 'runtimeMode', 'clientID'])) {

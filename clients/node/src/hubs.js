@@ -66,6 +66,25 @@ export class Hubs {
       throw err;
     }
   }
+
+  /**
+   * One call on base, a URL the hub named (not one of the hub URLs): no
+   * failover, whatever the answer; rejects with ClientClosedError once the
+   * client closes.
+   * @param {string} base
+   * @param {string} method
+   * @param {string} path
+   * @param {string} bearer
+   * @param {import('./http.js').CallOptions} opts
+   */
+  async callAt(base, method, path, bearer, opts) {
+    try {
+      return await call(base + path, method, bearer, opts, this.#bounds);
+    } catch (err) {
+      if (this.#bounds.close.aborted) throw new ClientClosedError();
+      throw err;
+    }
+  }
 }
 
 /**

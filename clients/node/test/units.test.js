@@ -1,5 +1,5 @@
 // The client's pure parts: backoff, the sequencer, the delivery loop, the hub
-// URLs' failover, the error decoder, linked signals.
+// URLs' failover, the error decoder, linked signals, the holder hints.
 
 import assert from 'node:assert/strict';
 import { getEventListeners } from 'node:events';
@@ -9,6 +9,7 @@ import { settle } from '../src/config.js';
 import { Dispatcher } from '../src/delivery.js';
 import { decodeError, permanent } from '../src/errors.js';
 import { TransportError } from '../src/http.js';
+import { Holders, notProcessed } from '../src/holders.js';
 import { Hubs } from '../src/hubs.js';
 import { Sequencer } from '../src/sequencer.js';
 import { linked } from '../src/signals.js';
@@ -168,4 +169,67 @@ test('hub URLs: a failover moves round the list once per failed URL', () => {
   hubs.failover('http://b', new TransportError('refused'));
   assert.equal(hubs.base, 'http://a');
   assert.deepEqual(moves, ['http://a>http://b', 'http://b>http://a']);
+});
+
+test('holder hints: learned, forgotten with an answer that has none, bounded, and an unreachable URL left alone for a while', () => {
+  let now = 1000;
+  const h = new Holders(2, 500, ['http://hub'], () => now);
+  assert.equal(h.route('r1'), '', 'nothing learned yet');
+  h.learn('r1', 'http://i1/');
+  assert.equal(h.route('r1'), 'http://i1', 'trailing slash trimmed');
+  h.learn('r1', undefined);
+  assert.equal(h.route('r1'), '', 'an answer without a hint forgets it');
+  h.learn('r1', 'http://i1');
+  h.learn('r2', 'http://i2');
+  h.learn('r3', 'http://i3');
+  assert.equal(h.size, 2, 'bounded');
+  assert.equal(h.route('r1'), '', 'the first learned went');
+  assert.equal(h.route('r3'), 'http://i3');
+
+  h.unreachable('r3', 'http://i3');
+  assert.equal(h.route('r3'), '', 'the hint is dropped');
+  h.learn('r3', 'http://i3'); // the hub names it again
+  assert.equal(h.route('r3'), '', 'left alone while retryAfter runs');
+  h.learn('r3', 'http://i3');
+  now += 500;
+  assert.equal(h.route('r3'), 'http://i3', 'tried again once it ran out');
+  h.forget('r3');
+  assert.equal(h.route('r3'), '');
+});
+
+test('holder hints: a token goes only to an http(s) URL of the hub\'s answer, never downgraded from https', () => {
+  const h = new Holders(8, 1000, ['https://hub.example', 'https://hub2.example']);
+  for (const bad of ['', 'ftp://i', 'not a url', 'https://user:pw@i', 'https://i/?x=1', 'https://i/#f', 'http://i', 'https://hub.example/', ' https://i', 42, null]) {
+    assert.equal(h.usable(bad), '', JSON.stringify(bad));
+  }
+  assert.equal(h.usable('https://lb.example/i/hub-b/'), 'https://lb.example/i/hub-b');
+  assert.equal(new Holders(8, 1000, ['http://hub']).usable('http://10.0.0.2:8080'), 'http://10.0.0.2:8080');
+});
+
+test('notProcessed: only a connection never made, or a balancer\'s own 502/503, is certain', () => {
+  const sys = (/** @type {string} */ code, syscall = 'connect') => Object.assign(new Error(code), { code, syscall });
+  const fetchFailed = (/** @type {Error} */ cause) => new TransportError('marconi: POST x: fetch failed', new TypeError('fetch failed', { cause }));
+  assert.ok(notProcessed(fetchFailed(sys('ECONNREFUSED'))));
+  assert.ok(notProcessed(fetchFailed(sys('ENOTFOUND', 'getaddrinfo'))));
+  assert.ok(notProcessed(fetchFailed(sys('EHOSTUNREACH'))));
+  assert.ok(notProcessed(fetchFailed(Object.assign(new AggregateError([sys('ECONNREFUSED'), sys('ENETUNREACH')]), { code: 'ECONNREFUSED' }))));
+  assert.ok(notProcessed(decodeError(503, '<html>503 Service Unavailable: no server is available</html>')));
+  assert.ok(notProcessed(decodeError(502, '')));
+  assert.ok(!notProcessed(fetchFailed(sys('ECONNRESET', 'read'))), 'reset: it may have been stored');
+  assert.ok(!notProcessed(fetchFailed(Object.assign(new Error('other side closed'), { code: 'UND_ERR_SOCKET' }))));
+  assert.ok(!notProcessed(new TransportError('marconi: timed out', new DOMException('timeout', 'TimeoutError'))));
+  assert.ok(!notProcessed(decodeError(503, '{"error":{"code":"draining","message":"m"}}')), 'the hub\'s own 503');
+  assert.ok(!notProcessed(decodeError(504, '')), 'a gateway timeout may have been stored');
+  assert.ok(!notProcessed(new Error('x')));
+});
+
+test('settle: holder routing options are checked and defaulted', () => {
+  const base = { hubURL: 'http://h', apiKey: 'k', surface: 'codex' };
+  const { cfg } = settle(base);
+  assert.equal(cfg.holderHints, 1024);
+  assert.equal(cfg.holderRetryAfterMs, 30000);
+  assert.throws(() => settle({ ...base, holderHints: 0 }), TypeError);
+  assert.throws(() => settle({ ...base, holderHints: 1.5 }), TypeError);
+  assert.throws(() => settle({ ...base, holderRetryAfterMs: -1 }), TypeError);
+  assert.throws(() => settle({ ...base, noHolderRouting: /** @type {any} */ ('yes') }), TypeError);
 });
