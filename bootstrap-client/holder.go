@@ -120,8 +120,14 @@ func (h *holders) unreachable(to, holder string) {
 
 // usable is hint without its trailing slashes when the client may send its
 // session token there: an http(s) URL with a host, not one of the client's
-// own hub URLs (those need no route), and not plain http when the client
-// reaches its hub over https. "" otherwise.
+// own hub URLs (those need no route), not plain http when the client
+// reaches its hub over https, and not a loopback host unless the client
+// reaches a hub on loopback too. "" otherwise.
+//
+// The loopback rule: an instance without MARCONI_PUBLIC_URL publishes
+// http://127.0.0.1:PORT, which names that instance only for a client on its
+// own machine; a client reaching its hub by another name would send its
+// token to whatever listens on that port where the client runs.
 func (h *holders) usable(hint string) string {
 	if hint == "" {
 		return ""
@@ -138,7 +144,25 @@ func (h *holders) usable(hint string) string {
 	if u.Scheme == "http" && slices.ContainsFunc(h.hubs, func(hub string) bool { return strings.HasPrefix(hub, "https:") }) {
 		return ""
 	}
+	if isLoopback(u.Hostname()) && !slices.ContainsFunc(h.hubs, func(hub string) bool {
+		hu, err := url.Parse(hub)
+		return err == nil && isLoopback(hu.Hostname())
+	}) {
+		return ""
+	}
 	return s
+}
+
+// isLoopback reports whether host names this machine: localhost (or a name
+// under .localhost), a loopback address, or the unspecified one (0.0.0.0,
+// ::), which a dial also takes to this machine.
+func isLoopback(host string) bool {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
 }
 
 // notProcessed reports whether err certainly means the request never reached

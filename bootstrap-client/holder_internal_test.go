@@ -43,10 +43,12 @@ func TestNotProcessed(t *testing.T) {
 }
 
 // A hint is followed only to an http(s) URL that is not the client's own
-// hub URL and does not take the token from https to plain http.
+// hub URL, does not take the token from https to plain http, and names
+// this machine only when the client reaches a hub on it too.
 func TestHolderHintUsable(t *testing.T) {
 	plain := newHolders(8, time.Minute, []string{"http://lb:8080"})
 	tls := newHolders(8, time.Minute, []string{"https://lb"})
+	local := newHolders(8, time.Minute, []string{"http://127.0.0.1:8080"})
 	tests := []struct {
 		h          *holders
 		hint, want string
@@ -61,6 +63,17 @@ func TestHolderHintUsable(t *testing.T) {
 		{plain, "", ""},
 		{tls, "https://lb/i/hub-2", "https://lb/i/hub-2"},
 		{tls, "http://lb/i/hub-2", ""},
+		// An instance's default public URL, seen from another machine.
+		{plain, "http://127.0.0.1:8081", ""},
+		{plain, "http://localhost:8081", ""},
+		{plain, "http://api.localhost:8081", ""},
+		{plain, "http://[::1]:8081", ""},
+		{plain, "http://0.0.0.0:8081", ""},
+		{plain, "http://127.0.0.2:8081", ""},
+		{plain, "http://10.0.0.2:8081", "http://10.0.0.2:8081"},
+		// A fleet on the client's own machine.
+		{local, "http://127.0.0.1:8081", "http://127.0.0.1:8081"},
+		{local, "http://localhost:8081/i/hub-2", "http://localhost:8081/i/hub-2"},
 	}
 	for _, tt := range tests {
 		if got := tt.h.usable(tt.hint); got != tt.want {

@@ -109,7 +109,12 @@ export class Holders {
    * The hint without its trailing slashes when the client may send its
    * session token there: an http(s) URL with a host, no credentials, query
    * or fragment, not one of the client's own hub URLs (those need no route),
-   * and not plain http when the client reaches a hub over https. '' otherwise.
+   * not plain http when the client reaches a hub over https, and not a
+   * loopback host unless the client reaches a hub on loopback too. ''
+   * otherwise. (An instance without MARCONI_PUBLIC_URL publishes
+   * http://127.0.0.1:PORT, which names it only for a client on its machine;
+   * a client reaching its hub by another name would send its token to
+   * whatever listens on that port where the client runs.)
    * @param {unknown} hint
    */
   usable(hint) {
@@ -127,8 +132,22 @@ export class Holders {
     const s = hint.replace(/\/+$/, '');
     if (this.#hubs.includes(s)) return '';
     if (u.protocol === 'http:' && this.#hubs.some((h) => h.startsWith('https:'))) return '';
+    if (isLoopback(u.hostname) && !this.#hubs.some((h) => URL.canParse(h) && isLoopback(new URL(h).hostname))) return '';
     return s;
   }
+}
+
+/**
+ * Reports whether a URL's hostname names this machine: localhost (or a name
+ * under .localhost), a loopback address, or the unspecified one (0.0.0.0,
+ * ::), which a connect also takes to this machine.
+ * @param {string} hostname as URL.hostname gives it (IPv6 in brackets)
+ */
+function isLoopback(hostname) {
+  const h = hostname.toLowerCase().replace(/\.$/, '').replace(/^\[|\]$/g, '');
+  if (h === 'localhost' || h.endsWith('.localhost')) return true;
+  if (/^127\.\d+\.\d+\.\d+$/.test(h) || h === '0.0.0.0') return true;
+  return h === '::1' || h === '::' || h === '::ffff:127.0.0.1' || /^::ffff:7f/.test(h);
 }
 
 /**

@@ -206,6 +206,17 @@ test('holder hints: a token goes only to an http(s) URL of the hub\'s answer, ne
   assert.equal(new Holders(8, 1000, ['http://hub']).usable('http://10.0.0.2:8080'), 'http://10.0.0.2:8080');
 });
 
+test('holder hints: a loopback hint is followed only by a client that reaches a hub on loopback', () => {
+  const remote = new Holders(8, 1000, ['http://lb.example:8080']);
+  for (const local of ['http://127.0.0.1:8081', 'http://localhost:8081', 'http://api.localhost:8081', 'http://[::1]:8081',
+    'http://0.0.0.0:8081', 'http://127.0.0.2:8081']) {
+    assert.equal(remote.usable(local), '', local);
+  }
+  const onMachine = new Holders(8, 1000, ['http://127.0.0.1:8080']);
+  assert.equal(onMachine.usable('http://127.0.0.1:8081'), 'http://127.0.0.1:8081');
+  assert.equal(onMachine.usable('http://localhost:8081/i/hub-2'), 'http://localhost:8081/i/hub-2');
+});
+
 test('notProcessed: only a connection never made, or a balancer\'s own 502/503, is certain', () => {
   const sys = (/** @type {string} */ code, syscall = 'connect') => Object.assign(new Error(code), { code, syscall });
   const fetchFailed = (/** @type {Error} */ cause) => new TransportError('marconi: POST x: fetch failed', new TypeError('fetch failed', { cause }));
