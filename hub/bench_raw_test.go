@@ -130,7 +130,7 @@ func BenchmarkSend(b *testing.B) {
 						b.Fatal(err)
 					}
 					if st != 200 || !bytes.Contains(raw, want) {
-						b.Fatalf("send %d: %d %s, want %s", p.sent, st, raw, want)
+						b.Fatalf("send %d: %d %s, want %s; %s; %s", p.sent, st, raw, want, p.reader.stopped(), benchDisconnects(h))
 					}
 					lat = append(lat, time.Since(t0))
 					p.reader.keepUp(b, p.sent)

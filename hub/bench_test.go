@@ -49,8 +49,16 @@ const benchTimeout = 10 * time.Second
 func benchHub(b *testing.B, store string) *hubtest.Hub {
 	b.Helper()
 	// The per-session send limit and the quotas are lifted: a benchmark's
-	// one recipient collects every send it makes.
-	o := hubtest.Options{Config: hub.Config{SendRatePerSecond: 1e9, QuotaRegistrationsPerSecond: 1e9,
+	// one recipient collects every send it makes. So is the frame rate a
+	// client may send (MARCONI_WS_FRAMES_PER_SECOND, 100 with a burst of
+	// 200), as cmd/marconi-bench lifts it: a recipient acking every ackEvery
+	// signals at some 16,000 sends a second sends about 250 acks a second,
+	// spends the burst in about 1.3 s and is closed with 1008
+	// quota_exceeded: frames_per_second, so every send after it answered
+	// queued_offline (route_without_queue) and a run longer than that
+	// failed. The hub did as documented; the benchmark measures sends, not
+	// that quota.
+	o := hubtest.Options{Config: hub.Config{SendRatePerSecond: 1e9, QuotaRegistrationsPerSecond: 1e9, WSFramesPerSecond: 1e9,
 		StoreQuotas: sessionstore.Limits{PendingPerRecipient: 1 << 40, PendingBytesPerProject: 1 << 50}}}
 	if store == "postgres" {
 		u := pgtest.Schema(b)
@@ -192,6 +200,45 @@ func benchAck(ctx context.Context, c *websocket.Conn, seq int64) error {
 type recipientReader struct {
 	last atomic.Int64
 	done chan struct{}
+	err  error // why the reader stopped; read only after done is closed
+}
+
+// stopped says why the reader stopped (its connection's close code and
+// reason, or a decode error), or "" while it reads: a benchmark that finds
+// its recipient gone says why, not only that.
+func (r *recipientReader) stopped() string {
+	if r == nil {
+		return ""
+	}
+	select {
+	case <-r.done:
+		return fmt.Sprintf("recipient's reader stopped (close %d): %v", websocket.CloseStatus(r.err), r.err)
+	default:
+		return ""
+	}
+}
+
+// benchDisconnects lists the hub's nonzero marconi_ws_disconnects_total
+// series, for a benchmark's failure message.
+func benchDisconnects(h *hubtest.Hub) string {
+	mfs, err := h.Registry.Gather()
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, mf := range mfs {
+		if mf.GetName() != "marconi_ws_disconnects_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if v := m.GetCounter().GetValue(); v > 0 {
+				for _, l := range m.GetLabel() {
+					out = append(out, fmt.Sprintf("%s=%s:%g", l.GetName(), l.GetValue(), v))
+				}
+			}
+		}
+	}
+	return "hub disconnects: [" + strings.Join(out, " ") + "]"
 }
 
 // startReader starts the reader of c; the benchmark's cleanup closes c and
@@ -212,12 +259,14 @@ func startReader(b *testing.B, c *websocket.Conn) *recipientReader {
 		for {
 			f.Signal, f.Seq = false, 0
 			if err := dec.Decode(&f); err != nil {
+				r.err = err
 				return
 			}
 			if f.Signal {
 				r.last.Store(f.Seq)
 				if f.Seq%ackEvery == 0 {
 					if err := benchAck(ctx, c, f.Seq); err != nil {
+						r.err = err
 						return
 					}
 				}
@@ -251,6 +300,9 @@ func (r *recipientReader) keepUp(b *testing.B, sent int64) {
 func (r *recipientReader) waitSeq(b *testing.B, seq int64) {
 	deadline := time.Now().Add(benchTimeout)
 	for r.last.Load() < seq {
+		if why := r.stopped(); why != "" && r.last.Load() < seq {
+			b.Fatalf("recipient saw seq %d, want %d: %s", r.last.Load(), seq, why)
+		}
 		if time.Now().After(deadline) {
 			b.Fatalf("recipient saw seq %d, want %d", r.last.Load(), seq)
 		}
@@ -305,7 +357,7 @@ func (p *sendPair) send(hc *http.Client, h *hubtest.Hub, want []byte) error {
 		return err
 	}
 	if st != http.StatusOK || !bytes.Contains(raw, want) {
-		return fmt.Errorf("send %d: %d %s, want %s", p.sent, st, raw, want)
+		return fmt.Errorf("send %d: %d %s, want %s; %s; %s", p.sent, st, raw, want, p.reader.stopped(), benchDisconnects(h))
 	}
 	return nil
 }
