@@ -51,6 +51,15 @@ type Config struct {
 	// the application holds but has not yet passed on is delivered again
 	// to the session's next client. Default false: acked after OnSignal.
 	DeferAck bool
+	// AckInterval is the least time between two acknowledgements the client
+	// sends by itself (not with DeferAck): the signals handled meanwhile are
+	// acknowledged together once it has passed, so that a recipient handed
+	// signals one at a time, faster than the hub lets a connection send
+	// frames (MARCONI_WS_FRAMES_PER_SECOND, default 100, pings included), is
+	// not cut off (close 1008, quota_exceeded) for acknowledging each. After
+	// a quiet spell a signal is acknowledged at once. Default 50ms: at most
+	// 20 acknowledgements a second.
+	AckInterval time.Duration
 	// Logger receives the client's diagnostics; nil discards them.
 	Logger *slog.Logger
 
@@ -321,6 +330,12 @@ func newClient(cfg Config) (*Client, error) {
 	}
 	if cfg.RateLimitWait == 0 {
 		cfg.RateLimitWait = defaultRateLimitWait
+	}
+	if cfg.AckInterval < 0 {
+		return nil, errors.New("bootstrap: AckInterval must not be negative")
+	}
+	if cfg.AckInterval == 0 {
+		cfg.AckInterval = defaultAckInterval
 	}
 	if cfg.HolderHints < 0 || cfg.HolderRetryAfter < 0 {
 		return nil, errors.New("bootstrap: HolderHints and HolderRetryAfter must not be negative")

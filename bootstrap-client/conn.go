@@ -429,19 +429,44 @@ func (c *Client) offer(d delivery) {
 // even though more are queued.
 const ackEvery = 32
 
+// defaultAckInterval is Config.AckInterval's default.
+const defaultAckInterval = 50 * time.Millisecond
+
 // dispatch is the one goroutine that calls OnSignal and OnAffinityReset. It
-// acknowledges what it delivered after the handler returned: at once when no
-// other delivery is queued, else at least every ackEvery deliveries.
+// acknowledges what it delivered after the handler returned: when no other
+// delivery is queued, else at least every ackEvery deliveries; but never
+// sooner than AckInterval after its previous ack (a timer then sends the
+// one that waits, for everything handled meanwhile).
 func (c *Client) dispatch() {
 	defer c.wg.Done()
 	seq := newSequencer(defaultSeenIDs)
 	unacked := 0
 	told := uint64(1) // the newest registration the application was told of; 1 is Dial's
+	var (
+		lastAck time.Time
+		pacer   *time.Timer
+		due     <-chan time.Time // an ack waits for it; nil when none waits
+	)
+	defer func() {
+		if pacer != nil {
+			pacer.Stop()
+		}
+	}()
+	ackNow := func() {
+		c.ack(seq.epoch, seq.highest)
+		unacked, lastAck = 0, time.Now()
+	}
 	for {
 		var d delivery
 		select {
 		case <-c.ctx.Done():
 			return
+		case <-due:
+			due = nil
+			if unacked > 0 {
+				ackNow()
+			}
+			continue
 		case d = <-c.deliveries:
 		}
 		reset := d.affinityReset && d.epoch >= seq.epoch
@@ -468,9 +493,13 @@ func (c *Client) dispatch() {
 		if len(d.signals) > 0 && d.epoch == seq.epoch {
 			unacked++
 		}
-		if unacked > 0 && !c.cfg.DeferAck && (len(c.deliveries) == 0 || unacked >= ackEvery) {
-			c.ack(seq.epoch, seq.highest)
-			unacked = 0
+		if unacked > 0 && !c.cfg.DeferAck && due == nil && (len(c.deliveries) == 0 || unacked >= ackEvery) {
+			if wait := c.cfg.AckInterval - time.Since(lastAck); wait > 0 {
+				pacer = time.NewTimer(wait)
+				due = pacer.C
+			} else {
+				ackNow()
+			}
 		}
 	}
 }

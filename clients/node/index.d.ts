@@ -227,6 +227,15 @@ export interface Config {
    * Default 30000.
    */
   holderRetryAfterMs?: number;
+  /**
+   * The least time between two acknowledgements the client sends: the
+   * signals handled meanwhile are acknowledged together once it has passed,
+   * so that a recipient handed signals one at a time, faster than the hub
+   * lets a connection send frames (MARCONI_WS_FRAMES_PER_SECOND, default
+   * 100, pings included), is not cut off for acknowledging each. After a
+   * quiet spell a signal is acknowledged at once. Default 50.
+   */
+  ackIntervalMs?: number;
 }
 
 /** A session's id and current token, as a TokenStore keeps them. */
@@ -326,6 +335,7 @@ export declare const defaults: Readonly<{
   rateLimitWaitMs: number;
   holderHints: number;
   holderRetryAfterMs: number;
+  ackIntervalMs: number;
 }>;
 
 /**

@@ -140,6 +140,7 @@ export class Client extends EventEmitter {
       handlers: cfg,
       ack: (epoch, upTo) => this.#ack(epoch, upTo),
       onRoom: () => this.#conn?.ws.resume(),
+      ackIntervalMs: cfg.ackIntervalMs,
       log,
     });
   }

@@ -12,6 +12,7 @@ export const defaults = Object.freeze({
   rateLimitWaitMs: 60000,
   holderHints: 1024,
   holderRetryAfterMs: 30000,
+  ackIntervalMs: 50,
 });
 
 /**
@@ -45,8 +46,9 @@ export function settle(config) {
     rateLimitWaitMs: config.rateLimitWaitMs ?? defaults.rateLimitWaitMs,
     holderHints: config.holderHints ?? defaults.holderHints,
     holderRetryAfterMs: config.holderRetryAfterMs ?? defaults.holderRetryAfterMs,
+    ackIntervalMs: config.ackIntervalMs ?? defaults.ackIntervalMs,
   };
-  for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'reconnectRestartMaxDelayMs', 'requestTimeoutMs', 'sendAttempts', 'pingTimeoutMs', 'holderHints', 'holderRetryAfterMs'])) {
+  for (const k of /** @type {const} */ (['reconnectBaseDelayMs', 'reconnectMaxDelayMs', 'reconnectRestartMaxDelayMs', 'requestTimeoutMs', 'sendAttempts', 'pingTimeoutMs', 'holderHints', 'holderRetryAfterMs', 'ackIntervalMs'])) {
     if (!Number.isFinite(cfg[k]) || cfg[k] <= 0) throw new TypeError(`marconi: ${k} must be a positive number`);
   }
   if (!Number.isFinite(cfg.pingIntervalMs) || cfg.pingIntervalMs < 0) throw new TypeError('marconi: pingIntervalMs must be 0 (off) or a positive number');

@@ -24,6 +24,7 @@ const ackEvery = 32;
  * @property {Pick<import('../index.js').Config, 'onSignal' | 'onAffinityReset'>} handlers the application's
  * @property {(epoch: number, upTo: number) => Promise<void>} ack acknowledges every signal up to upTo; never rejects
  * @property {() => void} onRoom the queue has room again: the WebSocket may be read
+ * @property {number} ackIntervalMs the least time between two acks (0: none)
  * @property {Required<import('../index.js').Logger>} log
  */
 
@@ -39,6 +40,10 @@ export class Dispatcher {
   #wake = null;
   #highest = 0; // highest seq handed to onSignal, for drain
   #highestEpoch = 0; // the registration #highest belongs to
+  #unacked = 0; // deliveries handled since the last ack
+  #lastAck = -Infinity; // performance.now() of the last ack
+  /** @type {ReturnType<typeof setTimeout> | null} */
+  #pacer = null; // an ack waits for it
   #o;
 
   /** @param {DispatcherOptions} o */
@@ -105,26 +110,45 @@ export class Dispatcher {
 
   /**
    * The one loop that calls onSignal and onAffinityReset, until the client
-   * closes. It acknowledges what it delivered after the handler returned: at
-   * once when no other delivery is queued, else at least every ackEvery
-   * deliveries.
+   * closes. It acknowledges what it delivered after the handler returned:
+   * when no other delivery is queued, else at least every ackEvery
+   * deliveries; but never sooner than ackIntervalMs after its previous ack
+   * (a timer then sends the one that waits, for everything handled
+   * meanwhile), so that a recipient handed signals one at a time faster than
+   * the hub lets a connection send frames is not cut off for acking each.
    */
   async run() {
     const seq = new Sequencer();
-    let unacked = 0;
-    for (let d = await this.#next(); d; d = await this.#next()) {
-      if (d.reset && d.epoch >= seq.epoch) await this.#callback('onAffinityReset', d.reset);
-      for (const s of d.signals) {
-        if (!seq.accept(d.epoch, s)) continue;
-        this.#highest = s.seq;
-        this.#highestEpoch = d.epoch;
-        await this.#callback('onSignal', s);
+    const ackNow = async () => {
+      this.#unacked = 0;
+      this.#lastAck = performance.now();
+      await this.#o.ack(seq.epoch, seq.highest);
+    };
+    try {
+      for (let d = await this.#next(); d; d = await this.#next()) {
+        if (d.reset && d.epoch >= seq.epoch) await this.#callback('onAffinityReset', d.reset);
+        for (const s of d.signals) {
+          if (!seq.accept(d.epoch, s)) continue;
+          this.#highest = s.seq;
+          this.#highestEpoch = d.epoch;
+          await this.#callback('onSignal', s);
+        }
+        if (d.signals.length > 0 && d.epoch === seq.epoch) this.#unacked++;
+        if (this.#unacked > 0 && this.#pacer === null && (this.#queue.length === 0 || this.#unacked >= ackEvery)) {
+          const wait = this.#o.ackIntervalMs - (performance.now() - this.#lastAck);
+          if (wait > 0) {
+            this.#pacer = setTimeout(() => {
+              this.#pacer = null;
+              if (this.#unacked > 0 && !this.#o.closing.aborted) void ackNow();
+            }, wait);
+          } else {
+            await ackNow();
+          }
+        }
       }
-      if (d.signals.length > 0 && d.epoch === seq.epoch) unacked++;
-      if (unacked > 0 && (this.#queue.length === 0 || unacked >= ackEvery)) {
-        await this.#o.ack(seq.epoch, seq.highest);
-        unacked = 0;
-      }
+    } finally {
+      if (this.#pacer !== null) clearTimeout(this.#pacer);
+      this.#pacer = null;
     }
   }
 

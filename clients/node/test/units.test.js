@@ -136,6 +136,7 @@ test('the delivery loop: each signal once, a throwing handler logged, acks every
     },
     ack: async (epoch, upTo) => { acks.push([epoch, upTo]); },
     onRoom: () => rooms++,
+    ackIntervalMs: 0, // this test is of ackEvery; the pacing has its own below
     log: { debug: noop, info: noop, warn: noop, error: (msg) => errors.push(msg) },
   });
   const sig = (/** @type {number} */ seq) => ({ id: `s${seq}`, seq, fromSession: 'a', toSession: 'b', kind: 'k', payload: null, createdAt: new Date(0) });
@@ -151,6 +152,44 @@ test('the delivery loop: each signal once, a throwing handler logged, acks every
   assert.equal(d.drainAfter(1), 3);
   assert.equal(d.drainAfter(2), 0, 'a new registration drains from the start');
   assert.ok(rooms > 0, 'the WebSocket is told there is room again');
+  closing.abort();
+  d.wake();
+  await loop;
+});
+
+test('delivery: acks are paced, one per ackIntervalMs, the last covering every signal', async () => {
+  const closing = new AbortController();
+  /** @type {number[]} */
+  const acks = [];
+  /** @type {(() => void) | null} */
+  let handled = null;
+  const noop = () => {};
+  const d = new Dispatcher({
+    closing: closing.signal,
+    handlers: { onSignal: () => handled?.() },
+    ack: async (_epoch, upTo) => { acks.push(upTo); },
+    onRoom: noop,
+    ackIntervalMs: 50,
+    log: { debug: noop, info: noop, warn: noop, error: noop },
+  });
+  const loop = d.run();
+  const n = 100;
+  const started = performance.now();
+  for (let seq = 1; seq <= n; seq++) { // one at a time: the queue is empty at each ack's turn
+    // Resolved on the next turn of the event loop, once the dispatcher has
+    // made its ack's decision with the queue empty.
+    const done = new Promise((r) => (handled = () => setImmediate(r)));
+    d.enqueue({ signals: [{ id: `s${seq}`, seq, fromSession: 'a', toSession: 'b', kind: 'k', payload: null, createdAt: new Date(0) }], epoch: 1 });
+    await done;
+  }
+  const elapsed = performance.now() - started;
+  const deadline = performance.now() + 10000;
+  while (acks.at(-1) !== n) {
+    assert.ok(performance.now() < deadline, `the last ack never came: ${acks}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  assert.equal(acks[0], 1, 'the first signal after a quiet spell is acked at once');
+  assert.ok(acks.length <= 2 + elapsed / 50, `${acks.length} acks for ${n} signals in ${elapsed.toFixed(0)} ms`);
   closing.abort();
   d.wake();
   await loop;
@@ -243,4 +282,6 @@ test('settle: holder routing options are checked and defaulted', () => {
   assert.throws(() => settle({ ...base, holderHints: 1.5 }), TypeError);
   assert.throws(() => settle({ ...base, holderRetryAfterMs: -1 }), TypeError);
   assert.throws(() => settle({ ...base, noHolderRouting: /** @type {any} */ ('yes') }), TypeError);
+  assert.equal(cfg.ackIntervalMs, 50);
+  assert.throws(() => settle({ ...base, ackIntervalMs: 0 }), TypeError);
 });
