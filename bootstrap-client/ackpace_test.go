@@ -4,11 +4,10 @@ import (
 	"context"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/metrictest"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -44,33 +43,10 @@ func TestAcksStayWithinTheFrameQuota(t *testing.T) {
 		left, err := h.Store.CountPending(ctx, sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"})
 		return err == nil && left == 0
 	})
-	if got := quotaDisconnects(t, h.Registry); got != 0 {
+	if got, _ := metrictest.Lookup(t, h.Registry, "marconi_ws_disconnects_total", "reason", "quota_exceeded"); got != 0 {
 		t.Errorf("bob cut off %v times for its frames", got)
 	}
 	if r := bob.Stats().Reconnects; r != 0 || in.len() != n {
 		t.Errorf("bob reconnected %d times and got %d signals, want 0 and %d", r, in.len(), n)
 	}
-}
-
-// quotaDisconnects is marconi_ws_disconnects_total{reason="quota_exceeded"}.
-func quotaDisconnects(t *testing.T, g prometheus.Gatherer) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "marconi_ws_disconnects_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == "quota_exceeded" {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatal("no marconi_ws_disconnects_total{reason=\"quota_exceeded\"}")
-	return 0
 }

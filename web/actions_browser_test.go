@@ -11,6 +11,7 @@ import (
 
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/metrictest"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/memstore"
 	"github.com/marconihub/marconi/signals/selfheal"
@@ -159,23 +160,8 @@ func TestDashboardActsInBrowser(t *testing.T) {
 // disconnects reads marconi_ws_disconnects_total{reason}.
 func disconnects(t *testing.T, h *hubtest.Hub, reason string) float64 {
 	t.Helper()
-	mfs, err := h.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "marconi_ws_disconnects_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "reason" && lp.GetValue() == reason {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	v, _ := metrictest.Lookup(t, h.Registry, "marconi_ws_disconnects_total", "reason", reason)
+	return v
 }
 
 // TestDashboardFoldsSelfHealWhenOff: on an instance with self-heal off (lan
