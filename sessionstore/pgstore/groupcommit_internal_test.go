@@ -257,16 +257,23 @@ func countOf(reqs []*appendReq, k sessionstore.Key) int {
 // waitQueued waits until c's queue holds n requests.
 func waitQueued(t *testing.T, c *committer, n int) {
 	t.Helper()
+	waitCommitter(t, c, fmt.Sprintf("%d requests queued", n), func() bool { return len(c.queue) == n })
+}
+
+// waitCommitter waits until cond, read under c.mu, holds, failing the test
+// after 10 s.
+func waitCommitter(t *testing.T, c *committer, what string, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		c.mu.Lock()
-		got := len(c.queue)
+		ok := cond()
 		c.mu.Unlock()
-		if got == n {
+		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d requests queued, want %d", got, n)
+			t.Fatalf("timed out waiting for %s", what)
 		}
 		runtime.Gosched()
 	}

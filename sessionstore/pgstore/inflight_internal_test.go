@@ -208,11 +208,7 @@ func TestRecipientOrderWithBatchesInFlight(t *testing.T) {
 	for _, k := range held {
 		appendTo(k, `"held"`)
 	}
-	waitFor(t, "three batches in flight", func() bool {
-		s.group.mu.Lock()
-		defer s.group.mu.Unlock()
-		return s.group.running == inFlight
-	})
+	waitCommitter(t, s.group, "three batches in flight", func() bool { return s.group.running == inFlight })
 	for i := range perRecipient {
 		for j, k := range targets {
 			appendTo(k, strconv.Itoa(i))
@@ -287,17 +283,5 @@ func TestNoDeadlockWithBatchesInFlight(t *testing.T) {
 		if n := testutil.ToFloat64(s.metrics.reruns.WithLabelValues(rerunDeadlock)); n > 0 {
 			t.Errorf("store %d: Postgres aborted %v batches as deadlocks", i, n)
 		}
-	}
-}
-
-// waitFor polls cond until it holds, failing the test after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
