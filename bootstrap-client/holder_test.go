@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -140,10 +142,18 @@ func TestPGHolderGoesMidRun(t *testing.T) {
 			fwd.retarget(p.b.URL)
 			var in inbox
 			_ = dialConfig(t, bootstrap.Config{HubURL: p.b.URL, HubURLs: []string{p.a.URL}, APIKey: p.apiKey, SessionID: "bob", OnSignal: in.on})
-			s := dialConfig(t, bootstrap.Config{HubURL: p.a.URL, APIKey: p.apiKey, SessionID: "alice"})
+			hc, open := countingHTTPClient(t, fwd.URL())
+			s := dialConfig(t, bootstrap.Config{HubURL: p.a.URL, APIKey: p.apiKey, SessionID: "alice", HTTPClient: hc})
 
 			const n, goAt = 60, 20
 			done := make(chan error, 1)
+			// "killed" cuts hub-b between two sends, and lets the sender's
+			// transport see its idle connection closed, so that the next send
+			// certainly dials the dead address. A send written to a cut
+			// connection may have been stored: the client then forgets the
+			// hint and retries through the hub URL, with no refused dial.
+			paused, resume := make(chan struct{}), make(chan struct{})
+			reached := paused           // paused is the sender's to clear
 			seqs := make([]int64, 0, n) // the answers' seqs; read after done
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -155,12 +165,21 @@ func TestPGHolderGoesMidRun(t *testing.T) {
 						return
 					}
 					seqs = append(seqs, res.Seq)
+					if killed && paused != nil && s.Stats().HolderSends == goAt {
+						close(paused)
+						paused = nil
+						<-resume
+					}
 				}
 				done <- nil
 			}()
-			waitFor(t, "sends reaching hub-b", func() bool { return s.Stats().HolderSends >= goAt })
 			if killed {
+				<-reached
 				fwd.close()
+				waitFor(t, "the sender's connections to hub-b closed", func() bool { return open.Load() == 0 })
+				close(resume)
+			} else {
+				waitFor(t, "sends reaching hub-b", func() bool { return s.Stats().HolderSends >= goAt })
 			}
 			p.b.Close()
 			if err := <-done; err != nil {
@@ -228,4 +247,41 @@ func TestPGUnreachableHolderFallsBackOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// countingHTTPClient is an HTTP client whose open connections to target's
+// host are counted, for a test to wait until its transport has seen them
+// closed. The client's idle connections are closed at cleanup.
+func countingHTTPClient(t *testing.T, target string) (*http.Client, *atomic.Int64) {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := new(atomic.Int64)
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	var d net.Dialer
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil || addr != u.Host {
+			return c, err
+		}
+		open.Add(1)
+		return &countedConn{Conn: c, open: open}, nil
+	}
+	hc := &http.Client{Transport: tr}
+	t.Cleanup(hc.CloseIdleConnections)
+	return hc, open
+}
+
+// countedConn takes itself off its count at its first Close.
+type countedConn struct {
+	net.Conn
+	open *atomic.Int64
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.open.Add(-1) })
+	return c.Conn.Close()
 }
