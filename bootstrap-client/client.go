@@ -215,6 +215,9 @@ type Client struct {
 	// holders routes sends to the recipient's instance; nil with
 	// Config.NoHolderRouting.
 	holders *holders
+	// lastAuthorization is the Authorization value of the last call
+	// (authorization).
+	lastAuthorization atomic.Pointer[authorizationHeader]
 
 	reconnects, selfHeals, reregistrations, droppedAtReset, pingTimeouts, takeovers, rateLimited atomic.Int64
 	holderSends, holderFallbacks                                                                 atomic.Int64
