@@ -1,12 +1,14 @@
 package bootstrap
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/coder/websocket"
@@ -292,15 +294,26 @@ func (c *Client) detach(gen uint64) {
 // readLoop reads the hub's frames until the connection ends and hands the
 // signals to the dispatcher. It returns the error that ended the connection.
 func (c *Client) readLoop(conn *websocket.Conn, epoch uint64, hold *readerHold) error {
+	var (
+		dec frameDecoder
+		buf bytes.Buffer // one frame at a time; what a signal keeps is copied
+	)
 	for {
 		// Not c.ctx: a cancelled read closes the connection abruptly; the
 		// supervisor closes it normally instead, which ends this read.
-		_, data, err := conn.Read(context.Background())
+		_, r, err := conn.Reader(context.Background())
 		if err != nil {
 			return err
 		}
+		if buf.Cap() > maxPooledAnswer {
+			buf = bytes.Buffer{} // a large frame's buffer is not kept
+		}
+		buf.Reset()
+		if _, err := buf.ReadFrom(r); err != nil {
+			return err
+		}
 		var f frame
-		if err := json.Unmarshal(data, &f); err != nil {
+		if err := dec.decode(buf.Bytes(), &f); err != nil {
 			c.log.Warn("marconi: undecodable frame", "err", err)
 			continue
 		}
@@ -452,8 +465,9 @@ func (c *Client) dispatch() {
 			pacer.Stop()
 		}
 	}()
+	var frame []byte // the ack frame's buffer, reused
 	ackNow := func() {
-		c.ack(seq.epoch, seq.highest)
+		frame = c.ack(frame, seq.epoch, seq.highest)
 		unacked, lastAck = 0, time.Now()
 	}
 	for {
@@ -495,7 +509,11 @@ func (c *Client) dispatch() {
 		}
 		if unacked > 0 && !c.cfg.DeferAck && due == nil && (len(c.deliveries) == 0 || unacked >= ackEvery) {
 			if wait := c.cfg.AckInterval - time.Since(lastAck); wait > 0 {
-				pacer = time.NewTimer(wait)
+				if pacer == nil {
+					pacer = time.NewTimer(wait)
+				} else {
+					pacer.Reset(wait) // fired and read, or never started: nothing stale comes
+				}
 				due = pacer.C
 			} else {
 				ackNow()
@@ -506,26 +524,35 @@ func (c *Client) dispatch() {
 
 // ack acknowledges every signal up to upTo: on the WebSocket when attached,
 // else over HTTP. A failed ack is only logged: the signals come again and are
-// deduplicated.
-func (c *Client) ack(epoch uint64, upTo int64) {
+// deduplicated. The frame is written in buf, returned for the next ack.
+func (c *Client) ack(buf []byte, epoch uint64, upTo int64) []byte {
 	if upTo <= 0 {
-		return
+		return buf
 	}
 	c.mu.Lock()
 	conn, current := c.conn, c.epoch
 	c.mu.Unlock()
 	if epoch != current {
-		return // the registration these signals belonged to is gone
+		return buf // the registration these signals belonged to is gone
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	defer cancel()
 	if conn != nil {
-		frame, _ := json.Marshal(ackRequest{Type: marconi.FrameAck, UpToSeq: upTo})
-		if err := conn.Write(ctx, websocket.MessageText, frame); err == nil {
-			return
+		buf = appendAckFrame(buf[:0], upTo)
+		if err := conn.Write(ctx, websocket.MessageText, buf); err == nil {
+			return buf
 		}
 	}
 	if _, err := c.sessionCall(ctx, http.MethodPost, "/v1/signals/ack", ackRequest{UpToSeq: upTo}, nil); err != nil && c.ctx.Err() == nil {
 		c.log.Warn("marconi: ack failed", "up_to_seq", upTo, "err", err)
 	}
+	return buf
+}
+
+// appendAckFrame appends the WebSocket ack frame of upTo, as json.Marshal
+// writes ackRequest{Type: "ack", UpToSeq: upTo}.
+func appendAckFrame(dst []byte, upTo int64) []byte {
+	dst = append(dst, `{"type":"ack","up_to_seq":`...)
+	dst = strconv.AppendInt(dst, upTo, 10)
+	return append(dst, '}')
 }
