@@ -18,7 +18,7 @@ import (
 // The client's own cost per send and per received signal, without a hub's:
 // rawHub answers the client over plain TCP, by hand, allocating nothing per
 // request or frame, so that what a benchmark counts (allocs/op, B/op,
-// ns/op) is the client's. Its answers are the hub's bytes: a send's answer
+// ns/op, cpu-ns/op) is the client's. Its answers are the hub's bytes: a send's answer
 // as hub/sendanswer.go writes it, a signal frame as hub/conns/frames.go
 // does. The fleet's load generator (cmd/marconi-bench fleet, load_cpu/send)
 // is 64 of these clients sending and 64 receiving.
@@ -276,7 +276,7 @@ func BenchmarkClientSend(b *testing.B) {
 	payload := "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
 	ctx := context.Background()
 	b.ReportAllocs()
-	b.ResetTimer()
+	cpu := startCPU(b)
 	for b.Loop() {
 		res, err := c.Send(ctx, "r-1764625232123456789-8", "bench", payload)
 		if err != nil {
@@ -286,6 +286,7 @@ func BenchmarkClientSend(b *testing.B) {
 			b.Fatalf("delivery %q, want pushed_to_ws", res.Delivery)
 		}
 	}
+	cpu.report()
 }
 
 // BenchmarkClientReceive is one signal received on the WebSocket: the
@@ -340,6 +341,25 @@ func BenchmarkClientReceive(b *testing.B) {
 	push(100) // warm up
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu := startCPU(b)
 	push(b.N)
 	b.StopTimer()
+	cpu.report()
+}
+
+// benchCPU reports the process's CPU time per op (cpu-ns/op): the
+// client's and the stand-in hub's, which is the same before and after a
+// change of the client. On a machine shared with other work it moves far
+// less than ns/op, which is the wall time of a round trip.
+type benchCPU struct {
+	b     *testing.B
+	start time.Duration
+}
+
+func startCPU(b *testing.B) benchCPU { return benchCPU{b: b, start: processCPU()} }
+
+func (c benchCPU) report() {
+	if end := processCPU(); end > 0 && c.b.N > 0 {
+		c.b.ReportMetric(float64(end-c.start)/float64(c.b.N), "cpu-ns/op")
+	}
 }
