@@ -380,6 +380,9 @@ func newClient(cfg Config) (*Client, error) {
 	if hc == nil {
 		tr = http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = cfg.IdleConnsPerHost
+		// The hub never compresses an answer: asking for gzip only cost
+		// each request a header of its own.
+		tr.DisableCompression = true
 		hc = &http.Client{Transport: tr}
 	}
 	c := &Client{

@@ -465,9 +465,13 @@ func (c *Client) dispatch() {
 			pacer.Stop()
 		}
 	}()
-	var frame []byte // the ack frame's buffer, reused
+	var (
+		frame    []byte // the ack frame's buffer, reused
+		deadline ackDeadline
+	)
+	defer deadline.stop()
 	ackNow := func() {
-		frame = c.ack(frame, seq.epoch, seq.highest)
+		frame = c.ack(deadline.context(c.ctx), frame, seq.epoch, seq.highest)
 		unacked, lastAck = 0, time.Now()
 	}
 	for {
@@ -523,9 +527,10 @@ func (c *Client) dispatch() {
 }
 
 // ack acknowledges every signal up to upTo: on the WebSocket when attached,
-// else over HTTP. A failed ack is only logged: the signals come again and are
-// deduplicated. The frame is written in buf, returned for the next ack.
-func (c *Client) ack(buf []byte, epoch uint64, upTo int64) []byte {
+// else over HTTP, within ctx. A failed ack is only logged: the signals come
+// again and are deduplicated. The frame is written in buf, returned for the
+// next ack.
+func (c *Client) ack(ctx context.Context, buf []byte, epoch uint64, upTo int64) []byte {
 	if upTo <= 0 {
 		return buf
 	}
@@ -535,8 +540,6 @@ func (c *Client) ack(buf []byte, epoch uint64, upTo int64) []byte {
 	if epoch != current {
 		return buf // the registration these signals belonged to is gone
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
-	defer cancel()
 	if conn != nil {
 		buf = appendAckFrame(buf[:0], upTo)
 		if err := conn.Write(ctx, websocket.MessageText, buf); err == nil {
@@ -547,6 +550,38 @@ func (c *Client) ack(buf []byte, epoch uint64, upTo int64) []byte {
 		c.log.Warn("marconi: ack failed", "up_to_seq", upTo, "err", err)
 	}
 	return buf
+}
+
+// ackTimeout bounds one ack (its write on the WebSocket, or its call) to
+// between half of it and all of it: see ackDeadline.
+const ackTimeout = 10 * time.Second
+
+// ackDeadline is the context the dispatcher's acks are bounded by: one
+// context serves every ack made while at least half of ackTimeout is left
+// of it, rather than a new context and timer for each. Owned by the
+// dispatcher.
+type ackDeadline struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	until  time.Time
+}
+
+// context is a context ending at least ackTimeout/2 from now, and at most
+// ackTimeout, or when parent ends.
+func (d *ackDeadline) context(parent context.Context) context.Context {
+	if now := time.Now(); d.ctx == nil || d.until.Sub(now) < ackTimeout/2 {
+		d.stop()
+		d.until = now.Add(ackTimeout)
+		d.ctx, d.cancel = context.WithDeadline(parent, d.until)
+	}
+	return d.ctx
+}
+
+// stop releases the current context.
+func (d *ackDeadline) stop() {
+	if d.cancel != nil {
+		d.cancel()
+	}
 }
 
 // appendAckFrame appends the WebSocket ack frame of upTo, as json.Marshal

@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"encoding/json"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -186,3 +187,21 @@ func FuzzSendRequest(f *testing.F) {
 		checkSendRequest(t, to, kind, key, map[string]string{"text": payload, strings.ToUpper(payload): to})
 	})
 }
+
+// A generated idempotency key is "bc-" and 26 characters of base32, as
+// rand.Text writes them, and never the same twice.
+func TestNewIdempotencyKey(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		k := newIdempotencyKey()
+		if !idempotencyKeyForm.MatchString(k) {
+			t.Fatalf("key %q, want bc- and 26 base32 characters", k)
+		}
+		if seen[k] {
+			t.Fatalf("key %q made twice", k)
+		}
+		seen[k] = true
+	}
+}
+
+var idempotencyKeyForm = regexp.MustCompile(`^bc-[A-Z2-7]{26}$`)

@@ -472,8 +472,19 @@ func WithIdempotencyKey(key string) SendOption {
 	return func(o *sendOptions) { o.idempotencyKey = key }
 }
 
-// newIdempotencyKey is the key of a Send that names none: 128 random bits.
-func newIdempotencyKey() string { return "bc-" + rand.Text() }
+// newIdempotencyKey is the key of a Send that names none: "bc-" and 26
+// random characters of base32, as rand.Text makes them (at least 128
+// random bits), in one allocation.
+func newIdempotencyKey() string {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+	var b [3 + 26]byte
+	copy(b[:], "bc-")
+	_, _ = rand.Read(b[3:]) // crypto/rand.Read never fails
+	for i := 3; i < len(b); i++ {
+		b[i] = alphabet[b[i]%32]
+	}
+	return string(b[:])
+}
 
 // newRegistrationKey is the Idempotency-Key of one registration: 192 random
 // bits as 32 base64url characters (the hub refuses fewer than 128 bits).
