@@ -130,6 +130,9 @@ type durableResult struct {
 	failed   int64
 	perSec   float64
 	p50, p99 time.Duration
+	// loadProfile is the file the step's load profile went to; "" for
+	// none.
+	loadProfile string
 }
 
 func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
@@ -144,6 +147,9 @@ func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
 		results[fmt.Sprintf("%s/%s/%d", gc, where, n)] = r
 		fmt.Fprintf(out, "%-12s %-10s %8d %10.0f %10s %10s %8d\n", gc, where, n, r.perSec,
 			r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.failed)
+		if r.loadProfile != "" {
+			fmt.Fprintf(out, "             load profile: %s (%d sends)\n", r.loadProfile, r.sends)
+		}
 	}
 	for _, gc := range []string{"on", "off"} {
 		a, err := startHub(ctx, o, "bench-a-"+gc, gc, "", logs)
@@ -151,7 +157,7 @@ func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
 			return err
 		}
 		for _, n := range o.senders {
-			r, err := durableStepProfiled(ctx, o, a.url, a.url, n, fmt.Sprintf("gc%s-local-%d", gc, n), out)
+			r, err := durableStepProfiled(ctx, o, a.url, a.url, n, fmt.Sprintf("gc%s-local-%d", gc, n))
 			if err != nil {
 				a.stop()
 				return err
@@ -171,7 +177,7 @@ func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
 	}
 	defer b.stop()
 	for _, n := range o.senders {
-		r, err := durableStepProfiled(ctx, o, a.url, b.url, n, fmt.Sprintf("gcon-remote-%d", n), out)
+		r, err := durableStepProfiled(ctx, o, a.url, b.url, n, fmt.Sprintf("gcon-remote-%d", n))
 		if err != nil {
 			return err
 		}
@@ -199,20 +205,18 @@ func durableStep(ctx context.Context, o durableOptions, senderHub, recipientHub 
 }
 
 // durableStepProfiled is durableStep that writes the load profile of its
-// measured window (-load-profile, the file named with tag) and says where.
-func durableStepProfiled(ctx context.Context, o durableOptions, senderHub, recipientHub string, n int, tag string, out io.Writer) (durableResult, error) {
+// measured window (-load-profile, the file named with tag).
+func durableStepProfiled(ctx context.Context, o durableOptions, senderHub, recipientHub string, n int, tag string) (durableResult, error) {
 	if o.loadProfile == "" {
 		return durableStep(ctx, o, senderHub, recipientHub, n)
 	}
 	path := loadProfilePath(o.loadProfile, tag)
 	marks, done := withLoadProfile(nil, path)
 	r, err := durableStepMarked(ctx, o, senderHub, recipientHub, n, marks)
-	if perr := done(); err == nil && perr != nil {
-		return r, perr
+	if perr := done(); err == nil {
+		err = perr
 	}
-	if err == nil {
-		fmt.Fprintf(out, "load profile: %s (%d sends)\n", path, r.sends)
-	}
+	r.loadProfile = path
 	return r, err
 }
 
