@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -56,8 +55,15 @@ func (s *Server) readBody(c echo.Context) error {
 		}
 		return marconi.Errorf(marconi.CodeInvalidJSON, "could not read the request body")
 	}
-	bb := &bufferedBody{b: body}
-	bb.r.Reset(body)
+	// The request's state, when it has one, holds the body's reader: one
+	// allocation less per request.
+	var bb *bufferedBody
+	if st := stateOf(c); st != nil {
+		bb = &st.body
+	} else {
+		bb = new(bufferedBody)
+	}
+	*bb = bufferedBody{b: body}
 	req.Body = bb
 	return nil
 }
@@ -95,21 +101,28 @@ func readAtMost(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, 
 // bufferedBody is a request body that readBody has read into memory:
 // decodeBody takes its bytes as they are instead of copying them again.
 type bufferedBody struct {
-	r bytes.Reader
-	b []byte
+	b   []byte
+	off int // how much of b has been read
 }
 
-func (b *bufferedBody) Read(p []byte) (int, error) { return b.r.Read(p) }
+func (b *bufferedBody) Read(p []byte) (int, error) {
+	if b.off >= len(b.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, b.b[b.off:])
+	b.off += n
+	return n, nil
+}
 
 func (*bufferedBody) Close() error { return nil }
 
 // take returns the whole body and leaves it read, unless some of it was
 // read already.
 func (b *bufferedBody) take() ([]byte, bool) {
-	if b.r.Len() != len(b.b) {
+	if b.off != 0 {
 		return nil, false
 	}
-	b.r.Reset(nil)
+	b.off = len(b.b)
 	return b.b, true
 }
 

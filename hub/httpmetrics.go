@@ -2,6 +2,7 @@ package hub
 
 import (
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -14,6 +15,36 @@ import (
 type httpMetrics struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+
+	// series holds the series each (route, method, status) resolved to,
+	// so that a request counts itself without hashing its labels; bounded
+	// as the labels are.
+	series sync.Map // httpSeriesKey → *httpSeries
+}
+
+type httpSeriesKey struct {
+	route, method string
+	status        int
+}
+
+type httpSeries struct {
+	requests prometheus.Counter
+	latency  prometheus.Observer // nil for /v1/ws, which is not timed
+}
+
+// seriesOf returns the series of a request answered status on route and
+// method.
+func (m *httpMetrics) seriesOf(route, method string, status int) *httpSeries {
+	k := httpSeriesKey{route: route, method: method, status: status}
+	if s, ok := m.series.Load(k); ok {
+		return s.(*httpSeries)
+	}
+	s := &httpSeries{requests: m.requests.WithLabelValues(route, method, strconv.Itoa(status))}
+	if route != "/v1/ws" {
+		s.latency = m.latency.WithLabelValues(route, method)
+	}
+	m.series.Store(k, s)
+	return s
 }
 
 func newHTTPMetrics(r prometheus.Registerer) (*httpMetrics, error) {
@@ -68,9 +99,10 @@ func (s *Server) observeHTTP(next echo.HandlerFunc) echo.HandlerFunc {
 		if route == "/v1/ws" && c.Response().Committed && status == 0 {
 			status = 101
 		}
-		s.http.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
-		if route != "/v1/ws" {
-			s.http.latency.WithLabelValues(route, method).Observe(time.Since(start).Seconds())
+		series := s.http.seriesOf(route, method, status)
+		series.requests.Inc()
+		if series.latency != nil {
+			series.latency.Observe(time.Since(start).Seconds())
 		}
 		return nil
 	}

@@ -681,6 +681,12 @@ type requestState struct {
 	caller          *sessionstore.Session
 	callerTokenHash [32]byte
 	hasCaller       bool
+
+	// body is the request's body once readBody has read it.
+	body bufferedBody
+	// first is the request's first storeContext (ctx, unless a later arm
+	// had to make another).
+	first storeContext
 }
 
 // requestStateKey is the context key of a request's *requestState.
@@ -699,7 +705,13 @@ func (d *requestState) arm(c echo.Context) {
 		return
 	}
 	d.stop()
-	d.ctx = newStoreContext(d.base, d.timeout)
+	if d.ctx == nil {
+		// The first one lives in d: one allocation less per request.
+		d.first = storeContext{parent: d.base, deadline: time.Now().Add(d.timeout)}
+		d.ctx = &d.first
+	} else {
+		d.ctx = newStoreContext(d.base, d.timeout)
+	}
 	d.ctx.state = d
 	c.SetRequest(c.Request().WithContext(d.ctx))
 }

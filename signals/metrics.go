@@ -7,7 +7,10 @@ import (
 )
 
 type metrics struct {
-	sent        *prometheus.CounterVec
+	sent *prometheus.CounterVec
+	// sentBy is sent's series of each Delivery, resolved once: a send
+	// counts itself without hashing its label.
+	sentBy      map[marconi.Delivery]prometheus.Counter
 	duplicates  prometheus.Counter
 	acked       prometheus.Counter
 	sendSeconds prometheus.Histogram
@@ -49,11 +52,21 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			return nil, err
 		}
 	}
+	m.sentBy = make(map[marconi.Delivery]prometheus.Counter, len(marconi.Deliveries))
 	for _, d := range marconi.Deliveries {
-		m.sent.WithLabelValues(string(d))
+		m.sentBy[d] = m.sent.WithLabelValues(string(d))
 	}
 	m.recipientHit = m.recipients.WithLabelValues("hit")
 	m.recipientMiss = m.recipients.WithLabelValues("miss")
 	m.recipientChanged = m.recipients.WithLabelValues("changed")
 	return m, nil
+}
+
+// countSent counts a signal stored with delivery d.
+func (m *metrics) countSent(d marconi.Delivery) {
+	if c, ok := m.sentBy[d]; ok {
+		c.Inc()
+		return
+	}
+	m.sent.WithLabelValues(string(d)).Inc()
 }

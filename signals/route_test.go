@@ -1,6 +1,8 @@
 package signals
 
 import (
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,4 +47,22 @@ func TestValidSessionID(t *testing.T) {
 			t.Errorf("ValidSessionID(%q) = %v, want %v", id, got, want)
 		}
 	}
+}
+
+// The id and kind checks accept exactly what their regular expressions do.
+func FuzzIDForms(f *testing.F) {
+	idRE := regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+	kindRE := regexp.MustCompile(`^[A-Za-z0-9._:/-]{1,64}$`)
+	for _, s := range []string{"alice", "a.b_c-1", "", ".", "..", "a b", "a/b", "x:y/z", "é", "a\x00", strings.Repeat("a", 64),
+		strings.Repeat("a", 65), strings.Repeat("b", 128), strings.Repeat("b", 129), "a\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := ValidSessionID(s), s != "." && s != ".." && idRE.MatchString(s); got != want {
+			t.Errorf("ValidSessionID(%q) = %v, want %v", s, got, want)
+		}
+		if got, want := validKind(s), kindRE.MatchString(s); got != want {
+			t.Errorf("validKind(%q) = %v, want %v", s, got, want)
+		}
+	})
 }

@@ -44,7 +44,11 @@ func (a *acks) armLocked() {
 	}
 	a.armed = true
 	a.wg.Add(1)
-	a.timer = time.AfterFunc(a.c.h.cfg.AckInterval, a.fire)
+	if a.timer == nil {
+		a.timer = time.AfterFunc(a.c.h.cfg.AckInterval, a.fire)
+		return
+	}
+	a.timer.Reset(a.c.h.cfg.AckInterval) // stopped or fired: fire is not pending
 }
 
 // fire is the timer's write; it schedules the next one if acks came meanwhile.

@@ -136,3 +136,40 @@ var (
 	lineSep = []byte("\u2028")
 	paraSep = []byte("\u2029")
 )
+
+// ackPrefix is how the clients write an ack, up to its number.
+const ackPrefix = `{"type":"ack","up_to_seq":`
+
+// decodeClientFrame decodes a frame a client sent, as json.Unmarshal
+// decodes it into a clientFrame. An ack written exactly as the clients
+// write it ({"type":"ack","up_to_seq":N}, N of at most 18 digits without a
+// leading zero) is read without encoding/json; anything else goes through
+// json.Unmarshal itself. FuzzDecodeClientFrame holds the two to the same
+// frame and the same verdict.
+func decodeClientFrame(data []byte) (clientFrame, error) {
+	if rest, ok := bytes.CutPrefix(data, []byte(ackPrefix)); ok {
+		if n, ok := plainAckSeq(rest); ok {
+			return clientFrame{Type: marconi.FrameAck, UpToSeq: &n}, nil
+		}
+	}
+	var f clientFrame
+	err := json.Unmarshal(data, &f)
+	return f, err
+}
+
+// plainAckSeq reads b as a non-negative decimal of 1 to 18 digits, without
+// a leading zero, followed by '}' and nothing else.
+func plainAckSeq(b []byte) (int64, bool) {
+	digits, ok := bytes.CutSuffix(b, []byte("}"))
+	if !ok || len(digits) == 0 || len(digits) > 18 || (digits[0] == '0' && len(digits) > 1) {
+		return 0, false
+	}
+	var n int64
+	for _, d := range digits {
+		if d < '0' || d > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(d-'0')
+	}
+	return n, true
+}

@@ -3,6 +3,7 @@ package conns
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -96,6 +97,59 @@ func BenchmarkSignalFrame(b *testing.B) {
 		for b.Loop() {
 			var err error
 			if buf, err = appendSignalFrame(buf[:0], sig); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// A client frame is decoded by decodeClientFrame as json.Unmarshal decodes
+// it: the same frame, and an error exactly when json.Unmarshal errs, of the
+// same type (the reader tells a field of the wrong type from bad JSON).
+func FuzzDecodeClientFrame(f *testing.F) {
+	for _, s := range []string{
+		`{"type":"ack","up_to_seq":0}`, `{"type":"ack","up_to_seq":17}`, `{"type":"ack","up_to_seq":007}`,
+		`{"type":"ack","up_to_seq":123456789012345678}`, `{"type":"ack","up_to_seq":9223372036854775808}`,
+		`{"type":"ack","up_to_seq":-1}`, `{"type":"ack","up_to_seq":1.5}`, `{"type":"ack","up_to_seq":1} `,
+		`{"type":"ack","up_to_seq":1}}`, `{"type":"ack","up_to_seq":}`, `{"type":"ack","up_to_seq":"1"}`,
+		`{"type":"ack","up_to_seq":1,"up_to_seq":2}`, `{"type":"ping"}`, `{"up_to_seq":3,"type":"ack"}`, `not json`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := decodeClientFrame(data)
+		var want clientFrame
+		wantErr := json.Unmarshal(data, &want)
+		if (err == nil) != (wantErr == nil) || (err != nil && fmt.Sprintf("%T", err) != fmt.Sprintf("%T", wantErr)) {
+			t.Fatalf("%q: error %v, json.Unmarshal's %v", data, err, wantErr)
+		}
+		if err != nil {
+			return
+		}
+		if got.Type != want.Type || (got.UpToSeq == nil) != (want.UpToSeq == nil) ||
+			(got.UpToSeq != nil && *got.UpToSeq != *want.UpToSeq) {
+			t.Fatalf("%q: %+v, json.Unmarshal's %+v", data, got, want)
+		}
+	})
+}
+
+// BenchmarkDecodeAck is the decoding of a client's ack: as it was
+// (json.Unmarshal) and as the reader does it.
+func BenchmarkDecodeAck(b *testing.B) {
+	frame := []byte(`{"type":"ack","up_to_seq":123456}`)
+	b.Run("json.Unmarshal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var f clientFrame
+			if err := json.Unmarshal(frame, &f); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("decodeClientFrame", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := decodeClientFrame(frame); err != nil {
 				b.Fatal(err)
 			}
 		}

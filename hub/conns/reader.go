@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -17,54 +18,109 @@ import (
 // frame the client sends spends the connection's frame budget, control
 // frames too (controlFrame); a text frame must be UTF-8.
 func (c *Conn) readLoop(ctx context.Context) error {
+	// The library's reads get a context that never ends, so that a frame
+	// read costs no watch of its own on ctx; this one watch, for the
+	// connection's life, closes the connection when ctx ends, as the
+	// library's would have (the reader then returns; c.err is already set
+	// by whoever ended ctx).
+	defer context.AfterFunc(ctx, func() { c.ws.CloseNow() })()
 	lastTouch := c.attachedAt
 	for {
-		typ, data, err := c.ws.Read(ctx)
+		typ, bp, err := c.readFrame()
 		if err != nil {
 			return err
 		}
-		if c.budget.isRefused() {
-			// The writer is closing the connection (1008 or 1007). Read on
-			// (and discard) until the close handshake ends, as the writer's
-			// Close expects; ending here would cancel the connection under
-			// the writer and drop its close frame.
-			continue
+		c.handleFrame(ctx, typ, *bp, &lastTouch)
+		putReadBuf(bp)
+	}
+}
+
+// readBufs holds the buffers client frames are read into: a frame read
+// allocates none, and an idle connection holds none (a buffer is taken
+// once a frame has begun to arrive). Buffers past maxPooledRead (a large
+// frame's) are left to the GC rather than kept.
+var readBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+const maxPooledRead = 4 << 10
+
+func putReadBuf(bp *[]byte) {
+	if cap(*bp) <= maxPooledRead {
+		*bp = (*bp)[:0]
+		readBufs.Put(bp)
+	}
+}
+
+// readFrame reads the next data message whole into a pooled buffer, which
+// the caller hands back with putReadBuf. The read limit is the library's
+// (MARCONI_WS_READ_LIMIT_BYTES), as for Conn.Read.
+func (c *Conn) readFrame() (websocket.MessageType, *[]byte, error) {
+	typ, r, err := c.ws.Reader(context.Background())
+	if err != nil {
+		return 0, nil, err
+	}
+	bp := readBufs.Get().(*[]byte)
+	b := (*bp)[:0]
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
 		}
-		now := c.h.now()
-		if !c.takeFrame(now) {
-			continue
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if errors.Is(err, io.EOF) {
+			*bp = b
+			return typ, bp, nil
 		}
-		if typ == websocket.MessageText && !utf8.Valid(data) {
-			c.refuse(DisconnectInvalidUTF8)
-			continue
+		if err != nil {
+			*bp = b
+			putReadBuf(bp)
+			return 0, nil, err
 		}
-		if now.Sub(lastTouch) >= c.h.cfg.TouchInterval {
-			lastTouch = now
-			c.touchSeen(ctx, now)
+	}
+}
+
+// handleFrame handles one data message the client sent.
+func (c *Conn) handleFrame(ctx context.Context, typ websocket.MessageType, data []byte, lastTouch *time.Time) {
+	if c.budget.isRefused() {
+		// The writer is closing the connection (1008 or 1007). Read on
+		// (and discard) until the close handshake ends, as the writer's
+		// Close expects; ending here would cancel the connection under
+		// the writer and drop its close frame.
+		return
+	}
+	now := c.h.now()
+	if !c.takeFrame(now) {
+		return
+	}
+	if typ == websocket.MessageText && !utf8.Valid(data) {
+		c.refuse(DisconnectInvalidUTF8)
+		return
+	}
+	if now.Sub(*lastTouch) >= c.h.cfg.TouchInterval {
+		*lastTouch = now
+		c.touchSeen(ctx, now)
+	}
+	f, err := decodeClientFrame(data)
+	if err != nil {
+		// A JSON object with a field of the wrong type is the field's
+		// fault, as over HTTP; anything else is not JSON to us.
+		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok && te.Field != "" {
+			c.sendError(marconi.CodeInvalidField, te.Field+" has the wrong type")
+			return
 		}
-		var f clientFrame
-		if err := json.Unmarshal(data, &f); err != nil {
-			// A JSON object with a field of the wrong type is the field's
-			// fault, as over HTTP; anything else is not JSON to us.
-			if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok && te.Field != "" {
-				c.sendError(marconi.CodeInvalidField, te.Field+" has the wrong type")
-				continue
-			}
-			c.sendError(marconi.CodeInvalidJSON, "frames must be JSON objects")
-			continue
+		c.sendError(marconi.CodeInvalidJSON, "frames must be JSON objects")
+		return
+	}
+	switch f.Type {
+	case marconi.FrameAck:
+		if f.UpToSeq == nil || *f.UpToSeq < 0 {
+			c.sendError(marconi.CodeInvalidField, "ack needs a non-negative up_to_seq")
+			return
 		}
-		switch f.Type {
-		case marconi.FrameAck:
-			if f.UpToSeq == nil || *f.UpToSeq < 0 {
-				c.sendError(marconi.CodeInvalidField, "ack needs a non-negative up_to_seq")
-				continue
-			}
-			c.acks.add(*f.UpToSeq)
-		case marconi.FramePing:
-			// Application-level keepalive: proof of life only.
-		default:
-			c.sendError(marconi.CodeInvalidField, "unknown frame type; want ack")
-		}
+		c.acks.add(*f.UpToSeq)
+	case marconi.FramePing:
+		// Application-level keepalive: proof of life only.
+	default:
+		c.sendError(marconi.CodeInvalidField, "unknown frame type; want ack")
 	}
 }
 
