@@ -510,3 +510,79 @@ func TestSignalsCascadeTrigger(t *testing.T) {
 		t.Errorf("at 0012 again, signals left after deleting every session: %v", got)
 	}
 }
+
+// TestSignalsCascadeTriggerSeesARacingAppend: a session deleted while an
+// append to it is in flight (its row updated and its signal inserted, not
+// yet committed) waits for the append, then deletes the signal it stored
+// too: the trigger's statement reads the table after the row's lock was
+// granted, as ON DELETE CASCADE did, and leaves no signal without its
+// session.
+func TestSignalsCascadeTriggerSeesARacingAppend(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptySchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := migrations.Up(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	connect := func() *pgx.Conn {
+		t.Helper()
+		c, err := pgx.Connect(ctx, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		return c
+	}
+	appender, deleter, watcher := connect(), connect(), connect()
+	now := time.Now()
+	if _, err := appender.Exec(ctx, `INSERT INTO sessions (tenant_id, project_id, session_id, token_hash, registered_at, expires_at)
+		VALUES ('t', 'p', 'bob', '\x01', $1, $2)`, now, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	// The append, as appendSQL does it: the row's seq taken under its lock,
+	// then the signal with that seq; not committed yet.
+	tx, err := appender.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // committed below
+	if _, err := tx.Exec(ctx, `WITH bump AS (
+			UPDATE sessions SET last_seq = last_seq + 1 WHERE session_id = 'bob' RETURNING last_seq)
+		INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, created_at)
+		SELECT 't', 'p', 'bob', last_seq, 'sig-1', 'alice', 'k', $1 FROM bump`, now); err != nil {
+		t.Fatal(err)
+	}
+	deleted := make(chan error, 1)
+	go func() {
+		_, err := deleter.Exec(ctx, `DELETE FROM sessions WHERE session_id = 'bob'`)
+		deleted <- err
+	}()
+	for {
+		var waiting bool
+		if err := watcher.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted
+			AND pid IN (SELECT pid FROM pg_stat_activity WHERE query LIKE 'DELETE FROM sessions%'))`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case err := <-deleted:
+			t.Fatalf("the delete ended (%v) while an append held the session's row", err)
+		case <-ctx.Done():
+			t.Fatal("the delete never waited for the append")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-deleted; err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	var n int
+	if err := watcher.QueryRow(ctx, `SELECT count(*) FROM signals`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("signals after their session was deleted beside an append: %d, %v; want 0", n, err)
+	}
+}
