@@ -25,6 +25,9 @@ func TestNewClientConfig(t *testing.T) {
 	if c.log == nil {
 		t.Error("nil logger not replaced by a discard logger")
 	}
+	if got := c.transport.MaxIdleConnsPerHost; got != 16 {
+		t.Errorf("own transport keeps %d idle connections per host, want 16", got)
+	}
 
 	bad := map[string]Config{
 		"no URL":               {APIKey: "k", Surface: "claude_code"},
@@ -34,6 +37,7 @@ func TestNewClientConfig(t *testing.T) {
 		"negative":             {HubURL: "http://h", APIKey: "k", Surface: "codex", ReconnectBaseDelay: -1},
 		"negative restart cap": {HubURL: "http://h", APIKey: "k", Surface: "codex", ReconnectRestartMaxDelay: -1},
 		"max below base":       {HubURL: "http://h", APIKey: "k", Surface: "codex", ReconnectBaseDelay: time.Second, ReconnectMaxDelay: time.Millisecond},
+		"negative idle conns":  {HubURL: "http://h", APIKey: "k", Surface: "codex", IdleConnsPerHost: -1},
 	}
 	for name, cfg := range bad {
 		if _, err := newClient(cfg); err == nil {
@@ -102,5 +106,37 @@ func TestRequestSelfHealOncePerGeneration(t *testing.T) {
 	c.requestSelfHeal(5)
 	if got := c.Stats().SelfHealReconnects; got != 2 {
 		t.Error("a stopped client (replaced by a newer connection) reconnected: it must not fight")
+	}
+}
+
+// Sends made concurrently keep their connections: the client's own
+// transport does not close all but two after each burst and dial them
+// again for the next.
+func TestConcurrentSendsReuseTheirConnections(t *testing.T) {
+	const senders, sends = 8, 200
+	h := newRawHub(t)
+	c, err := Dial(t.Context(), Config{HubURL: h.url, APIKey: "k", Surface: "headless_cc", PingInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var wg sync.WaitGroup
+	for range senders {
+		wg.Go(func() {
+			for range sends {
+				if _, err := c.Send(t.Context(), "r", "k", "p"); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	// The registration's, the WebSocket, and one for each sender at most
+	// (a dial under way when another connection came free is kept too).
+	if n := len(h.conns); n > 2+2*senders {
+		t.Errorf("%d sends from %d goroutines opened %d connections, want at most %d", senders*sends, senders, n, 2+2*senders)
 	}
 }

@@ -1,12 +1,14 @@
 package bootstrap
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/coder/websocket"
@@ -292,15 +294,26 @@ func (c *Client) detach(gen uint64) {
 // readLoop reads the hub's frames until the connection ends and hands the
 // signals to the dispatcher. It returns the error that ended the connection.
 func (c *Client) readLoop(conn *websocket.Conn, epoch uint64, hold *readerHold) error {
+	var (
+		dec frameDecoder
+		buf bytes.Buffer // one frame at a time; what a signal keeps is copied
+	)
 	for {
 		// Not c.ctx: a cancelled read closes the connection abruptly; the
 		// supervisor closes it normally instead, which ends this read.
-		_, data, err := conn.Read(context.Background())
+		_, r, err := conn.Reader(context.Background())
 		if err != nil {
 			return err
 		}
+		if buf.Cap() > maxPooledAnswer {
+			buf = bytes.Buffer{} // a large frame's buffer is not kept
+		}
+		buf.Reset()
+		if _, err := buf.ReadFrom(r); err != nil {
+			return err
+		}
 		var f frame
-		if err := json.Unmarshal(data, &f); err != nil {
+		if err := dec.decode(buf.Bytes(), &f); err != nil {
 			c.log.Warn("marconi: undecodable frame", "err", err)
 			continue
 		}
@@ -452,8 +465,13 @@ func (c *Client) dispatch() {
 			pacer.Stop()
 		}
 	}()
+	var (
+		frame    []byte // the ack frame's buffer, reused
+		deadline ackDeadline
+	)
+	defer deadline.stop()
 	ackNow := func() {
-		c.ack(seq.epoch, seq.highest)
+		frame = c.ack(deadline.context(c.ctx), frame, seq.epoch, seq.highest)
 		unacked, lastAck = 0, time.Now()
 	}
 	for {
@@ -495,7 +513,11 @@ func (c *Client) dispatch() {
 		}
 		if unacked > 0 && !c.cfg.DeferAck && due == nil && (len(c.deliveries) == 0 || unacked >= ackEvery) {
 			if wait := c.cfg.AckInterval - time.Since(lastAck); wait > 0 {
-				pacer = time.NewTimer(wait)
+				if pacer == nil {
+					pacer = time.NewTimer(wait)
+				} else {
+					pacer.Reset(wait) // fired and read, or never started: nothing stale comes
+				}
 				due = pacer.C
 			} else {
 				ackNow()
@@ -505,27 +527,67 @@ func (c *Client) dispatch() {
 }
 
 // ack acknowledges every signal up to upTo: on the WebSocket when attached,
-// else over HTTP. A failed ack is only logged: the signals come again and are
-// deduplicated.
-func (c *Client) ack(epoch uint64, upTo int64) {
+// else over HTTP, within ctx. A failed ack is only logged: the signals come
+// again and are deduplicated. The frame is written in buf, returned for the
+// next ack.
+func (c *Client) ack(ctx context.Context, buf []byte, epoch uint64, upTo int64) []byte {
 	if upTo <= 0 {
-		return
+		return buf
 	}
 	c.mu.Lock()
 	conn, current := c.conn, c.epoch
 	c.mu.Unlock()
 	if epoch != current {
-		return // the registration these signals belonged to is gone
+		return buf // the registration these signals belonged to is gone
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
-	defer cancel()
 	if conn != nil {
-		frame, _ := json.Marshal(ackRequest{Type: marconi.FrameAck, UpToSeq: upTo})
-		if err := conn.Write(ctx, websocket.MessageText, frame); err == nil {
-			return
+		buf = appendAckFrame(buf[:0], upTo)
+		if err := conn.Write(ctx, websocket.MessageText, buf); err == nil {
+			return buf
 		}
 	}
 	if _, err := c.sessionCall(ctx, http.MethodPost, "/v1/signals/ack", ackRequest{UpToSeq: upTo}, nil); err != nil && c.ctx.Err() == nil {
 		c.log.Warn("marconi: ack failed", "up_to_seq", upTo, "err", err)
 	}
+	return buf
+}
+
+// ackTimeout bounds one ack (its write on the WebSocket, or its call) to
+// between half of it and all of it: see ackDeadline.
+const ackTimeout = 10 * time.Second
+
+// ackDeadline is the context the dispatcher's acks are bounded by: one
+// context serves every ack made while at least half of ackTimeout is left
+// of it, rather than a new context and timer for each. Owned by the
+// dispatcher.
+type ackDeadline struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	until  time.Time
+}
+
+// context is a context ending at least ackTimeout/2 from now, and at most
+// ackTimeout, or when parent ends.
+func (d *ackDeadline) context(parent context.Context) context.Context {
+	if now := time.Now(); d.ctx == nil || d.until.Sub(now) < ackTimeout/2 {
+		d.stop()
+		d.until = now.Add(ackTimeout)
+		d.ctx, d.cancel = context.WithDeadline(parent, d.until)
+	}
+	return d.ctx
+}
+
+// stop releases the current context.
+func (d *ackDeadline) stop() {
+	if d.cancel != nil {
+		d.cancel()
+	}
+}
+
+// appendAckFrame appends the WebSocket ack frame of upTo, as json.Marshal
+// writes ackRequest{Type: "ack", UpToSeq: upTo}.
+func appendAckFrame(dst []byte, upTo int64) []byte {
+	dst = append(dst, `{"type":"ack","up_to_seq":`...)
+	dst = strconv.AppendInt(dst, upTo, 10)
+	return append(dst, '}')
 }

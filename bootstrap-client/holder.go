@@ -32,12 +32,15 @@ type holders struct {
 	mu    sync.Mutex
 	hints map[string]string    // recipient session id → holder URL
 	bad   map[string]time.Time // holder URL → until when it is left alone
+	// checked holds what usable said of the hints seen lately: most
+	// answers name one of a few instances, which need not be parsed again.
+	checked map[string]string
 }
 
 func newHolders(max int, retryAfter time.Duration, hubs []string) *holders {
 	return &holders{
 		max: max, retryAfter: retryAfter, now: time.Now, hubs: hubs,
-		hints: make(map[string]string), bad: make(map[string]time.Time),
+		hints: make(map[string]string), bad: make(map[string]time.Time), checked: make(map[string]string),
 	}
 }
 
@@ -69,9 +72,16 @@ func (h *holders) learn(to, hint string) {
 	if h == nil {
 		return
 	}
-	u := h.usable(hint)
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	u, ok := h.checked[hint]
+	if !ok {
+		u = h.usable(hint)
+		if len(h.checked) >= h.max {
+			clear(h.checked)
+		}
+		h.checked[hint] = u
+	}
 	if u == "" {
 		delete(h.hints, to)
 		return
@@ -189,8 +199,7 @@ func notProcessed(ctx context.Context, err error) bool {
 // sendCall makes one send: to the instance the hub last named as holding
 // the recipient's queue when there is one, else (and when the holder
 // certainly did not get it) through the hub URL. It learns the answer's hint.
-func (c *Client) sendCall(ctx context.Context, req sendRequest, resp *sendResponse) (auth, error) {
-	to := req.ToSession
+func (c *Client) sendCall(ctx context.Context, to string, req encodedBody, resp *sendResponse) (auth, error) {
 	if holder := c.holders.route(to); holder != "" {
 		*resp = sendResponse{}
 		a, err := c.sessionCallAt(ctx, holder, http.MethodPost, "/v1/signals", req, resp)

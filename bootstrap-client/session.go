@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/marconihub/marconi"
@@ -63,7 +64,11 @@ func unavailable(err error) bool {
 
 func (c *Client) doAt(ctx context.Context, base, method, path, bearer string, header http.Header, in, out any) (int, error) {
 	var body io.Reader
-	if in != nil {
+	switch v := in.(type) {
+	case nil:
+	case encodedBody:
+		body = bytes.NewReader(v)
+	default:
 		b, err := json.Marshal(in)
 		if err != nil {
 			return 0, fmt.Errorf("bootstrap: encode %s %s: %w", method, path, err)
@@ -77,30 +82,84 @@ func (c *Client) doAt(ctx context.Context, base, method, path, bearer string, he
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	req.Header.Set("Authorization", "Bearer "+bearer)
+	req.Header["Authorization"] = c.authorization(bearer)
 	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header["Content-Type"] = jsonContentType
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return 0, fmt.Errorf("bootstrap: %s %s: %w: %w", method, base+path, errNoAnswer, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
-	if err != nil {
+	buf := answerBufs.Get().(*bytes.Buffer)
+	defer putAnswerBuf(buf)
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, maxAnswer)); err != nil {
 		return resp.StatusCode, fmt.Errorf("bootstrap: read answer to %s %s: %w: %w", method, base+path, errNoAnswer, err)
 	}
+	data := buf.Bytes()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		he := decodeError(resp.StatusCode, data)
 		he.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 		return resp.StatusCode, he
 	}
 	if out != nil && len(data) > 0 {
-		if err := json.Unmarshal(data, out); err != nil {
+		if d, ok := out.(answerDecoder); ok {
+			err = d.decodeAnswer(data)
+		} else {
+			err = json.Unmarshal(data, out)
+		}
+		if err != nil {
 			return resp.StatusCode, fmt.Errorf("bootstrap: decode answer to %s %s: %w", method, path, err)
 		}
 	}
 	return resp.StatusCode, nil
+}
+
+// encodedBody is a request body encoded already (appendSendRequest), which
+// doAt sends as it is.
+type encodedBody []byte
+
+// answerDecoder is an answer that decodes itself (fastjson.go) rather than
+// through encoding/json's reflection. What it keeps of data is copied:
+// data's buffer is reused.
+type answerDecoder interface {
+	decodeAnswer(data []byte) error
+}
+
+// jsonContentType is the Content-Type of every body the client sends; the
+// request's header holds it as it is, never changed.
+var jsonContentType = []string{"application/json"}
+
+// answerBufs are the buffers answers are read into; one larger than
+// maxPooledAnswer (a drain of large payloads) is left to the GC.
+var answerBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledAnswer = 64 << 10
+
+func putAnswerBuf(b *bytes.Buffer) {
+	if b.Cap() > maxPooledAnswer {
+		return
+	}
+	b.Reset()
+	answerBufs.Put(b)
+}
+
+// authorization is the Authorization header's value for the bearer
+// credential: the last one is kept, so that the calls of one token share
+// it rather than build it each.
+func (c *Client) authorization(bearer string) []string {
+	if a := c.lastAuthorization.Load(); a != nil && a.bearer == bearer {
+		return a.header
+	}
+	a := &authorizationHeader{bearer: bearer, header: []string{"Bearer " + bearer}}
+	c.lastAuthorization.Store(a)
+	return a.header
+}
+
+// authorizationHeader is a bearer credential and its header's value.
+type authorizationHeader struct {
+	bearer string
+	header []string
 }
 
 // sessionCall performs a call with the session token. When the token turned
@@ -413,8 +472,19 @@ func WithIdempotencyKey(key string) SendOption {
 	return func(o *sendOptions) { o.idempotencyKey = key }
 }
 
-// newIdempotencyKey is the key of a Send that names none: 128 random bits.
-func newIdempotencyKey() string { return "bc-" + rand.Text() }
+// newIdempotencyKey is the key of a Send that names none: "bc-" and 26
+// random characters of base32, as rand.Text makes them (at least 128
+// random bits), in one allocation.
+func newIdempotencyKey() string {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+	var b [3 + 26]byte
+	copy(b[:], "bc-")
+	_, _ = rand.Read(b[3:]) // crypto/rand.Read never fails
+	for i := 3; i < len(b); i++ {
+		b[i] = alphabet[b[i]%32]
+	}
+	return string(b[:])
+}
 
 // newRegistrationKey is the Idempotency-Key of one registration: 192 random
 // bits as 32 base64url characters (the hub refuses fewer than 128 bits).
@@ -452,13 +522,16 @@ func (c *Client) Send(ctx context.Context, to, kind string, payload any, opts ..
 		return SendResult{}, fmt.Errorf("bootstrap: encode payload: %w", err)
 	}
 	req := sendRequest{ToSession: to, Kind: kind, Payload: raw, IdempotencyKey: o.idempotencyKey}
+	// Encoded once, for every attempt: a new slice each Send, since the
+	// transport may still read an attempt's body after its answer came.
+	body := encodedBody(appendSendRequest(make([]byte, 0, len(raw)+len(to)+len(kind)+len(o.idempotencyKey)+64), &req))
 	var (
 		resp sendResponse
 		a    auth
 	)
 	var limit rateLimit
 	for attempt := 0; ; {
-		a, err = c.sendCall(ctx, req, &resp)
+		a, err = c.sendCall(ctx, to, body, &resp)
 		if err == nil {
 			break
 		}

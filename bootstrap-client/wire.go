@@ -159,6 +159,8 @@ type sendResponse struct {
 	Pending              []Signal         `json:"pending"`
 }
 
+func (r *sendResponse) decodeAnswer(data []byte) error { return decodeSendResponse(data, r) }
+
 func (r sendResponse) result() SendResult {
 	res := SendResult{
 		SignalID:            r.SignalID,

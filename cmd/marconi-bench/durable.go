@@ -59,6 +59,9 @@ type durableOptions struct {
 	// env is more of the hubs' environment (NAME=value), after the
 	// defaults: fleet's GOMAXPROCS and MARCONI_PPROF.
 	env []string
+	// loadProfile is the file this process's CPU profile of each measured
+	// window goes to (loadProfilePath); empty: none.
+	loadProfile string
 }
 
 func parseDurableOptions(args []string, stderr io.Writer) (durableOptions, error) {
@@ -72,8 +75,15 @@ func parseDurableOptions(args []string, stderr io.Writer) (durableOptions, error
 	fs.IntVar(&o.payload, "payload", 60, "payload bytes of each signal")
 	fs.StringVar(&o.jetstream, "jetstream", "", "a nats-server binary ("+jetstreamVersion+"): measure its JetStream beside Marconi, rounds interleaved, instead of the group commit and second-instance matrix")
 	fs.IntVar(&o.peerRounds, "rounds", 2, fmt.Sprintf("with -jetstream: rounds of one Marconi run then one JetStream run per senders count (1..%d)", maxPeerRounds))
+	fs.StringVar(&o.loadProfile, "load-profile", "", loadProfileUsage)
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	if err := checkLoadProfile(o.loadProfile); err != nil {
+		return o, err
+	}
+	if o.loadProfile != "" && o.jetstream != "" {
+		return o, fmt.Errorf("-load-profile: not with -jetstream (its publishers share the process)")
 	}
 	u, err := url.Parse(o.databaseURL)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
@@ -120,6 +130,9 @@ type durableResult struct {
 	failed   int64
 	perSec   float64
 	p50, p99 time.Duration
+	// loadProfile is the file the step's load profile went to; "" for
+	// none.
+	loadProfile string
 }
 
 func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
@@ -134,6 +147,9 @@ func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
 		results[fmt.Sprintf("%s/%s/%d", gc, where, n)] = r
 		fmt.Fprintf(out, "%-12s %-10s %8d %10.0f %10s %10s %8d\n", gc, where, n, r.perSec,
 			r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.failed)
+		if r.loadProfile != "" {
+			fmt.Fprintf(out, "             load profile: %s (%d sends)\n", r.loadProfile, r.sends)
+		}
 	}
 	for _, gc := range []string{"on", "off"} {
 		a, err := startHub(ctx, o, "bench-a-"+gc, gc, "", logs)
@@ -141,7 +157,7 @@ func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
 			return err
 		}
 		for _, n := range o.senders {
-			r, err := durableStep(ctx, o, a.url, a.url, n)
+			r, err := durableStepProfiled(ctx, o, a.url, a.url, n, fmt.Sprintf("gc%s-local-%d", gc, n))
 			if err != nil {
 				a.stop()
 				return err
@@ -161,7 +177,7 @@ func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
 	}
 	defer b.stop()
 	for _, n := range o.senders {
-		r, err := durableStep(ctx, o, a.url, b.url, n)
+		r, err := durableStepProfiled(ctx, o, a.url, b.url, n, fmt.Sprintf("gcon-remote-%d", n))
 		if err != nil {
 			return err
 		}
@@ -186,6 +202,22 @@ func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
 // recipient.
 func durableStep(ctx context.Context, o durableOptions, senderHub, recipientHub string, n int) (durableResult, error) {
 	return durableStepMarked(ctx, o, senderHub, recipientHub, n, nil)
+}
+
+// durableStepProfiled is durableStep that writes the load profile of its
+// measured window (-load-profile, the file named with tag).
+func durableStepProfiled(ctx context.Context, o durableOptions, senderHub, recipientHub string, n int, tag string) (durableResult, error) {
+	if o.loadProfile == "" {
+		return durableStep(ctx, o, senderHub, recipientHub, n)
+	}
+	path := loadProfilePath(o.loadProfile, tag)
+	marks, done := withLoadProfile(nil, path)
+	r, err := durableStepMarked(ctx, o, senderHub, recipientHub, n, marks)
+	if perr := done(); err == nil {
+		err = perr
+	}
+	r.loadProfile = path
+	return r, err
 }
 
 // stepMarks are called when a step's measured window starts and ends.

@@ -82,6 +82,9 @@ type fleetOptions struct {
 	// statements is how many of Postgres's statements each run lists
 	// (pg_stat_statements); zero: none.
 	statements int
+	// loadProfilePath is where one run's load profile goes; set by
+	// runFleet when -load-profile is.
+	loadProfilePath string
 }
 
 func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
@@ -102,6 +105,7 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	fs.StringVar(&o.altConfig, "alt-haproxy-config", "", "another balancer configuration: each round also runs the three instances behind it (on NATS with -bus-url); -marconi only")
 	fs.StringVar(&o.profileDir, "profile", "", "a directory to write every hub's CPU profile of every run into (MARCONI_PPROF=on; one file per hub and run, and runs.tsv with each run's sends)")
 	fs.IntVar(&o.statements, "statements", 0, fmt.Sprintf("when set (1..%d), each run lists that many of the database's statements that took the most time, per send (pg_stat_statements: the server must preload it; its statistics are reset at each run's start)", maxFleetStatements))
+	fs.StringVar(&o.loadProfile, "load-profile", "", loadProfileUsage)
 	fs.IntVar(&o.rounds, "rounds", 2, fmt.Sprintf("rounds of one run each, one instance then three (1..%d)", maxFleetRounds))
 	instances := fs.String("instances", fmt.Sprintf("1,%d", fleetInstances), fmt.Sprintf("the fleet sizes each round runs: 1, %d or 1,%d (1 alone for a quick before/after of one instance)", fleetInstances, fleetInstances))
 	if err := fs.Parse(args); err != nil {
@@ -127,6 +131,9 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 		return o, fmt.Errorf("-statements %d: want 1..%d, or 0 for none", o.statements, maxFleetStatements)
 	case o.profileDir != "" && o.step < time.Second:
 		return o, fmt.Errorf("-profile: a CPU profile needs -duration of at least 1s")
+	}
+	if err := checkLoadProfile(o.loadProfile); err != nil {
+		return o, err
 	}
 	if o.altConfig != "" {
 		if _, err := os.Stat(o.altConfig); err != nil {
@@ -221,9 +228,16 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 					run.env = append(run.env, fmt.Sprintf("GOMAXPROCS=%d", c.procs))
 				}
 				name := buildName(o, bin)
+				tag := fmt.Sprintf("r%d-%s-%d-%s", round, name, c.instances, c.label())
 				if o.profileDir != "" {
 					run.env = append(run.env, "MARCONI_PPROF=on")
-					run.profileTag = fmt.Sprintf("r%d-%s-%d-%s", round, name, c.instances, c.label())
+					run.profileTag = tag
+				}
+				if o.loadProfile != "" {
+					if fleetRuns(o) == 1 {
+						tag = "" // one run: the file itself
+					}
+					run.loadProfilePath = loadProfilePath(o.loadProfile, tag)
 				}
 				r, err := fleetRun(ctx, run, c.instances, logs)
 				if err != nil {
@@ -233,6 +247,9 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 					r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.commitsPerSend, r.cpuPerSend.Round(time.Microsecond),
 					r.pgPerSend.Round(time.Microsecond), r.loadPerSend.Round(time.Microsecond), 100*r.idle, r.failed)
 				printStatements(out, r)
+				if run.loadProfilePath != "" {
+					fmt.Fprintf(out, "       load profile: %s (%d sends)\n", run.loadProfilePath, r.sends)
+				}
 				key := fmt.Sprintf("%s/%d/%s", name, c.instances, c.label())
 				results[key] = append(results[key], r)
 			}
@@ -272,6 +289,15 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// fleetRuns is how many runs o makes in all.
+func fleetRuns(o fleetOptions) int {
+	n := len(fleetConfigs(o, o.marconi))
+	if o.before != "" {
+		n += len(fleetConfigs(o, o.before))
+	}
+	return n * o.rounds
 }
 
 // The wake-up buses a fleet run can use.
@@ -442,7 +468,11 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 			}
 		},
 	}
+	marks, loadProfileDone := withLoadProfile(marks, o.loadProfilePath)
 	r, err := durableStepMarked(ctx, o.durableOptions, target, target, o.senders[0], marks)
+	if perr := loadProfileDone(); err == nil {
+		err = perr
+	}
 	if o.profileTag != "" && before.started {
 		// The fetches end within a second of the window (whole seconds).
 		for range hubs {

@@ -300,3 +300,86 @@ func schemaConn(t *testing.T) (string, *pgx.Conn) {
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return url, conn
 }
+
+// fleet and durable -load-profile take a file in a directory that exists;
+// a fleet of one run writes that file, of several one file per run, named
+// by its run.
+func TestLoadProfileFlag(t *testing.T) {
+	dir := t.TempDir()
+	db := "postgres://postgres@127.0.0.1:5432/f"
+	base := []string{"-database-url", db, "-haproxy-config", "../../deploy/haproxy.cfg"}
+	file := dir + "/cc.prof"
+	for _, bad := range []string{dir + "/no-such-dir/cc.prof", dir + "/"} {
+		if _, err := parseFleetOptions(append(base, "-load-profile", bad), io.Discard); err == nil || !strings.Contains(err.Error(), "-load-profile") {
+			t.Errorf("fleet -load-profile %q: err %v, want a -load-profile error", bad, err)
+		}
+		if _, err := parseDurableOptions([]string{"-database-url", db, "-load-profile", bad}, io.Discard); err == nil || !strings.Contains(err.Error(), "-load-profile") {
+			t.Errorf("durable -load-profile %q: err %v, want a -load-profile error", bad, err)
+		}
+	}
+	o, err := parseDurableOptions([]string{"-database-url", db, "-load-profile", file}, io.Discard)
+	if err != nil || o.loadProfile != file {
+		t.Errorf("durable -load-profile %s: %q, %v", file, o.loadProfile, err)
+	}
+	for _, tc := range []struct {
+		args []string
+		runs int
+	}{
+		{[]string{"-instances", "1", "-rounds", "1"}, 1},
+		{[]string{"-instances", "1", "-rounds", "2"}, 2},
+		{[]string{"-instances", "1", "-rounds", "1", "-before", "old"}, 2},
+		{[]string{"-rounds", "1"}, 2},
+		{[]string{"-rounds", "2", "-bus-url", "nats://127.0.0.1:4222", "-before", "old"}, 10},
+	} {
+		o, err := parseFleetOptions(append(append(base, "-load-profile", file), tc.args...), io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if o.loadProfile != file {
+			t.Errorf("%v: loadProfile %q, want %q", tc.args, o.loadProfile, file)
+		}
+		if got := fleetRuns(o); got != tc.runs {
+			t.Errorf("%v: %d runs, want %d", tc.args, got, tc.runs)
+		}
+	}
+	if got, want := loadProfilePath(file, ""), file; got != want {
+		t.Errorf("one run: %q, want %q", got, want)
+	}
+	if got, want := loadProfilePath(file, "r1-after-1-NOTIFY"), dir+"/cc-r1-after-1-NOTIFY.prof"; got != want {
+		t.Errorf("a run of several: %q, want %q", got, want)
+	}
+	if got, want := loadProfilePath(dir+"/load", "r2-before-3-NATS"), dir+"/load-r2-before-3-NATS"; got != want {
+		t.Errorf("no extension: %q, want %q", got, want)
+	}
+}
+
+// A load profile covers the window between the marks and is a CPU
+// profile pprof reads; the marks it wraps still run.
+func TestWithLoadProfileWritesTheWindow(t *testing.T) {
+	path := t.TempDir() + "/load.prof"
+	var started, ended bool
+	marks, done := withLoadProfile(&stepMarks{start: func() { started = true }, end: func() { ended = true }}, path)
+	marks.start()
+	marks.end()
+	if err := done(); err != nil {
+		t.Fatal(err)
+	}
+	if !started || !ended {
+		t.Errorf("inner marks: start %v, end %v, want both run", started, ended)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A CPU profile is a gzipped protocol buffer.
+	if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("%s: %d bytes, not a gzipped profile", path, len(b))
+	}
+	// The profiler is free again: another window can be profiled.
+	marks, done = withLoadProfile(nil, path)
+	marks.start()
+	marks.end()
+	if err := done(); err != nil {
+		t.Errorf("a second window: %v", err)
+	}
+}

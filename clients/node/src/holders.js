@@ -22,6 +22,11 @@ export class Holders {
   #hints = new Map();
   /** @type {Map<string, number>} holder URL → until when (ms) it is left alone */
   #bad = new Map();
+  /**
+   * @type {Map<string, string>} what usable said of the hints seen lately:
+   * most answers name one of a few instances, which need not be parsed again
+   */
+  #checked = new Map();
 
   /**
    * @param {number} max bound on each map, at least 1
@@ -67,7 +72,12 @@ export class Holders {
    * @param {unknown} hint the answer's recipient_instance_url
    */
   learn(to, hint) {
-    const u = this.usable(hint);
+    let u = typeof hint === 'string' ? this.#checked.get(hint) : '';
+    if (u === undefined) {
+      u = this.usable(hint);
+      if (this.#checked.size >= this.#max) this.#checked.clear();
+      this.#checked.set(/** @type {string} */ (hint), u);
+    }
     this.#hints.delete(to); // a learned hint goes to the back: the first learned leaves first
     if (u === '') return;
     if (this.#hints.size >= this.#max) {
