@@ -105,7 +105,8 @@ func TestUpDownUp(t *testing.T) {
 		}
 	}
 
-	// The schema works: a session, a signal for it, and the cascade on delete.
+	// The schema works: a session, a signal for it, and the cascade on
+	// delete (a trigger since 0012: TestSignalsCascadeTrigger).
 	now := time.Now()
 	if _, err := conn.Exec(ctx, `INSERT INTO sessions (tenant_id, project_id, session_id, token_hash, registered_at, expires_at)
 		VALUES ('t', 'p', 'bob', '\x01', $1, $2)`, now, now.Add(time.Hour)); err != nil {
@@ -125,10 +126,6 @@ func TestUpDownUp(t *testing.T) {
 	var payload string
 	if err := conn.QueryRow(ctx, `SELECT payload::text FROM signals WHERE id = 'sig-3'`).Scan(&payload); err != nil || payload != verbatim {
 		t.Fatalf("payload read back = %q, %v; want %q", payload, err, verbatim)
-	}
-	if _, err := conn.Exec(ctx, `INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, created_at)
-		VALUES ('t', 'p', 'nobody', 1, 'sig-2', 'alice', 'k', $1)`, now); err == nil {
-		t.Error("a signal for a session that does not exist was accepted")
 	}
 	if _, err := conn.Exec(ctx, `DELETE FROM sessions WHERE session_id = 'bob'`); err != nil {
 		t.Fatal(err)
@@ -414,5 +411,178 @@ func TestHotAckMigratesBesideWrites(t *testing.T) {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatalf("a write beside the migration: %v", err)
+	}
+}
+
+// TestSignalsCascadeTrigger: 0012 replaces the foreign key from signals to
+// sessions by a trigger that deletes a session's signals with it. On a
+// table with rows: up, a deleted session takes its signals and no other's;
+// down, the foreign key is back and cascades as before; up again.
+func TestSignalsCascadeTrigger(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptySchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := migrations.Steps(ctx, u, 11); err != nil {
+		t.Fatalf("up to 0011: %v", err)
+	}
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	now := time.Now()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	for _, s := range []string{"bob", "carol", "dave"} {
+		exec(`INSERT INTO sessions (tenant_id, project_id, session_id, token_hash, registered_at, expires_at)
+			VALUES ('t', 'p', $1, $1::text::bytea, $2, $3)`, s, now, now.Add(time.Hour))
+		exec(`INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, payload, created_at)
+			SELECT 't', 'p', $1, g, $1 || '-' || g, 'alice', 'k', '{}', $2 FROM generate_series(1, 100) g`, s, now)
+	}
+	signalsOf := func() map[string]int {
+		t.Helper()
+		rows, err := conn.Query(ctx, `SELECT to_session, count(*) FROM signals GROUP BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
+			s string
+			n int
+		}, error) {
+			var v struct {
+				s string
+				n int
+			}
+			return v, r.Scan(&v.s, &v.n)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int{}
+		for _, v := range got {
+			out[v.s] = v.n
+		}
+		return out
+	}
+	foreignKeys := func() int {
+		t.Helper()
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_constraint
+			WHERE conrelid = (quote_ident(current_schema()) || '.signals')::regclass AND contype = 'f'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if err := migrations.Steps(ctx, u, 1); err != nil {
+		t.Fatalf("up to 0012 on a table with rows: %v", err)
+	}
+	if n := foreignKeys(); n != 0 {
+		t.Errorf("at 0012, signals has %d foreign keys, want none", n)
+	}
+	exec(`DELETE FROM sessions WHERE session_id = 'bob'`)
+	if got := signalsOf(); got["bob"] != 0 || got["carol"] != 100 || got["dave"] != 100 {
+		t.Errorf("at 0012, signals per session after deleting bob: %v, want carol and dave's 100 each", got)
+	}
+	if err := migrations.Steps(ctx, u, -1); err != nil {
+		t.Fatalf("down to 0011 on a table with rows: %v", err)
+	}
+	if n := foreignKeys(); n != 1 {
+		t.Errorf("at 0011 again, signals has %d foreign keys, want 1", n)
+	}
+	exec(`DELETE FROM sessions WHERE session_id = 'carol'`)
+	if got := signalsOf(); got["carol"] != 0 || got["dave"] != 100 {
+		t.Errorf("at 0011 again, signals per session after deleting carol: %v, want dave's 100", got)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, created_at)
+		VALUES ('t', 'p', 'nobody', 1, 'sig-x', 'alice', 'k', $1)`, now); err == nil {
+		t.Error("at 0011 again, a signal for a session that does not exist was accepted")
+	}
+	if err := migrations.Steps(ctx, u, 1); err != nil {
+		t.Fatalf("up to 0012 again: %v", err)
+	}
+	exec(`DELETE FROM sessions WHERE session_id = 'dave'`)
+	if got := signalsOf(); len(got) != 0 {
+		t.Errorf("at 0012 again, signals left after deleting every session: %v", got)
+	}
+}
+
+// TestSignalsCascadeTriggerSeesARacingAppend: a session deleted while an
+// append to it is in flight (its row updated and its signal inserted, not
+// yet committed) waits for the append, then deletes the signal it stored
+// too: the trigger's statement reads the table after the row's lock was
+// granted, as ON DELETE CASCADE did, and leaves no signal without its
+// session.
+func TestSignalsCascadeTriggerSeesARacingAppend(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptySchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := migrations.Up(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	connect := func() *pgx.Conn {
+		t.Helper()
+		c, err := pgx.Connect(ctx, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		return c
+	}
+	appender, deleter, watcher := connect(), connect(), connect()
+	now := time.Now()
+	if _, err := appender.Exec(ctx, `INSERT INTO sessions (tenant_id, project_id, session_id, token_hash, registered_at, expires_at)
+		VALUES ('t', 'p', 'bob', '\x01', $1, $2)`, now, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	// The append, as appendSQL does it: the row's seq taken under its lock,
+	// then the signal with that seq; not committed yet.
+	tx, err := appender.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // committed below
+	if _, err := tx.Exec(ctx, `WITH bump AS (
+			UPDATE sessions SET last_seq = last_seq + 1 WHERE session_id = 'bob' RETURNING last_seq)
+		INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, created_at)
+		SELECT 't', 'p', 'bob', last_seq, 'sig-1', 'alice', 'k', $1 FROM bump`, now); err != nil {
+		t.Fatal(err)
+	}
+	deleted := make(chan error, 1)
+	go func() {
+		_, err := deleter.Exec(ctx, `DELETE FROM sessions WHERE session_id = 'bob'`)
+		deleted <- err
+	}()
+	for {
+		var waiting bool
+		if err := watcher.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted
+			AND pid IN (SELECT pid FROM pg_stat_activity WHERE query LIKE 'DELETE FROM sessions%'))`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case err := <-deleted:
+			t.Fatalf("the delete ended (%v) while an append held the session's row", err)
+		case <-ctx.Done():
+			t.Fatal("the delete never waited for the append")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-deleted; err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	var n int
+	if err := watcher.QueryRow(ctx, `SELECT count(*) FROM signals`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("signals after their session was deleted beside an append: %d, %v; want 0", n, err)
 	}
 }

@@ -73,6 +73,7 @@ var (
 	alterTable  = regexp.MustCompile(`(?i)^ALTER\s+TABLE\s+` + ifExists + `(?:ONLY\s+)?` + ident + `\s+(.+)$`)
 	dropColumn  = regexp.MustCompile(`(?i)^DROP\s+(?:COLUMN\s+)?` + ifExists + ident)
 	dropConstr  = regexp.MustCompile(`(?i)^DROP\s+CONSTRAINT\s+` + ifExists + ident)
+	addForeign  = regexp.MustCompile(`(?i)^ADD\s+(?:CONSTRAINT\s+` + ident + `\s+)?FOREIGN\s+KEY\b`)
 	alterType   = regexp.MustCompile(`(?i)^ALTER\s+(?:COLUMN\s+)?` + ident + `\s+(?:SET\s+DATA\s+)?TYPE\s+([A-Za-z0-9_]+)`)
 	dropWord    = regexp.MustCompile(`(?i)\b(DROP|DELETE|TRUNCATE|TYPE)\b`)
 )
@@ -109,9 +110,11 @@ func recognise(stmt string) []string {
 		return nil
 	}
 	table := unquote(m[1])
-	var out []string
+	out := []string{} // recognised, though it may drop nothing
 	for _, action := range splitTopLevel(m[2]) {
 		switch {
+		case addForeign.MatchString(action):
+			// Drops nothing; its ON DELETE names what a later delete does.
 		case dropConstr.MatchString(action):
 			out = append(out, "constraint "+table+"."+unquote(dropConstr.FindStringSubmatch(action)[1]))
 		case dropColumn.MatchString(action):

@@ -20,6 +20,8 @@ func TestDropsOfDownSQL(t *testing.T) {
 		{"ALTER TABLE ONLY \"sessions\" DROP CONSTRAINT sessions_key_uniq, ADD COLUMN x int;", []string{"constraint sessions.sessions_key_uniq"}},
 		{"DELETE FROM signals WHERE acked;", []string{"statement: DELETE FROM signals WHERE acked"}},
 		{"CREATE INDEX x ON t (a);", nil},
+		{"ALTER TABLE signals ADD CONSTRAINT fk FOREIGN KEY (a) REFERENCES sessions (a) ON DELETE CASCADE;", nil},
+		{"DROP TRIGGER sessions_delete_signals ON sessions;", []string{"trigger sessions_delete_signals ON sessions"}},
 	}
 	for _, tt := range tests {
 		if got := dropsOf(tt.sql); !reflect.DeepEqual(got, tt.want) {

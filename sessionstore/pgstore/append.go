@@ -66,7 +66,13 @@ const quotaSQLState = "MQ001"
 // counter alone would refuse: near the limit, where they decide.
 // It always returns one row: the new seq and queue instance when it stored
 // the signal; otherwise what decided (the earlier signal, or the recipient's
-// pending count and its project's bytes, NULL when it is not live).
+// pending count and its project's bytes, NULL when it is not live). What
+// explains a refusal (rcpt) is read only when the update stored nothing: a
+// stored append reads the recipient's row once, in its UPDATE.
+//
+// The insert is checked by no foreign key (migration 0012): it stores a
+// signal only with the seq its UPDATE of the recipient's row returned, so
+// the row exists, is live and is locked until the commit.
 //
 // $1 tenant, $2 project, $3 to_session, $4 id, $5 from_session, $6 kind,
 // $7 payload, $8 created_at, $9 idempotency key, $10 delivery,
@@ -95,17 +101,12 @@ const appendSQL = `WITH auth AS (
 		OFFSET 0) d
 	WHERE tenant_id = $1 AND project_id = $2
 	ORDER BY created_at DESC, seq DESC LIMIT 1
-), rcpt AS (
-	SELECT last_seq - acked_seq AS pending,
-	       (SELECT pending_bytes FROM project_usage WHERE tenant_id = $1 AND project_id = $2) AS project_bytes,
-	       ` + seenSQL + ` AS seen
-	FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $13
 ), room AS (
-	SELECT CASE WHEN $16::bigint <= 0 OR coalesce(project_bytes, 0) + $14::bigint <= $16::bigint
-	            THEN coalesce(project_bytes, 0)
-	            ELSE coalesce(project_bytes, 0) + coalesce((SELECT sum(delta) FROM project_usage_deltas
+	SELECT CASE WHEN $16::bigint <= 0 OR coalesce(u.b, 0) + $14::bigint <= $16::bigint
+	            THEN coalesce(u.b, 0)
+	            ELSE coalesce(u.b, 0) + coalesce((SELECT sum(delta) FROM project_usage_deltas
 	                 WHERE tenant_id = $1 AND project_id = $2), 0) END AS project_bytes
-	FROM rcpt
+	FROM (SELECT (SELECT pending_bytes FROM project_usage WHERE tenant_id = $1 AND project_id = $2) AS b OFFSET 0) u
 ), bump AS (
 	UPDATE sessions SET last_seq = last_seq + 1, pending_bytes = pending_bytes + $14::bigint
 	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $13
@@ -117,11 +118,17 @@ const appendSQL = `WITH auth AS (
 	INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, payload,
 		created_at, idempotency_key, delivery, route_state)
 	SELECT $1, $2, $3, bump.last_seq, $4, $5, $6, $7::json, $8, $9, $10, $11 FROM bump
+), rcpt AS (
+	SELECT last_seq - acked_seq AS pending, ` + seenSQL + ` AS seen
+	FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $13
 )
-SELECT auth.ok, bump.last_seq, bump.queue_instance, rcpt.pending, room.project_bytes, rcpt.seen,
+SELECT auth.ok, bump.last_seq, bump.queue_instance,
+	CASE WHEN bump.last_seq IS NULL THEN (SELECT pending FROM rcpt) END,
+	CASE WHEN bump.last_seq IS NULL THEN (SELECT project_bytes FROM room) END,
+	CASE WHEN bump.last_seq IS NULL THEN (SELECT seen FROM rcpt) END,
 	dup.id, dup.seq, dup.tenant_id, dup.project_id, dup.to_session, dup.from_session, dup.kind,
 	dup.payload, dup.created_at, dup.idempotency_key, dup.delivery, dup.route_state
-FROM auth LEFT JOIN bump ON true LEFT JOIN rcpt ON true LEFT JOIN room ON true LEFT JOIN dup ON true`
+FROM auth LEFT JOIN bump ON true LEFT JOIN dup ON true`
 
 // seenSQL is true when the sessions row in scope is the recipient the
 // sender saw ($18 to $21), or when that is not checked.

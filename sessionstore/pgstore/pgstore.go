@@ -281,7 +281,8 @@ func (s *Store) CreateSession(ctx context.Context, in sessionstore.Session, now 
 	var out sessionstore.Session
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
 		// An expired row with the key goes first, its signals with it
-		// (ON DELETE CASCADE), and with them their idempotency keys.
+		// (sessions' delete trigger, migration 0012), and with them their
+		// idempotency keys.
 		if _, err := deleteSession(ctx, tx, in.Key, now); err != nil {
 			return err
 		}
@@ -554,7 +555,8 @@ func (s *Store) TouchSession(ctx context.Context, k sessionstore.Key, t sessions
 	return wrap("touch session", s.writeRow(ctx, &rowReq{k: k, touch: t, live: now}))
 }
 
-// deleteSessionSQL deletes a session (its signals go by ON DELETE CASCADE)
+// deleteSessionSQL deletes a session (its signals go with it: the delete
+// trigger of sessions, migration 0012)
 // and takes its pending bytes off its project's by a delta; it returns how
 // many sessions it deleted. $4 false deletes the session whatever its
 // expiry; true only when it expired before $5.

@@ -241,8 +241,8 @@ const (
 			WHERE tenant_id = e.tenant_id AND project_id = e.project_id AND to_session = e.session_id
 			LIMIT $2) g
 		WHERE e.expires_at < $1 LIMIT $2))`
-	// Only sessions whose signals are gone, so that the ON DELETE CASCADE of
-	// one statement stays bounded. The scalar subquery is one index probe
+	// Only sessions whose signals are gone, so that the delete trigger's
+	// cascade (migration 0012) of one statement stays bounded. The scalar subquery is one index probe
 	// per session (an anti join could scan all of signals).
 	// The pending bytes they still held come off their projects' counters.
 	pruneExpiredSessionsSQL = `WITH d AS (
