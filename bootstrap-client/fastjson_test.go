@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/google/uuid"
 )
 
 // hubSendAnswers are send answers as the hub writes them
@@ -188,20 +190,28 @@ func FuzzSendRequest(f *testing.F) {
 	})
 }
 
-// A generated idempotency key is "bc-" and 26 characters of base32, as
-// rand.Text writes them, and never the same twice.
+// A generated idempotency key is "bc-" and a UUIDv7, never the same twice,
+// and each one made sorts after the one before (in byte order, as in the
+// store's index), so that a sender's keys are added at the end of it.
 func TestNewIdempotencyKey(t *testing.T) {
 	seen := map[string]bool{}
+	last := ""
 	for range 1000 {
 		k := newIdempotencyKey()
 		if !idempotencyKeyForm.MatchString(k) {
-			t.Fatalf("key %q, want bc- and 26 base32 characters", k)
+			t.Fatalf("key %q, want bc- and a UUIDv7", k)
+		}
+		if u, err := uuid.Parse(k[3:]); err != nil || u.Version() != 7 || u.String() != k[3:] {
+			t.Fatalf("key %q: not bc- and a UUIDv7 as uuid writes it (%v)", k, err)
 		}
 		if seen[k] {
 			t.Fatalf("key %q made twice", k)
 		}
-		seen[k] = true
+		if k <= last {
+			t.Fatalf("key %q made after %q sorts before it", k, last)
+		}
+		seen[k], last = true, k
 	}
 }
 
-var idempotencyKeyForm = regexp.MustCompile(`^bc-[A-Z2-7]{26}$`)
+var idempotencyKeyForm = regexp.MustCompile(`^bc-[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/marconihub/marconi"
 )
 
@@ -472,17 +474,26 @@ func WithIdempotencyKey(key string) SendOption {
 	return func(o *sendOptions) { o.idempotencyKey = key }
 }
 
-// newIdempotencyKey is the key of a Send that names none: "bc-" and 26
-// random characters of base32, as rand.Text makes them (at least 128
-// random bits), in one allocation.
+// newIdempotencyKey is the key of a Send that names none: "bc-" and a
+// UUIDv7 (48 bits of Unix milliseconds, then 74 random bits, increasing
+// within this process), in one allocation. Keys that grow with time are
+// added at the end of the store's index of each sender's keys
+// (signals_sender_key_idx) rather than on a random page of it, which after
+// every checkpoint cost nearly every send a full-page image in the WAL
+// (docs/benchmarks-history.md, "Time-ordered idempotency keys").
 func newIdempotencyKey() string {
-	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
-	var b [3 + 26]byte
+	u := uuid.Must(uuid.NewV7()) // fails only if crypto/rand does, which it never does
+	var b [3 + 36]byte
 	copy(b[:], "bc-")
-	_, _ = rand.Read(b[3:]) // crypto/rand.Read never fails
-	for i := 3; i < len(b); i++ {
-		b[i] = alphabet[b[i]%32]
-	}
+	hex.Encode(b[3:11], u[0:4])
+	b[11] = '-'
+	hex.Encode(b[12:16], u[4:6])
+	b[16] = '-'
+	hex.Encode(b[17:21], u[6:8])
+	b[21] = '-'
+	hex.Encode(b[22:26], u[8:10])
+	b[26] = '-'
+	hex.Encode(b[27:39], u[10:16])
 	return string(b[:])
 }
 

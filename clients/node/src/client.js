@@ -1,7 +1,8 @@
 // The Marconi client: one registered, attached session.
 
-import { randomBytes, randomUUID } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { EventEmitter, setMaxListeners } from 'node:events';
+import { newIdempotencyKey } from './keys.js';
 import WebSocket from './ws.js';
 
 /** @typedef {import('ws').default} WebSocket the type of ws's sockets (./ws.js exports only the class) */
@@ -235,7 +236,7 @@ export class Client extends EventEmitter {
    */
   async send(to, kind, payload, options = {}) {
     if (this.#closed) throw new ClientClosedError();
-    const key = options.idempotencyKey ?? randomUUID();
+    const key = options.idempotencyKey ?? newIdempotencyKey();
     /** @type {Record<string, unknown>} */
     const req = { to_session: to, payload: payload === undefined ? null : payload, idempotency_key: key };
     if (kind) req.kind = kind;

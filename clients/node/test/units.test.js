@@ -11,6 +11,7 @@ import { decodeError, permanent } from '../src/errors.js';
 import { TransportError } from '../src/http.js';
 import { Holders, notProcessed } from '../src/holders.js';
 import { Hubs } from '../src/hubs.js';
+import { newIdempotencyKey } from '../src/keys.js';
 import { Sequencer } from '../src/sequencer.js';
 import { linked } from '../src/signals.js';
 
@@ -291,4 +292,21 @@ test('settle: holder routing options are checked and defaulted', () => {
   assert.throws(() => settle({ ...base, noHolderRouting: /** @type {any} */ ('yes') }), TypeError);
   assert.equal(cfg.ackIntervalMs, 50);
   assert.throws(() => settle({ ...base, ackIntervalMs: 0 }), TypeError);
+});
+
+test('idempotency keys: UUIDv7, never the same twice, each sorting after the one before', () => {
+  const form = /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
+  const seen = new Set();
+  let last = '';
+  const before = Date.now();
+  for (let i = 0; i < 10000; i++) { // more than 4096 in one millisecond, on a fast machine
+    const k = newIdempotencyKey();
+    assert.match(k, form);
+    assert.ok(!seen.has(k), `key ${k} made twice`);
+    assert.ok(k > last, `key ${k} made after ${last} sorts before it`);
+    seen.add(k);
+    last = k;
+  }
+  const ms = parseInt(last.slice(0, 8) + last.slice(9, 13), 16);
+  assert.ok(ms >= before, `the last key's time ${ms} is before the first was made (${before})`);
 });
