@@ -24,6 +24,8 @@ type statementCost struct {
 	planTime    time.Duration // planning, when the server tracks it
 	buffersHit  int64         // shared buffers read (hit or not)
 	walRecords  int64
+	walFPI      int64   // full-page images among walRecords
+	walBytes    float64 // the WAL they wrote
 	rowsChanged int64
 }
 
@@ -67,7 +69,7 @@ func topStatements(ctx context.Context, databaseURL string, n int) ([]statementC
 			return err
 		}
 		rows, err := conn.Query(ctx, `SELECT query, calls, total_exec_time, total_plan_time,
-				shared_blks_hit + shared_blks_read, wal_records, rows
+				shared_blks_hit + shared_blks_read, wal_records, wal_fpi, wal_bytes::float8, rows
 			FROM `+schema+`.pg_stat_statements
 			WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 			  AND query NOT LIKE '%pg_stat_statements%'
@@ -79,7 +81,7 @@ func topStatements(ctx context.Context, databaseURL string, n int) ([]statementC
 		for rows.Next() {
 			var c statementCost
 			var exec, plan float64 // milliseconds
-			if err := rows.Scan(&c.query, &c.calls, &exec, &plan, &c.buffersHit, &c.walRecords, &c.rowsChanged); err != nil {
+			if err := rows.Scan(&c.query, &c.calls, &exec, &plan, &c.buffersHit, &c.walRecords, &c.walFPI, &c.walBytes, &c.rowsChanged); err != nil {
 				return err
 			}
 			c.execTime = time.Duration(exec * float64(time.Millisecond))
@@ -123,11 +125,11 @@ func printStatements(out io.Writer, r fleetResult) {
 		return
 	}
 	n := float64(r.sends)
-	fmt.Fprintf(out, "       %9s %10s %10s %12s %12s  %s\n", "calls/send", "exec/send", "plan/send", "buffers/send", "wal_recs/send", "statement")
+	fmt.Fprintf(out, "       %9s %10s %10s %12s %12s %9s %12s  %s\n", "calls/send", "exec/send", "plan/send", "buffers/send", "wal_recs/send", "fpi/send", "wal_B/send", "statement")
 	for _, c := range r.statements {
-		fmt.Fprintf(out, "       %9.2f %10s %10s %12.1f %12.1f  %s\n", float64(c.calls)/n,
+		fmt.Fprintf(out, "       %9.2f %10s %10s %12.1f %12.1f %9.2f %12.0f  %s\n", float64(c.calls)/n,
 			(c.execTime / time.Duration(r.sends)).Round(100*time.Nanosecond), (c.planTime / time.Duration(r.sends)).Round(100*time.Nanosecond),
-			float64(c.buffersHit)/n, float64(c.walRecords)/n, c.query)
+			float64(c.buffersHit)/n, float64(c.walRecords)/n, float64(c.walFPI)/n, c.walBytes/n, c.query)
 	}
 }
 
