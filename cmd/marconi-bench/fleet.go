@@ -228,7 +228,7 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 	n := o.senders[0]
 	fmt.Fprintf(out, "fleet: %d senders, each to its own attached recipient (acking over its WebSocket), payload %d B, %s per run after a %s warm-up, %d rounds\n",
 		n, o.payload, o.step, durableWarmup, o.rounds)
-	fmt.Fprintf(out, "%-6s %-7s %-10s %-12s %10s %10s %10s %14s %14s %13s %14s %6s %8s\n", "round", "build", "instances", "bus", "sends/s", "p50", "p99", "commits/send", "hub_cpu/send", "pg_cpu/send", "load_cpu/send", "idle", "failed")
+	fmt.Fprintf(out, "%-6s %-7s %-10s %-16s %10s %10s %10s %14s %14s %13s %14s %6s %8s\n", "round", "build", "instances", "bus", "sends/s", "p50", "p99", "commits/send", "hub_cpu/send", "pg_cpu/send", "load_cpu/send", "idle", "failed")
 	builds := []string{o.marconi}
 	if o.before != "" {
 		builds = []string{o.before, o.marconi}
@@ -268,9 +268,12 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(out, "%-6d %-7s %-10d %-12s %10.0f %10s %10s %14.2f %14s %13s %14s %5.0f%% %8d\n", round, name, c.instances, c.label(), r.perSec,
+				fmt.Fprintf(out, "%-6d %-7s %-10d %-16s %10.0f %10s %10s %14.2f %14s %13s %14s %5.0f%% %8d\n", round, name, c.instances, c.label(), r.perSec,
 					r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.commitsPerSend, r.cpuPerSend.Round(time.Microsecond),
 					r.pgPerSend.Round(time.Microsecond), r.loadPerSend.Round(time.Microsecond), 100*r.idle, r.failed)
+				if c.instances > 1 {
+					fmt.Fprintf(out, "       holder-routed (to recipient_instance_url): %d sends, warm-up included; %d found it unreachable\n", r.holderSends, r.holderFallbacks)
+				}
 				printStatements(out, r)
 				if run.loadProfilePath != "" {
 					fmt.Fprintf(out, "       load profile: %s (%d sends)\n", run.loadProfilePath, r.sends)
