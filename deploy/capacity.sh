@@ -5,9 +5,18 @@
 # GOMAXPROCS, when set, is each hub's (docs/operations.md: an instance's share of the cores);
 # the load generator runs without it, with Go's default (the machine's cores), so that the
 # hubs' setting is what a run measures.
+# CAPACITY_PUBLIC_URL=balancer|direct (three instances; default balancer) is what each instance
+# publishes as MARCONI_PUBLIC_URL: its balancer path http://LB/i/hub-N, so holder-routed sends
+# cross HAProxy, or its own http://127.0.0.1:PORT, so they skip it (docs/operations.md, "Behind a
+# load balancer").
 # Needs psql and curl, Postgres on 127.0.0.1:5432 (user postgres, trust), haproxy for 3.
 set -euo pipefail
 N=${1:-1}; AGENTS=${2:-300}; RATE=${3:-3}; DUR=${4:-20s}
+PUBLIC=${CAPACITY_PUBLIC_URL:-balancer}
+case $PUBLIC in
+  balancer|direct) ;;
+  *) echo "CAPACITY_PUBLIC_URL=$PUBLIC: want balancer or direct" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 D=$(mktemp -d)
 go build -o "$D/marconi" ./cmd/marconi
@@ -28,7 +37,7 @@ LB=127.0.0.1:19080
 for i in $(seq 1 "$N"); do
   port=$((19080 + i))
   pub=http://127.0.0.1:$port
-  [ "$N" = 1 ] || pub=http://$LB/i/hub-$i
+  [ "$N" = 1 ] || [ "$PUBLIC" = direct ] || pub=http://$LB/i/hub-$i
   MARCONI_MODE=lan MARCONI_ADDR=127.0.0.1:$port MARCONI_DATABASE_URL=$URL MARCONI_INSTANCE_ID=hub-$i \
     MARCONI_PUBLIC_URL=$pub MARCONI_API_KEYS=$KEY=t1/p1 MARCONI_ADMIN_TOKEN=capacity-admin-token-0123 \
     MARCONI_SEND_RATE_PER_SECOND=100000 MARCONI_MAX_CONNECTIONS_PER_ADDRESS=100000 \
@@ -46,5 +55,6 @@ if [ "$N" != 1 ]; then
   HUB=http://$LB
 fi
 echo "hubs: GOMAXPROCS=${GOMAXPROCS:-default}; load generator: GOMAXPROCS=default"
+[ "$N" = 1 ] || echo "public URLs: $PUBLIC"
 MARCONI_BENCH_API_KEY=$KEY env -u GOMAXPROCS "$D/marconi-bench" -hub "$HUB" -agents "$AGENTS" -rate "$RATE" -duration "$DUR"
 for i in $(seq 1 "$N"); do echo "hub-$i CPU time: $(ps -o cputime= -p "${pids[$((i - 1))]}")"; done

@@ -19,6 +19,7 @@ cp "$CAPACITY_STUBS/$(basename "$4")" "$3"
 `,
 	"marconi": `#!/bin/sh
 echo "${GOMAXPROCS-unset}" > "$CAPACITY_STUBS/ran-$MARCONI_INSTANCE_ID"
+echo "$MARCONI_PUBLIC_URL" > "$CAPACITY_STUBS/public-$MARCONI_INSTANCE_ID"
 exec sleep 60
 `,
 	"marconi-bench": `#!/bin/sh
@@ -63,5 +64,52 @@ func TestCapacityScriptGOMAXPROCSIsTheHubsOnly(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "hubs: GOMAXPROCS=1; load generator: GOMAXPROCS=default\n") {
 		t.Errorf("capacity.sh does not say which GOMAXPROCS each side has:\n%s", out)
+	}
+}
+
+// deploy/capacity.sh's CAPACITY_PUBLIC_URL makes the three instances
+// publish their balancer paths (balancer, the default) or their own
+// addresses (direct), and refuses anything else before it starts a thing.
+func TestCapacityScriptPublicURL(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Fatalf("deploy/capacity.sh is a bash script, and no bash is on PATH: %v", err)
+	}
+	for _, tc := range []struct {
+		knob string
+		want map[string]string
+	}{
+		{"", map[string]string{"hub-1": "http://127.0.0.1:19080/i/hub-1", "hub-3": "http://127.0.0.1:19080/i/hub-3"}},
+		{"balancer", map[string]string{"hub-2": "http://127.0.0.1:19080/i/hub-2"}},
+		{"direct", map[string]string{"hub-1": "http://127.0.0.1:19081", "hub-2": "http://127.0.0.1:19082", "hub-3": "http://127.0.0.1:19083"}},
+	} {
+		stubs := t.TempDir()
+		for name, text := range capacityStubs {
+			if err := os.WriteFile(filepath.Join(stubs, name), []byte(text), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", "3", "2", "1", "1s")
+		cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"),
+			"CAPACITY_STUBS="+stubs, "CAPACITY_PUBLIC_URL="+tc.knob)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("CAPACITY_PUBLIC_URL=%q: %v\n%s", tc.knob, err, out)
+		}
+		for id, want := range tc.want {
+			got, err := os.ReadFile(filepath.Join(stubs, "public-"+id))
+			if err != nil {
+				t.Fatalf("CAPACITY_PUBLIC_URL=%q: %s did not start: %v\n%s", tc.knob, id, err, out)
+			}
+			if strings.TrimSpace(string(got)) != want {
+				t.Errorf("CAPACITY_PUBLIC_URL=%q: %s published %q, want %q", tc.knob, id, strings.TrimSpace(string(got)), want)
+			}
+		}
+	}
+	stubs := t.TempDir()
+	cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", "3", "2", "1", "1s")
+	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_PUBLIC_URL=Direct")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "CAPACITY_PUBLIC_URL") {
+		t.Errorf("CAPACITY_PUBLIC_URL=Direct: err %v, want a refusal that names the variable:\n%s", err, out)
 	}
 }

@@ -133,6 +133,10 @@ type durableResult struct {
 	// loadProfile is the file the step's load profile went to; "" for
 	// none.
 	loadProfile string
+	// holderSends are the senders' sends that went straight to the
+	// recipient's instance (recipient_instance_url), warm-up included;
+	// holderFallbacks those that found it unreachable.
+	holderSends, holderFallbacks int
 }
 
 func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
@@ -277,10 +281,16 @@ func durableStepMarked(ctx context.Context, o durableOptions, senderHub, recipie
 	}
 
 	body := strings.Repeat("x", o.payload-2) // a JSON string of o.payload bytes
-	return closedLoop(ctx, o, n, marks, func(ctx context.Context, i int) error {
+	r, err := closedLoop(ctx, o, n, marks, func(ctx context.Context, i int) error {
 		_, err := senders[i].Send(ctx, recipients[i], "bench", body)
 		return err
 	})
+	for _, s := range senders {
+		st := s.Stats()
+		r.holderSends += st.HolderSends
+		r.holderFallbacks += st.HolderFallbacks
+	}
+	return r, err
 }
 
 // settledTables are the tables a step writes, found by the URL's

@@ -40,7 +40,12 @@ import (
 // -profile DIR every hub's CPU profile over each measured window is written
 // to DIR for go tool pprof, with the run's sends beside it to read it per
 // send. With -statements N each run lists the N statements Postgres spent
-// the most time on, per send (statements.go).
+// the most time on, per send (statements.go). With -public-url direct each
+// instance's MARCONI_PUBLIC_URL is its own address instead of its balancer
+// path (<balancer>/i/<id>), so that the senders' holder-routed sends
+// (recipient_instance_url) skip the balancer; with -public-url both each
+// three-instance run is made twice in a round, through the balancer then
+// direct, and their ratios are printed.
 
 // Bounds of a fleet run.
 const (
@@ -85,7 +90,20 @@ type fleetOptions struct {
 	// loadProfilePath is where one run's load profile goes; set by
 	// runFleet when -load-profile is.
 	loadProfilePath string
+	// publish is what the three instances' MARCONI_PUBLIC_URL names:
+	// publishBalancer, publishDirect or publishBoth (a run of each).
+	publish string
+	// direct makes one run's instances publish their own addresses; set
+	// by runFleet.
+	direct bool
 }
+
+// What -public-url makes the instances behind the balancer publish.
+const (
+	publishBalancer = "balancer" // <balancer>/i/<id>: holder-routed sends cross it
+	publishDirect   = "direct"   // http://<instance's own address>: they skip it
+	publishBoth     = "both"     // a run of each, balancer then direct
+)
 
 func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	var o fleetOptions
@@ -107,6 +125,7 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	fs.IntVar(&o.statements, "statements", 0, fmt.Sprintf("when set (1..%d), each run lists that many of the database's statements that took the most time, per send (pg_stat_statements: the server must preload it; its statistics are reset at each run's start)", maxFleetStatements))
 	fs.StringVar(&o.loadProfile, "load-profile", "", loadProfileUsage)
 	fs.IntVar(&o.rounds, "rounds", 2, fmt.Sprintf("rounds of one run each, one instance then three (1..%d)", maxFleetRounds))
+	fs.StringVar(&o.publish, "public-url", publishBalancer, "what each of the three instances publishes as MARCONI_PUBLIC_URL (the send answers' recipient_instance_url): balancer (<balancer>/i/<id>, so holder-routed sends cross the balancer), direct (the instance's own address: they skip it) or both (each three-instance run twice, balancer then direct)")
 	instances := fs.String("instances", fmt.Sprintf("1,%d", fleetInstances), fmt.Sprintf("the fleet sizes each round runs: 1, %d or 1,%d (1 alone for a quick before/after of one instance)", fleetInstances, fleetInstances))
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -158,6 +177,11 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	if _, err := os.Stat(o.config); err != nil {
 		return o, fmt.Errorf("-haproxy-config: %w", err)
 	}
+	switch o.publish {
+	case publishBalancer, publishDirect, publishBoth:
+	default:
+		return o, fmt.Errorf("-public-url %q: want %s, %s or %s", o.publish, publishBalancer, publishDirect, publishBoth)
+	}
 	switch *instances {
 	case "1":
 		o.instances = []int{1}
@@ -204,7 +228,7 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 	n := o.senders[0]
 	fmt.Fprintf(out, "fleet: %d senders, each to its own attached recipient (acking over its WebSocket), payload %d B, %s per run after a %s warm-up, %d rounds\n",
 		n, o.payload, o.step, durableWarmup, o.rounds)
-	fmt.Fprintf(out, "%-6s %-7s %-10s %-12s %10s %10s %10s %14s %14s %13s %14s %6s %8s\n", "round", "build", "instances", "bus", "sends/s", "p50", "p99", "commits/send", "hub_cpu/send", "pg_cpu/send", "load_cpu/send", "idle", "failed")
+	fmt.Fprintf(out, "%-6s %-7s %-10s %-16s %10s %10s %10s %14s %14s %13s %14s %6s %8s\n", "round", "build", "instances", "bus", "sends/s", "p50", "p99", "commits/send", "hub_cpu/send", "pg_cpu/send", "load_cpu/send", "idle", "failed")
 	builds := []string{o.marconi}
 	if o.before != "" {
 		builds = []string{o.before, o.marconi}
@@ -224,6 +248,7 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 				if c.altLB {
 					run.config = o.altConfig
 				}
+				run.direct = c.direct
 				if c.procs > 0 {
 					run.env = append(run.env, fmt.Sprintf("GOMAXPROCS=%d", c.procs))
 				}
@@ -243,9 +268,12 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(out, "%-6d %-7s %-10d %-12s %10.0f %10s %10s %14.2f %14s %13s %14s %5.0f%% %8d\n", round, name, c.instances, c.label(), r.perSec,
+				fmt.Fprintf(out, "%-6d %-7s %-10d %-16s %10.0f %10s %10s %14.2f %14s %13s %14s %5.0f%% %8d\n", round, name, c.instances, c.label(), r.perSec,
 					r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.commitsPerSend, r.cpuPerSend.Round(time.Microsecond),
 					r.pgPerSend.Round(time.Microsecond), r.loadPerSend.Round(time.Microsecond), 100*r.idle, r.failed)
+				if c.instances > 1 {
+					fmt.Fprintf(out, "       holder-routed (to recipient_instance_url): %d sends, warm-up included; %d found it unreachable\n", r.holderSends, r.holderFallbacks)
+				}
 				printStatements(out, r)
 				if run.loadProfilePath != "" {
 					fmt.Fprintf(out, "       load profile: %s (%d sends)\n", run.loadProfilePath, r.sends)
@@ -270,21 +298,34 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 			if bin != o.marconi || (p.procs == 0 && !p.altLB) {
 				continue
 			}
-			d := fleetConfig{instances: fleetInstances, bus: p.bus}
+			d := fleetConfig{instances: fleetInstances, bus: p.bus, direct: p.direct}
 			fmt.Fprintln(out, fleetRatios(fmt.Sprintf("%s: three instances on %s / on %s (three each)", name, p.label(), d.label()), o.rounds,
 				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, p.label())]),
 				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, d.label())])))
 		}
+		for _, d := range fleetConfigs(o, bin) {
+			if !d.direct || o.publish != publishBoth {
+				continue
+			}
+			b := d
+			b.direct = false
+			fmt.Fprintln(out, fleetRatios(fmt.Sprintf("%s: three instances on %s / on %s", name, d.label(), b.label()), o.rounds,
+				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, d.label())]),
+				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, b.label())])))
+		}
 		if bin == o.marconi && o.natsURL != "" && withThree {
-			fmt.Fprintln(out, fleetRatios(name+": three instances on NATS / three on NOTIFY", o.rounds,
-				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, busNATS)]),
-				meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, busNOTIFY)])))
+			for _, direct := range fleetPublishes(o) {
+				nats, notify := fleetConfig{bus: busNATS, direct: direct}, fleetConfig{bus: busNOTIFY, direct: direct}
+				fmt.Fprintln(out, fleetRatios(fmt.Sprintf("%s: three instances on %s / three on %s", name, nats.label(), notify.label()), o.rounds,
+					meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, nats.label())]),
+					meanFleet(results[fmt.Sprintf("%s/%d/%s", name, fleetInstances, notify.label())])))
+			}
 		}
 	}
 	if o.before != "" {
 		for _, c := range fleetConfigs(o, o.before) { // the runs both builds made
-			key := fmt.Sprintf("/%d/%s", c.instances, c.bus)
-			fmt.Fprintln(out, fleetRatios(fmt.Sprintf("%d instance(s) on %s: after / before", c.instances, c.bus), o.rounds,
+			key := fmt.Sprintf("/%d/%s", c.instances, c.label())
+			fmt.Fprintln(out, fleetRatios(fmt.Sprintf("%d instance(s) on %s: after / before", c.instances, c.label()), o.rounds,
 				meanFleet(results["after"+key]), meanFleet(results["before"+key])))
 		}
 	}
@@ -313,6 +354,9 @@ type fleetConfig struct {
 	bus       string
 	procs     int
 	altLB     bool // behind -alt-haproxy-config
+	// direct: the instances publish their own addresses, not their
+	// balancer paths (-public-url).
+	direct bool
 }
 
 // label names c's bus, and its GOMAXPROCS when set, in rows and files.
@@ -324,7 +368,22 @@ func (c fleetConfig) label() string {
 	if c.altLB {
 		l += "-altLB"
 	}
+	if c.direct {
+		l += "-direct"
+	}
 	return l
+}
+
+// fleetPublishes are the values of fleetConfig.direct that -public-url
+// asks three-instance runs to be made with, in a round's order.
+func fleetPublishes(o fleetOptions) []bool {
+	switch o.publish {
+	case publishDirect:
+		return []bool{true}
+	case publishBoth:
+		return []bool{false, true}
+	}
+	return []bool{false}
 }
 
 // fleetExtraConfig is an extra three-instance run (-gomaxprocs,
@@ -340,7 +399,9 @@ func fleetExtraConfig(o fleetOptions, procs int, altLB bool) fleetConfig {
 // fleetConfigs are the runs of a round for bin: one instance, then three
 // on NOTIFY, then (for -marconi with -bus-url) three on NATS, less the
 // sizes -instances leaves out. One instance wakes nobody, so it has no NATS
-// run.
+// run; it has no balancer either, so -public-url leaves it alone. Each
+// three-instance run is made with each of fleetPublishes, one after the
+// other.
 func fleetConfigs(o fleetOptions, bin string) []fleetConfig {
 	var cs []fleetConfig
 	if slices.Contains(o.instances, 1) {
@@ -349,7 +410,21 @@ func fleetConfigs(o fleetOptions, bin string) []fleetConfig {
 	if !slices.Contains(o.instances, fleetInstances) {
 		return cs
 	}
-	cs = append(cs, fleetConfig{instances: fleetInstances, bus: busNOTIFY})
+	for _, c := range fleetThreeConfigs(o, bin) {
+		for _, direct := range fleetPublishes(o) {
+			c.direct = direct
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
+// fleetThreeConfigs are the three-instance runs of a round for bin, each
+// as the balancer's paths name the instances: three on NOTIFY, then (for
+// -marconi) three on NATS with -bus-url, and the -gomaxprocs and
+// -alt-haproxy-config runs.
+func fleetThreeConfigs(o fleetOptions, bin string) []fleetConfig {
+	cs := []fleetConfig{{instances: fleetInstances, bus: busNOTIFY}}
 	if o.natsURL != "" && bin == o.marconi {
 		cs = append(cs, fleetConfig{instances: fleetInstances, bus: busNATS})
 	}
@@ -412,6 +487,8 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 	// Behind the balancer, each instance's public URL is <balancer>/i/<id>
 	// (deploy/haproxy.cfg routes it there), as deploy/capacity.sh sets it:
 	// the send answers' recipient_instance_url then reaches the instance.
+	// Direct (-public-url), it is the instance's own address, startHub's
+	// default.
 	var lbAddr string
 	if k > 1 {
 		var err error
@@ -422,7 +499,7 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 	for i := 1; i <= k; i++ {
 		id, public := fmt.Sprintf("hub-%d", i), ""
 		if k > 1 {
-			public = "http://" + lbAddr + "/i/" + id
+			public = fleetPublicURL(lbAddr, id, o.direct)
 		}
 		h, err := startHub(ctx, o.durableOptions, id, "on", public, logs)
 		if err != nil {
@@ -506,6 +583,16 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 		}
 	}
 	return out, nil
+}
+
+// fleetPublicURL is the MARCONI_PUBLIC_URL of instance id behind the
+// balancer at lbAddr: its path on the balancer, or "" when direct (startHub
+// then publishes the instance's own address).
+func fleetPublicURL(lbAddr, id string, direct bool) string {
+	if direct {
+		return ""
+	}
+	return "http://" + lbAddr + "/i/" + id
 }
 
 // fleetSample is what a run's figures are deltas of: the database's

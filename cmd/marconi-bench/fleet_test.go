@@ -383,3 +383,55 @@ func TestWithLoadProfileWritesTheWindow(t *testing.T) {
 		t.Errorf("a second window: %v", err)
 	}
 }
+
+// fleet -public-url takes balancer (the default), direct or both: the
+// three-instance runs of a round publish their balancer paths, their own
+// addresses, or each in turn; one instance has no balancer to skip.
+func TestFleetPublicURL(t *testing.T) {
+	base := []string{"-database-url", "postgres://postgres@127.0.0.1:5432/f", "-haproxy-config", "../../deploy/haproxy.cfg", "-marconi", "new", "-before", "old"}
+	for _, bad := range []string{"", "Direct", "http://127.0.0.1:8080", "balancer,direct"} {
+		_, err := parseFleetOptions(append(base, "-public-url", bad), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "-public-url") {
+			t.Errorf("-public-url %q: err %v, want a -public-url error", bad, err)
+		}
+	}
+	one := fleetConfig{instances: 1, bus: busNOTIFY}
+	three := fleetConfig{instances: 3, bus: busNOTIFY}
+	direct := fleetConfig{instances: 3, bus: busNOTIFY, direct: true}
+	for _, tc := range []struct {
+		args []string
+		want []fleetConfig
+	}{
+		{nil, []fleetConfig{one, three}},
+		{[]string{"-public-url", "balancer"}, []fleetConfig{one, three}},
+		{[]string{"-public-url", "direct"}, []fleetConfig{one, direct}},
+		{[]string{"-public-url", "both"}, []fleetConfig{one, three, direct}},
+		{[]string{"-public-url", "both", "-instances", "1"}, []fleetConfig{one}},
+		{[]string{"-public-url", "both", "-gomaxprocs", "1"}, []fleetConfig{one, three, direct,
+			{instances: 3, bus: busNOTIFY, procs: 1}, {instances: 3, bus: busNOTIFY, procs: 1, direct: true}}},
+	} {
+		o, err := parseFleetOptions(append(base, tc.args...), io.Discard)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if got := fleetConfigs(o, "new"); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%v: runs %v, want %v", tc.args, got, tc.want)
+		}
+	}
+	o, err := parseFleetOptions(append(base, "-public-url", "both", "-gomaxprocs", "1"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fleetConfigs(o, "old"), []fleetConfig{one, three, direct}; !reflect.DeepEqual(got, want) {
+		t.Errorf("-before with -public-url both: runs %v, want %v", got, want)
+	}
+	if got := fleetConfigs(o, "new")[4].label(); got != "NOTIFY-P1-direct" {
+		t.Errorf("label %q, want NOTIFY-P1-direct", got)
+	}
+	if got, want := fleetPublicURL("127.0.0.1:9000", "hub-2", false), "http://127.0.0.1:9000/i/hub-2"; got != want {
+		t.Errorf("balancer public URL %q, want %q", got, want)
+	}
+	if got := fleetPublicURL("127.0.0.1:9000", "hub-2", true); got != "" {
+		t.Errorf("direct public URL %q, want \"\" (the instance's own address)", got)
+	}
+}
