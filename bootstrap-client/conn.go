@@ -99,8 +99,16 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 				c.failover(idx, he)
 			}
 			if he.Code == marconi.CodeWrongInstance && he.instanceURL != "" && hop < maxWrongInstanceHops {
+				target := tokenURL(c.urls, he.instanceURL)
+				if target == "" {
+					// The session token must not go there: plain http from
+					// an https hub, a loopback address from a remote one.
+					c.log.Warn("marconi: not following wrong_instance to an instance_url the session token may not go to (publish https:// instance URLs on an https fleet: docs/operations.md)",
+						"instance_url", he.instanceURL)
+					return nil, 0, he
+				}
 				c.log.Debug("marconi: following wrong_instance", "instance_url", he.instanceURL)
-				base = trimSlash(he.instanceURL)
+				base = target
 				continue
 			}
 			return nil, 0, he
@@ -131,13 +139,6 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 		}
 		return conn, gen, nil
 	}
-}
-
-func trimSlash(s string) string {
-	for len(s) > 0 && s[len(s)-1] == '/' {
-		s = s[:len(s)-1]
-	}
-	return s
 }
 
 // welcome is the first frame of an attached WebSocket.

@@ -614,3 +614,63 @@ func TestFakeHeartbeatPendingDeliveredAndAckedOverHTTP(t *testing.T) {
 		t.Errorf("handler saw %v across repeated heartbeats, want p1,p2 once each", got)
 	}
 }
+
+// A 409 wrong_instance whose instance_url the session token may not go to
+// is not followed: plain http named by a hub reached over https (the token
+// would cross the network in clear), or a loopback address named to a
+// client that reaches its hub by another name. The attach fails with the
+// hub's error, and the named instance is never asked.
+func TestFakeWrongInstanceNotFollowedWhereTheTokenMayNotGo(t *testing.T) {
+	home := newFakeHub(t)
+	defer home.close()
+	for _, tt := range []struct{ name, instanceURL string }{
+		{"http from an https hub", home.srv.URL},
+		{"not a URL", "ftp://" + home.srv.Listener.Addr().String()},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			front := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/v1/ws" {
+					writeJSON(w, 409, map[string]any{"error": map[string]any{"code": marconi.CodeWrongInstance, "message": "elsewhere", "instance_id": "b", "instance_url": tt.instanceURL}})
+					return
+				}
+				home.srv.Config.Handler.ServeHTTP(w, r)
+			}))
+			defer front.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			c, err := Dial(ctx, Config{HubURL: front.URL, APIKey: "key", Surface: "claude_code", HTTPClient: front.Client()})
+			if err == nil {
+				_ = c.Close()
+				t.Fatal("Dial attached through a wrong_instance it must not follow")
+			}
+			var he *Error
+			if !errors.As(err, &he) || he.Code != marconi.CodeWrongInstance {
+				t.Fatalf("Dial: %v, want the hub's wrong_instance", err)
+			}
+			if n := home.attachCount(); n != 0 {
+				t.Fatalf("the named instance was asked %d times", n)
+			}
+		})
+	}
+}
+
+func TestTokenURL(t *testing.T) {
+	for _, tt := range []struct {
+		hubs      []string
+		raw, want string
+	}{
+		{[]string{"https://hub.example"}, "https://i1.example/", "https://i1.example"},
+		{[]string{"https://hub.example"}, "http://i1.example", ""},
+		{[]string{"http://hub.example"}, "http://i1.example", "http://i1.example"},
+		{[]string{"https://hub.example"}, "https://127.0.0.1:8080", ""},
+		{[]string{"http://127.0.0.1:9000"}, "http://127.0.0.1:8080", "http://127.0.0.1:8080"},
+		{[]string{"https://hub.example"}, "https://u:p@i1.example", ""},
+		{[]string{"https://hub.example"}, "https://i1.example/?x=1", ""},
+		{[]string{"https://hub.example"}, "wss://i1.example", ""},
+		{[]string{"https://hub.example"}, "", ""},
+	} {
+		if got := tokenURL(tt.hubs, tt.raw); got != tt.want {
+			t.Errorf("tokenURL(%q, %q) = %q, want %q", tt.hubs, tt.raw, got, tt.want)
+		}
+	}
+}

@@ -129,38 +129,46 @@ func (h *holders) unreachable(to, holder string) {
 }
 
 // usable is hint without its trailing slashes when the client may send its
-// session token there: an http(s) URL with a host, not one of the client's
-// own hub URLs (those need no route), not plain http when the client
-// reaches its hub over https, and not a loopback host unless the client
-// reaches a hub on loopback too. "" otherwise.
+// session token there (tokenURL) and it is not one of the client's own hub
+// URLs (those need no route). "" otherwise.
+func (h *holders) usable(hint string) string {
+	s := tokenURL(h.hubs, hint)
+	if slices.Contains(h.hubs, s) {
+		return ""
+	}
+	return s
+}
+
+// tokenURL is raw without its trailing slashes when a client whose hub URLs
+// are hubs may send its session token there, as to a holder hint or a 409
+// wrong_instance's instance_url: an http(s) URL with a host, no
+// credentials, query or fragment, not plain http when the client reaches
+// its hub over https, and not a loopback host unless the client reaches a
+// hub on loopback too. "" otherwise.
 //
 // The loopback rule: an instance without MARCONI_PUBLIC_URL publishes
 // http://127.0.0.1:PORT, which names that instance only for a client on its
 // own machine; a client reaching its hub by another name would send its
 // token to whatever listens on that port where the client runs.
-func (h *holders) usable(hint string) string {
-	if hint == "" {
+func tokenURL(hubs []string, raw string) string {
+	if raw == "" {
 		return ""
 	}
-	u, err := url.Parse(hint)
+	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
 		u.RawQuery != "" || u.Fragment != "" {
 		return ""
 	}
-	s := strings.TrimRight(hint, "/")
-	if slices.Contains(h.hubs, s) {
+	if u.Scheme == "http" && slices.ContainsFunc(hubs, func(hub string) bool { return strings.HasPrefix(hub, "https:") }) {
 		return ""
 	}
-	if u.Scheme == "http" && slices.ContainsFunc(h.hubs, func(hub string) bool { return strings.HasPrefix(hub, "https:") }) {
-		return ""
-	}
-	if isLoopback(u.Hostname()) && !slices.ContainsFunc(h.hubs, func(hub string) bool {
+	if isLoopback(u.Hostname()) && !slices.ContainsFunc(hubs, func(hub string) bool {
 		hu, err := url.Parse(hub)
 		return err == nil && isLoopback(hu.Hostname())
 	}) {
 		return ""
 	}
-	return s
+	return strings.TrimRight(raw, "/")
 }
 
 // isLoopback reports whether host names this machine: localhost (or a name

@@ -12,7 +12,7 @@ import { settle } from './config.js';
 import { Dispatcher, toSignal } from './delivery.js';
 import { ClientClosedError, MarconiError, ReplacedError, permanent } from './errors.js';
 import { TransportError } from './http.js';
-import { Holders, notProcessed } from './holders.js';
+import { Holders, notProcessed, tokenURL } from './holders.js';
 import { Hubs, unavailable } from './hubs.js';
 import { keepalive } from './keepalive.js';
 import { linked } from './signals.js';
@@ -77,6 +77,8 @@ export class Client extends EventEmitter {
   #cfg;
   /** @type {Hubs} */
   #hubs;
+  /** @type {string[]} the hub URLs, without trailing slashes */
+  #hubURLs;
   /** @type {Holders | null} routes sends to the recipient's instance; null with noHolderRouting */
   #holders = null;
   /** @type {Required<import('../index.js').Logger>} */
@@ -127,6 +129,7 @@ export class Client extends EventEmitter {
     this.#sessionID = config.sessionID ?? '';
     // Every call in flight listens to the close signal (and unlinks when done).
     setMaxListeners(0, this.#closing.signal);
+    this.#hubURLs = urls;
     this.#hubs = new Hubs(urls, {
       close: this.#closing.signal,
       timeoutMs: cfg.requestTimeoutMs,
@@ -402,8 +405,15 @@ export class Client extends EventEmitter {
         return got.conn;
       } catch (err) {
         if (err instanceof MarconiError && err.code === codes.wrongInstance && err.instanceURL && hop < maxWrongInstanceHops) {
+          const target = tokenURL(this.#hubURLs, err.instanceURL);
+          if (target === '') {
+            // The session token must not go there: plain http from an https
+            // hub, a loopback address from a remote one.
+            this.#log.warn('marconi: not following wrong_instance to an instance_url the session token may not go to (publish https:// instance URLs on an https fleet: docs/operations.md)', { instance_url: err.instanceURL });
+            throw err;
+          }
           this.#log.debug('marconi: following wrong_instance', { instance_url: err.instanceURL });
-          base = err.instanceURL.replace(/\/+$/, '');
+          base = target;
           continue;
         }
         if (hop === 0 && unavailable(err)) {

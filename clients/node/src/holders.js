@@ -117,34 +117,45 @@ export class Holders {
 
   /**
    * The hint without its trailing slashes when the client may send its
-   * session token there: an http(s) URL with a host, no credentials, query
-   * or fragment, not one of the client's own hub URLs (those need no route),
-   * not plain http when the client reaches a hub over https, and not a
-   * loopback host unless the client reaches a hub on loopback too. ''
-   * otherwise. (An instance without MARCONI_PUBLIC_URL publishes
-   * http://127.0.0.1:PORT, which names it only for a client on its machine;
-   * a client reaching its hub by another name would send its token to
-   * whatever listens on that port where the client runs.)
+   * session token there (tokenURL) and it is not one of the client's own hub
+   * URLs (those need no route); '' otherwise.
    * @param {unknown} hint
    */
   usable(hint) {
-    if (typeof hint !== 'string' || hint === '' || /\s/.test(hint)) return '';
-    let u;
-    try {
-      u = new URL(hint);
-    } catch {
-      return '';
-    }
-    if ((u.protocol !== 'http:' && u.protocol !== 'https:') || u.host === '' || u.username !== '' ||
-        u.password !== '' || hint.includes('?') || hint.includes('#')) {
-      return '';
-    }
-    const s = hint.replace(/\/+$/, '');
-    if (this.#hubs.includes(s)) return '';
-    if (u.protocol === 'http:' && this.#hubs.some((h) => h.startsWith('https:'))) return '';
-    if (isLoopback(u.hostname) && !this.#hubs.some((h) => URL.canParse(h) && isLoopback(new URL(h).hostname))) return '';
-    return s;
+    const s = tokenURL(this.#hubs, hint);
+    return this.#hubs.includes(s) ? '' : s;
   }
+}
+
+/**
+ * raw without its trailing slashes when a client whose hub URLs are hubs may
+ * send its session token there, as to a holder hint or a 409
+ * wrong_instance's instance_url: an http(s) URL with a host, no
+ * credentials, query or fragment, not plain http when the client reaches a
+ * hub over https, and not a loopback host unless the client reaches a hub on
+ * loopback too. '' otherwise. (An instance without MARCONI_PUBLIC_URL
+ * publishes http://127.0.0.1:PORT, which names it only for a client on its
+ * machine; a client reaching its hub by another name would send its token to
+ * whatever listens on that port where the client runs.)
+ * @param {string[]} hubs the client's hub URLs, without trailing slashes
+ * @param {unknown} raw
+ * @returns {string}
+ */
+export function tokenURL(hubs, raw) {
+  if (typeof raw !== 'string' || raw === '' || /\s/.test(raw)) return '';
+  let u;
+  try {
+    u = new URL(raw);
+  } catch {
+    return '';
+  }
+  if ((u.protocol !== 'http:' && u.protocol !== 'https:') || u.host === '' || u.username !== '' ||
+      u.password !== '' || raw.includes('?') || raw.includes('#')) {
+    return '';
+  }
+  if (u.protocol === 'http:' && hubs.some((h) => h.startsWith('https:'))) return '';
+  if (isLoopback(u.hostname) && !hubs.some((h) => URL.canParse(h) && isLoopback(new URL(h).hostname))) return '';
+  return raw.replace(/\/+$/, '');
 }
 
 /**

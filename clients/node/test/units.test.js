@@ -9,7 +9,7 @@ import { settle } from '../src/config.js';
 import { Dispatcher } from '../src/delivery.js';
 import { decodeError, permanent } from '../src/errors.js';
 import { TransportError } from '../src/http.js';
-import { Holders, notProcessed } from '../src/holders.js';
+import { Holders, notProcessed, tokenURL } from '../src/holders.js';
 import { Hubs } from '../src/hubs.js';
 import { newIdempotencyKey } from '../src/keys.js';
 import { Sequencer } from '../src/sequencer.js';
@@ -309,4 +309,22 @@ test('idempotency keys: UUIDv7, never the same twice, each sorting after the one
   }
   const ms = parseInt(last.slice(0, 8) + last.slice(9, 13), 16);
   assert.ok(ms >= before, `the last key's time ${ms} is before the first was made (${before})`);
+});
+
+test('tokenURL: a session token goes to an http(s) URL the hub named only when it is no downgrade from https and no loopback named to a remote client', () => {
+  const cases = [
+    [['https://hub.example'], 'https://i1.example/', 'https://i1.example'],
+    [['https://hub.example'], 'http://i1.example', ''],
+    [['http://hub.example'], 'http://i1.example', 'http://i1.example'],
+    [['https://hub.example'], 'https://127.0.0.1:8080', ''],
+    [['http://127.0.0.1:9000'], 'http://127.0.0.1:8080', 'http://127.0.0.1:8080'],
+    [['https://hub.example'], 'https://u:p@i1.example', ''],
+    [['https://hub.example'], 'https://i1.example/?x=1', ''],
+    [['https://hub.example'], 'wss://i1.example', ''],
+    [['https://hub.example'], '', ''],
+    [['https://hub.example'], 42, ''],
+  ];
+  for (const [hubs, raw, want] of cases) {
+    assert.equal(tokenURL(/** @type {string[]} */ (hubs), raw), want, `tokenURL(${JSON.stringify(hubs)}, ${JSON.stringify(raw)})`);
+  }
 });
