@@ -2,7 +2,10 @@ package fabric
 
 import (
 	"context"
+	"errors"
 	"maps"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -427,5 +430,59 @@ func TestStoreOutageDoesNotAgeHeartbeats(t *testing.T) {
 	clk.t = clk.t.Add(2 * time.Second)
 	if a.Members.Healthy(ctx, "b") {
 		t.Fatal("b, silent for DeadAfter since the store came back, is still healthy")
+	}
+}
+
+// heldStore holds the first HeartbeatInstance until release is closed,
+// having closed held once it is inside.
+type heldStore struct {
+	sessionstore.Store
+	calls         atomic.Int32
+	held, release chan struct{}
+}
+
+func (s *heldStore) HeartbeatInstance(ctx context.Context, in sessionstore.Instance) error {
+	if s.calls.Add(1) == 1 {
+		close(s.held)
+		<-s.release
+	}
+	return s.Store.HeartbeatInstance(ctx, in)
+}
+
+// A heartbeat built while an earlier one is still being written waits for
+// it: otherwise the earlier one, landing last, takes the row back in time
+// (the others see the instance dead) and drops a draining mark set between
+// the two. Here a tick's heartbeat is held in the store while the clock
+// moves on and the instance starts draining; the row must end with the
+// later time and the mark. (Unserialized, the draining heartbeat is
+// written first whenever it runs before the tick's is let go.)
+func TestHeartbeatsAreWrittenInTheOrderTheyAreBuilt(t *testing.T) {
+	ctx := context.Background()
+	st := &heldStore{Store: memstore.New(), held: make(chan struct{}), release: make(chan struct{})}
+	var mu sync.Mutex
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return at }
+	f, err := New(Config{InstanceID: "b", PublicURL: "http://b"}, Deps{Store: st, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tick := make(chan error, 1)
+	go func() { tick <- f.Members.heartbeat(ctx) }()
+	<-st.held
+	mu.Lock()
+	at = at.Add(5 * time.Second)
+	mu.Unlock()
+	drain := make(chan error, 1)
+	go func() { drain <- f.Members.SetDraining(ctx) }()
+	close(st.release)
+	if err := errors.Join(<-tick, <-drain); err != nil {
+		t.Fatal(err)
+	}
+	list, err := st.ListInstances(ctx)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("instances %v, %v", list, err)
+	}
+	if got := list[0]; !got.LastHeartbeatAt.Equal(now()) || !got.Draining {
+		t.Fatalf("b's row: heartbeat at %v, draining %v; want %v, draining", got.LastHeartbeatAt, got.Draining, now())
 	}
 }

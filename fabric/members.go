@@ -32,6 +32,12 @@ type Members struct {
 	startedAt time.Time
 
 	draining atomic.Bool
+	// heartbeatMu makes this instance's heartbeats one at a time, each built
+	// (its time, its draining mark) only once the one before it is written:
+	// Run's ticks, a test's Tick and SetDraining would otherwise race, and
+	// a heartbeat built earlier but written later would take the instance's
+	// row back in time (seen dead by the others) or drop its draining mark.
+	heartbeatMu sync.Mutex
 
 	mu        sync.RWMutex
 	instances map[string]sessionstore.Instance // the last ListInstances, by id
@@ -70,6 +76,8 @@ func (m *Members) Tick(ctx context.Context) error {
 }
 
 func (m *Members) heartbeat(ctx context.Context) error {
+	m.heartbeatMu.Lock()
+	defer m.heartbeatMu.Unlock()
 	err := m.store.HeartbeatInstance(ctx, sessionstore.Instance{
 		ID: m.cfg.InstanceID, URL: m.cfg.PublicURL, Draining: m.draining.Load(),
 		StartedAt: m.startedAt, LastHeartbeatAt: m.now(),
