@@ -34,19 +34,7 @@ echo "bench GOMAXPROCS=${GOMAXPROCS-unset}"
 // load generator without it (Go's default), so that docs/operations.md's
 // advice (GOMAXPROCS per instance) is what a run measures.
 func TestCapacityScriptGOMAXPROCSIsTheHubsOnly(t *testing.T) {
-	if _, err := exec.LookPath("bash"); err != nil {
-		t.Fatalf("deploy/capacity.sh is a bash script, and no bash is on PATH: %v", err)
-	}
-	stubs := t.TempDir()
-	for name, text := range capacityStubs {
-		if err := os.WriteFile(filepath.Join(stubs, name), []byte(text), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", "3", "2", "1", "1s")
-	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"),
-		"CAPACITY_STUBS="+stubs, "GOMAXPROCS=1")
-	out, err := cmd.CombinedOutput()
+	stubs, out, err := runCapacityStubbed(t, "GOMAXPROCS=1")
 	if err != nil {
 		t.Fatalf("capacity.sh: %v\n%s", err, out)
 	}
@@ -71,9 +59,6 @@ func TestCapacityScriptGOMAXPROCSIsTheHubsOnly(t *testing.T) {
 // publish their balancer paths (balancer, the default) or their own
 // addresses (direct), and refuses anything else before it starts a thing.
 func TestCapacityScriptPublicURL(t *testing.T) {
-	if _, err := exec.LookPath("bash"); err != nil {
-		t.Fatalf("deploy/capacity.sh is a bash script, and no bash is on PATH: %v", err)
-	}
 	for _, tc := range []struct {
 		knob string
 		want map[string]string
@@ -82,16 +67,7 @@ func TestCapacityScriptPublicURL(t *testing.T) {
 		{"balancer", map[string]string{"hub-2": "http://127.0.0.1:19080/i/hub-2"}},
 		{"direct", map[string]string{"hub-1": "http://127.0.0.1:19081", "hub-2": "http://127.0.0.1:19082", "hub-3": "http://127.0.0.1:19083"}},
 	} {
-		stubs := t.TempDir()
-		for name, text := range capacityStubs {
-			if err := os.WriteFile(filepath.Join(stubs, name), []byte(text), 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
-		cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", "3", "2", "1", "1s")
-		cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"),
-			"CAPACITY_STUBS="+stubs, "CAPACITY_PUBLIC_URL="+tc.knob)
-		out, err := cmd.CombinedOutput()
+		stubs, out, err := runCapacityStubbed(t, "CAPACITY_PUBLIC_URL="+tc.knob)
 		if err != nil {
 			t.Fatalf("CAPACITY_PUBLIC_URL=%q: %v\n%s", tc.knob, err, out)
 		}
@@ -112,4 +88,26 @@ func TestCapacityScriptPublicURL(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "CAPACITY_PUBLIC_URL") {
 		t.Errorf("CAPACITY_PUBLIC_URL=Direct: err %v, want a refusal that names the variable:\n%s", err, out)
 	}
+}
+
+// runCapacityStubbed runs deploy/capacity.sh for three instances, two
+// agents, one send a second and 1 s, with capacityStubs first on PATH and
+// env added, and returns the stubs' directory (what they recorded) and the
+// script's output.
+func runCapacityStubbed(t *testing.T, env ...string) (string, []byte, error) {
+	t.Helper()
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Fatalf("deploy/capacity.sh is a bash script, and no bash is on PATH: %v", err)
+	}
+	stubs := t.TempDir()
+	for name, text := range capacityStubs {
+		if err := os.WriteFile(filepath.Join(stubs, name), []byte(text), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", "3", "2", "1", "1s")
+	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_STUBS="+stubs)
+	cmd.Env = append(cmd.Env, env...)
+	out, err := cmd.CombinedOutput()
+	return stubs, out, err
 }
