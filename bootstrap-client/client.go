@@ -230,6 +230,7 @@ type Client struct {
 
 	reconnects, selfHeals, reregistrations, droppedAtReset, pingTimeouts, takeovers, rateLimited atomic.Int64
 	holderSends, holderFallbacks                                                                 atomic.Int64
+	acks                                                                                         atomic.Int64
 }
 
 const (
@@ -464,6 +465,7 @@ func (c *Client) Stats() Stats {
 		RateLimited:        int(c.rateLimited.Load()),
 		HolderSends:        int(c.holderSends.Load()),
 		HolderFallbacks:    int(c.holderFallbacks.Load()),
+		Acks:               int(c.acks.Load()),
 	}
 }
 

@@ -24,6 +24,7 @@ exec sleep 60
 `,
 	"marconi-bench": `#!/bin/sh
 echo "bench GOMAXPROCS=${GOMAXPROCS-unset}"
+echo "bench args: $*"
 `,
 	"haproxy": "#!/bin/sh\nexec sleep 60\n",
 	"psql":    "#!/bin/sh\n",
@@ -111,5 +112,42 @@ func TestCapacityScriptPublicURL(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "CAPACITY_PUBLIC_URL") {
 		t.Errorf("CAPACITY_PUBLIC_URL=Direct: err %v, want a refusal that names the variable:\n%s", err, out)
+	}
+}
+
+// deploy/capacity.sh's CAPACITY_ACK_INTERVAL is the load's agents'
+// AckInterval (the client's default when unset), and the load reads the
+// run's database; a value that is no duration is refused before anything
+// starts.
+func TestCapacityScriptAckInterval(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Fatalf("deploy/capacity.sh is a bash script, and no bash is on PATH: %v", err)
+	}
+	for knob, want := range map[string]string{"": "-ack-interval 0 ", "250ms": "-ack-interval 250ms ", "1s": "-ack-interval 1s "} {
+		stubs := t.TempDir()
+		for name, text := range capacityStubs {
+			if err := os.WriteFile(filepath.Join(stubs, name), []byte(text), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", "1", "2", "1", "1s")
+		cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"),
+			"CAPACITY_STUBS="+stubs, "CAPACITY_ACK_INTERVAL="+knob)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("CAPACITY_ACK_INTERVAL=%q: %v\n%s", knob, err, out)
+		}
+		if !strings.Contains(string(out), want) || !strings.Contains(string(out), "-database-url postgres://postgres@127.0.0.1:5432/marconi_capacity_") {
+			t.Errorf("CAPACITY_ACK_INTERVAL=%q: the load was not given %q and the run's database:\n%s", knob, want, out)
+		}
+	}
+	for _, bad := range []string{"250", "fast", "1h"} {
+		stubs := t.TempDir()
+		cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", "1", "2", "1", "1s")
+		cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_ACK_INTERVAL="+bad)
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "CAPACITY_ACK_INTERVAL") {
+			t.Errorf("CAPACITY_ACK_INTERVAL=%s: err %v, want a refusal that names the variable:\n%s", bad, err, out)
+		}
 	}
 }
