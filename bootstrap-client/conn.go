@@ -444,7 +444,7 @@ func (c *Client) offer(d delivery) {
 const ackEvery = 32
 
 // defaultAckInterval is Config.AckInterval's default.
-const defaultAckInterval = 50 * time.Millisecond
+const defaultAckInterval = 500 * time.Millisecond
 
 // dispatch is the one goroutine that calls OnSignal and OnAffinityReset. It
 // acknowledges what it delivered after the handler returned: when no other
