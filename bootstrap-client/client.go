@@ -57,8 +57,10 @@ type Config struct {
 	// signals one at a time, faster than the hub lets a connection send
 	// frames (MARCONI_WS_FRAMES_PER_SECOND, default 100, pings included), is
 	// not cut off (close 1008, quota_exceeded) for acknowledging each. After
-	// a quiet spell a signal is acknowledged at once. Default 50ms: at most
-	// 20 acknowledgements a second.
+	// a quiet spell a signal is acknowledged at once. Default 500ms: at most
+	// 2 acknowledgements a second; the signals of the last interval, not yet
+	// acknowledged, come again to the session's next client after a crash or
+	// Close (docs/client.md, "Receiving").
 	AckInterval time.Duration
 	// Logger receives the client's diagnostics; nil discards them.
 	Logger *slog.Logger
@@ -230,6 +232,7 @@ type Client struct {
 
 	reconnects, selfHeals, reregistrations, droppedAtReset, pingTimeouts, takeovers, rateLimited atomic.Int64
 	holderSends, holderFallbacks                                                                 atomic.Int64
+	acks                                                                                         atomic.Int64
 }
 
 const (
@@ -464,6 +467,7 @@ func (c *Client) Stats() Stats {
 		RateLimited:        int(c.rateLimited.Load()),
 		HolderSends:        int(c.holderSends.Load()),
 		HolderFallbacks:    int(c.holderFallbacks.Load()),
+		Acks:               int(c.acks.Load()),
 	}
 }
 

@@ -444,7 +444,7 @@ func (c *Client) offer(d delivery) {
 const ackEvery = 32
 
 // defaultAckInterval is Config.AckInterval's default.
-const defaultAckInterval = 50 * time.Millisecond
+const defaultAckInterval = 500 * time.Millisecond
 
 // dispatch is the one goroutine that calls OnSignal and OnAffinityReset. It
 // acknowledges what it delivered after the handler returned: when no other
@@ -544,12 +544,17 @@ func (c *Client) ack(ctx context.Context, buf []byte, epoch uint64, upTo int64) 
 	if conn != nil {
 		buf = appendAckFrame(buf[:0], upTo)
 		if err := conn.Write(ctx, websocket.MessageText, buf); err == nil {
+			c.acks.Add(1)
 			return buf
 		}
 	}
-	if _, err := c.sessionCall(ctx, http.MethodPost, "/v1/signals/ack", ackRequest{UpToSeq: upTo}, nil); err != nil && c.ctx.Err() == nil {
-		c.log.Warn("marconi: ack failed", "up_to_seq", upTo, "err", err)
+	if _, err := c.sessionCall(ctx, http.MethodPost, "/v1/signals/ack", ackRequest{UpToSeq: upTo}, nil); err != nil {
+		if c.ctx.Err() == nil {
+			c.log.Warn("marconi: ack failed", "up_to_seq", upTo, "err", err)
+		}
+		return buf
 	}
+	c.acks.Add(1)
 	return buf
 }
 

@@ -311,6 +311,13 @@ func TestFakeWrongInstanceWelcomeReplayAndAck(t *testing.T) {
 		defer home.mu.Unlock()
 		return len(home.acks) > 0 && home.acks[len(home.acks)-1] == 3
 	})
+	// Stats.Acks counts the ack frames the hub read (the count moves
+	// once the write has returned, so it may trail the hub's by a moment).
+	eventually(t, "Stats.Acks to count the hub's ack frames", func() bool {
+		home.mu.Lock()
+		defer home.mu.Unlock()
+		return c.Stats().Acks == len(home.acks)
+	})
 }
 
 // staleAnswer answers sends as a hub that has no queue for the sender until
@@ -607,6 +614,11 @@ func TestFakeHeartbeatPendingDeliveredAndAckedOverHTTP(t *testing.T) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		return len(h.httpAcks) > 0 && h.httpAcks[len(h.httpAcks)-1] == 2
+	})
+	eventually(t, "Stats.Acks to count the HTTP acks", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return c.Stats().Acks == len(h.httpAcks)
 	})
 	mu.Lock()
 	defer mu.Unlock()

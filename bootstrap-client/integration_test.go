@@ -126,7 +126,7 @@ func TestTwoClientsExchangeSignals(t *testing.T) {
 		t.Errorf("a received %v, want [%s]", got, res.SignalID)
 	}
 	for _, c := range []*bootstrap.Client{a, b} {
-		if st := c.Stats(); st != (bootstrap.Stats{}) {
+		if st := routeStats(c); st != (bootstrap.Stats{}) {
 			t.Errorf("%s stats %+v on a healthy hub, want zero", c.SessionID(), st)
 		}
 	}
@@ -247,7 +247,7 @@ func TestRecipientRouteStaleAloneCausesNoReconnect(t *testing.T) {
 	if stale.SenderRouteStale || stale.Delivery != "queued_offline" || stale.SelfhealOutcome != "attempted" {
 		t.Errorf("send to a cut-off recipient = %+v", stale)
 	}
-	if st := a.Stats(); st != (bootstrap.Stats{}) {
+	if st := routeStats(a); st != (bootstrap.Stats{}) {
 		t.Errorf("sender stats %+v: recipient_route_stale alone must cause no reconnect", st)
 	}
 
@@ -271,7 +271,7 @@ func TestRecipientRouteStaleAloneCausesNoReconnect(t *testing.T) {
 	if st := b.Stats(); st.SelfHealReconnects != 1 || st.Reconnects != 1 {
 		t.Errorf("recipient stats %+v, want one self-heal reconnect", st)
 	}
-	if st := a.Stats(); st != (bootstrap.Stats{}) {
+	if st := routeStats(a); st != (bootstrap.Stats{}) {
 		t.Errorf("sender stats %+v at the end", st)
 	}
 }
@@ -401,4 +401,12 @@ func TestSharedHTTPClient(t *testing.T) {
 	if got := dials.Load(); got != before {
 		t.Errorf("b's send dialled %d new connections after a closed, want 0: a's Close closed the shared pool's idle connections", got-before)
 	}
+}
+
+// routeStats is c's Stats without its acks, which a healthy exchange of
+// signals sends: what is left counts what the client did to keep its route.
+func routeStats(c *bootstrap.Client) bootstrap.Stats {
+	st := c.Stats()
+	st.Acks = 0
+	return st
 }

@@ -9,10 +9,14 @@
 # publishes as MARCONI_PUBLIC_URL: its balancer path http://LB/i/hub-N, so holder-routed sends
 # cross HAProxy, or its own http://127.0.0.1:PORT, so they skip it (docs/operations.md, "Behind a
 # load balancer").
+# CAPACITY_ACK_INTERVAL=D (a Go duration, e.g. 250ms; default the client's) is the load's agents'
+# AckInterval (docs/client.md, "Receiving"): the least time between two of an agent's acks.
 # Needs psql and curl, Postgres on 127.0.0.1:5432 (user postgres, trust), haproxy for 3.
 set -euo pipefail
 N=${1:-1}; AGENTS=${2:-300}; RATE=${3:-3}; DUR=${4:-20s}
 PUBLIC=${CAPACITY_PUBLIC_URL:-balancer}
+ACK=${CAPACITY_ACK_INTERVAL:-0}
+[[ $ACK =~ ^(0|[0-9]+(ns|us|ms|s|m))$ ]] || { echo "CAPACITY_ACK_INTERVAL=$ACK: want a duration such as 250ms" >&2; exit 2; }
 case $PUBLIC in
   balancer|direct) ;;
   *) echo "CAPACITY_PUBLIC_URL=$PUBLIC: want balancer or direct" >&2; exit 2 ;;
@@ -56,5 +60,6 @@ if [ "$N" != 1 ]; then
 fi
 echo "hubs: GOMAXPROCS=${GOMAXPROCS:-default}; load generator: GOMAXPROCS=default"
 [ "$N" = 1 ] || echo "public URLs: $PUBLIC"
-MARCONI_BENCH_API_KEY=$KEY env -u GOMAXPROCS "$D/marconi-bench" -hub "$HUB" -agents "$AGENTS" -rate "$RATE" -duration "$DUR"
+MARCONI_BENCH_API_KEY=$KEY env -u GOMAXPROCS "$D/marconi-bench" -hub "$HUB" -agents "$AGENTS" -rate "$RATE" -duration "$DUR" \
+  -ack-interval "$ACK" -database-url "$URL"
 for i in $(seq 1 "$N"); do echo "hub-$i CPU time: $(ps -o cputime= -p "${pids[$((i - 1))]}")"; done

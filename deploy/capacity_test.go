@@ -24,6 +24,7 @@ exec sleep 60
 `,
 	"marconi-bench": `#!/bin/sh
 echo "bench GOMAXPROCS=${GOMAXPROCS-unset}"
+echo "bench args: $*"
 `,
 	"haproxy": "#!/bin/sh\nexec sleep 60\n",
 	"psql":    "#!/bin/sh\n",
@@ -34,7 +35,7 @@ echo "bench GOMAXPROCS=${GOMAXPROCS-unset}"
 // load generator without it (Go's default), so that docs/operations.md's
 // advice (GOMAXPROCS per instance) is what a run measures.
 func TestCapacityScriptGOMAXPROCSIsTheHubsOnly(t *testing.T) {
-	stubs, out, err := runCapacityStubbed(t, "GOMAXPROCS=1")
+	stubs, out, err := runCapacityStubbed(t, "3", "GOMAXPROCS=1")
 	if err != nil {
 		t.Fatalf("capacity.sh: %v\n%s", err, out)
 	}
@@ -67,7 +68,7 @@ func TestCapacityScriptPublicURL(t *testing.T) {
 		{"balancer", map[string]string{"hub-2": "http://127.0.0.1:19080/i/hub-2"}},
 		{"direct", map[string]string{"hub-1": "http://127.0.0.1:19081", "hub-2": "http://127.0.0.1:19082", "hub-3": "http://127.0.0.1:19083"}},
 	} {
-		stubs, out, err := runCapacityStubbed(t, "CAPACITY_PUBLIC_URL="+tc.knob)
+		stubs, out, err := runCapacityStubbed(t, "3", "CAPACITY_PUBLIC_URL="+tc.knob)
 		if err != nil {
 			t.Fatalf("CAPACITY_PUBLIC_URL=%q: %v\n%s", tc.knob, err, out)
 		}
@@ -90,11 +91,36 @@ func TestCapacityScriptPublicURL(t *testing.T) {
 	}
 }
 
-// runCapacityStubbed runs deploy/capacity.sh for three instances, two
+// deploy/capacity.sh's CAPACITY_ACK_INTERVAL is the load's agents'
+// AckInterval (the client's default when unset), and the load reads the
+// run's database; a value that is no duration is refused before anything
+// starts.
+func TestCapacityScriptAckInterval(t *testing.T) {
+	for knob, want := range map[string]string{"": "-ack-interval 0 ", "250ms": "-ack-interval 250ms ", "1s": "-ack-interval 1s "} {
+		_, out, err := runCapacityStubbed(t, "1", "CAPACITY_ACK_INTERVAL="+knob)
+		if err != nil {
+			t.Fatalf("CAPACITY_ACK_INTERVAL=%q: %v\n%s", knob, err, out)
+		}
+		if !strings.Contains(string(out), want) || !strings.Contains(string(out), "-database-url postgres://postgres@127.0.0.1:5432/marconi_capacity_") {
+			t.Errorf("CAPACITY_ACK_INTERVAL=%q: the load was not given %q and the run's database:\n%s", knob, want, out)
+		}
+	}
+	for _, bad := range []string{"250", "fast", "1h"} {
+		stubs := t.TempDir()
+		cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", "1", "2", "1", "1s")
+		cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_ACK_INTERVAL="+bad)
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "CAPACITY_ACK_INTERVAL") {
+			t.Errorf("CAPACITY_ACK_INTERVAL=%s: err %v, want a refusal that names the variable:\n%s", bad, err, out)
+		}
+	}
+}
+
+// runCapacityStubbed runs deploy/capacity.sh for instances (1 or 3), two
 // agents, one send a second and 1 s, with capacityStubs first on PATH and
 // env added, and returns the stubs' directory (what they recorded) and the
 // script's output.
-func runCapacityStubbed(t *testing.T, env ...string) (string, []byte, error) {
+func runCapacityStubbed(t *testing.T, instances string, env ...string) (string, []byte, error) {
 	t.Helper()
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Fatalf("deploy/capacity.sh is a bash script, and no bash is on PATH: %v", err)
@@ -105,7 +131,7 @@ func runCapacityStubbed(t *testing.T, env ...string) (string, []byte, error) {
 			t.Fatal(err)
 		}
 	}
-	cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", "3", "2", "1", "1s")
+	cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", instances, "2", "1", "1s")
 	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_STUBS="+stubs)
 	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.CombinedOutput()

@@ -233,7 +233,7 @@ export interface Config {
    * so that a recipient handed signals one at a time, faster than the hub
    * lets a connection send frames (MARCONI_WS_FRAMES_PER_SECOND, default
    * 100, pings included), is not cut off for acknowledging each. After a
-   * quiet spell a signal is acknowledged at once. Default 50.
+   * quiet spell a signal is acknowledged at once. Default 500.
    */
   ackIntervalMs?: number;
 }

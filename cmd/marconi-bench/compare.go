@@ -40,6 +40,8 @@ type compareOptions struct {
 	sends      int
 	rounds     int
 	settle     time.Duration
+	// hubEnv is added to the marconi hub's environment (-hub-env).
+	hubEnv envFlag
 }
 
 func parseCompare(args []string, stderr io.Writer) (compareOptions, error) {
@@ -51,6 +53,7 @@ func parseCompare(args []string, stderr io.Writer) (compareOptions, error) {
 	fs.IntVar(&o.idle, "idle", 3000, fmt.Sprintf("idle attached sessions per server (1..%d)", maxIdle))
 	fs.IntVar(&o.sends, "sends", 3000, fmt.Sprintf("sequential sends per round and server (1..%d)", maxSends))
 	fs.IntVar(&o.rounds, "rounds", 3, fmt.Sprintf("interleaved rounds (1..%d)", maxRounds))
+	fs.Var(&o.hubEnv, "hub-env", "NAME=value added to the marconi hub's environment (GOGC=400, GOMEMLIMIT=…); repeatable")
 	fs.DurationVar(&o.settle, "settle", 3*time.Second, "wait before each RSS reading, for the servers' allocations to settle")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -115,7 +118,7 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	servers := []server{&marconiServer{bin: o.marconi}}
+	servers := []server{&marconiServer{bin: o.marconi, env: o.hubEnv}}
 	if o.centrifugo != "" {
 		servers = append(servers, &centrifugoServer{bin: o.centrifugo})
 	}
@@ -204,7 +207,11 @@ func attachIdle(ctx context.Context, s server, n int) error {
 }
 
 func printComparison(w io.Writer, o compareOptions, servers []server, results []*result) {
-	fmt.Fprintf(w, "%d rounds of %d sequential sends per server, interleaved; %d idle attached sessions each\n\n", o.rounds, o.sends, o.idle)
+	fmt.Fprintf(w, "%d rounds of %d sequential sends per server, interleaved; %d idle attached sessions each\n", o.rounds, o.sends, o.idle)
+	if len(o.hubEnv) > 0 {
+		fmt.Fprintf(w, "marconi's extra environment: %s\n", o.hubEnv.String())
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "figure\t"
 	for _, s := range servers {

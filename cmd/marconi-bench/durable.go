@@ -62,6 +62,9 @@ type durableOptions struct {
 	// loadProfile is the file this process's CPU profile of each measured
 	// window goes to (loadProfilePath); empty: none.
 	loadProfile string
+	// ackInterval is the load's clients' Config.AckInterval; zero: the
+	// client's default.
+	ackInterval time.Duration
 }
 
 func parseDurableOptions(args []string, stderr io.Writer) (durableOptions, error) {
@@ -76,10 +79,14 @@ func parseDurableOptions(args []string, stderr io.Writer) (durableOptions, error
 	fs.StringVar(&o.jetstream, "jetstream", "", "a nats-server binary ("+jetstreamVersion+"): measure its JetStream beside Marconi, rounds interleaved, instead of the group commit and second-instance matrix")
 	fs.IntVar(&o.peerRounds, "rounds", 2, fmt.Sprintf("with -jetstream: rounds of one Marconi run then one JetStream run per senders count (1..%d)", maxPeerRounds))
 	fs.StringVar(&o.loadProfile, "load-profile", "", loadProfileUsage)
+	fs.DurationVar(&o.ackInterval, "ack-interval", 0, ackIntervalUsage)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if err := checkLoadProfile(o.loadProfile); err != nil {
+		return o, err
+	}
+	if err := checkAckInterval(o.ackInterval); err != nil {
 		return o, err
 	}
 	if o.loadProfile != "" && o.jetstream != "" {
@@ -137,6 +144,40 @@ type durableResult struct {
 	// recipient's instance (recipient_instance_url), warm-up included;
 	// holderFallbacks those that found it unreachable.
 	holderSends, holderFallbacks int
+	// acks are the acknowledgements the recipients sent in the measured
+	// window (their clients' Stats.Acks).
+	acks int64
+}
+
+// ackIntervalUsage is the -ack-interval flag's usage.
+const ackIntervalUsage = "the load's clients' AckInterval, the least time between two of a recipient's acks (0: the client's default)"
+
+// maxAckInterval bounds -ack-interval.
+const maxAckInterval = time.Minute
+
+// checkAckInterval checks -ack-interval's value.
+func checkAckInterval(d time.Duration) error {
+	if d < 0 || d > maxAckInterval {
+		return fmt.Errorf("-ack-interval %s: want 0 (the client's default) to %s", d, maxAckInterval)
+	}
+	return nil
+}
+
+// acksPerSend is r's acknowledgements per send (0 when it made none).
+func (r durableResult) acksPerSend() float64 {
+	if r.sends == 0 {
+		return 0
+	}
+	return float64(r.acks) / float64(r.sends)
+}
+
+// sumAcks is the acknowledgements cs have sent so far.
+func sumAcks(cs []*bootstrap.Client) int64 {
+	var n int64
+	for _, c := range cs {
+		n += int64(c.Stats().Acks)
+	}
+	return n
 }
 
 func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
@@ -145,12 +186,12 @@ func durable(ctx context.Context, o durableOptions, out, logs io.Writer) error {
 	}
 	fmt.Fprintf(out, "durable sends: payload %d B, %s per step after a %s warm-up, closed loop, each sender to its own attached recipient\n",
 		o.payload, o.step, durableWarmup)
-	fmt.Fprintf(out, "%-12s %-10s %8s %10s %10s %10s %8s\n", "group_commit", "recipients", "senders", "sends/s", "p50", "p99", "failed")
+	fmt.Fprintf(out, "%-12s %-10s %8s %10s %10s %10s %8s %10s\n", "group_commit", "recipients", "senders", "sends/s", "p50", "p99", "failed", "acks/send")
 	results := map[string]durableResult{}
 	row := func(gc, where string, n int, r durableResult) {
 		results[fmt.Sprintf("%s/%s/%d", gc, where, n)] = r
-		fmt.Fprintf(out, "%-12s %-10s %8d %10.0f %10s %10s %8d\n", gc, where, n, r.perSec,
-			r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.failed)
+		fmt.Fprintf(out, "%-12s %-10s %8d %10.0f %10s %10s %8d %10.2f\n", gc, where, n, r.perSec,
+			r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.failed, r.acksPerSend())
 		if r.loadProfile != "" {
 			fmt.Fprintf(out, "             load profile: %s (%d sends)\n", r.loadProfile, r.sends)
 		}
@@ -249,10 +290,11 @@ func durableStepMarked(ctx context.Context, o durableOptions, senderHub, recipie
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		return bootstrap.Dial(dctx, bootstrap.Config{HubURL: hubURL, APIKey: durableAPIKey, Surface: "headless_cc",
-			SessionID: id, OnSignal: func(bootstrap.Signal) {}, NoHolderRouting: cross})
+			SessionID: id, OnSignal: func(bootstrap.Signal) {}, NoHolderRouting: cross, AckInterval: o.ackInterval})
 	}
 	senders := make([]*bootstrap.Client, n)
 	recipients := make([]string, n)
+	recipientClients := make([]*bootstrap.Client, n)
 	var mu sync.Mutex
 	g, _ := errgroup.WithContext(ctx)
 	g.SetLimit(dialsInFlight)
@@ -272,7 +314,7 @@ func durableStepMarked(ctx context.Context, o durableOptions, senderHub, recipie
 			if err != nil {
 				return fmt.Errorf("attach sender %d: %w", i, err)
 			}
-			senders[i], recipients[i] = s, r.SessionID()
+			senders[i], recipients[i], recipientClients[i] = s, r.SessionID(), r
 			return nil
 		})
 	}
@@ -280,11 +322,28 @@ func durableStepMarked(ctx context.Context, o durableOptions, senderHub, recipie
 		return durableResult{}, err
 	}
 
+	// The recipients' acks are counted over the measured window.
+	var acks int64
+	counted := &stepMarks{
+		start: func() {
+			acks = -sumAcks(recipientClients)
+			if marks != nil {
+				marks.start()
+			}
+		},
+		end: func() {
+			if marks != nil {
+				marks.end()
+			}
+			acks += sumAcks(recipientClients)
+		},
+	}
 	body := strings.Repeat("x", o.payload-2) // a JSON string of o.payload bytes
-	r, err := closedLoop(ctx, o, n, marks, func(ctx context.Context, i int) error {
+	r, err := closedLoop(ctx, o, n, counted, func(ctx context.Context, i int) error {
 		_, err := senders[i].Send(ctx, recipients[i], "bench", body)
 		return err
 	})
+	r.acks = acks
 	for _, s := range senders {
 		st := s.Stats()
 		r.holderSends += st.HolderSends

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -45,7 +46,10 @@ import (
 // path (<balancer>/i/<id>), so that the senders' holder-routed sends
 // (recipient_instance_url) skip the balancer; with -public-url both each
 // three-instance run is made twice in a round, through the balancer then
-// direct, and their ratios are printed.
+// direct, and their ratios are printed. With -ack-interval D the load's
+// clients pace their acks at D (Config.AckInterval) instead of the client's
+// default (each row gives the recipients' acks per send); -hub-env
+// NAME=value (repeatable) adds to every hub's environment (GOGC=400).
 
 // Bounds of a fleet run.
 const (
@@ -96,6 +100,26 @@ type fleetOptions struct {
 	// direct makes one run's instances publish their own addresses; set
 	// by runFleet.
 	direct bool
+	// hubEnv is what -hub-env adds to every hub's environment.
+	hubEnv envFlag
+}
+
+// envFlag is a repeatable NAME=value flag.
+type envFlag []string
+
+func (e *envFlag) String() string { return strings.Join(*e, " ") }
+
+// Set takes one NAME=value: NAME a non-empty word of letters, digits and
+// underscores, not starting with a digit.
+func (e *envFlag) Set(v string) error {
+	name, _, ok := strings.Cut(v, "=")
+	if !ok || name == "" || strings.IndexFunc(name, func(r rune) bool {
+		return !(r == '_' || r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9')
+	}) >= 0 || name[0] >= '0' && name[0] <= '9' {
+		return fmt.Errorf("want NAME=value, got %q", v)
+	}
+	*e = append(*e, v)
+	return nil
 }
 
 // What -public-url makes the instances behind the balancer publish.
@@ -124,6 +148,8 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	fs.StringVar(&o.profileDir, "profile", "", "a directory to write every hub's CPU profile of every run into (MARCONI_PPROF=on; one file per hub and run, and runs.tsv with each run's sends)")
 	fs.IntVar(&o.statements, "statements", 0, fmt.Sprintf("when set (1..%d), each run lists that many of the database's statements that took the most time, per send (pg_stat_statements: the server must preload it; its statistics are reset at each run's start)", maxFleetStatements))
 	fs.StringVar(&o.loadProfile, "load-profile", "", loadProfileUsage)
+	fs.DurationVar(&o.ackInterval, "ack-interval", 0, ackIntervalUsage)
+	fs.Var(&o.hubEnv, "hub-env", "NAME=value added to every hub's environment, after the tool's own (GOGC=400, GOMEMLIMIT=…, MARCONI_…); repeatable; -marconi and -before alike")
 	fs.IntVar(&o.rounds, "rounds", 2, fmt.Sprintf("rounds of one run each, one instance then three (1..%d)", maxFleetRounds))
 	fs.StringVar(&o.publish, "public-url", publishBalancer, "what each of the three instances publishes as MARCONI_PUBLIC_URL (the send answers' recipient_instance_url): balancer (<balancer>/i/<id>, so holder-routed sends cross the balancer), direct (the instance's own address: they skip it) or both (each three-instance run twice, balancer then direct)")
 	instances := fs.String("instances", fmt.Sprintf("1,%d", fleetInstances), fmt.Sprintf("the fleet sizes each round runs: 1, %d or 1,%d (1 alone for a quick before/after of one instance)", fleetInstances, fleetInstances))
@@ -154,6 +180,10 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	if err := checkLoadProfile(o.loadProfile); err != nil {
 		return o, err
 	}
+	if err := checkAckInterval(o.ackInterval); err != nil {
+		return o, err
+	}
+	o.env = slices.Clip(append(o.env, o.hubEnv...))
 	if o.altConfig != "" {
 		if _, err := os.Stat(o.altConfig); err != nil {
 			return o, fmt.Errorf("-alt-haproxy-config: %w", err)
@@ -205,6 +235,14 @@ func fleetCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return runFleet(ctx, o, stdout, stderr)
 }
 
+// ackIntervalName says which ack interval d is.
+func ackIntervalName(d time.Duration) string {
+	if d == 0 {
+		return "the client's default"
+	}
+	return d.String()
+}
+
 // fleetResult is one run's outcome.
 type fleetResult struct {
 	durableResult
@@ -228,7 +266,10 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 	n := o.senders[0]
 	fmt.Fprintf(out, "fleet: %d senders, each to its own attached recipient (acking over its WebSocket), payload %d B, %s per run after a %s warm-up, %d rounds\n",
 		n, o.payload, o.step, durableWarmup, o.rounds)
-	fmt.Fprintf(out, "%-6s %-7s %-10s %-16s %10s %10s %10s %14s %14s %13s %14s %6s %8s\n", "round", "build", "instances", "bus", "sends/s", "p50", "p99", "commits/send", "hub_cpu/send", "pg_cpu/send", "load_cpu/send", "idle", "failed")
+	if o.ackInterval > 0 || len(o.hubEnv) > 0 {
+		fmt.Fprintf(out, "clients' ack interval %s; hubs' extra environment: %s\n", ackIntervalName(o.ackInterval), cmp.Or(o.hubEnv.String(), "none"))
+	}
+	fmt.Fprintf(out, "%-6s %-7s %-10s %-16s %10s %10s %10s %14s %14s %13s %14s %6s %8s %10s\n", "round", "build", "instances", "bus", "sends/s", "p50", "p99", "commits/send", "hub_cpu/send", "pg_cpu/send", "load_cpu/send", "idle", "failed", "acks/send")
 	builds := []string{o.marconi}
 	if o.before != "" {
 		builds = []string{o.before, o.marconi}
@@ -268,9 +309,9 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(out, "%-6d %-7s %-10d %-16s %10.0f %10s %10s %14.2f %14s %13s %14s %5.0f%% %8d\n", round, name, c.instances, c.label(), r.perSec,
+				fmt.Fprintf(out, "%-6d %-7s %-10d %-16s %10.0f %10s %10s %14.2f %14s %13s %14s %5.0f%% %8d %10.2f\n", round, name, c.instances, c.label(), r.perSec,
 					r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.commitsPerSend, r.cpuPerSend.Round(time.Microsecond),
-					r.pgPerSend.Round(time.Microsecond), r.loadPerSend.Round(time.Microsecond), 100*r.idle, r.failed)
+					r.pgPerSend.Round(time.Microsecond), r.loadPerSend.Round(time.Microsecond), 100*r.idle, r.failed, r.acksPerSend())
 				if c.instances > 1 {
 					fmt.Fprintf(out, "       holder-routed (to recipient_instance_url): %d sends, warm-up included; %d found it unreachable\n", r.holderSends, r.holderFallbacks)
 				}

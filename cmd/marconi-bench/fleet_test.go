@@ -435,3 +435,87 @@ func TestFleetPublicURL(t *testing.T) {
 		t.Errorf("direct public URL %q, want \"\" (the instance's own address)", got)
 	}
 }
+
+// -ack-interval sets the load's clients' AckInterval in fleet, durable and
+// the plain load, from 0 (the client's default) to a minute; -hub-env adds
+// NAME=value pairs to every hub's environment (fleet) or marconi's
+// (compare), and refuses what is not one.
+func TestAckIntervalAndHubEnvFlags(t *testing.T) {
+	db := "postgres://postgres@127.0.0.1:5432/f"
+	fleet := []string{"-database-url", db, "-haproxy-config", "../../deploy/haproxy.cfg"}
+	getenv := func(k string) string {
+		if k == "MARCONI_BENCH_API_KEY" {
+			return "mak_0123456789abcdef"
+		}
+		return ""
+	}
+	parse := map[string]func(args []string) (time.Duration, error){
+		"fleet": func(args []string) (time.Duration, error) {
+			o, err := parseFleetOptions(append(fleet, args...), io.Discard)
+			return o.ackInterval, err
+		},
+		"durable": func(args []string) (time.Duration, error) {
+			o, err := parseDurableOptions(append([]string{"-database-url", db}, args...), io.Discard)
+			return o.ackInterval, err
+		},
+		"load": func(args []string) (time.Duration, error) {
+			o, err := parseOptions(args, getenv, io.Discard)
+			return o.ackInterval, err
+		},
+	}
+	for name, p := range parse {
+		for _, tc := range []struct {
+			arg     string
+			want    time.Duration
+			wantErr bool
+		}{
+			{"", 0, false},
+			{"250ms", 250 * time.Millisecond, false},
+			{"1m", time.Minute, false},
+			{"0", 0, false},
+			{"-1ms", 0, true},
+			{"61s", 0, true},
+			{"fast", 0, true},
+		} {
+			var args []string
+			if tc.arg != "" {
+				args = []string{"-ack-interval", tc.arg}
+			}
+			got, err := p(args)
+			switch {
+			case tc.wantErr && (err == nil || !strings.Contains(err.Error(), "-ack-interval")):
+				t.Errorf("%s -ack-interval %q: err %v, want an -ack-interval error", name, tc.arg, err)
+			case !tc.wantErr && err != nil:
+				t.Errorf("%s -ack-interval %q: %v", name, tc.arg, err)
+			case !tc.wantErr && got != tc.want:
+				t.Errorf("%s -ack-interval %q: %s, want %s", name, tc.arg, got, tc.want)
+			}
+		}
+	}
+
+	o, err := parseFleetOptions(append(fleet, "-hub-env", "GOGC=400", "-hub-env", "GOMEMLIMIT=1GiB", "-hub-env", "MARCONI_X="), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"GOGC=400", "GOMEMLIMIT=1GiB", "MARCONI_X="}; !reflect.DeepEqual(o.env, want) {
+		t.Errorf("-hub-env: the hubs' extra environment %q, want %q", o.env, want)
+	}
+	c, err := parseCompare([]string{"-hub-env", "GOGC=200"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (envFlag{"GOGC=200"}); !reflect.DeepEqual(c.hubEnv, want) {
+		t.Errorf("compare -hub-env: %q, want %q", c.hubEnv, want)
+	}
+	for _, bad := range []string{"GOGC", "=400", "9X=1", "GO GC=1", "GOGC-2=1"} {
+		if _, err := parseFleetOptions(append(fleet, "-hub-env", bad), io.Discard); err == nil || !strings.Contains(err.Error(), "hub-env") {
+			t.Errorf("fleet -hub-env %q: err %v, want a -hub-env error", bad, err)
+		}
+		if _, err := parseCompare([]string{"-hub-env", bad}, io.Discard); err == nil {
+			t.Errorf("compare -hub-env %q: accepted", bad)
+		}
+	}
+	if _, err := parseOptions([]string{"-database-url", "postgres://postgres@db.example.org/x"}, getenv, io.Discard); err == nil || !strings.Contains(err.Error(), "-database-url") {
+		t.Errorf("load -database-url off this machine: err %v, want a -database-url error", err)
+	}
+}

@@ -49,6 +49,12 @@ type options struct {
 	rate     float64 // sends a second per agent; 0 attaches and measures only
 	duration time.Duration
 	surface  string
+	// ackInterval is the agents' Config.AckInterval; zero: the client's
+	// default.
+	ackInterval time.Duration
+	// databaseURL is the hub's database (loopback), read for commits and
+	// Postgres CPU per send; empty: not read.
+	databaseURL string
 }
 
 func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (options, error) {
@@ -60,8 +66,18 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.Float64Var(&o.rate, "rate", 1, "sends a second per agent, each to the next agent; 0 only attaches")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, fmt.Sprintf("how long to send (at most %s)", maxDuration))
 	fs.StringVar(&o.surface, "surface", "claude_code", "surface the agents register with")
+	fs.DurationVar(&o.ackInterval, "ack-interval", 0, ackIntervalUsage)
+	fs.StringVar(&o.databaseURL, "database-url", "", "the hub's Postgres database (loopback only), to report its commits and the Postgres server's CPU per send; empty: not reported")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	if err := checkAckInterval(o.ackInterval); err != nil {
+		return o, err
+	}
+	if o.databaseURL != "" {
+		if u, err := url.Parse(o.databaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || !loopback(u.Hostname()) {
+			return o, fmt.Errorf("-database-url: want a postgres:// URL on this machine (loopback)")
+		}
 	}
 	o.apiKey = getenv("MARCONI_BENCH_API_KEY")
 	if o.apiKey == "" {
@@ -180,7 +196,7 @@ func bench(ctx context.Context, o options, out io.Writer) error {
 			t0 := time.Now()
 			c, err := bootstrap.Dial(dctx, bootstrap.Config{
 				HubURL: o.hubURL, APIKey: o.apiKey, Surface: o.surface,
-				SessionID: fmt.Sprintf("bench-%d-%d", start.Unix(), i),
+				SessionID: fmt.Sprintf("bench-%d-%d", start.Unix(), i), AckInterval: o.ackInterval,
 				OnSignal: func(s bootstrap.Signal) {
 					var p payload
 					if json.Unmarshal(s.Payload, &p) == nil && p.SentNS > 0 {
@@ -218,6 +234,11 @@ func bench(ctx context.Context, o options, out io.Writer) error {
 
 	var sendLat recorder
 	var sent, failed atomic.Int64
+	acksBefore := sumAcks(clients)
+	var dbBefore fleetSample
+	if o.databaseURL != "" {
+		dbBefore = sampleFleet(ctx, o.databaseURL, nil)
+	}
 	lctx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -260,6 +281,11 @@ func bench(ctx context.Context, o options, out io.Writer) error {
 	for received.Load() < sent.Load() && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
+	acks := sumAcks(clients) - acksBefore
+	var dbAfter fleetSample
+	if o.databaseURL != "" {
+		dbAfter = sampleFleet(ctx, o.databaseURL, nil)
+	}
 	loaded, err := scrape(ctx, o.hubURL)
 	if err != nil {
 		return err
@@ -268,6 +294,12 @@ func bench(ctx context.Context, o options, out io.Writer) error {
 	if n := sent.Load(); n > 0 {
 		fmt.Fprintf(out, "hub CPU per send:  %.0f µs (process_cpu_seconds_total over the load, idle agents included)\n",
 			(loaded["process_cpu_seconds_total"]-attached["process_cpu_seconds_total"])/float64(n)*1e6)
+		fmt.Fprintf(out, "acks per send:     %.2f (the agents' acks over the load and the wait for its last signals; ack interval %s)\n",
+			float64(acks)/float64(n), ackIntervalName(o.ackInterval))
+		if o.databaseURL != "" {
+			fmt.Fprintf(out, "Postgres per send: %.2f commits, %.0f µs of its server's CPU (over the load and the wait for its last signals)\n",
+				float64(dbAfter.commits-dbBefore.commits)/float64(n), float64(dbAfter.pgCPU-dbBefore.pgCPU)/float64(n)/float64(time.Microsecond))
+		}
 	}
 	fmt.Fprintf(out, "send answer:       %s\n", sendLat.summary())
 	fmt.Fprintf(out, "send -> OnSignal:  %s\n", delivered.summary())

@@ -72,7 +72,7 @@ func TestRunAgainstHub(t *testing.T) {
 	if m == nil || atoi(t, m[1]) == 0 || atoi(t, m[2]) < atoi(t, m[1]) {
 		t.Fatalf("want every sent signal received and none failed; report:\n%s", out.String())
 	}
-	for _, want := range []string{"go_goroutines", "send -> OnSignal:  n="} {
+	for _, want := range []string{"go_goroutines", "send -> OnSignal:  n=", "acks per send:     "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}

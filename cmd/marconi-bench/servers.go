@@ -25,6 +25,7 @@ const benchKey = "mak_bench_local_only"
 // above what the run needs.
 type marconiServer struct {
 	bin    string
+	env    []string // added to its environment, after the defaults
 	url    string
 	sender string // the sending session's token
 }
@@ -45,6 +46,7 @@ func (m *marconiServer) start(ctx context.Context, dir string) (*exec.Cmd, error
 		"MARCONI_QUOTA_SESSIONS_PER_PROJECT=1000000", "MARCONI_QUOTA_REGISTRATIONS_PER_SECOND=1000000",
 		"MARCONI_QUOTA_PENDING_PER_RECIPIENT=1000000",
 	}
+	env = append(env, m.env...)
 	return startProcess(ctx, dir, "marconi", m.bin, []string{"serve"}, env, func(ctx context.Context) error {
 		return httpJSON(ctx, "GET", m.url+"/readyz", nil, nil, nil)
 	})

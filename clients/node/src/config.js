@@ -12,7 +12,7 @@ export const defaults = Object.freeze({
   rateLimitWaitMs: 60000,
   holderHints: 1024,
   holderRetryAfterMs: 30000,
-  ackIntervalMs: 50,
+  ackIntervalMs: 500,
 });
 
 /**

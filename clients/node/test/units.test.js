@@ -290,7 +290,7 @@ test('settle: holder routing options are checked and defaulted', () => {
   assert.throws(() => settle({ ...base, holderHints: 1.5 }), TypeError);
   assert.throws(() => settle({ ...base, holderRetryAfterMs: -1 }), TypeError);
   assert.throws(() => settle({ ...base, noHolderRouting: /** @type {any} */ ('yes') }), TypeError);
-  assert.equal(cfg.ackIntervalMs, 50);
+  assert.equal(cfg.ackIntervalMs, 500);
   assert.throws(() => settle({ ...base, ackIntervalMs: 0 }), TypeError);
 });
 
