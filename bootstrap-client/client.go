@@ -191,8 +191,11 @@ type Client struct {
 	fatalOnce sync.Once // Config.OnFatal is called once
 
 	deliveries chan delivery // to the dispatcher; bounded
-	heal       chan struct{} // cap 1: wakes the supervisor for a self-heal reconnect
-	regMu      sync.Mutex    // serializes (re)registrations
+	// flushAcks asks the dispatcher to send the ack its pacing holds back
+	// now, and closes the channel it is given once it has (Close).
+	flushAcks chan chan struct{}
+	heal      chan struct{} // cap 1: wakes the supervisor for a self-heal reconnect
+	regMu     sync.Mutex    // serializes (re)registrations
 	// regKey is the Idempotency-Key of the registration under way, reused by
 	// its retries and cleared once one is answered; guarded by regMu.
 	regKey string
@@ -396,6 +399,7 @@ func newClient(cfg Config) (*Client, error) {
 		http:       hc,
 		backoff:    backoff{base: cfg.ReconnectBaseDelay, max: cfg.ReconnectMaxDelay, int63n: rand.Int64N},
 		deliveries: make(chan delivery, deliveryQueue),
+		flushAcks:  make(chan chan struct{}),
 		heal:       make(chan struct{}, 1),
 		sessionID:  cfg.SessionID,
 		hbEvery:    defaultHeartbeat,
@@ -478,11 +482,37 @@ func (c *Client) Stats() Stats {
 // Close is idempotent and always returns nil.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
+		c.flushPendingAck()
 		c.cancel()
 		c.wg.Wait()
 		c.closeIdle()
 	})
 	return nil
+}
+
+// flushTimeout bounds how long Close waits for the ack that the pacing
+// (AckInterval) holds back to be sent.
+const flushTimeout = 2 * time.Second
+
+// flushPendingAck has the dispatcher send, now, the ack that AckInterval
+// holds back, so that a client closed within the interval of its last
+// signals does not leave them to come again to the session's next client.
+// It waits at most flushTimeout, and not at all once the client has ended.
+func (c *Client) flushPendingAck() {
+	done := make(chan struct{})
+	t := time.NewTimer(flushTimeout)
+	defer t.Stop()
+	select {
+	case c.flushAcks <- done:
+	case <-c.ctx.Done():
+		return
+	case <-t.C:
+		return
+	}
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // closeIdle releases the idle connections of the client's own transport; a

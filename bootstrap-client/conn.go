@@ -486,6 +486,12 @@ func (c *Client) dispatch() {
 				ackNow()
 			}
 			continue
+		case done := <-c.flushAcks:
+			if unacked > 0 && !c.cfg.DeferAck {
+				ackNow()
+			}
+			close(done)
+			continue
 		case d = <-c.deliveries:
 		}
 		reset := d.affinityReset && d.epoch >= seq.epoch

@@ -686,3 +686,42 @@ func TestTokenURL(t *testing.T) {
 		}
 	}
 }
+
+// Close sends the ack that the pacing holds back: a signal handled within
+// AckInterval of the last ack is acknowledged before the connection
+// closes, not left to come again to the session's next client.
+func TestFakeCloseSendsThePacedAck(t *testing.T) {
+	home := newFakeHub(t)
+	defer home.close()
+	home.replay = []Signal{{ID: "a", Seq: 1}}
+	var mu sync.Mutex
+	var got []int64
+	c := dialFake(t, home.srv.URL, Config{
+		AckInterval: time.Hour, // the second signal's ack waits for Close
+		OnSignal:    func(s Signal) { mu.Lock(); got = append(got, s.Seq); mu.Unlock() },
+	})
+	eventually(t, "the first signal acked at once", func() bool {
+		home.mu.Lock()
+		defer home.mu.Unlock()
+		return len(home.acks) == 1 && home.acks[0] == 1
+	})
+	home.mu.Lock()
+	conn := home.conn
+	home.mu.Unlock()
+	if err := writeFrame(t.Context(), conn, frame{Type: "signal", Signal: Signal{ID: "b", Seq: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the second signal handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 })
+	home.mu.Lock()
+	held := len(home.acks)
+	home.mu.Unlock()
+	if held != 1 {
+		t.Fatalf("the hub got %d acks before Close, want 1 (the second held back by AckInterval)", held)
+	}
+	_ = c.Close()
+	home.mu.Lock()
+	defer home.mu.Unlock()
+	if len(home.acks) != 2 || home.acks[1] != 2 {
+		t.Fatalf("acks at the hub after Close: %v, want [1 2]", home.acks)
+	}
+}

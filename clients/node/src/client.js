@@ -28,6 +28,8 @@ const maxWrongInstanceHops = 3;
 const drainLimit = 50;
 // How often one session call is made when the token keeps changing under it.
 const maxCallAttempts = 3;
+// Bound on sending, at close(), the ack that ackIntervalMs holds back.
+const flushAckMs = 2000;
 // Bound on the close handshake at close(): past it the socket is cut.
 const closeHandshakeMs = 1000;
 
@@ -174,6 +176,10 @@ export class Client extends EventEmitter {
   }
 
   async #shutdown() {
+    // The ack that ackIntervalMs holds back goes first, within flushAckMs.
+    let flushed;
+    await Promise.race([this.#delivery.flush(), new Promise((r) => (flushed = setTimeout(r, flushAckMs)))]);
+    clearTimeout(flushed);
     this.#closing.abort(new ClientClosedError());
     this.#delivery.wake();
     this.#wakeSupervisor?.();

@@ -44,6 +44,8 @@ export class Dispatcher {
   #lastAck = -Infinity; // performance.now() of the last ack
   /** @type {ReturnType<typeof setTimeout> | null} */
   #pacer = null; // an ack waits for it
+  /** @type {(() => Promise<void>) | null} */
+  #ackNow = null; // run's, while it runs
   #o;
 
   /** @param {DispatcherOptions} o */
@@ -124,6 +126,7 @@ export class Dispatcher {
       this.#lastAck = performance.now();
       await this.#o.ack(seq.epoch, seq.highest);
     };
+    this.#ackNow = ackNow;
     try {
       for (let d = await this.#next(); d; d = await this.#next()) {
         if (d.reset && d.epoch >= seq.epoch) await this.#callback('onAffinityReset', d.reset);
@@ -149,7 +152,21 @@ export class Dispatcher {
     } finally {
       if (this.#pacer !== null) clearTimeout(this.#pacer);
       this.#pacer = null;
+      this.#ackNow = null;
     }
+  }
+
+  /**
+   * Sends now the ack that ackIntervalMs holds back, if one waits (the
+   * client's close: the signals it covers must not come again to the
+   * session's next client). Never rejects.
+   * @returns {Promise<void>}
+   */
+  async flush() {
+    if (this.#pacer === null || this.#ackNow === null) return;
+    clearTimeout(this.#pacer);
+    this.#pacer = null;
+    if (this.#unacked > 0) await this.#ackNow();
   }
 
   /**

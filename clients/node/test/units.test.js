@@ -328,3 +328,34 @@ test('tokenURL: a session token goes to an http(s) URL the hub named only when i
     assert.equal(tokenURL(/** @type {string[]} */ (hubs), raw), want, `tokenURL(${JSON.stringify(hubs)}, ${JSON.stringify(raw)})`);
   }
 });
+
+test('delivery: flush sends at once the ack that ackIntervalMs holds back, and nothing when none waits', async () => {
+  const closing = new AbortController();
+  /** @type {number[]} */
+  const acks = [];
+  /** @type {(() => void) | null} */
+  let handled = null;
+  const noop = () => {};
+  const d = new Dispatcher({
+    closing: closing.signal,
+    handlers: { onSignal: () => handled?.() },
+    ack: async (_epoch, upTo) => { acks.push(upTo); },
+    onRoom: noop,
+    ackIntervalMs: 3600000, // the second signal's ack would wait an hour
+    log: { debug: noop, info: noop, warn: noop, error: noop },
+  });
+  const loop = d.run();
+  for (let seq = 1; seq <= 2; seq++) {
+    const done = new Promise((r) => (handled = () => setImmediate(r)));
+    d.enqueue({ signals: [{ id: `s${seq}`, seq, fromSession: 'a', toSession: 'b', kind: 'k', payload: null, createdAt: new Date(0) }], epoch: 1 });
+    await done;
+  }
+  assert.deepEqual(acks, [1], 'the first acked at once, the second held back');
+  await d.flush();
+  assert.deepEqual(acks, [1, 2], 'flush sent the held-back ack');
+  await d.flush();
+  assert.deepEqual(acks, [1, 2], 'a second flush has nothing to send');
+  closing.abort();
+  d.wake();
+  await loop;
+});
