@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -92,12 +91,8 @@ func parseDurableOptions(args []string, stderr io.Writer) (durableOptions, error
 	if o.loadProfile != "" && o.jetstream != "" {
 		return o, fmt.Errorf("-load-profile: not with -jetstream (its publishers share the process)")
 	}
-	u, err := url.Parse(o.databaseURL)
-	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		return o, fmt.Errorf("-database-url %q: want a postgres:// URL", o.databaseURL)
-	}
-	if !loopback(u.Hostname()) {
-		return o, fmt.Errorf("-database-url: only a database on this machine (loopback) may be loaded")
+	if err := loopbackPostgres("-database-url", o.databaseURL); err != nil {
+		return o, err
 	}
 	for _, f := range strings.Split(*senders, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))

@@ -156,12 +156,10 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
-	u, err := url.Parse(o.databaseURL)
+	if err := loopbackPostgres("-database-url", o.databaseURL); err != nil {
+		return o, err
+	}
 	switch {
-	case err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql"):
-		return o, fmt.Errorf("-database-url %q: want a postgres:// URL", o.databaseURL)
-	case !loopback(u.Hostname()):
-		return o, fmt.Errorf("-database-url: only a database on this machine (loopback) may be loaded")
 	case *senders < 1 || *senders > maxDurableSenders:
 		return o, fmt.Errorf("-senders %d: want 1..%d", *senders, maxDurableSenders)
 	case o.step <= 0 || o.step > maxDurableStep:
@@ -196,8 +194,8 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	}
 	if o.beforeDB == "" {
 		o.beforeDB = o.databaseURL
-	} else if u, err := url.Parse(o.beforeDB); err != nil || !loopback(u.Hostname()) {
-		return o, fmt.Errorf("-before-database-url: want a postgres:// URL on this machine")
+	} else if err := loopbackPostgres("-before-database-url", o.beforeDB); err != nil {
+		return o, err
 	}
 	if o.natsURL != "" {
 		if u, err := url.Parse(o.natsURL); err != nil || u.Scheme != "nats" || !loopback(u.Hostname()) {

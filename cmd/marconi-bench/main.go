@@ -75,8 +75,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		return o, err
 	}
 	if o.databaseURL != "" {
-		if u, err := url.Parse(o.databaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || !loopback(u.Hostname()) {
-			return o, fmt.Errorf("-database-url: want a postgres:// URL on this machine (loopback)")
+		if err := loopbackPostgres("-database-url", o.databaseURL); err != nil {
+			return o, err
 		}
 	}
 	o.apiKey = getenv("MARCONI_BENCH_API_KEY")
@@ -102,6 +102,20 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		return o, errors.New("-rate > 0 needs at least 2 agents (each sends to the next)")
 	}
 	return o, nil
+}
+
+// loopbackPostgres checks that raw, the value of flag, is a postgres:// URL
+// of a database on this machine: the tool loads and resets what it is
+// given, so nothing else may be named.
+func loopbackPostgres(flag, raw string) error {
+	u, err := url.Parse(raw)
+	if raw == "" || err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return fmt.Errorf("%s %q: want a postgres:// URL", flag, raw)
+	}
+	if !loopback(u.Hostname()) {
+		return fmt.Errorf("%s: only a database on this machine (loopback) may be loaded", flag)
+	}
+	return nil
 }
 
 func loopback(host string) bool {

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -58,12 +57,10 @@ func parseStorm(args []string, stderr io.Writer) (stormOptions, error) {
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
-	u, err := url.Parse(o.database)
+	if err := loopbackPostgres("-database", o.database); err != nil {
+		return o, err
+	}
 	switch {
-	case o.database == "" || err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql"):
-		return o, fmt.Errorf("-database %q: want a postgres:// URL", o.database)
-	case !loopback(u.Hostname()):
-		return o, fmt.Errorf("-database %q: only a database on this machine (loopback)", o.database)
 	case o.sessions < 1 || o.sessions > maxStormSessions:
 		return o, fmt.Errorf("-sessions %d: want 1..%d", o.sessions, maxStormSessions)
 	case o.signals < 1 || o.signals > 100000:
