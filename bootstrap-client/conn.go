@@ -466,13 +466,11 @@ func (c *Client) dispatch() {
 			pacer.Stop()
 		}
 	}()
-	var (
-		frame    []byte // the ack frame's buffer, reused
-		deadline ackDeadline
-	)
-	defer deadline.stop()
+	var frame []byte // the ack frame's buffer, reused
 	ackNow := func() {
-		frame = c.ack(deadline.context(c.ctx), frame, seq.epoch, seq.highest)
+		ctx, cancel := context.WithTimeout(c.ctx, ackTimeout)
+		frame = c.ack(ctx, frame, seq.epoch, seq.highest)
+		cancel()
 		unacked, lastAck = 0, time.Now()
 	}
 	for {
@@ -564,37 +562,8 @@ func (c *Client) ack(ctx context.Context, buf []byte, epoch uint64, upTo int64) 
 	return buf
 }
 
-// ackTimeout bounds one ack (its write on the WebSocket, or its call) to
-// between half of it and all of it: see ackDeadline.
+// ackTimeout bounds one ack: its write on the WebSocket, or its call.
 const ackTimeout = 10 * time.Second
-
-// ackDeadline is the context the dispatcher's acks are bounded by: one
-// context serves every ack made while at least half of ackTimeout is left
-// of it, rather than a new context and timer for each. Owned by the
-// dispatcher.
-type ackDeadline struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	until  time.Time
-}
-
-// context is a context ending at least ackTimeout/2 from now, and at most
-// ackTimeout, or when parent ends.
-func (d *ackDeadline) context(parent context.Context) context.Context {
-	if now := time.Now(); d.ctx == nil || d.until.Sub(now) < ackTimeout/2 {
-		d.stop()
-		d.until = now.Add(ackTimeout)
-		d.ctx, d.cancel = context.WithDeadline(parent, d.until)
-	}
-	return d.ctx
-}
-
-// stop releases the current context.
-func (d *ackDeadline) stop() {
-	if d.cancel != nil {
-		d.cancel()
-	}
-}
 
 // appendAckFrame appends the WebSocket ack frame of upTo, as json.Marshal
 // writes ackRequest{Type: "ack", UpToSeq: upTo}.
