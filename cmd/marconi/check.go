@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/marconihub/marconi"
 )
 
 // configCheck is `marconi config check`: it fails on what would bite at run
@@ -26,6 +30,9 @@ func (c cli) configCheck(ctx context.Context, cfg Config) error {
 	production := cfg.Hub.Mode != "development"
 	if production && cfg.Hub.AdminToken == "" {
 		problems = append(problems, fmt.Sprintf("MARCONI_ADMIN_TOKEN: empty in %s mode: /v1/ops/*, the dashboard and making API keys are refused to everyone", cfg.Hub.Mode))
+	}
+	if p := insecurePublicURL(cfg); p != "" {
+		problems = append(problems, p)
 	}
 	stored := 0
 	if cfg.DatabaseURL != "" {
@@ -72,4 +79,25 @@ func storedAPIKeys(ctx context.Context, dbURL string, timeout time.Duration) (in
 	var n int
 	err = pool.QueryRow(ctx, `SELECT count(*) FROM api_keys`).Scan(&n)
 	return n, err
+}
+
+// insecurePublicURL names the problem of a cloud hub publishing a plain
+// http:// MARCONI_PUBLIC_URL on a host other than loopback; "" when there is
+// none. Clients reach a cloud fleet over https, and both clients refuse to
+// take a session token from an https hub to an http address
+// (recipient_instance_url, wrong_instance): holder-routed sends would go
+// through the balancer, and sticky sessions sent to another instance would
+// not attach. A lan hub may well be http throughout.
+func insecurePublicURL(cfg Config) string {
+	if cfg.Hub.Mode != marconi.Cloud {
+		return ""
+	}
+	u, err := url.Parse(cfg.Hub.PublicURL)
+	if err != nil || u.Scheme != "http" {
+		return ""
+	}
+	if ip := net.ParseIP(u.Hostname()); u.Hostname() == "localhost" || (ip != nil && ip.IsLoopback()) {
+		return ""
+	}
+	return fmt.Sprintf("MARCONI_PUBLIC_URL: %s is plain http in cloud mode: clients of an https fleet will not send a session token there (wrong_instance, recipient_instance_url); publish an https:// URL", cfg.Hub.PublicURL)
 }

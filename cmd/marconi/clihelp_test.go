@@ -146,6 +146,15 @@ func TestConfigCheckFailsOnWhatWouldBite(t *testing.T) {
 			[]string{"MARCONI_DATABSE_URL is not a setting: did you mean MARCONI_DATABASE_URL?"}},
 		{"a name far from any", map[string]string{"MARCONI_FROBNICATE": "1"}, 0,
 			[]string{"warning: unknown variable MARCONI_FROBNICATE is ignored"}},
+		{"cloud publishing plain http", map[string]string{"MARCONI_MODE": "cloud", "MARCONI_API_KEYS": key, "MARCONI_ADMIN_TOKEN": admin,
+			"MARCONI_PUBLIC_URL": "http://hub-1.example.com:8080"}, 2,
+			[]string{"MARCONI_PUBLIC_URL: http://hub-1.example.com:8080 is plain http in cloud mode", "publish an https:// URL"}},
+		{"cloud publishing https", map[string]string{"MARCONI_MODE": "cloud", "MARCONI_API_KEYS": key, "MARCONI_ADMIN_TOKEN": admin,
+			"MARCONI_PUBLIC_URL": "https://hub-1.example.com"}, 0, nil},
+		{"cloud publishing loopback http", map[string]string{"MARCONI_MODE": "cloud", "MARCONI_API_KEYS": key, "MARCONI_ADMIN_TOKEN": admin,
+			"MARCONI_PUBLIC_URL": "http://127.0.0.1:8080"}, 0, nil},
+		{"lan publishing plain http", map[string]string{"MARCONI_MODE": "lan", "MARCONI_API_KEYS": key, "MARCONI_ADMIN_TOKEN": admin,
+			"MARCONI_PUBLIC_URL": "http://hub-1.lan:8080"}, 0, nil},
 	}
 	for _, tt := range tests {
 		code, stdout, stderr := runCLI(t, tt.kv, "", false, "config", "check")

@@ -261,6 +261,12 @@ func settings(c *Config) []setting {
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				return fmt.Errorf("want an http(s) URL, got %q", v)
 			}
+			// Clients append paths to it, and every send answer naming
+			// this instance carries it: a query or fragment would break
+			// those URLs, and a user or password would go to every agent.
+			if u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(v, "#") {
+				return errors.New("want a scheme, host and optional path only: no user, password, query or fragment")
+			}
 			c.Hub.PublicURL = strings.TrimRight(v, "/")
 			return nil
 		}, public},

@@ -123,6 +123,18 @@ func TestConfigBadValuesNameTheVariable(t *testing.T) {
 			t.Errorf("%s=%q: err %v, want an error naming the variable", name, v, err)
 		}
 	}
+	// Clients append paths to the public URL and every send answer carries
+	// it: a user, password, query or fragment is refused, never echoed.
+	for _, v := range []string{"https://ops:hunter2@hub.example.com", "https://hub.example.com/?a=b", "https://hub.example.com/?",
+		"https://hub.example.com/#top", "https://hub.example.com/#"} {
+		_, err := LoadConfig(nil, env(map[string]string{"MARCONI_PUBLIC_URL": v}), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "MARCONI_PUBLIC_URL") || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("MARCONI_PUBLIC_URL=%q: err %v, want a refusal naming the variable and not the password", v, err)
+		}
+	}
+	if c, err := LoadConfig(nil, env(map[string]string{"MARCONI_PUBLIC_URL": "https://lb.example.com/i/hub-1/"}), io.Discard); err != nil || c.Hub.PublicURL != "https://lb.example.com/i/hub-1" {
+		t.Errorf("a public URL with a path: %q, %v", c.Hub.PublicURL, err)
+	}
 	if _, err := LoadConfig(nil, env(map[string]string{"MARCONI_API_KEYS": "key-aaaaaaaaaaaaaaaa=acme corp/web"}), io.Discard); err == nil {
 		t.Error("a tenant id with a space was accepted; route_state could never name it")
 	}

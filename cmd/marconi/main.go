@@ -215,6 +215,9 @@ func (c cli) serve(ctx context.Context, args []string) error {
 	if err := keepDevCredentials(&cfg, c.getenv); err != nil {
 		return err
 	}
+	if p := insecurePublicURL(cfg); p != "" {
+		fmt.Fprintf(c.stderr, "marconi serve: warning: %s\n", p)
+	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	m := NewMain(cfg, c.stdout)
