@@ -691,7 +691,13 @@ func checkDatabaseURL(v string) error {
 		}
 		bare := *pe
 		bare.ConnString = ""
-		return fmt.Errorf("%s: %s", want, strings.TrimPrefix(bare.Error(), "cannot parse ``: "))
+		msg := strings.TrimPrefix(bare.Error(), "cannot parse ``: ")
+		// A well-formed URL whose TLS files cannot be read here (a CA
+		// file on another machine's path, say) is not a malformed URL.
+		if cause, ok := strings.CutPrefix(msg, "failed to configure TLS ("); ok {
+			return fmt.Errorf("its TLS settings (sslmode, sslrootcert, sslcert, sslkey) cannot be used on this machine: %s", strings.TrimSuffix(cause, ")"))
+		}
+		return fmt.Errorf("%s: %s", want, msg)
 	}
 	return nil
 }

@@ -46,6 +46,19 @@ func TestDatabaseURLForms(t *testing.T) {
 			t.Errorf("MARCONI_DATABASE_URL=%q: the error quotes the password: %v", bad, err)
 		}
 	}
+	// A well-formed URL whose CA file is not on this machine: the error
+	// says so, not that the URL is malformed.
+	ca := t.TempDir() + "/no-such-ca.pem"
+	for _, v := range []string{
+		"postgres://u:s3cret@db.example.com/marconi?sslmode=verify-full&sslrootcert=" + ca,
+		"host=db.example.com dbname=marconi password=s3cret sslmode=verify-full sslrootcert=" + ca,
+	} {
+		_, err := LoadConfig(nil, env(map[string]string{"MARCONI_DATABASE_URL": v, "MARCONI_PUBLIC_URL": "http://127.0.0.1:1"}), &strings.Builder{})
+		if err == nil || !strings.HasPrefix(err.Error(), "MARCONI_DATABASE_URL: its TLS settings") || !strings.Contains(err.Error(), ca) ||
+			strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("MARCONI_DATABASE_URL=%q: %v; want an error naming the TLS settings and the CA file, not the password", v, err)
+		}
+	}
 }
 
 // `marconi config` masks a database password in either form, read as pgx
