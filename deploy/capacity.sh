@@ -11,6 +11,11 @@
 # load balancer").
 # CAPACITY_ACK_INTERVAL=D (a Go duration, e.g. 250ms; default the client's) is the load's agents'
 # AckInterval (docs/client.md, "Receiving"): the least time between two of an agent's acks.
+# CAPACITY_BIN_DIR=DIR runs DIR/marconi and DIR/marconi-bench as they are (built by the caller).
+# Otherwise, from a clean checkout (no change and no untracked file, as git status says), the two
+# are built once per commit and Go version into CAPACITY_CACHE_DIR (default
+# ${XDG_CACHE_HOME:-~/.cache}/marconi-capacity) and reused by later runs; with uncommitted changes
+# they are built afresh for each run, and not kept.
 # Needs psql and curl, Postgres on 127.0.0.1:5432 (user postgres, trust), haproxy for 3.
 set -euo pipefail
 N=${1:-1}; AGENTS=${2:-300}; RATE=${3:-3}; DUR=${4:-20s}
@@ -21,10 +26,35 @@ case $PUBLIC in
   balancer|direct) ;;
   *) echo "CAPACITY_PUBLIC_URL=$PUBLIC: want balancer or direct" >&2; exit 2 ;;
 esac
+BIN=${CAPACITY_BIN_DIR:-}
+if [ -n "$BIN" ]; then
+  for b in marconi marconi-bench; do
+    [ -f "$BIN/$b" ] && [ -x "$BIN/$b" ] || { echo "CAPACITY_BIN_DIR=$BIN: no executable $b there" >&2; exit 2; }
+  done
+  BIN=$(cd "$BIN" && pwd)
+fi
 cd "$(dirname "$0")/.."
 D=$(mktemp -d)
-go build -o "$D/marconi" ./cmd/marconi
-go build -o "$D/marconi-bench" ./cmd/marconi-bench
+build() { go build -o "$1/marconi" ./cmd/marconi && go build -o "$1/marconi-bench" ./cmd/marconi-bench; }
+if [ -n "$BIN" ]; then
+  echo "binaries: $BIN (CAPACITY_BIN_DIR)"
+elif rev=$(git rev-parse HEAD 2>/dev/null) && [ -z "$(git status --porcelain 2>/dev/null)" ]; then
+  BIN=${CAPACITY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/marconi-capacity}/$rev-$(go env GOVERSION)
+  if [ -x "$BIN/marconi" ] && [ -x "$BIN/marconi-bench" ]; then
+    echo "binaries: $BIN (built before from $rev, a clean tree)"
+  else
+    mkdir -p "$(dirname "$BIN")"
+    tmp=$(mktemp -d "$BIN.XXXXXX")
+    build "$tmp" || { rm -rf "$tmp"; exit 1; }
+    rm -rf "$BIN" # an incomplete one
+    mv -T "$tmp" "$BIN" 2>/dev/null || rm -rf "$tmp" # or another run's, just in place
+    echo "binaries: $BIN (built from $rev, a clean tree; later runs reuse them)"
+  fi
+else
+  BIN=$D
+  build "$BIN"
+  echo "binaries: built into $D for this run (uncommitted changes, or no git checkout)"
+fi
 DB=marconi_capacity_$$
 psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE $DB" postgres
 URL="postgres://postgres@127.0.0.1:5432/$DB?sslmode=disable"
@@ -46,7 +76,7 @@ for i in $(seq 1 "$N"); do
     MARCONI_PUBLIC_URL=$pub MARCONI_API_KEYS=$KEY=t1/p1 MARCONI_ADMIN_TOKEN=capacity-admin-token-0123 \
     MARCONI_SEND_RATE_PER_SECOND=100000 MARCONI_MAX_CONNECTIONS_PER_ADDRESS=100000 \
     MARCONI_QUOTA_REGISTRATIONS_PER_SECOND=100000 MARCONI_LOG_LEVEL=error \
-    "$D/marconi" serve >"$D/hub-$i.log" 2>&1 &
+    "$BIN/marconi" serve >"$D/hub-$i.log" 2>&1 &
   pids+=($!)
 done
 for i in $(seq 1 "$N"); do until curl -sf "http://127.0.0.1:$((19080 + i))/readyz" >/dev/null; do sleep 0.2; done; done
@@ -60,6 +90,6 @@ if [ "$N" != 1 ]; then
 fi
 echo "hubs: GOMAXPROCS=${GOMAXPROCS:-default}; load generator: GOMAXPROCS=default"
 [ "$N" = 1 ] || echo "public URLs: $PUBLIC"
-MARCONI_BENCH_API_KEY=$KEY env -u GOMAXPROCS "$D/marconi-bench" -hub "$HUB" -agents "$AGENTS" -rate "$RATE" -duration "$DUR" \
+MARCONI_BENCH_API_KEY=$KEY env -u GOMAXPROCS "$BIN/marconi-bench" -hub "$HUB" -agents "$AGENTS" -rate "$RATE" -duration "$DUR" \
   -ack-interval "$ACK" -database-url "$URL"
 for i in $(seq 1 "$N"); do echo "hub-$i CPU time: $(ps -o cputime= -p "${pids[$((i - 1))]}")"; done

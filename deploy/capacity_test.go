@@ -14,7 +14,9 @@ import (
 // records the GOMAXPROCS it was started with.
 var capacityStubs = map[string]string{
 	"go": `#!/bin/sh
-# go build -o OUT ./cmd/NAME
+# go env GOVERSION | go build -o OUT ./cmd/NAME (each build noted in builds)
+[ "$1" = env ] && { echo go0.stub; exit 0; }
+echo "$4" >> "$CAPACITY_STUBS/builds"
 cp "$CAPACITY_STUBS/$(basename "$4")" "$3"
 `,
 	"marconi": `#!/bin/sh
@@ -131,9 +133,111 @@ func runCapacityStubbed(t *testing.T, instances string, env ...string) (string, 
 			t.Fatal(err)
 		}
 	}
+	// A cache of the test's own: a clean checkout would otherwise keep the
+	// stubs in the user's cache as the binaries of its commit.
 	cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", instances, "2", "1", "1s")
-	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_STUBS="+stubs)
+	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_STUBS="+stubs,
+		"CAPACITY_CACHE_DIR="+filepath.Join(stubs, "cache"))
 	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.CombinedOutput()
 	return stubs, out, err
+}
+
+// deploy/capacity.sh builds its binaries once per commit from a clean
+// checkout and reuses them; with uncommitted changes it builds them for each
+// run; CAPACITY_BIN_DIR names prebuilt ones, which it runs without a build,
+// and one without them is refused. Run in a git repository of the test's own
+// holding the script, so that its state is the test's.
+func TestCapacityScriptReusesBinaries(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Fatalf("no git on PATH: %v", err)
+	}
+	script, err := os.ReadFile("capacity.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo, stubs, cache := t.TempDir(), t.TempDir(), t.TempDir()
+	for name, text := range capacityStubs {
+		if err := os.WriteFile(filepath.Join(stubs, name), []byte(text), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(repo, "deploy"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(repo, "deploy", "capacity.sh"), script, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	git := func(args ...string) {
+		t.Helper()
+		cmd := exec.CommandContext(t.Context(), "git", append([]string{"-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"}, args...)...)
+		cmd.Dir = repo
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	git("init", "-q")
+	git("add", ".")
+	git("commit", "-qm", "capacity")
+	builds := func() int {
+		b, _ := os.ReadFile(filepath.Join(stubs, "builds"))
+		return strings.Count(string(b), "\n")
+	}
+	run := func(env ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(t.Context(), "bash", filepath.Join(repo, "deploy", "capacity.sh"), "1", "2", "1", "1s")
+		cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_STUBS="+stubs, "CAPACITY_CACHE_DIR="+cache)
+		cmd.Env = append(cmd.Env, env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("capacity.sh %v: %v\n%s", env, err, out)
+		}
+		return string(out)
+	}
+
+	run()
+	if n := builds(); n != 2 {
+		t.Fatalf("a clean checkout's first run built %d binaries, want 2", n)
+	}
+	if out := run(); builds() != 2 || !strings.Contains(out, "built before") {
+		t.Fatalf("the second run of the same clean commit built again (%d builds in all, want 2):\n%s", builds(), out)
+	}
+	if err := os.WriteFile(filepath.Join(repo, "change.go"), []byte("package main\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run()
+	run()
+	if n := builds(); n != 6 {
+		t.Fatalf("two runs with an uncommitted change made %d builds in all, want 6 (two each)", n)
+	}
+	if entries, _ := os.ReadDir(cache); len(entries) != 1 {
+		t.Errorf("the cache holds %d entries, want 1: a dirty tree's binaries are not kept", len(entries))
+	}
+
+	prebuilt := t.TempDir()
+	for _, b := range []string{"marconi", "marconi-bench"} {
+		text := capacityStubs[b]
+		if b == "marconi" {
+			text = "#!/bin/sh\ntouch \"$CAPACITY_STUBS/prebuilt-ran\"\nexec sleep 60\n"
+		}
+		if err := os.WriteFile(filepath.Join(prebuilt, b), []byte(text), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run("CAPACITY_BIN_DIR=" + prebuilt)
+	if n := builds(); n != 6 {
+		t.Errorf("CAPACITY_BIN_DIR: %d builds, want none more than 6", n)
+	}
+	if _, err := os.Stat(filepath.Join(stubs, "prebuilt-ran")); err != nil {
+		t.Errorf("CAPACITY_BIN_DIR's marconi did not run: %v", err)
+	}
+	cmd := exec.CommandContext(t.Context(), "bash", filepath.Join(repo, "deploy", "capacity.sh"), "1", "2", "1", "1s")
+	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_STUBS="+stubs,
+		"CAPACITY_BIN_DIR="+filepath.Join(prebuilt, "missing"))
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "CAPACITY_BIN_DIR") {
+		t.Errorf("CAPACITY_BIN_DIR without the binaries: err %v, want a refusal that names the variable:\n%s", err, out)
+	}
+	if n := builds(); n != 6 {
+		t.Errorf("a refused CAPACITY_BIN_DIR built %d binaries", n-6)
+	}
 }

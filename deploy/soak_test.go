@@ -3,7 +3,9 @@
 // instance is killed with -9, another drained, then both brought back. A
 // ledger of every send and delivery must show nothing answered 200 lost,
 // nothing misrouted, order kept per recipient, and every agent attached
-// again within 5 s of each event.
+// again after each event. How soon is logged (t.Logf), not asserted: speed
+// is measured by benchmarks (docs/benchmarks.md, "Reconnect storm"); the
+// test only bounds it by reattachHangBound, which only a hang crosses.
 //
 // The short version runs in `go test ./...`; MARCONI_SOAK=long runs the long
 // one (more agents, longer phases, the events three times), whose figures
@@ -35,18 +37,24 @@ import (
 
 // soakPlan sizes one run.
 type soakPlan struct {
-	agents   int           // half sticky, half stateless
-	every    time.Duration // each agent sends one signal per period
-	phase    time.Duration // sending between two events
-	cycles   int           // kill/drain/restart cycles
-	reattach time.Duration // every agent attached again within this of an event
+	agents int           // half sticky, half stateless
+	every  time.Duration // each agent sends one signal per period
+	phase  time.Duration // sending between two events
+	cycles int           // kill/drain/restart cycles
 }
+
+// reattachHangBound is a liveness bound, not a speed target: an event after
+// which not every agent is attached again within it is a hang (a client
+// that stopped redialing, a session no instance takes). Recovery takes
+// 0.2 to 3.5 s here (docs/operations.md), and at least the dead-after
+// window (10 s) if the liveness probe were lost; the test logs it.
+const reattachHangBound = 60 * time.Second
 
 func planFromEnv() soakPlan {
 	if os.Getenv("MARCONI_SOAK") == "long" {
-		return soakPlan{agents: 300, every: 3 * time.Second, phase: 20 * time.Second, cycles: 3, reattach: 5 * time.Second}
+		return soakPlan{agents: 300, every: 3 * time.Second, phase: 20 * time.Second, cycles: 3}
 	}
-	return soakPlan{agents: 120, every: time.Second, phase: 3 * time.Second, cycles: 1, reattach: 5 * time.Second}
+	return soakPlan{agents: 120, every: time.Second, phase: 3 * time.Second, cycles: 1}
 }
 
 func TestSoakThreeInstancesBehindHAProxy(t *testing.T) {
@@ -94,8 +102,8 @@ func TestSoakThreeInstancesBehindHAProxy(t *testing.T) {
 		}
 		start := time.Now()
 		do()
-		c.waitAttached(t, name, plan.agents, gone, start.Add(plan.reattach))
-		t.Logf("%-28s %3d agents displaced; every agent attached again %v after the event",
+		c.waitAttached(t, name, plan.agents, gone, start.Add(reattachHangBound))
+		t.Logf("%-28s %3d agents displaced; every agent attached again %v after the event (polled every 100 ms; measured, not asserted)",
 			name+":", moved, time.Since(start).Round(time.Millisecond))
 		phase()
 	}
@@ -369,23 +377,19 @@ func (c *cluster) attachedByInstance() (map[string]int, error) {
 	return out, nil
 }
 
-// waitAttached polls until n sessions are attached elsewhere than gone, as
-// seen by an answer received by the deadline; it fails the test otherwise.
+// waitAttached polls until n sessions are attached elsewhere than gone; it
+// fails the test when that is not seen by the deadline, a liveness bound
+// (reattachHangBound) that only a hang crosses.
 func (c *cluster) waitAttached(t *testing.T, what string, n int, gone string, deadline time.Time) {
 	t.Helper()
 	var got int
 	var err error
 	for {
 		if got, err = c.attached(gone); err == nil && got == n {
-			if seen := time.Now(); seen.After(deadline) {
-				// Seen only by an answer that came after the deadline: it
-				// may have been reached after it too.
-				t.Fatalf("%s: every agent attached again, but seen only %v after the deadline", what, seen.Sub(deadline).Round(time.Millisecond))
-			}
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: only %d of %d agents attached again by the deadline (last error: %v)", what, got, n, err)
+			t.Fatalf("%s: only %d of %d agents attached again by the deadline, a hang (last error: %v)", what, got, n, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

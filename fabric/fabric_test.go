@@ -174,14 +174,26 @@ func TestSummaryCanaryView(t *testing.T) {
 }
 
 // fakeProber answers ConnectedInstances from a set the test sets, as seen
-// on server.
+// on server: the current process (the StartedAt in st) of each instance in
+// live is connected.
 type fakeProber struct {
+	st     sessionstore.Store
 	live   map[string]bool
 	server string
 }
 
-func (p *fakeProber) ConnectedInstances(context.Context) (map[string]bool, string, error) {
-	return maps.Clone(p.live), p.server, nil
+func (p *fakeProber) ConnectedInstances(ctx context.Context) (map[string]time.Time, string, error) {
+	list, err := p.st.ListInstances(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	live := map[string]time.Time{}
+	for _, in := range list {
+		if p.live[in.ID] {
+			live[in.ID] = in.StartedAt
+		}
+	}
+	return live, p.server, nil
 }
 
 // Probe judges only a process it saw connected: one never seen (an older
@@ -191,7 +203,7 @@ func TestProbeJudgesOnlyProcessesSeenConnected(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	p := &fakeProber{live: map[string]bool{}}
+	p := &fakeProber{st: st, live: map[string]bool{}}
 	a := newProbedFabric(t, st, clk, "a", p)
 	beat := func(id string, started time.Time) {
 		t.Helper()
@@ -251,7 +263,7 @@ func TestProbeOnAnotherServerForgetsWhoWasConnected(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	p := &fakeProber{live: map[string]bool{"b": true}, server: "primary"}
+	p := &fakeProber{st: st, live: map[string]bool{"b": true}, server: "primary"}
 	a := newProbedFabric(t, st, clk, "a", p)
 	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
 		t.Fatal(err)
@@ -284,7 +296,7 @@ func TestConfirmHealthyProbesBeforeNamingAnInstance(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	p := &fakeProber{live: map[string]bool{"b": true}}
+	p := &fakeProber{st: st, live: map[string]bool{"b": true}}
 	a := newProbedFabric(t, st, clk, "a", p)
 	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
 		t.Fatal(err)
@@ -334,7 +346,7 @@ func TestHealthGaugeFollowsTheProbe(t *testing.T) {
 	st := memstore.New()
 	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	reg := prometheus.NewRegistry()
-	p := &fakeProber{live: map[string]bool{"b": true}}
+	p := &fakeProber{st: st, live: map[string]bool{"b": true}}
 	a, err := New(Config{InstanceID: "a", PublicURL: "http://a"}, Deps{Store: st, Prober: p, Now: clk.now, Registry: reg})
 	if err != nil {
 		t.Fatal(err)

@@ -7,13 +7,15 @@ import (
 )
 
 // Prober tells which instances' processes are alive now, from what the store
-// sees of their connections (pgstore.Bus: the liveness lock each instance's
+// sees of their connections (pgstore.Bus: the liveness lock each process's
 // listener connection holds). Implementations are safe for concurrent use.
 type Prober interface {
-	// ConnectedInstances returns the ids of the instances whose process
-	// holds its connection now, and names the server that answered: a
-	// connection seen on one server says nothing of the next (a failover).
-	ConnectedInstances(ctx context.Context) (live map[string]bool, server string, err error)
+	// ConnectedInstances returns, by instance id, the StartedAt of the
+	// process that holds its connection now (one of the instance table's
+	// current processes, never an earlier process of the same id), and
+	// names the server that answered: a connection seen on one server says
+	// nothing of the next (a failover).
+	ConnectedInstances(ctx context.Context) (live map[string]time.Time, server string, err error)
 }
 
 // Process states of an instance in the summary.
@@ -23,11 +25,14 @@ const (
 	ProcessUnknown   = "unknown"   // no probe, or not yet seen connected: the heartbeat judges
 )
 
-// Probe asks the prober which instances are connected and updates the
+// Probe asks the prober which processes are connected and updates the
 // health view: an instance whose current process (its StartedAt) was seen
 // connected and is connected no more is dead at once, whatever its
-// heartbeat's age. An instance never seen connected (an older binary, one
-// whose listener has not yet connected) is judged by its heartbeat only.
+// heartbeat's age. An instance whose current process was never seen
+// connected (an older binary, a listener not yet connected, a process
+// restarted with the same id) is judged by its heartbeat only: a connection
+// is credited to the process the prober names, never to the StartedAt
+// this view holds, which may be another process's.
 // Fabric.Run calls it every ProbeEvery; it does nothing without a prober.
 //
 // A connection seen on one server says nothing of the next: when the
@@ -61,14 +66,16 @@ func (m *Members) Probe(ctx context.Context) error {
 		if id == m.cfg.InstanceID {
 			continue
 		}
-		switch seen, ok := m.seenConnected[id]; {
-		case live[id]:
-			m.seenConnected[id] = in.StartedAt
-		case ok && seen.Equal(in.StartedAt) && !m.gone[id]:
+		started, held := live[id]
+		if held {
+			m.seenConnected[id] = started
+		}
+		gone := !in.StartedAt.IsZero() && m.seenConnected[id].Equal(in.StartedAt) && !(held && started.Equal(in.StartedAt))
+		if gone && !m.gone[id] {
 			m.log.Warn("instance's process is gone (its connection to Postgres ended); its queues count as absent",
 				"instance", id, "url", in.URL)
 		}
-		m.gone[id] = !live[id] && m.seenConnected[id].Equal(in.StartedAt) && !in.StartedAt.IsZero()
+		m.gone[id] = gone
 	}
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/internal/testproxy"
@@ -90,7 +92,7 @@ func TestPGDeathSeenThroughTheListenerConnection(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_ = pgstore.NewBus(storeA, nil).Listen(ctx, "a", func(sessionstore.Wake) {}, func() {})
+		_ = pgstore.NewBus(storeA, nil).Listen(ctx, "a", a.Members.StartedAt(), func(sessionstore.Wake) {}, func() {})
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	for _, f := range []*fabric.Fabric{a, old} {
@@ -124,4 +126,112 @@ func TestPGDeathSeenThroughTheListenerConnection(t *testing.T) {
 	poll(t, "b to see a back", 10*time.Second, func() bool {
 		return b.Members.Probe(context.Background()) == nil && b.Members.Healthy(context.Background(), "a")
 	})
+}
+
+// listen runs st's wake-up listener for the process of instance started at
+// startedAt (its liveness locks) until the returned stop is called or the
+// test ends; stop returns once the listener has closed its connection.
+func listen(t *testing.T, st *pgstore.Store, instance string, startedAt time.Time) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = pgstore.NewBus(st, nil).Listen(ctx, instance, startedAt, func(sessionstore.Wake) {}, func() {})
+	}()
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop
+}
+
+// A process restarted with the same instance id while the backend of the
+// process before it still holds that one's connection (Postgres has not yet
+// seen it end: its host lost, a partition) is not taken for connected
+// through that connection, and is not declared dead when that connection
+// ends before its own listener has connected: until then its heartbeat
+// judges it. From its own connection on, that connection does.
+func TestPGRestartWithTheSameIDIsJudgedByItsOwnConnection(t *testing.T) {
+	t.Parallel()
+	base := pgtest.Schema(t)
+	ctx := context.Background()
+	storeB := openPG(t, base)
+	b := newPGFabric(t, storeB, "b", pgstore.NewBus(storeB, nil))
+	storeFirst, storeSecond := openPG(t, base), openPG(t, base)
+	first := newPGFabric(t, storeFirst, "a", nil)
+	stopFirst := listen(t, storeFirst, "a", first.Members.StartedAt())
+	if err := first.Tick(ctx); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "b to see a's first process connected", 10*time.Second, func() bool { return process(t, b, "a") == fabric.ProcessConnected })
+	admin := adminConn(t, base)
+	pid := listenerPID(t, storeB, admin, "a")
+
+	// a restarts: a second process of the same id heartbeats; its listener
+	// is not connected yet, and the first's backend is still there.
+	second := newPGFabric(t, storeSecond, "a", nil)
+	if !second.Members.StartedAt().Truncate(time.Microsecond).After(first.Members.StartedAt()) {
+		t.Fatalf("second process started at %v, not after the first's %v", second.Members.StartedAt(), first.Members.StartedAt())
+	}
+	if err := second.Tick(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := process(t, b, "a"); got != fabric.ProcessUnknown || !b.Members.Healthy(ctx, "a") {
+		t.Errorf("restarted, its listener not connected, the first's connection still there: process %q, healthy %v; want unknown (judged by its heartbeat), healthy",
+			got, b.Members.Healthy(ctx, "a"))
+	}
+
+	stopFirst() // the first process's connection ends at last
+	poll(t, "the first listener's locks to be released", 10*time.Second, func() bool { return heldLocks(t, admin, pid) == 0 })
+	if got := process(t, b, "a"); got != fabric.ProcessUnknown || !b.Members.Healthy(ctx, "a") {
+		t.Fatalf("the first process's connection ended, the second's listener not yet connected: process %q, healthy %v; want unknown, healthy (the second process is alive)",
+			got, b.Members.Healthy(ctx, "a"))
+	}
+
+	stopSecond := listen(t, storeSecond, "a", second.Members.StartedAt())
+	poll(t, "b to see a's second process connected", 10*time.Second, func() bool { return process(t, b, "a") == fabric.ProcessConnected })
+	stopSecond()
+	poll(t, "b to see a's second process gone", 10*time.Second, func() bool { return process(t, b, "a") == fabric.ProcessGone })
+	if b.Members.Healthy(ctx, "a") {
+		t.Error("a's second process is gone, and a is still healthy")
+	}
+}
+
+// listenerPID is the backend pid of instance's wake-up listener in the
+// schema of st (the one listening on its channel).
+func listenerPID(t *testing.T, st *pgstore.Store, admin *pgx.Conn, instance string) int32 {
+	t.Helper()
+	ctx := context.Background()
+	ch, err := pgstore.NewBus(st, nil).Channel(ctx, instance)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int32
+	err = admin.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %' || $2 || '%'`,
+		pgstore.ListenerApplicationName, ch).Scan(&pid)
+	if err != nil {
+		t.Fatalf("listener of %s: %v", instance, err)
+	}
+	return pid
+}
+
+// heldLocks counts the advisory locks the backend pid holds.
+func heldLocks(t *testing.T, admin *pgx.Conn, pid int32) int {
+	t.Helper()
+	var n int
+	err := admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = $1`, pid).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// adminConn is a connection of the test's own to u, for its checks.
+func adminConn(t *testing.T, u string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
 }

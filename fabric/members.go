@@ -65,6 +65,10 @@ func newMembers(cfg Config, d Deps) *Members {
 // InstanceID is this instance's id.
 func (m *Members) InstanceID() string { return m.cfg.InstanceID }
 
+// StartedAt is when this process started: its heartbeats' StartedAt, which
+// tells it from the other processes of its instance id.
+func (m *Members) StartedAt() time.Time { return m.startedAt }
+
 // Tick is one heartbeat of this instance followed by a refresh of the view
 // and a probe.
 func (m *Members) Tick(ctx context.Context) error {

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"time"
 
 	"github.com/marconihub/marconi/sessionstore"
 )
@@ -26,8 +27,10 @@ type Bus interface {
 	// is the signal its publisher stored. It calls onConnect each time it
 	// starts listening (first time and after every reconnect), since
 	// wake-ups sent while it was not listening are lost. It returns nil when
-	// ctx ends, or at once when the bus has nothing to listen to.
-	Listen(ctx context.Context, instance string, onWake func(sessionstore.Wake), onConnect func()) error
+	// ctx ends, or at once when the bus has nothing to listen to. startedAt
+	// is this process's (Members.StartedAt): a bus that is also the Prober
+	// holds the liveness of the process of instance started then.
+	Listen(ctx context.Context, instance string, startedAt time.Time, onWake func(sessionstore.Wake), onConnect func()) error
 }
 
 // CheckSeq is the seq of a check wake-up: not a new signal, but a change of
@@ -46,6 +49,6 @@ var _ Bus = NoBus{}
 func (NoBus) Publish(context.Context, string, sessionstore.Wake) error { return nil }
 
 // Listen implements Bus: it returns at once.
-func (NoBus) Listen(context.Context, string, func(sessionstore.Wake), func()) error {
+func (NoBus) Listen(context.Context, string, time.Time, func(sessionstore.Wake), func()) error {
 	return nil
 }

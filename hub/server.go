@@ -362,6 +362,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s.conns, err = conns.New(conns.Config{
 		InstanceID:    cfg.InstanceID,
+		StartedAt:     s.fabric.Members.StartedAt(),
 		SessionTTL:    cfg.SessionTTL,
 		TouchInterval: cfg.TouchInterval,
 		StoreTimeout:  cfg.StoreTimeout,

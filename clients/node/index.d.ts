@@ -321,6 +321,12 @@ export interface Stats {
   holderSends: number;
   /** Sends made through the hub URL instead because that instance could not be reached (holderRetryAfterMs). */
   holderFallbacks: number;
+  /**
+   * Acknowledgements the client sent that reached the hub: ack frames written,
+   * and POST /v1/signals/ack answered while the WebSocket was down. Paced by
+   * ackIntervalMs, each covers every signal handled before it. As Go's Stats().Acks.
+   */
+  acks: number;
 }
 
 /** Defaults of the optional numeric Config fields. */

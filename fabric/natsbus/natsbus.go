@@ -251,7 +251,7 @@ func (b *Bus) Publish(ctx context.Context, instance string, w sessionstore.Wake)
 
 // ConnectedInstances implements fabric.Prober through the store's bus,
 // whose listener holds each instance's liveness lock.
-func (b *Bus) ConnectedInstances(ctx context.Context) (map[string]bool, string, error) {
+func (b *Bus) ConnectedInstances(ctx context.Context) (map[string]time.Time, string, error) {
 	return b.store.ConnectedInstances(ctx)
 }
 
@@ -262,12 +262,12 @@ func (b *Bus) ConnectedInstances(ctx context.Context) (map[string]bool, string, 
 // either starts listening, after a NATS reconnect, and after the queue
 // overflowed. onWake and onConnect never run concurrently, and must not
 // block for long.
-func (b *Bus) Listen(ctx context.Context, instance string, onWake func(sessionstore.Wake), onConnect func()) error {
+func (b *Bus) Listen(ctx context.Context, instance string, startedAt time.Time, onWake func(sessionstore.Wake), onConnect func()) error {
 	var mu sync.Mutex
 	wake := func(w sessionstore.Wake) { mu.Lock(); defer mu.Unlock(); onWake(w) }
 	connect := func() { mu.Lock(); defer mu.Unlock(); onConnect() }
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return b.store.Listen(gctx, instance, wake, connect) })
+	g.Go(func() error { return b.store.Listen(gctx, instance, startedAt, wake, connect) })
 	g.Go(func() error { return b.listen(gctx, instance, wake, connect) })
 	return g.Wait()
 }

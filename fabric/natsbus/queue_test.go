@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -34,11 +35,11 @@ func newFakeStore() *fakeStore {
 }
 
 func (f *fakeStore) Publish(context.Context, string, sessionstore.Wake) error { return nil }
-func (f *fakeStore) Listen(ctx context.Context, _ string, _ func(sessionstore.Wake), _ func()) error {
+func (f *fakeStore) Listen(ctx context.Context, _ string, _ time.Time, _ func(sessionstore.Wake), _ func()) error {
 	<-ctx.Done()
 	return nil
 }
-func (f *fakeStore) ConnectedInstances(context.Context) (map[string]bool, string, error) {
+func (f *fakeStore) ConnectedInstances(context.Context) (map[string]time.Time, string, error) {
 	return nil, "", nil
 }
 func (f *fakeStore) SealWakes(_ context.Context, wakes []sessionstore.Wake) ([]string, error) {
@@ -67,7 +68,7 @@ func listenOn(t *testing.T, b *natsbus.Bus, instance string) (wakes, connects *a
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := b.Listen(ctx, instance, func(sessionstore.Wake) { wakes.Add(1) }, func() { connects.Add(1) }); err != nil {
+		if err := b.Listen(ctx, instance, time.Time{}, func(sessionstore.Wake) { wakes.Add(1) }, func() { connects.Add(1) }); err != nil {
 			t.Errorf("Listen: %v", err)
 		}
 	}()

@@ -26,6 +26,11 @@ import (
 type Config struct {
 	// InstanceID names this instance in the store's queue records.
 	InstanceID string
+	// StartedAt is when this process started, as its heartbeats say
+	// (fabric.Members.StartedAt): the bus's listener holds this process's
+	// liveness lock under it. Zero: the other instances never see this
+	// process connected, and judge it by its heartbeat alone.
+	StartedAt time.Time
 	// SessionTTL: an attach or a connection's activity extends the session
 	// this long.
 	SessionTTL time.Duration

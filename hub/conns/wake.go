@@ -59,7 +59,7 @@ func (h *Hub) publish(ctx context.Context, instance string, to sessionstore.Sess
 
 // Listen runs the bus listener for this instance until ctx ends.
 func (h *Hub) Listen(ctx context.Context) error {
-	return h.bus.Listen(ctx, h.cfg.InstanceID,
+	return h.bus.Listen(ctx, h.cfg.InstanceID, h.cfg.StartedAt,
 		func(w sessionstore.Wake) {
 			h.metrics.wakeups.WithLabelValues("received").Inc()
 			if w.Seq == fabric.CheckSeq {

@@ -117,7 +117,7 @@ func TestListenerNeverConnectedSaysSo(t *testing.T) {
 	bus := pgstore.NewBus(st, slog.New(slog.NewTextHandler(&logs, nil)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- bus.Listen(ctx, "i1", nil, func() {}) }()
+	go func() { done <- bus.Listen(ctx, "i1", time.Time{}, nil, func() {}) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for strings.Count(logs.String(), "cannot connect") < 2 {
 		if time.Now().After(deadline) {

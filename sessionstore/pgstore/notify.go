@@ -45,6 +45,17 @@ const channelSQL = `'marconi_wake_' || md5(coalesce(current_schema(), '') || '/'
 // the channel, the key covers the schema.
 const livenessKeySQL = `('x' || substr(md5('marconi-liveness/' || coalesce(current_schema(), '') || '/' || $1::text), 1, 16))::bit(64)::bigint`
 
+// processKeySQL computes the key of a process's liveness lock: the
+// listener connection of the process of instance $1 started at $2 (the
+// started_at of its heartbeats, to the microsecond, as stored) holds it
+// beside the instance's own (livenessKeySQL). A process restarted with the
+// same instance id has another key, so a lock still held by the backend of
+// the process before it (Postgres has not yet seen that connection end) is
+// never taken for the new process's: ConnectedInstances reads the key of
+// each row's started_at.
+const processKeySQL = `('x' || substr(md5('marconi-process/' || coalesce(current_schema(), '') || '/' ||
+	(extract(epoch FROM $2::timestamptz) * 1000000)::bigint || '/' || $1::text), 1, 16))::bit(64)::bigint`
+
 // ListenerApplicationName is the application_name of the listener's
 // connection, as pg_stat_activity shows it.
 const ListenerApplicationName = "marconi-wake-listener"
@@ -765,68 +776,97 @@ func (b *Bus) Channel(ctx context.Context, instance string) (string, error) {
 	return ch, wrap("wake-up channel", err)
 }
 
-// lockLiveness takes instance's liveness lock on conn, without waiting:
-// false when another connection holds it (the backend of a process of the
-// same id that was just killed has not ended yet, or, misconfigured, a live
-// process with the same MARCONI_INSTANCE_ID). The caller tries again.
-func (b *Bus) lockLiveness(ctx context.Context, conn *pgx.Conn, instance string) (bool, error) {
-	var ok bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+livenessKeySQL+`)`, instance).Scan(&ok); err != nil {
-		return false, fmt.Errorf("liveness lock: %w", err)
+// livenessLocks are the two locks a listener connection holds: the
+// instance's (one process per instance id) and its process's (what
+// ConnectedInstances reads).
+type livenessLocks struct{ instance, process bool }
+
+func (l livenessLocks) held() bool { return l.instance && l.process }
+
+// lockLiveness takes, on conn and without waiting, whichever of the
+// liveness locks of instance and of its process started at startedAt
+// (livenessKeySQL, processKeySQL) conn does not hold yet. Either may be
+// held by another connection: the instance's by a process of the same id
+// (killed, whose backend has not ended yet, or, misconfigured, alive), the
+// process's by this process's own earlier listener connection that Postgres
+// has not seen end. The caller tries again.
+func (b *Bus) lockLiveness(ctx context.Context, conn *pgx.Conn, instance string, startedAt time.Time, l livenessLocks) (livenessLocks, error) {
+	err := conn.QueryRow(ctx, `SELECT
+		CASE WHEN $3::bool THEN true ELSE pg_try_advisory_lock(`+livenessKeySQL+`) END,
+		CASE WHEN $4::bool THEN true ELSE pg_try_advisory_lock(`+processKeySQL+`) END`,
+		instance, startedAt, l.instance, l.process).Scan(&l.instance, &l.process)
+	if err != nil {
+		return l, fmt.Errorf("liveness lock: %w", err)
 	}
-	if !ok {
+	if !l.instance {
 		b.log.Warn("another connection holds this instance's liveness lock; retrying (a killed process of the same instance id not yet gone, or two processes share MARCONI_INSTANCE_ID)",
 			"instance", instance)
 	}
-	return ok, nil
+	if !l.process {
+		b.log.Warn("an earlier listener connection of this process still holds its liveness lock; retrying (Postgres has not yet seen it end)",
+			"instance", instance)
+	}
+	return l, nil
 }
 
-// ConnectedInstances returns the ids of the instances in the instance table
-// whose listener connection is alive now: each holds its liveness lock
-// (Listen takes it). An instance killed in any way loses it as soon as
-// Postgres sees its connection end; the heartbeat remains the judge of
-// hangs and partitions. server names the Postgres server that answered (its
-// postmaster's start time): locks live in one server's memory, so after a
-// failover or a restart none is held until each listener takes its lock
-// again there. Returns an error wrapping sessionstore.ErrUnavailable when
-// Postgres cannot be reached.
-func (b *Bus) ConnectedInstances(ctx context.Context) (live map[string]bool, server string, err error) {
+// ConnectedInstances returns, for each instance in the instance table whose
+// current process (the row's started_at) has its listener connection alive
+// now, that process's started_at: the connection holds the process's
+// liveness lock (Listen takes it). A process killed in any way loses it as
+// soon as Postgres sees its connection end; the heartbeat remains the judge
+// of hangs and partitions. A process restarted with the same id is not
+// reported until its own listener holds its own lock, whatever the backend
+// of the process before it still holds. server names the Postgres server
+// that answered (its postmaster's start time): locks live in one server's
+// memory, so after a failover or a restart none is held until each listener
+// takes its lock again there. Returns an error wrapping
+// sessionstore.ErrUnavailable when Postgres cannot be reached.
+func (b *Bus) ConnectedInstances(ctx context.Context) (live map[string]time.Time, server string, err error) {
 	ctx, cancel, err := b.store.call(ctx)
 	defer cancel()
 	if err != nil {
 		return nil, "", wrap("connected instances", err)
 	}
+	key := strings.NewReplacer("$1::text", "id", "$2::timestamptz", "started_at").Replace(processKeySQL)
 	var ids []string
+	var started []time.Time
 	err = b.store.pool.QueryRow(ctx, `
-		WITH k AS (SELECT id, `+strings.ReplaceAll(livenessKeySQL, "$1::text", "id")+` AS key FROM instances)
-		SELECT pg_postmaster_start_time()::text, coalesce(array_agg(k.id) FILTER (WHERE EXISTS (
+		WITH k AS (SELECT id, started_at, `+key+` AS key FROM instances),
+		held AS (SELECT k.id, k.started_at FROM k WHERE EXISTS (
 			SELECT 1 FROM pg_locks l
 			WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 			  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			  AND l.classid::bigint = (k.key >> 32) & 4294967295
-			  AND l.objid::bigint = k.key & 4294967295)), '{}')
-		FROM k`).Scan(&server, &ids)
+			  AND l.objid::bigint = k.key & 4294967295))
+		SELECT pg_postmaster_start_time()::text,
+			coalesce((SELECT array_agg(id ORDER BY id) FROM held), '{}'),
+			coalesce((SELECT array_agg(started_at ORDER BY id) FROM held), '{}')`).Scan(&server, &ids, &started)
 	if err != nil {
 		return nil, "", wrap("connected instances", err)
 	}
-	live = make(map[string]bool, len(ids))
-	for _, id := range ids {
-		live[id] = true
+	if len(ids) != len(started) {
+		return nil, "", fmt.Errorf("connected instances: %d ids, %d start times", len(ids), len(started))
+	}
+	live = make(map[string]time.Time, len(ids))
+	for i, id := range ids {
+		live[id] = started[i].UTC()
 	}
 	return live, server, nil
 }
 
 // Listen listens on instance's channel on a dedicated connection and hands
 // every well-formed wake-up to onWake, until ctx ends; the same connection
-// holds instance's liveness lock (ConnectedInstances); then it closes the
+// holds the liveness locks of instance and of its process started at
+// startedAt, this process's StartedAt as its heartbeats write it
+// (ConnectedInstances); then it closes the
 // connection and returns nil. A dropped connection is replaced with
 // exponential backoff (and full jitter); onConnect runs each time LISTEN is
 // in place, because wake-ups sent meanwhile are lost. onWake and onConnect
 // run on Listen's goroutine and must not block for long.
-func (b *Bus) Listen(ctx context.Context, instance string, onWake func(sessionstore.Wake), onConnect func()) error {
+func (b *Bus) Listen(ctx context.Context, instance string, startedAt time.Time, onWake func(sessionstore.Wake), onConnect func()) error {
 	backoff := listenBackoffMin
 	for {
-		listened, err := b.listenOnce(ctx, instance, onWake, onConnect)
+		listened, err := b.listenOnce(ctx, instance, startedAt, onWake, onConnect)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -856,7 +896,7 @@ func (b *Bus) Listen(ctx context.Context, instance string, onWake func(sessionst
 // listenOnce runs one connection: connect, LISTEN, onConnect, then wait for
 // notifications until the connection fails or ctx ends. listened reports
 // whether LISTEN was in place.
-func (b *Bus) listenOnce(ctx context.Context, instance string, onWake func(sessionstore.Wake), onConnect func()) (listened bool, err error) {
+func (b *Bus) listenOnce(ctx context.Context, instance string, startedAt time.Time, onWake func(sessionstore.Wake), onConnect func()) (listened bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, listenCallTimeout)
 	defer cancel()
 	cfg := b.store.pool.Config().ConnConfig // a copy
@@ -874,7 +914,7 @@ func (b *Bus) listenOnce(ctx context.Context, instance string, onWake func(sessi
 	if err := conn.QueryRow(cctx, `SELECT `+channelSQL, instance).Scan(&channel); err != nil {
 		return false, fmt.Errorf("channel name: %w", err)
 	}
-	locked, err := b.lockLiveness(cctx, conn, instance)
+	locks, err := b.lockLiveness(cctx, conn, instance, startedAt, livenessLocks{})
 	if err != nil {
 		return false, err
 	}
@@ -885,7 +925,7 @@ func (b *Bus) listenOnce(ctx context.Context, instance string, onWake func(sessi
 	onConnect()
 	for {
 		wait := listenIdleCheck
-		if !locked {
+		if !locks.held() {
 			wait = livenessRetry
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
@@ -903,9 +943,9 @@ func (b *Bus) listenOnce(ctx context.Context, instance string, onWake func(sessi
 			}
 		case ctx.Err() != nil:
 			return true, ctx.Err()
-		case errors.Is(err, context.DeadlineExceeded) && !locked:
+		case errors.Is(err, context.DeadlineExceeded) && !locks.held():
 			pctx, cancel := context.WithTimeout(ctx, listenCallTimeout)
-			locked, err = b.lockLiveness(pctx, conn, instance)
+			locks, err = b.lockLiveness(pctx, conn, instance, startedAt, locks)
 			cancel()
 			if err != nil {
 				return true, err

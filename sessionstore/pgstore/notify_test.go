@@ -272,7 +272,7 @@ func listening(t *testing.T, bus *pgstore.Bus, instance string) (wakes <-chan wa
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		err := bus.Listen(ctx, instance,
+		err := bus.Listen(ctx, instance, time.Time{},
 			func(wk sessionstore.Wake) {
 				select {
 				case w <- wakeup{wk.Key, wk.Seq, wk.Signal, wk.Incarnation}:

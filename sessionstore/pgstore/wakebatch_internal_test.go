@@ -79,7 +79,7 @@ func listenBus(t *testing.T, s *Store, instance string) *woken {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		err := NewBus(s, nil).Listen(ctx, instance, func(wk Wake) {
+		err := NewBus(s, nil).Listen(ctx, instance, time.Time{}, func(wk Wake) {
 			w.mu.Lock()
 			w.seqs[wk.Key] = max(w.seqs[wk.Key], wk.Seq)
 			w.mu.Unlock()

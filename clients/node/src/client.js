@@ -118,7 +118,7 @@ export class Client extends EventEmitter {
   #keptToken = '';
   #fatal = false; // 'fatal' was told
 
-  #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0, pingTimeouts: 0, takeovers: 0, rateLimited: 0, holderSends: 0, holderFallbacks: 0 };
+  #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0, pingTimeouts: 0, takeovers: 0, rateLimited: 0, holderSends: 0, holderFallbacks: 0, acks: 0 };
 
   /** @param {Config} config */
   constructor(config) {
@@ -945,10 +945,14 @@ export class Client extends EventEmitter {
     const ws = this.#conn?.ws;
     if (ws && ws.readyState === WebSocket.OPEN) {
       const sent = await new Promise((resolve) => ws.send(JSON.stringify({ type: 'ack', up_to_seq: upTo }), (err) => resolve(!err)));
-      if (sent) return;
+      if (sent) {
+        this.#stats.acks++;
+        return;
+      }
     }
     try {
       await this.#sessionCall('POST', '/v1/signals/ack', { body: JSON.stringify({ up_to_seq: upTo }) });
+      this.#stats.acks++;
     } catch (err) {
       if (!this.#closing.signal.aborted) this.#log.warn('marconi: ack failed', { up_to_seq: upTo, err: String(err) });
     }

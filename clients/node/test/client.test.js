@@ -42,6 +42,9 @@ test('two agents exchange signals once each, in order, and acknowledge them', as
   assert.equal(s.kind, 'chat');
   assert.ok(s.createdAt instanceof Date && !Number.isNaN(s.createdAt.getTime()));
   await waitFor('the hub to see 1..5 acknowledged', async () => (await routeState(env.hub, 'ex-b')).pending_signals === 0);
+  const acks = b.client.stats().acks;
+  assert.ok(acks >= 1 && acks <= 5, `b's stats().acks = ${acks}, want 1 to 5 (one ack covers every signal handled before it)`);
+  assert.equal(a.client.stats().acks, 0, 'a received nothing, so acknowledged nothing');
 });
 
 test('errors of the hub are MarconiError with the hub\'s code; bad config is a TypeError', async (t) => {

@@ -43,7 +43,7 @@ test('AC-12: sender_route_stale reconnects once; a bare recipient_route_stale do
   assert.equal(toB.selfhealOutcome, 'attempted');
   const again = await a.client.send('ac12-b', 'chat', { n: 2 });
   assert.equal(again.recipientRouteStale, true);
-  assert.deepEqual(a.client.stats(), { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0, pingTimeouts: 0, takeovers: 0, rateLimited: 0, holderSends: 0, holderFallbacks: 0 });
+  assert.deepEqual(a.client.stats(), { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0, pingTimeouts: 0, takeovers: 0, rateLimited: 0, holderSends: 0, holderFallbacks: 0, acks: 0 });
   assert.equal((await routeState(env.hub, 'ac12-a')).route_state, 'attached');
 
   // B's own next send carries sender_route_stale: B reconnects, once.
