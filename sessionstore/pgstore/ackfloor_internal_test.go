@@ -138,6 +138,24 @@ type explainNode struct {
 // blocks is the shared buffers n touched, its children's included.
 func (n explainNode) blocks() int64 { return n.SharedHit + n.SharedRead }
 
+// relationBlocks is the shared buffers that the nodes of the tree under n
+// reading or writing rel touched themselves (their children's not
+// counted): a scan of signals whose InitPlan reads the session's row is
+// counted without that read.
+func (n explainNode) relationBlocks(rel string) int64 {
+	var b int64
+	if n.Relation == rel {
+		b = n.blocks()
+		for _, c := range n.Plans {
+			b -= c.blocks()
+		}
+	}
+	for _, c := range n.Plans {
+		b += c.relationBlocks(rel)
+	}
+	return b
+}
+
 // String is the tree under n, one node a line, with its buffers.
 func (n explainNode) String() string { return n.indent("") }
 
@@ -166,16 +184,22 @@ func TestAckScanBoundedBelow(t *testing.T) {
 	const small, large = 50, 2000
 	planSmall, pendingSmall := ackPlan(t, small)
 	planLarge, pendingLarge := ackPlan(t, large)
+	// Only the buffers of signals count. The session's row is read too, and
+	// VACUUM cannot clean its versions while a test of another package holds
+	// a snapshot of the database: its lookup then walks a chain of dead
+	// versions (30 buffers seen), which says nothing about signals.
+	//
 	// A read of the pending signals (drain, replay, the piggyback) from
 	// seq 0 is bounded by acked_seq the same way.
-	if pSmall, pLarge := pendingSmall.blocks(), pendingLarge.blocks(); pLarge > 2*pSmall+4 {
+	if pSmall, pLarge := pendingSmall.relationBlocks("signals"), pendingLarge.relationBlocks("signals"); pLarge > 2*pSmall+4 {
 		t.Errorf("reading the pending signals touched %d buffers after %d acknowledged signals, %d after %d: it walks the acknowledged history\n%s",
 			pLarge, large, pSmall, small, pendingLarge)
 	}
-	// The root covers the walk and the marking of signals; the write of the
-	// session's counter and of the project's delta are beside it.
-	bSmall, bLarge := planSmall.blocks(), planLarge.blocks()
-	t.Logf("the ack of the next signal touched %d buffers after %d acknowledged signals, %d after %d", bSmall, small, bLarge, large)
+	// The walk and the marking of signals; the session's counter and the
+	// project's delta are written beside them.
+	bSmall, bLarge := planSmall.relationBlocks("signals"), planLarge.relationBlocks("signals")
+	t.Logf("the ack of the next signal touched %d buffers of signals after %d acknowledged signals, %d after %d (%d and %d in all)",
+		bSmall, small, bLarge, large, planSmall.blocks(), planLarge.blocks())
 	if bLarge > 2*bSmall+4 {
 		t.Fatalf("the ack of the next signal touched %d buffers after %d acknowledged signals, %d after %d: it walks the acknowledged history\n%s",
 			bLarge, large, bSmall, small, planLarge)
