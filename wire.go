@@ -67,7 +67,39 @@ const (
 	HeaderIdempotencyKey = "Idempotency-Key"
 	// HeaderRetryAfter says, in whole seconds, when a refused call may help.
 	HeaderRetryAfter = "Retry-After"
+	// HeaderProject names the project of a registered session,
+	// "<tenant_id>/<project_id>" (ProjectRoute), on the clients' requests
+	// for it, so that a load balancer can keep one project's traffic on one
+	// instance (docs/operations.md, "Behind a load balancer"). The hub
+	// ignores it: it is never trusted for anything.
+	HeaderProject = "X-Marconi-Project"
 )
+
+// ProjectRoute is HeaderProject's value for a session of tenant and project,
+// or "" when either is not an id of the contract ([A-Za-z0-9._-], 1 to 128
+// bytes): the value then carries nothing but two ids, never a separator, a
+// space or a line break.
+func ProjectRoute(tenant, project string) string {
+	if !routeID(tenant) || !routeID(project) {
+		return ""
+	}
+	return tenant + "/" + project
+}
+
+// routeID reports whether s is an id of the contract: 1 to 128 bytes of
+// [A-Za-z0-9._-].
+func routeID(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		b := s[i]
+		if !(b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' || b == '.' || b == '_' || b == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // Surface is what kind of agent a session is (the surface field of a
 // registration). Whether it keeps a persistent WebSocket decides the

@@ -169,3 +169,30 @@ func TestVocabularyListsAreWhole(t *testing.T) {
 		}
 	}
 }
+
+func TestProjectRoute(t *testing.T) {
+	for _, c := range []struct{ tenant, project, want string }{
+		{"t1", "p1", "t1/p1"},
+		{"acme.corp", "team_a-1", "acme.corp/team_a-1"},
+		{"", "p1", ""},
+		{"t1", "", ""},
+		{"t/1", "p1", ""},
+		{"t1", "p 1", ""},
+		{"t1", "p1\r\nX-Admin: yes", ""},
+		{"t1", strings.Repeat("p", 129), ""},
+		{strings.Repeat("t", 128), "p", strings.Repeat("t", 128) + "/p"},
+	} {
+		if got := marconi.ProjectRoute(c.tenant, c.project); got != c.want {
+			t.Errorf("ProjectRoute(%q, %q) = %q, want %q", c.tenant, c.project, got, c.want)
+		}
+	}
+}
+
+// TestNodeProjectHeaderIsGos: both clients name the project in one header.
+func TestNodeProjectHeaderIsGos(t *testing.T) {
+	js := read(t, nodeCodes)
+	want := "export const projectHeader = '" + strings.ToLower(marconi.HeaderProject) + "';"
+	if !strings.Contains(js, want) {
+		t.Errorf("%s does not say %s", nodeCodes, want)
+	}
+}

@@ -232,6 +232,9 @@ type Client struct {
 	// lastAuthorization is the Authorization value of the last call
 	// (authorization).
 	lastAuthorization atomic.Pointer[authorizationHeader]
+	// project is the X-Marconi-Project header's value of every request once
+	// the session is registered (adopt); nil before.
+	project atomic.Pointer[[]string]
 
 	reconnects, selfHeals, reregistrations, droppedAtReset, pingTimeouts, takeovers, rateLimited atomic.Int64
 	holderSends, holderFallbacks                                                                 atomic.Int64

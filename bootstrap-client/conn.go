@@ -68,9 +68,13 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 		// The upgrade is bounded as the welcome is: a request that lands on a
 		// pooled connection whose path died silently would wait forever.
 		dctx, cancel := context.WithTimeout(ctx, welcomeTimeout)
+		h := http.Header{"Authorization": {"Bearer " + a.token}}
+		if p := c.project.Load(); p != nil {
+			h[marconi.HeaderProject] = *p
+		}
 		conn, resp, err := websocket.Dial(dctx, base+"/v1/ws", &websocket.DialOptions{
 			HTTPClient: c.http,
-			HTTPHeader: http.Header{"Authorization": {"Bearer " + a.token}},
+			HTTPHeader: h,
 		})
 		cancel() // the connection outlives the dial's context
 		if err != nil {

@@ -85,6 +85,9 @@ func (c *Client) doAt(ctx context.Context, base, method, path, bearer string, he
 		req.Header[k] = v
 	}
 	req.Header["Authorization"] = c.authorization(bearer)
+	if p := c.project.Load(); p != nil {
+		req.Header[marconi.HeaderProject] = *p
+	}
 	if in != nil {
 		req.Header["Content-Type"] = jsonContentType
 	}
@@ -421,6 +424,9 @@ func (c *Client) adopt(res marconi.SessionAnswer, created bool) {
 	c.sessionID = res.SessionID
 	c.token = res.Token
 	c.registration = registrationOf(res)
+	if v := marconi.ProjectRoute(res.TenantID, res.ProjectID); v != "" {
+		c.project.Store(&[]string{v})
+	}
 	if created || c.epoch == 0 {
 		c.epoch++
 	}

@@ -109,14 +109,15 @@ func TestSoakThreeInstancesBehindHAProxy(t *testing.T) {
 	}
 	phase()
 	for cycle := range plan.cycles {
-		// A restarted instance gets no agents back (nothing moves), so each
-		// cycle kills the one instance that survived the last, which holds
-		// them all, and drains the next: hub-2 and hub-3, then hub-1 and
-		// hub-2, then hub-3 and hub-1.
-		kill := ((1-cycle)%3 + 3) % 3
-		drain := (kill + 1) % 3
-		killed, drained := fmt.Sprintf("hub-%d", kill+1), fmt.Sprintf("hub-%d", drain+1)
+		// Each event takes down the instance that holds the most agents, so
+		// that it displaces some: the balancer hashes on the project, so the
+		// stateless agents (one project) sit on one instance, and a
+		// restarted instance gets no WebSocket back (nothing moves).
+		kill := c.busiest(t, -1)
+		killed := fmt.Sprintf("hub-%d", kill+1)
 		event(fmt.Sprintf("cycle %d kill -9 %s", cycle+1, killed), killed, func() { c.hubs[kill].kill(t) })
+		drain := c.busiest(t, kill)
+		drained := fmt.Sprintf("hub-%d", drain+1)
 		event(fmt.Sprintf("cycle %d drain %s", cycle+1, drained), drained, func() { c.hubs[drain].drain(t) })
 		event(fmt.Sprintf("cycle %d restart both", cycle+1), "", func() {
 			c.startHub(t, kill)
@@ -162,10 +163,13 @@ type cluster struct {
 	http            *http.Client // the test's own calls; idle connections closed at cleanup
 	dir, bin, dbURL string
 	apiKey, admin   string
-	lbURL           string
-	hubPorts        [3]int
-	hubs            [3]*proc
-	lb              *proc
+	// keys are the API keys of projects t1/p1 .. t1/p<clusterProjects>;
+	// apiKey is the first.
+	keys     []string
+	lbURL    string
+	hubPorts [3]int
+	hubs     [3]*proc
+	lb       *proc
 }
 
 // proc is one child process; its owner waits for it (kill, drain, cleanup).
@@ -188,8 +192,12 @@ func freePort(t *testing.T) int {
 
 func startCluster(t *testing.T, haproxy, dbURL string) *cluster {
 	t.Helper()
-	c := &cluster{dir: t.TempDir(), dbURL: dbURL, apiKey: "soak-key-" + fmt.Sprint(rand.Int64()), admin: "soak-admin-token-0123456789",
+	c := &cluster{dir: t.TempDir(), dbURL: dbURL, admin: "soak-admin-token-0123456789",
 		http: &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 10 * time.Second}}
+	for i := range clusterProjects {
+		c.keys = append(c.keys, fmt.Sprintf("soak-key-%d-%d", i+1, rand.Int64()))
+	}
+	c.apiKey = c.keys[0]
 	t.Cleanup(c.http.CloseIdleConnections)
 	c.bin = filepath.Join(c.dir, "marconi")
 	build := exec.Command("go", "build", "-o", c.bin, "github.com/marconihub/marconi/cmd/marconi")
@@ -214,6 +222,18 @@ func startCluster(t *testing.T, haproxy, dbURL string) *cluster {
 	return c
 }
 
+// clusterProjects is how many projects a cluster's hubs have a key for.
+const clusterProjects = 4
+
+// apiKeys is MARCONI_API_KEYS: c.keys[i] for project t1/p<i+1>.
+func (c *cluster) apiKeys() string {
+	var pairs []string
+	for i, k := range c.keys {
+		pairs = append(pairs, fmt.Sprintf("%s=t1/p%d", k, i+1))
+	}
+	return strings.Join(pairs, ",")
+}
+
 // startHub starts (or restarts) instance i and waits until it is ready.
 func (c *cluster) startHub(t *testing.T, i int) {
 	t.Helper()
@@ -224,7 +244,7 @@ func (c *cluster) startHub(t *testing.T, i int) {
 		"MARCONI_DATABASE_URL=" + c.dbURL,
 		"MARCONI_INSTANCE_ID=" + id,
 		"MARCONI_PUBLIC_URL=" + c.lbURL + "/i/" + id,
-		"MARCONI_API_KEYS=" + c.apiKey + "=t1/p1",
+		"MARCONI_API_KEYS=" + c.apiKeys(),
 		"MARCONI_ADMIN_TOKEN=" + c.admin,
 		"MARCONI_INSTANCE_HEARTBEAT_SECONDS=1",
 		"MARCONI_LOG_LEVEL=warn",
@@ -375,6 +395,26 @@ func (c *cluster) attachedByInstance() (map[string]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// busiest is the index of the healthy instance, other than except, that
+// holds the most attached sessions.
+func (c *cluster) busiest(t *testing.T, except int) int {
+	t.Helper()
+	by, err := c.attachedByInstance()
+	if err != nil {
+		t.Fatal(err)
+	}
+	best, most := -1, -1
+	for i := range c.hubs {
+		if n, ok := by[fmt.Sprintf("hub-%d", i+1)]; ok && i != except && n > most {
+			best, most = i, n
+		}
+	}
+	if best < 0 {
+		t.Fatalf("no healthy instance but hub-%d: %v", except+1, by)
+	}
+	return best
 }
 
 // waitAttached polls until n sessions are attached elsewhere than gone; it

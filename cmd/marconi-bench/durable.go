@@ -64,6 +64,33 @@ type durableOptions struct {
 	// ackInterval is the load's clients' Config.AckInterval; zero: the
 	// client's default.
 	ackInterval time.Duration
+	// projects is how many projects the load's sessions are spread over
+	// (fleet's -projects): sender i and its recipient in project i mod
+	// projects; zero or one: one project.
+	projects int
+}
+
+// maxBenchProjects bounds -projects.
+const maxBenchProjects = 64
+
+// benchProjectKey is the API key of the load's project p (from 0): the
+// first is durableAPIKey, for project bench/durable, as before there were
+// several.
+func benchProjectKey(p int) string {
+	if p == 0 {
+		return durableAPIKey
+	}
+	return fmt.Sprintf("%s_p%d", durableAPIKey, p+1)
+}
+
+// benchAPIKeys is the hubs' MARCONI_API_KEYS for n projects: bench/durable,
+// then bench/durable-2 .. bench/durable-n.
+func benchAPIKeys(n int) string {
+	keys := []string{durableAPIKey + "=bench/durable"}
+	for p := 1; p < n; p++ {
+		keys = append(keys, fmt.Sprintf("%s=bench/durable-%d", benchProjectKey(p), p+1))
+	}
+	return strings.Join(keys, ",")
 }
 
 func parseDurableOptions(args []string, stderr io.Writer) (durableOptions, error) {
@@ -281,10 +308,11 @@ func durableStepMarked(ctx context.Context, o durableOptions, senderHub, recipie
 	// recipients' instance (recipient_instance_url), which would make the
 	// step a local one.
 	cross := senderHub != recipientHub
-	dial := func(hubURL, id string) (*bootstrap.Client, error) {
+	projects := max(o.projects, 1)
+	dial := func(hubURL, id string, project int) (*bootstrap.Client, error) {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		return bootstrap.Dial(dctx, bootstrap.Config{HubURL: hubURL, APIKey: durableAPIKey, Surface: "headless_cc",
+		return bootstrap.Dial(dctx, bootstrap.Config{HubURL: hubURL, APIKey: benchProjectKey(project), Surface: "headless_cc",
 			SessionID: id, OnSignal: func(bootstrap.Signal) {}, NoHolderRouting: cross, AckInterval: o.ackInterval})
 	}
 	senders := make([]*bootstrap.Client, n)
@@ -295,11 +323,11 @@ func durableStepMarked(ctx context.Context, o durableOptions, senderHub, recipie
 	g.SetLimit(dialsInFlight)
 	for i := range n {
 		g.Go(func() error {
-			r, err := dial(recipientHub, fmt.Sprintf("r-%d-%d", stamp, i))
+			r, err := dial(recipientHub, fmt.Sprintf("r-%d-%d", stamp, i), i%projects)
 			if err != nil {
 				return fmt.Errorf("attach recipient %d: %w", i, err)
 			}
-			s, err := dial(senderHub, fmt.Sprintf("s-%d-%d", stamp, i))
+			s, err := dial(senderHub, fmt.Sprintf("s-%d-%d", stamp, i), i%projects)
 			mu.Lock()
 			clients = append(clients, r)
 			if err == nil {
@@ -467,7 +495,7 @@ func startHub(ctx context.Context, o durableOptions, id, gc, public string, logs
 		"MARCONI_PUBLIC_URL="+public,
 		"MARCONI_INSTANCE_ID="+id,
 		"MARCONI_DATABASE_URL="+o.databaseURL,
-		"MARCONI_API_KEYS="+durableAPIKey+"=bench/durable",
+		"MARCONI_API_KEYS="+benchAPIKeys(max(o.projects, 1)),
 		"MARCONI_ADMIN_TOKEN="+benchAdminToken,
 		"MARCONI_MODE=development",
 		"MARCONI_SELFHEAL=off",

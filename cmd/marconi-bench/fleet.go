@@ -23,9 +23,13 @@ import (
 // cost: the durable load of durable (closed-loop senders, each to its own
 // attached recipient, acking over its WebSocket) against one instance, then
 // against three instances behind HAProxy (deploy/haproxy.cfg), in rounds
-// that alternate the two, on one Postgres. Behind the balancer a sender and
-// its recipient mostly attach to different instances, so the cross-instance
-// path is what is paid. Per run it reports sends/s, send p50/p99, Postgres
+// that alternate the two, on one Postgres. The load's clients name their
+// project on every request (X-Marconi-Project); deploy/haproxy.cfg hashes on
+// it, so one project's senders and recipients meet on one instance, and
+// -projects N spreads the load over N projects (sender i and its recipient
+// in project i mod N). Behind a balancer that does not (-alt-haproxy-config
+// with balance leastconn) a sender and its recipient mostly attach to
+// different instances, so the cross-instance path is what is paid. Per run it reports sends/s, send p50/p99, Postgres
 // commits per send (pg_stat_database) and hub CPU per send (/proc), and the
 // three-instance figures as ratios of the one-instance ones. With -bus-url
 // each round also runs the three instances waking each other through NATS
@@ -149,6 +153,7 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 	fs.IntVar(&o.statements, "statements", 0, fmt.Sprintf("when set (1..%d), each run lists that many of the database's statements that took the most time, per send (pg_stat_statements: the server must preload it; its statistics are reset at each run's start)", maxFleetStatements))
 	fs.StringVar(&o.loadProfile, "load-profile", "", loadProfileUsage)
 	fs.DurationVar(&o.ackInterval, "ack-interval", 0, ackIntervalUsage)
+	fs.IntVar(&o.projects, "projects", 1, fmt.Sprintf("how many projects the senders and recipients are spread over (1..%d): sender i and its recipient in project i mod N; the balancer (deploy/haproxy.cfg) keeps each project on one instance", maxBenchProjects))
 	fs.Var(&o.hubEnv, "hub-env", "NAME=value added to every hub's environment, after the tool's own (GOGC=400, GOMEMLIMIT=…, MARCONI_…); repeatable; -marconi and -before alike")
 	fs.IntVar(&o.rounds, "rounds", 2, fmt.Sprintf("rounds of one run each, one instance then three (1..%d)", maxFleetRounds))
 	fs.StringVar(&o.publish, "public-url", publishBalancer, "what each of the three instances publishes as MARCONI_PUBLIC_URL (the send answers' recipient_instance_url): balancer (<balancer>/i/<id>, so holder-routed sends cross the balancer), direct (the instance's own address: they skip it) or both (each three-instance run twice, balancer then direct)")
@@ -170,6 +175,8 @@ func parseFleetOptions(args []string, stderr io.Writer) (fleetOptions, error) {
 		return o, fmt.Errorf("-rounds %d: want 1..%d", o.rounds, maxFleetRounds)
 	case o.procs < 0 || o.procs > maxFleetProcs:
 		return o, fmt.Errorf("-gomaxprocs %d: want 1..%d, or 0 for none", o.procs, maxFleetProcs)
+	case o.projects < 1 || o.projects > maxBenchProjects:
+		return o, fmt.Errorf("-projects %d: want 1..%d", o.projects, maxBenchProjects)
 	case o.statements < 0 || o.statements > maxFleetStatements:
 		return o, fmt.Errorf("-statements %d: want 1..%d, or 0 for none", o.statements, maxFleetStatements)
 	case o.profileDir != "" && o.step < time.Second:
@@ -258,12 +265,18 @@ type fleetResult struct {
 	busyPerSend time.Duration
 	// statements are the run's costliest statements (-statements).
 	statements []statementCost
+	// hubShares are each hub's share of the hubs' CPU time in the window,
+	// in their order: how the balancer spread the load.
+	hubShares []float64
 }
 
 func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 	n := o.senders[0]
 	fmt.Fprintf(out, "fleet: %d senders, each to its own attached recipient (acking over its WebSocket), payload %d B, %s per run after a %s warm-up, %d rounds\n",
 		n, o.payload, o.step, durableWarmup, o.rounds)
+	if o.projects > 1 {
+		fmt.Fprintf(out, "senders and recipients spread over %d projects (sender i and its recipient in project i mod %d)\n", o.projects, o.projects)
+	}
 	if o.ackInterval > 0 || len(o.hubEnv) > 0 {
 		fmt.Fprintf(out, "clients' ack interval %s; hubs' extra environment: %s\n", ackIntervalName(o.ackInterval), cmp.Or(o.hubEnv.String(), "none"))
 	}
@@ -311,7 +324,7 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 					r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.commitsPerSend, r.cpuPerSend.Round(time.Microsecond),
 					r.pgPerSend.Round(time.Microsecond), r.loadPerSend.Round(time.Microsecond), 100*r.idle, r.failed, r.acksPerSend())
 				if c.instances > 1 {
-					fmt.Fprintf(out, "       holder-routed (to recipient_instance_url): %d sends, warm-up included; %d found it unreachable\n", r.holderSends, r.holderFallbacks)
+					fmt.Fprintf(out, "       holder-routed (to recipient_instance_url): %d sends, warm-up included; %d found it unreachable; hub CPU shares %s\n", r.holderSends, r.holderFallbacks, formatShares(r.hubShares))
 				}
 				printStatements(out, r)
 				if run.loadProfilePath != "" {
@@ -613,6 +626,11 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 		out.pgPerSend = (after.pgCPU - before.pgCPU) / time.Duration(r.sends)
 		out.loadPerSend = (after.selfCPU - before.selfCPU) / time.Duration(r.sends)
 	}
+	if total := after.cpu - before.cpu; total > 0 && len(after.hubCPU) == len(before.hubCPU) {
+		for i := range after.hubCPU {
+			out.hubShares = append(out.hubShares, float64(after.hubCPU[i]-before.hubCPU[i])/float64(total))
+		}
+	}
 	if total := after.machine.total - before.machine.total; total > 0 {
 		idle := after.machine.idle - before.machine.idle
 		out.idle = float64(idle) / float64(total)
@@ -622,6 +640,18 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 		}
 	}
 	return out, nil
+}
+
+// formatShares writes hub CPU shares as percentages, "hub-1 12%, …".
+func formatShares(shares []float64) string {
+	if len(shares) == 0 {
+		return "not read"
+	}
+	parts := make([]string, len(shares))
+	for i, f := range shares {
+		parts[i] = fmt.Sprintf("hub-%d %.0f%%", i+1, 100*f)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // fleetPublicURL is the MARCONI_PUBLIC_URL of instance id behind the
@@ -639,6 +669,8 @@ func fleetPublicURL(lbAddr, id string, direct bool) string {
 type fleetSample struct {
 	commits int64
 	cpu     time.Duration
+	// hubCPU is each hub's CPU time, in the hubs' order (cpu is their sum).
+	hubCPU []time.Duration
 	// pgCPU is the Postgres server's CPU time, selfCPU this process's.
 	pgCPU, selfCPU time.Duration
 	machine        machineTicks
@@ -782,7 +814,9 @@ func sampleFleet(ctx context.Context, databaseURL string, hubs []*benchHub) flee
 		_ = conn.Close(cctx)
 	}
 	for _, h := range hubs {
-		s.cpu += processCPU(h.cmd.Process.Pid)
+		c := processCPU(h.cmd.Process.Pid)
+		s.cpu += c
+		s.hubCPU = append(s.hubCPU, c)
 	}
 	s.selfCPU = processCPU(os.Getpid())
 	s.machine = readMachineTicks()

@@ -519,3 +519,43 @@ func TestAckIntervalAndHubEnvFlags(t *testing.T) {
 		t.Errorf("load -database-url off this machine: err %v, want a -database-url error", err)
 	}
 }
+
+// fleet -projects spreads the load over that many projects: the hubs get a
+// key per project, each naming a project of its own, and the load dials
+// project p with benchProjectKey(p).
+func TestFleetProjects(t *testing.T) {
+	db := "postgres://postgres@127.0.0.1:5432/fleet?sslmode=disable"
+	cfg := "../../deploy/haproxy.cfg"
+	o, err := parseFleetOptions([]string{"-database-url", db, "-haproxy-config", cfg}, io.Discard)
+	if err != nil || o.projects != 1 {
+		t.Fatalf("default: projects %d, err %v; want 1", o.projects, err)
+	}
+	o, err = parseFleetOptions([]string{"-database-url", db, "-haproxy-config", cfg, "-projects", "3"}, io.Discard)
+	if err != nil || o.projects != 3 {
+		t.Fatalf("-projects 3: projects %d, err %v", o.projects, err)
+	}
+	for _, bad := range []string{"0", "-1", "65", "x"} {
+		if _, err := parseFleetOptions([]string{"-database-url", db, "-haproxy-config", cfg, "-projects", bad}, io.Discard); err == nil || !strings.Contains(err.Error(), "projects") {
+			t.Errorf("-projects %s: err %v, want a -projects error", bad, err)
+		}
+	}
+	if got, want := benchAPIKeys(1), durableAPIKey+"=bench/durable"; got != want {
+		t.Errorf("benchAPIKeys(1) = %q, want %q (one project, as before)", got, want)
+	}
+	projectOf := map[string]string{}
+	for _, pair := range strings.Split(benchAPIKeys(3), ",") {
+		key, project, ok := strings.Cut(pair, "=")
+		if !ok || len(key) < 16 || projectOf[key] != "" {
+			t.Fatalf("benchAPIKeys(3) = %q: bad or repeated pair %q", benchAPIKeys(3), pair)
+		}
+		projectOf[key] = project
+	}
+	seen := map[string]bool{}
+	for p := range 3 {
+		project := projectOf[benchProjectKey(p)]
+		if project == "" || seen[project] {
+			t.Errorf("benchProjectKey(%d) names project %q: want a key of its own project (%v)", p, project, projectOf)
+		}
+		seen[project] = true
+	}
+}

@@ -7,7 +7,7 @@ import WebSocket from './ws.js';
 
 /** @typedef {import('ws').default} WebSocket the type of ws's sockets (./ws.js exports only the class) */
 import { Backoff } from './backoff.js';
-import { closeCodes, codes } from './codes.js';
+import { closeCodes, codes, projectRoute } from './codes.js';
 import { settle } from './config.js';
 import { Dispatcher, toSignal } from './delivery.js';
 import { ClientClosedError, MarconiError, ReplacedError, permanent } from './errors.js';
@@ -401,6 +401,7 @@ export class Client extends EventEmitter {
       try {
         await openSocket(`${base.replace(/^http/, 'ws')}/v1/ws`, {
           token: a.token,
+          headers: this.#hubs.sessionHeaders,
           timeoutMs: welcomeTimeoutMs,
           signal: stop.signal,
           onWelcome: (w, ws, ended) => (got.conn = this.#welcomed(w, ws, ended, a)) !== null,
@@ -854,6 +855,8 @@ export class Client extends EventEmitter {
     this.#regKey = ''; // answered: the next registration is another one
     this.#sessionID = data.session_id;
     this.#token = data.token;
+    const route = projectRoute(data.tenant_id, data.project_id);
+    if (route) this.#hubs.setProject(route);
     if (created || this.#epoch === 0) this.#epoch++; // the first registration, a resume included, is epoch 1
     if (data.heartbeat_interval_seconds > 0) this.#heartbeatMs = data.heartbeat_interval_seconds * 1000;
   }

@@ -44,3 +44,26 @@ export const closeCodes = Object.freeze({
   messageTooBig: 1009,
   invalidPayload: 1007,
 });
+
+/**
+ * The header naming a registered session's project, `<tenant_id>/<project_id>`,
+ * on every request for the session, so that a load balancer can keep one
+ * project's traffic on one instance (HeaderProject in wire.go). The hub
+ * ignores it.
+ */
+export const projectHeader = 'x-marconi-project';
+
+const routeID = /^[A-Za-z0-9._-]{1,128}$/;
+
+/**
+ * projectHeader's value for a session of tenant and project, or '' when
+ * either is not an id of the contract (ProjectRoute in wire.go): the value
+ * carries two ids and a slash, never a space or a line break.
+ * @param {unknown} tenant
+ * @param {unknown} project
+ * @returns {string}
+ */
+export function projectRoute(tenant, project) {
+  if (typeof tenant !== 'string' || typeof project !== 'string' || !routeID.test(tenant) || !routeID.test(project)) return '';
+  return `${tenant}/${project}`;
+}

@@ -1,5 +1,6 @@
 // The hub URLs: one call on the URL in use, and failover to the next.
 
+import { projectHeader } from './codes.js';
 import { ClientClosedError, MarconiError } from './errors.js';
 import { TransportError, call } from './http.js';
 
@@ -14,6 +15,8 @@ export class Hubs {
   #index = 0;
   #bounds;
   #onFailover;
+  /** @type {Record<string, string>} the session's project header, once registered */
+  #project = {};
 
   /**
    * @param {string[]} urls checked, at least one
@@ -29,6 +32,20 @@ export class Hubs {
   /** How many URLs there are. */
   get count() {
     return this.#urls.length;
+  }
+
+  /**
+   * Sets the project every later call names (projectHeader), from the
+   * session's registration; '' names none.
+   * @param {string} route projectRoute's value
+   */
+  setProject(route) {
+    this.#project = route ? { [projectHeader]: route } : {};
+  }
+
+  /** The headers every call for the session carries (the project, once registered). */
+  get sessionHeaders() {
+    return this.#project;
   }
 
   /** The URL in use. */
@@ -59,7 +76,7 @@ export class Hubs {
   async call(method, path, bearer, opts) {
     const base = this.base;
     try {
-      return await call(base + path, method, bearer, opts, this.#bounds);
+      return await call(base + path, method, bearer, this.#withProject(opts), this.#bounds);
     } catch (err) {
       if (this.#bounds.close.aborted) throw new ClientClosedError();
       if (unavailable(err)) this.failover(base, err);
@@ -79,11 +96,20 @@ export class Hubs {
    */
   async callAt(base, method, path, bearer, opts) {
     try {
-      return await call(base + path, method, bearer, opts, this.#bounds);
+      return await call(base + path, method, bearer, this.#withProject(opts), this.#bounds);
     } catch (err) {
       if (this.#bounds.close.aborted) throw new ClientClosedError();
       throw err;
     }
+  }
+
+  /**
+   * @param {import('./http.js').CallOptions} opts
+   * @returns {import('./http.js').CallOptions}
+   */
+  #withProject(opts) {
+    if (!this.#project[projectHeader]) return opts;
+    return { ...opts, headers: { ...this.#project, ...opts.headers } };
   }
 }
 

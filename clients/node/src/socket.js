@@ -32,6 +32,7 @@ export const normalClosure = 1000;
 /**
  * @typedef {object} OpenOptions
  * @property {string} token the session token
+ * @property {Record<string, string>} [headers] more request headers (the project, for a balancer)
  * @property {number} timeoutMs bound on the handshake and on the wait for the welcome
  * @property {AbortSignal} signal cancels the attempt
  * @property {(w: Welcome, ws: WebSocket, ended: Socket['ended']) => boolean} onWelcome runs synchronously when the welcome arrives, before any later frame is read; false refuses the connection
@@ -50,7 +51,7 @@ export const normalClosure = 1000;
 export function openSocket(url, o) {
   return new Promise((resolve, reject) => {
     const ws = new WebSocket(url, {
-      headers: { authorization: `Bearer ${o.token}` },
+      headers: { ...o.headers, authorization: `Bearer ${o.token}` },
       maxPayload: readLimitBytes,
       handshakeTimeout: o.timeoutMs,
     });

@@ -438,3 +438,26 @@ test('deregister ends the session on the hub and closes the client; close is ide
   await assert.rejects(a.client.send('dereg-b', 'chat', {}), ClientClosedError);
   await waitFor('the hub to see a detached', async () => (await routeState(env.hub, 'dereg-a')).route_state === 'route_without_queue');
 });
+
+test('every call for a registered session names its project (x-marconi-project) for the balancer; the registration does not', async (t) => {
+  const proxy = new Proxy(env.hub.port); // records each request's head
+  const url = await proxy.listen();
+  t.after(() => proxy.close());
+  const a = await agent('proj-a', { hubURL: url });
+  const b = await agent('proj-b', { hubURL: url });
+  t.after(async () => { await a.client.close(); await b.client.close(); });
+  assert.equal((await a.client.send('proj-b', 'chat', { n: 1 })).delivery, 'pushed_to_ws');
+  await waitFor('b to get the signal', () => b.inbox.signals.length === 1);
+  await b.client.deregister();
+
+  const heads = proxy.requests();
+  const seen = (/** @type {string} */ method, /** @type {string} */ path) => heads.filter((h) => h.method === method && h.path.split('?')[0] === path);
+  const registrations = seen('POST', '/v1/sessions');
+  assert.equal(registrations.length, 2);
+  for (const r of registrations) assert.equal(r.headers['x-marconi-project'], undefined, 'a registration named a project it does not know yet');
+  const session = heads.filter((h) => !(h.method === 'POST' && h.path === '/v1/sessions'));
+  assert.equal(seen('GET', '/v1/ws').length, 2, 'both attaches went through the proxy');
+  assert.equal(seen('POST', '/v1/signals').length, 1, 'the send went through the proxy');
+  assert.equal(seen('DELETE', '/v1/session').length, 1, 'the deregistration went through the proxy');
+  for (const h of session) assert.equal(h.headers['x-marconi-project'], 't1/p1', `${h.method} ${h.path}`);
+});

@@ -5,6 +5,7 @@ import assert from 'node:assert/strict';
 import { getEventListeners } from 'node:events';
 import { test } from 'node:test';
 import { Backoff } from '../src/backoff.js';
+import { projectRoute } from '../src/codes.js';
 import { settle } from '../src/config.js';
 import { Dispatcher } from '../src/delivery.js';
 import { decodeError, permanent } from '../src/errors.js';
@@ -358,4 +359,12 @@ test('delivery: flush sends at once the ack that ackIntervalMs holds back, and n
   closing.abort();
   d.wake();
   await loop;
+});
+
+test('projectRoute names two ids of the contract, and nothing else', () => {
+  assert.equal(projectRoute('t1', 'p1'), 't1/p1');
+  assert.equal(projectRoute('acme.corp', 'team_a-1'), 'acme.corp/team_a-1');
+  for (const [tenant, project] of [['', 'p1'], ['t1', ''], ['t/1', 'p1'], ['t1', 'p 1'], ['t1', 'p1\r\nx-admin: yes'], ['t1', 'p'.repeat(129)], [undefined, 'p1'], ['t1', 7]]) {
+    assert.equal(projectRoute(tenant, project), '', `${String(tenant)}/${String(project)}`);
+  }
 });

@@ -11,12 +11,22 @@ import net from 'node:net';
  * @property {boolean} frozen the hub's side is cut; the client's side stays open and silent
  * @property {boolean} stalled nothing is forwarded either way; both sides stay open (a path that died silently)
  * @property {boolean} dropAnswer the next bytes from the hub are lost and the connection cut
+ * @property {string} sent what the client sent, as latin1 (a WebSocket's handshake only)
+ */
+
+/**
+ * @typedef {object} RequestHead
+ * @property {string} method
+ * @property {string} path
+ * @property {Record<string, string>} headers lower-case names
  */
 
 /** A proxy on a loopback port in front of 127.0.0.1:targetPort. */
 export class Proxy {
   /** @type {Set<Piped>} */
   #conns = new Set();
+  /** @type {Piped[]} every connection the proxy served, for requests() */
+  #all = [];
   /** @type {string | null} a request line prefix whose answer is to be lost, once */
   #loseAnswerTo = null;
   #lost = 0;
@@ -42,8 +52,9 @@ export class Proxy {
   #serve(client) {
     const upstream = net.connect(this.targetPort, '127.0.0.1');
     /** @type {Piped} */
-    const p = { client, upstream, ws: false, frozen: false, stalled: false, dropAnswer: false };
+    const p = { client, upstream, ws: false, frozen: false, stalled: false, dropAnswer: false, sent: '' };
     this.#conns.add(p);
+    this.#all.push(p);
     let first = true;
     client.on('data', (chunk) => {
       if (first) {
@@ -51,6 +62,7 @@ export class Proxy {
         p.ws = head.startsWith('GET /v1/ws');
         if (p.ws) this.#wsToken = /^authorization: Bearer (\S+)\r$/im.exec(head)?.[1] ?? null;
       }
+      if (first || !p.ws) p.sent += chunk.toString('latin1');
       first = false;
       if (p.ws && this.#refuseWS) {
         client.destroy();
@@ -87,6 +99,28 @@ export class Proxy {
       this.#conns.delete(p);
     });
     client.on('error', () => upstream.destroy());
+  }
+
+  /**
+   * The head of every request the clients sent through the proxy so far, in
+   * the order of their connections (a WebSocket's handshake included).
+   * @returns {RequestHead[]}
+   */
+  requests() {
+    /** @type {RequestHead[]} */
+    const out = [];
+    for (const p of this.#all) {
+      for (const m of p.sent.matchAll(/(GET|POST|PUT|DELETE) (\S+) HTTP\/1\.1\r\n([\s\S]*?)\r\n\r\n/g)) {
+        /** @type {Record<string, string>} */
+        const headers = {};
+        for (const line of m[3].split('\r\n')) {
+          const i = line.indexOf(':');
+          if (i > 0) headers[line.slice(0, i).toLowerCase()] = line.slice(i + 1).trim();
+        }
+        out.push({ method: m[1], path: m[2], headers });
+      }
+    }
+    return out;
   }
 
   /**

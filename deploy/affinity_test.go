@@ -1,0 +1,157 @@
+package deploy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	bootstrap "github.com/marconihub/marconi/bootstrap-client"
+	"github.com/marconihub/marconi/internal/pgtest"
+)
+
+// Behind deploy/haproxy.cfg, which hashes on the clients' X-Marconi-Project
+// header, one project's agents attach on one instance; when that instance
+// is killed they all move to one other instance, and the agents of
+// projects hashed elsewhere stay where they are (consistent hashing).
+func TestOneProjectsAgentsMeetOnOneInstanceBehindHAProxy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (three hubs behind HAProxy): skipped by -short")
+	}
+	haproxy := requireHAProxy(t)
+	c := startCluster(t, haproxy, pgtest.Schema(t))
+
+	const perProject = 4
+	var wg sync.WaitGroup
+	errs := make(chan error, clusterProjects*perProject)
+	for p := range clusterProjects {
+		for i := range perProject {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				a, err := bootstrap.Dial(ctx, bootstrap.Config{
+					HubURL: c.lbURL, APIKey: c.keys[p], SessionID: fmt.Sprintf("aff-%d", i), Surface: "claude_code",
+					RuntimeMode: "stateless", Logger: slog.New(slog.DiscardHandler),
+				})
+				if err != nil {
+					errs <- fmt.Errorf("dial p%d/aff-%d: %w", p+1, i, err)
+					return
+				}
+				t.Cleanup(func() { _ = a.Close() })
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	// Where each project's agents are attached, once all are.
+	var where map[string][]string
+	waitUntil(t, "every agent attached", 20*time.Second, func() (bool, error) {
+		var err error
+		where, err = c.projectInstances(perProject, "")
+		return err == nil, err
+	})
+	home := map[string]string{}
+	for project, ins := range where {
+		if len(ins) != 1 {
+			t.Fatalf("%s's agents are attached on %v, want one instance: %v", project, ins, where)
+		}
+		home[project] = ins[0]
+	}
+	t.Logf("projects by instance: %v", home)
+
+	gone := home["p1"]
+	i := slices.Index([]string{"hub-1", "hub-2", "hub-3"}, gone)
+	c.hubs[i].kill(t)
+	waitUntil(t, "p1's agents attached elsewhere", 20*time.Second, func() (bool, error) {
+		var err error
+		where, err = c.projectInstances(perProject, gone)
+		return err == nil, err
+	})
+	moved := where["p1"]
+	if len(moved) != 1 {
+		t.Fatalf("after %s was killed, p1's agents are attached on %v, want one instance", gone, moved)
+	}
+	for project, was := range home {
+		if was != gone && !slices.Equal(where[project], []string{was}) {
+			t.Errorf("%s was on %s, which stayed up, and is now on %v: a project moved that did not have to", project, was, where[project])
+		}
+	}
+	t.Logf("after kill -9 %s: p1 on %s; projects by instance: %v", gone, moved[0], where)
+}
+
+// waitUntil polls cond until it holds; it fails the test after within,
+// with cond's last error.
+func waitUntil(t *testing.T, what string, within time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// projectInstances returns, for each project t1/p1 .. t1/p<clusterProjects>,
+// the sorted instances its sessions are attached on (healthy, other than
+// gone), or an error while any project has fewer than n sessions attached
+// there.
+func (c *cluster) projectInstances(n int, gone string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for p := range clusterProjects {
+		project := fmt.Sprintf("p%d", p+1)
+		q := url.Values{"tenant_id": {"t1"}, "project_id": {project}, "limit": {"100"}}
+		req, err := http.NewRequest(http.MethodGet, c.lbURL+"/v1/ops/route_state?"+q.Encode(), nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+c.admin)
+		resp, err := c.http.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		var body struct {
+			Sessions []struct {
+				ID    string `json:"session_id"`
+				Queue struct {
+					Attached        bool   `json:"attached"`
+					InstanceID      string `json:"instance_id"`
+					InstanceHealthy bool   `json:"instance_healthy"`
+				} `json:"queue"`
+			} `json:"sessions"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("route_state of %s: %d %v", project, resp.StatusCode, err)
+		}
+		ins, attached := map[string]bool{}, 0
+		for _, s := range body.Sessions {
+			if s.Queue.Attached && s.Queue.InstanceHealthy && s.Queue.InstanceID != gone && strings.HasPrefix(s.ID, "aff-") {
+				ins[s.Queue.InstanceID] = true
+				attached++
+			}
+		}
+		if attached < n {
+			return nil, fmt.Errorf("%s: %d of %d sessions attached", project, attached, n)
+		}
+		out[project] = slices.Sorted(maps.Keys(ins))
+	}
+	return out, nil
+}
