@@ -57,7 +57,7 @@ func TestOneProjectsAgentsMeetOnOneInstanceBehindHAProxy(t *testing.T) {
 
 	// Where each project's agents are attached, once all are.
 	var where map[string][]string
-	waitUntil(t, "every agent attached", 20*time.Second, func() (bool, error) {
+	waitUntil(t, "every agent attached", reattachHangBound, func() (bool, error) {
 		var err error
 		where, err = c.projectInstances(perProject, "")
 		return err == nil, err
@@ -74,7 +74,7 @@ func TestOneProjectsAgentsMeetOnOneInstanceBehindHAProxy(t *testing.T) {
 	gone := home["p1"]
 	i := slices.Index([]string{"hub-1", "hub-2", "hub-3"}, gone)
 	c.hubs[i].kill(t)
-	waitUntil(t, "p1's agents attached elsewhere", 20*time.Second, func() (bool, error) {
+	waitUntil(t, "p1's agents attached elsewhere", reattachHangBound, func() (bool, error) {
 		var err error
 		where, err = c.projectInstances(perProject, gone)
 		return err == nil, err
