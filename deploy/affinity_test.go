@@ -117,12 +117,7 @@ func (c *cluster) projectInstances(n int, gone string) (map[string][]string, err
 	for p := range clusterProjects {
 		project := fmt.Sprintf("p%d", p+1)
 		q := url.Values{"tenant_id": {"t1"}, "project_id": {project}, "limit": {"100"}}
-		req, err := http.NewRequest(http.MethodGet, c.lbURL+"/v1/ops/route_state?"+q.Encode(), nil)
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Authorization", "Bearer "+c.admin)
-		resp, err := c.http.Do(req)
+		resp, err := c.opsGet("/v1/ops/route_state?" + q.Encode())
 		if err != nil {
 			return nil, err
 		}

@@ -361,15 +361,20 @@ func (c *cluster) attached(gone string) (int, error) {
 	return n, err
 }
 
-// attachedByInstance returns, per healthy instance, how many sessions the
-// store records as attached there.
-func (c *cluster) attachedByInstance() (map[string]int, error) {
-	req, err := http.NewRequest(http.MethodGet, c.lbURL+"/v1/ops/fabric/summary", nil)
+// opsGet is an operator's GET of path (with its query) through the balancer.
+func (c *cluster) opsGet(path string) (*http.Response, error) {
+	req, err := http.NewRequest(http.MethodGet, c.lbURL+path, nil)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.admin)
-	resp, err := c.http.Do(req)
+	return c.http.Do(req)
+}
+
+// attachedByInstance returns, per healthy instance, how many sessions the
+// store records as attached there.
+func (c *cluster) attachedByInstance() (map[string]int, error) {
+	resp, err := c.opsGet("/v1/ops/fabric/summary")
 	if err != nil {
 		return nil, err
 	}
