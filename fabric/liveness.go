@@ -158,25 +158,30 @@ func (m *Members) runProbe(ctx context.Context) {
 
 // fresh is called before a decision reads another instance's health: it
 // notes the demand, so that runProbe keeps probing while decisions are
-// made, and when the last probe is older than ProbeEvery (runProbe skipped
-// it: nobody asked) it probes now, or waits for the probe under way, so that
-// a decision never reads a liveness older than a probe interval. A probe
-// that failed within ProbeEvery is not tried again: a failing store slows
-// one decision per interval, not each. A failed probe leaves the view as it
-// was.
+// made, and when no probe ran or was tried within ProbeEvery (runProbe
+// skipped them: nobody asked) it probes now, or waits for the probe that
+// started meanwhile, so that a decision after a pause never reads a
+// liveness older than a probe interval. A decision made while a probe is
+// under way does not wait for it: it reads the view as it stands, as it
+// always could. A probe that failed is not tried again within ProbeEvery,
+// so a failing store slows one decision per interval, not each, and a
+// failed probe leaves the view as it was.
 func (m *Members) fresh(ctx context.Context) {
 	if m.prober == nil {
 		return
 	}
+	// Whether a probe is due is read before the demand is noted: a probe
+	// that the demand starts elsewhere then finds this decision waiting.
+	due := m.probeDue()
 	if !m.demand.Load() {
 		m.demand.Store(true)
 	}
-	if !m.probeOlderThan(m.cfg.ProbeEvery, false) {
+	if !due {
 		return
 	}
 	m.probeMu.Lock()
 	defer m.probeMu.Unlock()
-	if !m.probeOlderThan(m.cfg.ProbeEvery, true) {
+	if !m.probeDue() {
 		return
 	}
 	m.noteProbeTried()
@@ -185,12 +190,12 @@ func (m *Members) fresh(ctx context.Context) {
 	}
 }
 
-// probeOlderThan reports whether the last successful probe is older than
-// d and, with tried, whether the last probe tried is too.
-func (m *Members) probeOlderThan(d time.Duration, tried bool) bool {
+// probeDue reports whether no probe succeeded, nor was tried, within
+// ProbeEvery.
+func (m *Members) probeDue() bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return time.Since(m.lastProbe) >= d && (!tried || time.Since(m.probeTried) >= d)
+	return time.Since(m.lastProbe) >= m.cfg.ProbeEvery && time.Since(m.probeTried) >= m.cfg.ProbeEvery
 }
 
 // noteProbeTried records that a probe starts now; the caller holds probeMu.
