@@ -41,8 +41,12 @@ func newCanary(cfg PlacementConfig, d Deps, m *metrics) *Canary {
 }
 
 // Refresh reads the cluster-wide counters and rolls the gate back when
-// they say so. Fabric.Tick calls it.
+// they say so. Fabric.Tick calls it. It reads nothing when the gate cannot
+// roll back: RollbackAfter is 0 (the default), or it already has.
 func (c *Canary) Refresh(ctx context.Context) error {
+	if c.cfg.RollbackAfter <= 0 || c.rolledBack.Load() {
+		return nil
+	}
 	counts, err := c.store.Counts(ctx)
 	if err != nil {
 		return fmt.Errorf("counts: %w", err)

@@ -317,7 +317,7 @@ func (p *Placer) Assign(ctx context.Context) (string, error) {
 	if !p.members.Healthy(ctx, best) {
 		best, bestLoad = "", 0
 	}
-	for _, id := range p.members.healthyOthers() {
+	for _, id := range p.members.healthyOthers(ctx) {
 		if load := stats.ByAssignedInstance[id]; best == "" || load < bestLoad {
 			best, bestLoad = id, load
 		}

@@ -35,7 +35,9 @@ type Config struct {
 	HeartbeatEvery time.Duration
 	// ProbeEvery is MARCONI_INSTANCE_PROBE_MILLISECONDS (500): how often Run
 	// asks the prober (Deps.Prober) which instances' processes are still
-	// connected, so a killed instance is seen dead within about this long.
+	// connected, while decisions read the view or a process is still to be
+	// seen connected; no decision reads a liveness older than this, so a
+	// killed instance is seen dead within about this long.
 	ProbeEvery time.Duration
 	// Grace is MARCONI_RECONNECT_GRACE_SECONDS (60).
 	Grace time.Duration
@@ -158,8 +160,9 @@ func New(cfg Config, d Deps) (*Fabric, error) {
 
 // Run heartbeats this instance into the store and refreshes the view of the
 // others and the canary's gate at once and then every HeartbeatEvery, and
-// probes the others' processes every ProbeEvery, until ctx ends. A failed
-// tick (store unreachable) is logged and retried on the next one.
+// probes the others' processes every ProbeEvery while anything needs it
+// (runProbe), until ctx ends. A failed tick (store unreachable) is logged
+// and retried on the next one.
 func (f *Fabric) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()

@@ -33,7 +33,10 @@ const (
 // restarted with the same id) is judged by its heartbeat only: a connection
 // is credited to the process the prober names, never to the StartedAt
 // this view holds, which may be another process's.
-// Fabric.Run calls it every ProbeEvery; it does nothing without a prober.
+// Fabric.Run calls it every ProbeEvery while the view is read or an
+// instance is still to be seen connected (runProbe), and a decision calls
+// it when no probe was tried within ProbeEvery (fresh); it does nothing
+// without a prober.
 //
 // A connection seen on one server says nothing of the next: when the
 // prober answers from another server (the database failed over or
@@ -100,6 +103,7 @@ func (m *Members) confirmHealthy(ctx context.Context, instance string) bool {
 	stale := time.Since(m.lastProbe) >= minProbeGap
 	m.mu.RUnlock()
 	if stale {
+		m.noteProbeTried()
 		if err := m.Probe(ctx); err != nil {
 			m.log.Debug("probe before wrong_instance", "instance", instance, "err", err)
 		}
@@ -124,7 +128,12 @@ func (m *Members) processState(id string, startedAt time.Time) string {
 	return ProcessUnknown
 }
 
-// runProbe calls Probe every ProbeEvery until ctx ends.
+// runProbe calls Probe every ProbeEvery until ctx ends, when a decision
+// read the view since the last tick (fresh) or an instance's process is
+// still to be seen connected (unseen); otherwise the tick costs no store
+// call: an instance that decides nothing about the others (idle, or all its
+// traffic its own) does not probe, and the first decision after such a
+// pause probes before it reads (fresh).
 func (m *Members) runProbe(ctx context.Context) {
 	t := time.NewTicker(m.cfg.ProbeEvery)
 	defer t.Stop()
@@ -134,10 +143,86 @@ func (m *Members) runProbe(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := m.Probe(ctx); err != nil && ctx.Err() == nil {
+		if !m.demand.Swap(false) && !m.unseen() {
+			continue
+		}
+		m.probeMu.Lock()
+		m.noteProbeTried()
+		err := m.Probe(ctx)
+		m.probeMu.Unlock()
+		if err != nil && ctx.Err() == nil {
 			m.log.Debug("fabric probe", "err", err)
 		}
 	}
+}
+
+// fresh is called before a decision reads another instance's health: it
+// notes the demand, so that runProbe keeps probing while decisions are
+// made, and when no probe ran or was tried within ProbeEvery (runProbe
+// skipped them: nobody asked) it probes now, or waits for the probe that
+// started meanwhile, so that a decision after a pause never reads a
+// liveness older than a probe interval. A decision made while a probe is
+// under way does not wait for it: it reads the view as it stands, as it
+// always could. A probe that failed is not tried again within ProbeEvery,
+// so a failing store slows one decision per interval, not each, and a
+// failed probe leaves the view as it was.
+func (m *Members) fresh(ctx context.Context) {
+	if m.prober == nil {
+		return
+	}
+	// Whether a probe is due is read before the demand is noted: a probe
+	// that the demand starts elsewhere then finds this decision waiting.
+	due := m.probeDue()
+	if !m.demand.Load() {
+		m.demand.Store(true)
+	}
+	if !due {
+		return
+	}
+	m.probeMu.Lock()
+	defer m.probeMu.Unlock()
+	if !m.probeDue() {
+		return
+	}
+	m.noteProbeTried()
+	if err := m.Probe(ctx); err != nil {
+		m.log.Debug("probe before a decision", "err", err)
+	}
+}
+
+// probeDue reports whether no probe succeeded, nor was tried, within
+// ProbeEvery.
+func (m *Members) probeDue() bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return time.Since(m.lastProbe) >= m.cfg.ProbeEvery && time.Since(m.probeTried) >= m.cfg.ProbeEvery
+}
+
+// noteProbeTried records that a probe starts now; the caller holds probeMu.
+func (m *Members) noteProbeTried() {
+	m.mu.Lock()
+	m.probeTried = time.Now() // wall time: it only spaces the probes
+	m.mu.Unlock()
+}
+
+// unseen reports whether the view holds another instance, healthy by its
+// heartbeat, whose current process has not been seen connected on the
+// current server: until a probe sees it connected, its death could not be
+// told from its connection, so runProbe and Tick keep probing for it.
+func (m *Members) unseen() bool {
+	if m.prober == nil {
+		return false
+	}
+	now := m.now()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for id, in := range m.instances {
+		if id != m.cfg.InstanceID && !in.StartedAt.IsZero() &&
+			!m.seenConnected[id].Equal(in.StartedAt) && m.healthyAt(in, now) {
+			return true
+		}
+	}
+	return false
 }
 
 // outage is a span during which this instance could not read the instance

@@ -51,7 +51,11 @@ type Members struct {
 	lastRead      time.Time  // the latest successful read of the instance table
 	outage        outage     // the latest span the table could not be read
 	lastProbe     time.Time  // when Probe last read the prober
-	probeMu       sync.Mutex // serializes confirmHealthy's probes
+	probeTried    time.Time  // when a probe was last started, whatever came of it
+	probeMu       sync.Mutex // one probe at a time from runProbe, fresh and confirmHealthy
+	// demand is set when a decision reads the view of another instance
+	// (fresh), and cleared by runProbe, which probes only when it was set.
+	demand atomic.Bool
 }
 
 func newMembers(cfg Config, d Deps) *Members {
@@ -69,13 +73,21 @@ func (m *Members) InstanceID() string { return m.cfg.InstanceID }
 // tells it from the other processes of its instance id.
 func (m *Members) StartedAt() time.Time { return m.startedAt }
 
-// Tick is one heartbeat of this instance followed by a refresh of the view
-// and a probe.
+// Tick is one heartbeat of this instance followed by a refresh of the view,
+// and a probe when the view holds a process not yet seen connected (a new
+// instance, a restart, a failed-over server) or a decision read the view
+// since runProbe last looked; other probes are runProbe's and fresh's.
 func (m *Members) Tick(ctx context.Context) error {
 	hb := m.heartbeat(ctx)
 	if err := m.Refresh(ctx); err != nil {
 		return errors.Join(hb, err)
 	}
+	if !m.unseen() && !m.demand.Load() {
+		return hb
+	}
+	m.probeMu.Lock()
+	defer m.probeMu.Unlock()
+	m.noteProbeTried()
 	return errors.Join(hb, m.Probe(ctx))
 }
 
@@ -134,12 +146,14 @@ func (m *Members) SetDraining(ctx context.Context) error {
 }
 
 // Healthy reports whether instance is healthy: its heartbeat is younger than
-// DeadAfter and it is not draining. It reads the view kept by Tick and makes
-// no store call. This instance is healthy while it is not draining.
+// DeadAfter, it is not draining and its process was not seen gone. It reads
+// the view kept by Tick, after a probe when none was tried within ProbeEvery
+// (fresh). This instance is healthy while it is not draining.
 func (m *Members) Healthy(ctx context.Context, instance string) bool {
 	if instance == m.cfg.InstanceID {
 		return !m.draining.Load()
 	}
+	m.fresh(ctx)
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	in, ok := m.instances[instance]
@@ -152,11 +166,13 @@ func (m *Members) Healthy(ctx context.Context, instance string) bool {
 // StartedAt). A queue recorded before the instance's StartedAt died with an
 // earlier process of the same MARCONI_INSTANCE_ID: a crash leaves it in the
 // store, since nothing cleared it. Both times come from that instance's own
-// clock. It reads the view kept by Tick and makes no store call.
+// clock. It reads the view kept by Tick, after a probe when none was tried
+// within ProbeEvery (fresh).
 func (m *Members) HoldsQueue(ctx context.Context, instance string, attachedAt time.Time) bool {
 	if instance == m.cfg.InstanceID {
 		return !m.draining.Load() && !attachedAt.Before(m.startedAt)
 	}
+	m.fresh(ctx)
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	in, ok := m.instances[instance]
@@ -183,8 +199,10 @@ func (m *Members) lastHeartbeat(instance string) time.Time {
 	return m.instances[instance].LastHeartbeatAt
 }
 
-// healthyOthers lists the healthy instances of the view but this one, by id.
-func (m *Members) healthyOthers() []string {
+// healthyOthers lists the healthy instances of the view but this one, by id,
+// after a probe when none was tried within ProbeEvery (fresh).
+func (m *Members) healthyOthers(ctx context.Context) []string {
+	m.fresh(ctx)
 	now := m.now()
 	m.mu.RLock()
 	defer m.mu.RUnlock()

@@ -1,6 +1,10 @@
 package fabric
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"context"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // metrics are this instance's fabric series. The fabric summary's totals
 // are the cluster-wide counterparts, kept in the store.
@@ -51,9 +55,9 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 }
 
 // healthCollector is marconi_instance_healthy, read from the health view at
-// each scrape: it follows the liveness probe (every ProbeEvery) and a
-// heartbeat growing old as soon as they change the view, not only the
-// refresh every HeartbeatEvery.
+// each scrape, after a probe when none was tried within ProbeEvery (fresh):
+// it follows the liveness probe and a heartbeat growing old as soon as they
+// change the view, not only the refresh every HeartbeatEvery.
 type healthCollector struct{ m *Members }
 
 var healthDesc = prometheus.NewDesc("marconi_instance_healthy",
@@ -65,6 +69,7 @@ func (healthCollector) Describe(ch chan<- *prometheus.Desc) { ch <- healthDesc }
 
 // Collect implements prometheus.Collector.
 func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
+	c.m.fresh(context.Background()) // the prober bounds its call by the store timeout
 	now := c.m.now()
 	c.m.mu.RLock()
 	defer c.m.mu.RUnlock()

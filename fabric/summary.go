@@ -93,6 +93,7 @@ func (f *Fabric) Summary(ctx context.Context) (Summary, error) {
 		Instances: make([]InstanceStatus, 0, len(list)),
 	}
 	mem := f.Members
+	mem.fresh(ctx)
 	mem.mu.RLock()
 	defer mem.mu.RUnlock()
 	for _, in := range list {
