@@ -427,17 +427,13 @@ func (c *cluster) busiest(t *testing.T, except int) int {
 // (reattachHangBound) that only a hang crosses.
 func (c *cluster) waitAttached(t *testing.T, what string, n int, gone string, deadline time.Time) {
 	t.Helper()
-	var got int
-	var err error
-	for {
-		if got, err = c.attached(gone); err == nil && got == n {
-			return
+	waitUntil(t, what+": every agent attached again (past the deadline: a hang)", time.Until(deadline), func() (bool, error) {
+		got, err := c.attached(gone)
+		if err == nil && got != n {
+			err = fmt.Errorf("only %d of %d agents attached again", got, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: only %d of %d agents attached again by the deadline, a hang (last error: %v)", what, got, n, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil, err
+	})
 }
 
 // --- agents and the ledger ---
