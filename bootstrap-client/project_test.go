@@ -157,16 +157,17 @@ func TestARestartedAgentNamesItsKeptProjectFromItsFirstRequest(t *testing.T) {
 	}
 
 	for _, c := range []struct {
-		name, file string   // file: the kept token's JSON, %s its token
+		name, file string   // file: the kept token's JSON, %q its token
 		resume     []string // the project header the resume carries
 		warned     bool     // the kept project is logged as unusable
+		followed   bool     // the hub's other project is logged as followed
 	}{
-		{"kept project", `{"session_id":"restarted","token":%q,"tenant_id":"t1","project_id":"p1"}`, []string{"t1/p1"}, false},
-		{"file of an older client", `{"session_id":"restarted","token":%q}`, nil, false},
-		{"line break in the project", `{"session_id":"restarted","token":%q,"tenant_id":"t1","project_id":"p1\r\nX-Evil: 1"}`, nil, true},
-		{"slash in the tenant", `{"session_id":"restarted","token":%q,"tenant_id":"t1/p1","project_id":"p1"}`, nil, true},
-		{"tenant without a project", `{"session_id":"restarted","token":%q,"tenant_id":"t1"}`, nil, true},
-		{"another project than the hub's", `{"session_id":"restarted","token":%q,"tenant_id":"t9","project_id":"p9"}`, []string{"t9/p9"}, false},
+		{"kept project", `{"session_id":"restarted","token":%q,"tenant_id":"t1","project_id":"p1"}`, []string{"t1/p1"}, false, false},
+		{"file of an older client", `{"session_id":"restarted","token":%q}`, nil, false, false},
+		{"line break in the project", `{"session_id":"restarted","token":%q,"tenant_id":"t1","project_id":"p1\r\nX-Evil: 1"}`, nil, true, false},
+		{"slash in the tenant", `{"session_id":"restarted","token":%q,"tenant_id":"t1/p1","project_id":"p1"}`, nil, true, false},
+		{"tenant without a project", `{"session_id":"restarted","token":%q,"tenant_id":"t1"}`, nil, true, false},
+		{"another project than the hub's", `{"session_id":"restarted","token":%q,"tenant_id":"t9","project_id":"p9"}`, []string{"t9/p9"}, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			before, err := store.Load(t.Context())
@@ -197,6 +198,9 @@ func TestARestartedAgentNamesItsKeptProjectFromItsFirstRequest(t *testing.T) {
 			warned := logs.find("marconi: the kept token's tenant or project is not an id of the contract; resuming without naming the project to the balancer until the hub answers")
 			if (len(warned) == 1) != c.warned {
 				t.Errorf("%d warnings of an unusable kept project, want it logged: %v", len(warned), c.warned)
+			}
+			if followed := logs.find("marconi: the hub names another project than the kept token's; following the hub's"); (len(followed) == 1) != c.followed {
+				t.Errorf("%d lines of the hub's project followed, want it logged: %v", len(followed), c.followed)
 			}
 		})
 	}

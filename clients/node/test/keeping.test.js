@@ -88,6 +88,7 @@ test('an agent restarted with its token file names its kept project from its fir
   assert.equal(kept?.tenantID, 't1');
   assert.equal(kept?.projectID, 'p1');
 
+  const followed = 'marconi: the hub names another project than the kept token\'s; following the hub\'s';
   const warning = 'marconi: the kept token\'s tenant or project is not an id of the contract; resuming without naming the project to the balancer until the hub answers';
   for (const c of [
     { name: 'kept project', fields: { tenant_id: 't1', project_id: 'p1' }, resume: 't1/p1', warned: false },
@@ -95,7 +96,7 @@ test('an agent restarted with its token file names its kept project from its fir
     { name: 'line break in the project', fields: { tenant_id: 't1', project_id: 'p1\r\nx-evil: 1' }, resume: undefined, warned: true },
     { name: 'slash in the tenant', fields: { tenant_id: 't1/p1', project_id: 'p1' }, resume: undefined, warned: true },
     { name: 'tenant without a project', fields: { tenant_id: 't1' }, resume: undefined, warned: true },
-    { name: 'another project than the hub\'s', fields: { tenant_id: 't9', project_id: 'p9' }, resume: 't9/p9', warned: false },
+    { name: 'another project than the hub\'s', fields: { tenant_id: 't9', project_id: 'p9' }, resume: 't9/p9', warned: false, followed: true },
   ]) {
     const before = await store.load();
     await writeFile(tokenFile, JSON.stringify({ session_id: 'restarted', token: before?.token, ...c.fields }));
@@ -111,6 +112,7 @@ test('an agent restarted with its token file names its kept project from its fir
     assert.notEqual(after?.token, before?.token, `${c.name}: the resume's new token is kept`);
     assert.deepEqual([after?.tenantID, after?.projectID], ['t1', 'p1'], `${c.name}: the hub's project is kept`);
     assert.equal(logs.find(warning).length, c.warned ? 1 : 0, `${c.name}: an unusable kept project is logged`);
+    assert.equal(logs.find(followed).length, c.followed ? 1 : 0, `${c.name}: the hub's other project is logged as followed`);
   }
 });
 
