@@ -39,8 +39,8 @@ export function fileTokenStore(file) {
       if (!isToken(t)) throw new Error(`marconi: token file ${file} is not a kept session token`);
       /** @type {SessionToken} */
       const kept = { sessionID: t.session_id, token: t.token };
-      if (t.tenant_id !== undefined) kept.tenantID = t.tenant_id;
-      if (t.project_id !== undefined) kept.projectID = t.project_id;
+      if (t.tenant_id != null) kept.tenantID = t.tenant_id;
+      if (t.project_id != null) kept.projectID = t.project_id;
       return kept;
     },
     save(t) {
@@ -63,7 +63,7 @@ export function fileTokenStore(file) {
  * @param {any} t
  */
 function isToken(t) {
-  const optional = (/** @type {unknown} */ v) => v === undefined || typeof v === 'string';
+  const optional = (/** @type {unknown} */ v) => v == null || typeof v === 'string'; // null reads as absent, as in Go
   return t !== null && typeof t === 'object' && typeof t.session_id === 'string' && typeof t.token === 'string' &&
     t.session_id !== '' && t.token !== '' && optional(t.tenant_id) && optional(t.project_id);
 }
