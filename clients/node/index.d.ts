@@ -170,8 +170,9 @@ export interface Config {
   /**
    * Keeps the session token in this file (JSON, 0600, replaced atomically;
    * its directory made 0700), so that a restarted agent resumes its session
-   * instead of being refused 403 as another holder of a live id. Not with
-   * tokenStore.
+   * instead of being refused 403 as another holder of a live id, and with it
+   * the session's tenant and project, which the resume names to the balancer
+   * (x-marconi-project). Not with tokenStore.
    */
   tokenFile?: string;
   /**
