@@ -147,7 +147,7 @@ func TestAssignByProject(t *testing.T) {
 		return f
 	}
 	a, b, c := byProject("a"), byProject("b"), byProject("c")
-	fewest := newTestFabric(t, st, clk, "b")
+	fewest := newTestFabric(t, st, clk, "b") // instance b again, configured by the fewest
 	for _, f := range []*Fabric{a, b, c, fewest, a, b} {
 		if err := f.Tick(ctx); err != nil {
 			t.Fatal(err)
