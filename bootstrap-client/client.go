@@ -103,9 +103,11 @@ type Config struct {
 	// agent: Dial loads it and, when it holds a token for SessionID (or
 	// SessionID is empty), resumes that session with it instead of
 	// registering anew; every new token the hub gives the client
-	// (registration, resume, re-registration, takeover) is saved to it. A
-	// failed Load or a failed save at Dial fails Dial; a failed save later is
-	// logged at error level. FileTokenStore keeps it in a 0600 file.
+	// (registration, resume, re-registration, takeover) is saved to it, with
+	// the session's tenant and project, which the resume and everything after
+	// it name to the balancer (X-Marconi-Project). A failed Load or a failed
+	// save at Dial fails Dial; a failed save later is logged at error level.
+	// FileTokenStore keeps it in a 0600 file.
 	TokenStore TokenStore
 	// Takeover, when true, lets Dial reclaim a live session whose token it
 	// does not hold (an agent killed before it could keep its token, or whose

@@ -224,7 +224,8 @@ const maxCallAttempts = 3
 // else a registration of the configured id. A kept token of a session the hub
 // no longer knows (410) becomes a registration of the same id; a registration
 // refused because the id is live (403) becomes a takeover when
-// Config.Takeover says so. The new token is kept.
+// Config.Takeover says so. The new token is kept, with the project the hub
+// named, which wins over a kept one.
 func (c *Client) register(ctx context.Context) error {
 	c.regMu.Lock()
 	defer c.regMu.Unlock()
@@ -247,7 +248,11 @@ func (c *Client) register(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	kept := c.project.Load()
 	c.adopt(res, status == http.StatusCreated)
+	if now := c.project.Load(); kept != nil && (*now)[0] != (*kept)[0] {
+		c.log.Info("marconi: the hub names another project than the kept token's; following the hub's", "session_id", res.SessionID, "kept", (*kept)[0], "project", (*now)[0])
+	}
 	if res.TakenOver {
 		c.takeovers.Add(1)
 		c.log.Warn("marconi: session taken over; its former holder's token stopped working", "session_id", res.SessionID)
@@ -449,17 +454,37 @@ func (c *Client) loadToken(ctx context.Context) error {
 		return nil
 	}
 	c.sessionID, c.keptToken = t.SessionID, t.Token
+	c.keptProject(t)
 	return nil
 }
 
-// keep saves the current session and token to Config.TokenStore. The caller
-// holds regMu, so saves happen in the order the tokens were adopted.
+// keptProject names the kept token's project (X-Marconi-Project) from the
+// resume on, so that a balancer hashing on it sends the restarted agent to
+// its project's instance before the hub has answered. A token kept without
+// a project names none until the answer; one kept with a project that is not
+// a pair of the contract's ids is never sent, and says so.
+func (c *Client) keptProject(t SessionToken) {
+	if t.TenantID == "" && t.ProjectID == "" {
+		return
+	}
+	v := marconi.ProjectRoute(t.TenantID, t.ProjectID)
+	if v == "" {
+		c.log.Warn("marconi: the kept token's tenant or project is not an id of the contract; resuming without naming the project to the balancer until the hub answers",
+			"session_id", t.SessionID, "tenant_id", fmt.Sprintf("%.64q", t.TenantID), "project_id", fmt.Sprintf("%.64q", t.ProjectID))
+		return
+	}
+	c.project.Store(&[]string{v})
+}
+
+// keep saves the current session, its token and the project the hub last
+// named to Config.TokenStore. The caller holds regMu, so saves happen in the
+// order the tokens were adopted.
 func (c *Client) keep(ctx context.Context) error {
 	if c.cfg.TokenStore == nil {
 		return nil
 	}
 	c.mu.Lock()
-	t := SessionToken{SessionID: c.sessionID, Token: c.token}
+	t := SessionToken{SessionID: c.sessionID, Token: c.token, TenantID: c.registration.TenantID, ProjectID: c.registration.ProjectID}
 	c.mu.Unlock()
 	if err := c.cfg.TokenStore.Save(ctx, t); err != nil {
 		return fmt.Errorf("bootstrap: keep the session token: %w", err)

@@ -12,10 +12,17 @@ import (
 )
 
 // SessionToken is a session's id and its current token, as a TokenStore
-// keeps them between runs of the agent.
+// keeps them between runs of the agent, with the session's tenant and
+// project: a restarted agent names them (X-Marconi-Project) from its first
+// request, so that a balancer hashing on the project sends its resume and
+// attach to the project's instance. A token kept without them (an older
+// client, a store that drops them) still resumes; the header then waits for
+// the hub's answer.
 type SessionToken struct {
 	SessionID string `json:"session_id"`
 	Token     string `json:"token"`
+	TenantID  string `json:"tenant_id,omitempty"`
+	ProjectID string `json:"project_id,omitempty"`
 }
 
 // TokenStore keeps the session token across restarts of the agent, so that a
@@ -32,12 +39,13 @@ type TokenStore interface {
 	Save(ctx context.Context, t SessionToken) error
 }
 
-// FileTokenStore keeps the token in a JSON file at path, readable by its
-// owner only (0600), replaced atomically (a temporary file renamed over it)
-// so a crash mid-write leaves the old token or the new one, never half of
-// either. Its directory is created (0700) when missing. The token is a
-// credential of the session: keep the file where only the agent's user can
-// read it.
+// FileTokenStore keeps the token in a JSON file at path ({"session_id",
+// "token", "tenant_id", "project_id"}; a file without the last two, as older
+// clients wrote it, still loads), readable by its owner only (0600),
+// replaced atomically (a temporary file renamed over it) so a crash
+// mid-write leaves the old token or the new one, never half of either. Its
+// directory is created (0700) when missing. The token is a credential of the
+// session: keep the file where only the agent's user can read it.
 func FileTokenStore(path string) TokenStore {
 	return &fileTokenStore{path: path}
 }

@@ -13,9 +13,10 @@ import (
 )
 
 // TestFileTokenStore: nothing kept reads as the zero token; a save creates the
-// directory 0700 and the file 0600, replaces the kept token whole and leaves
-// no temporary file; a file that is not a kept token is an error, not an
-// empty token.
+// directory 0700 and the file 0600, replaces the kept token (and its project)
+// whole and leaves no temporary file; an older client's file, without a
+// project, loads; a file that is not a kept token is an error, not an empty
+// token.
 func TestFileTokenStore(t *testing.T) {
 	ctx := t.Context()
 	dir := filepath.Join(t.TempDir(), "state", "agent")
@@ -26,7 +27,10 @@ func TestFileTokenStore(t *testing.T) {
 	if err != nil || got != (bootstrap.SessionToken{}) {
 		t.Fatalf("Load with no file = %+v, %v; want the zero token and nil", got, err)
 	}
-	for _, want := range []bootstrap.SessionToken{{SessionID: "alice", Token: "t-1"}, {SessionID: "alice", Token: "t-2"}} {
+	for _, want := range []bootstrap.SessionToken{
+		{SessionID: "alice", Token: "t-1"},
+		{SessionID: "alice", Token: "t-2", TenantID: "acme", ProjectID: "team-a"},
+	} {
 		if err := s.Save(ctx, want); err != nil {
 			t.Fatalf("Save: %v", err)
 		}
@@ -42,7 +46,15 @@ func TestFileTokenStore(t *testing.T) {
 		t.Errorf("directory holds %d entries after two saves, want only the token file", len(entries))
 	}
 
-	for _, bad := range []string{"not json", `{"session_id":"alice"}`} {
+	// A file of an older client, without the project, loads as it is.
+	if err := os.WriteFile(path, []byte(`{"session_id":"alice","token":"t-3"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Load(ctx); err != nil || got != (bootstrap.SessionToken{SessionID: "alice", Token: "t-3"}) {
+		t.Errorf("Load of a file without a project = %+v, %v; want alice's token t-3", got, err)
+	}
+
+	for _, bad := range []string{"not json", `{"session_id":"alice"}`, `{"session_id":"alice","token":"t-4","project_id":7}`} {
 		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
 			t.Fatal(err)
 		}

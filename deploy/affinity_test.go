@@ -1,19 +1,23 @@
 package deploy_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/marconihub/marconi"
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/internal/pgtest"
 )
@@ -152,4 +156,127 @@ func (c *cluster) projectInstances(n int, gone string) (map[string][]string, err
 		out[project] = slices.Sorted(maps.Keys(ins))
 	}
 	return out, nil
+}
+
+// An agent restarted with its kept token resumes on its project's instance:
+// the resume names the project it kept (X-Marconi-Project), so HAProxy's
+// hash sends it where the project's attaches and sends go, instead of round
+// robin as the first registration, which knows no project yet, goes. Each of
+// several restarts is answered by the instance the session then attaches
+// on.
+func TestARestartedAgentResumesOnItsProjectsInstanceBehindHAProxy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (three hubs behind HAProxy): skipped by -short")
+	}
+	haproxy := requireHAProxy(t)
+	c := startCluster(t, haproxy, pgtest.Schema(t))
+	store := bootstrap.FileTokenStore(filepath.Join(t.TempDir(), "token.json"))
+	regs := &answerers{next: http.DefaultTransport.(*http.Transport).Clone()}
+	hc := &http.Client{Transport: regs}
+	t.Cleanup(hc.CloseIdleConnections)
+
+	const restarts = 6
+	for run := range restarts + 1 { // the first run registers; each next one resumes
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		a, err := bootstrap.Dial(ctx, bootstrap.Config{
+			HubURL: c.lbURL, APIKey: c.apiKey, SessionID: "restarted", Surface: "claude_code", RuntimeMode: "stateless",
+			TokenStore: store, HTTPClient: hc, Logger: slog.New(slog.DiscardHandler),
+		})
+		cancel()
+		if err != nil {
+			t.Fatalf("dial: %v", err)
+		}
+		if run < restarts {
+			_ = a.Close() // the process ends; the session stays live
+			continue
+		}
+		t.Cleanup(func() { _ = a.Close() })
+	}
+	// Where the last run is attached: its project's instance.
+	home := ""
+	waitUntil(t, "the last run's attach to be recorded", reattachHangBound, func() (bool, error) {
+		var err error
+		home, err = c.attachedOn("t1", "p1", "restarted")
+		return home != "", err
+	})
+	seen := regs.all()
+	if len(seen) != restarts+1 {
+		t.Fatalf("%d registrations were answered, want %d: %+v", len(seen), restarts+1, seen)
+	}
+	for i, r := range seen[1:] {
+		if r.project != "t1/p1" || r.instance != home {
+			t.Errorf("resume %d named the project %q and was answered by %s; want t1/p1, answered by the project's instance %s (all: %+v)",
+				i+1, r.project, r.instance, home, seen)
+		}
+	}
+}
+
+// answerers is an http.RoundTripper that records, for every registration
+// (POST /v1/sessions) it carries, the project header it named and the
+// instance that answered it; it is safe for concurrent use.
+type answerers struct {
+	next http.RoundTripper
+	mu   sync.Mutex
+	seen []answered
+}
+
+type answered struct {
+	project  string // the X-Marconi-Project value, "" when absent
+	instance string // the answer's instance_id
+}
+
+func (a *answerers) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := a.next.RoundTrip(req)
+	if err != nil || req.Method != http.MethodPost || req.URL.Path != "/v1/sessions" {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	var ans struct {
+		InstanceID string `json:"instance_id"`
+	}
+	_ = json.Unmarshal(body, &ans) // an answer without it records ""
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.seen = append(a.seen, answered{req.Header.Get(marconi.HeaderProject), ans.InstanceID})
+	return resp, nil
+}
+
+func (a *answerers) CloseIdleConnections() {
+	if ci, ok := a.next.(interface{ CloseIdleConnections() }); ok {
+		ci.CloseIdleConnections()
+	}
+}
+
+func (a *answerers) all() []answered {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.seen)
+}
+
+// attachedOn returns the instance session tenant/project/id is attached on,
+// or "" while it is not.
+func (c *cluster) attachedOn(tenant, project, id string) (string, error) {
+	resp, err := c.opsGet("/v1/ops/route_state/" + tenant + "/" + project + "/" + id)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Queue struct {
+			Attached   bool   `json:"attached"`
+			InstanceID string `json:"instance_id"`
+		} `json:"queue"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("route_state of %s: %d %v", id, resp.StatusCode, err)
+	}
+	if !body.Queue.Attached {
+		return "", nil
+	}
+	return body.Queue.InstanceID, nil
 }

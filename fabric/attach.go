@@ -30,6 +30,7 @@ type placerStore interface {
 	DropPending(ctx context.Context, k sessionstore.Key, now time.Time) (int, error)
 	RecordFallback(ctx context.Context, e sessionstore.FallbackEvent) error
 	SessionStats(ctx context.Context, now time.Time) (sessionstore.SessionStats, error)
+	ListSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) ([]sessionstore.Session, error)
 }
 
 // Placer is the fabric's placement and takeover: it decides whether a
@@ -300,12 +301,17 @@ func (p *Placer) takeOver(ctx context.Context, sess sessionstore.Session, reason
 	return out, nil
 }
 
-// Assign picks the instance a new sticky session is placed on: the healthy
-// instance with the fewest live sticky sessions assigned to it (ties go to
-// this instance, then to the lowest id). The load is read from the store at
-// each call, so concurrent registrations on several instances see each
-// other's assignments.
-func (p *Placer) Assign(ctx context.Context) (string, error) {
+// Assign picks the instance a new sticky session of tenant/project is placed
+// on. By the fewest sticky sessions (StickyByLoad): the healthy instance with
+// the fewest live sticky sessions assigned to it. By project
+// (StickyByProject): the healthy instance where most of the project's live
+// sessions are (attached there, or assigned there and not attached yet),
+// which is the project's instance behind a balancer that hashes on the
+// project; by the fewest when none is on a healthy instance. Ties go to the
+// fewest sticky sessions, then to this instance, then to the lowest id. The
+// store is read at each call, so concurrent registrations on several
+// instances see each other's assignments.
+func (p *Placer) Assign(ctx context.Context, tenantID, projectID string) (string, error) {
 	if err := p.members.ensureLoaded(ctx); err != nil {
 		return "", err
 	}
@@ -313,19 +319,77 @@ func (p *Placer) Assign(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("assign: %w", err)
 	}
-	best, bestLoad := p.self, stats.ByAssignedInstance[p.self]
-	if !p.members.Healthy(ctx, best) {
-		best, bestLoad = "", 0
+	if p.cfg.Placement.Sticky == StickyByProject {
+		home, err := p.projectHome(ctx, tenantID, projectID, stats.ByAssignedInstance)
+		if err != nil || home != "" {
+			return home, err
+		}
+	}
+	return p.leastLoaded(ctx, stats.ByAssignedInstance), nil
+}
+
+// projectSample bounds how many of a project's sessions Assign reads to find
+// where the project is: enough to see where most of it is.
+const projectSample = 256
+
+// projectHome is the healthy instance where most of the project's live
+// sessions are, or "" when none of them is on a healthy instance.
+func (p *Placer) projectHome(ctx context.Context, tenantID, projectID string, load map[string]int) (string, error) {
+	f := sessionstore.SessionFilter{TenantID: tenantID, ProjectID: projectID, Limit: projectSample}
+	sessions, err := p.store.ListSessions(ctx, f, p.now())
+	if err != nil {
+		return "", fmt.Errorf("assign: the project's sessions: %w", err)
+	}
+	count := map[string]int{}
+	for _, s := range sessions {
+		at := s.QueueInstance
+		if at == "" {
+			at = s.AssignedInstance
+		}
+		if at != "" {
+			count[at]++
+		}
+	}
+	best := ""
+	for _, id := range sortedKeys(count) {
+		if !p.members.Healthy(ctx, id) {
+			continue
+		}
+		if best == "" || count[id] > count[best] || count[id] == count[best] && p.lighter(id, best, load) {
+			best = id
+		}
+	}
+	return best, nil
+}
+
+// leastLoaded is the healthy instance with the fewest sticky sessions (load),
+// or this instance when none is healthy, this one included (it is draining
+// and the caller let a registration through).
+func (p *Placer) leastLoaded(ctx context.Context, load map[string]int) string {
+	best := ""
+	if p.members.Healthy(ctx, p.self) {
+		best = p.self
 	}
 	for _, id := range p.members.healthyOthers(ctx) {
-		if load := stats.ByAssignedInstance[id]; best == "" || load < bestLoad {
-			best, bestLoad = id, load
+		if best == "" || p.lighter(id, best, load) {
+			best = id
 		}
 	}
 	if best == "" {
-		// Nobody is healthy, this instance included (it is draining and the
-		// caller let a registration through): keep it here.
 		best = p.self
 	}
-	return best, nil
+	return best
+}
+
+// lighter reports whether instance a is to be preferred to b: fewer sticky
+// sessions, else this instance, else the lower id.
+func (p *Placer) lighter(a, b string, load map[string]int) bool {
+	switch {
+	case load[a] != load[b]:
+		return load[a] < load[b]
+	case a == p.self || b == p.self:
+		return a == p.self
+	default:
+		return a < b
+	}
 }

@@ -55,6 +55,7 @@ const (
 	DefaultGrace            = 60 * time.Second
 	DefaultDisconnectPolicy = PolicyRetain
 	DefaultRuntimeMode      = ModeStateless
+	DefaultStickyPlacement  = StickyByLoad
 )
 
 func (c *Config) setDefaults() {
@@ -76,6 +77,9 @@ func (c *Config) setDefaults() {
 	if c.Placement.DefaultMode == "" {
 		c.Placement.DefaultMode = DefaultRuntimeMode
 	}
+	if c.Placement.Sticky == "" {
+		c.Placement.Sticky = DefaultStickyPlacement
+	}
 }
 
 // validate refuses what New cannot run with.
@@ -87,6 +91,9 @@ func (c *Config) validate() error {
 	// only when the environment is parsed.
 	if _, err := NormalizeRuntimeMode(c.Placement.DefaultMode); err != nil {
 		return fmt.Errorf("fabric: default runtime mode: %w", err)
+	}
+	if c.Placement.Sticky != StickyByLoad && c.Placement.Sticky != StickyByProject {
+		return fmt.Errorf("fabric: sticky placement %q (want fewest or project)", c.Placement.Sticky)
 	}
 	switch c.DisconnectPolicy {
 	case PolicyRetain, PolicyDrop:

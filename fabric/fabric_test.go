@@ -96,7 +96,7 @@ func TestAssignLeastLoaded(t *testing.T) {
 	}
 	var got []string
 	for i := range 6 {
-		inst, err := b.Placer.Assign(ctx)
+		inst, err := b.Placer.Assign(ctx, "t", "p")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,9 +123,84 @@ func TestAssignLeastLoaded(t *testing.T) {
 		}
 	}
 	for range 2 {
-		if inst, _ := b.Placer.Assign(ctx); inst == "c" {
+		if inst, _ := b.Placer.Assign(ctx, "t", "p"); inst == "c" {
 			t.Fatal("assigned to an unhealthy instance")
 		}
+	}
+}
+
+// By project (MARCONI_STICKY_PLACEMENT=project), a new sticky session goes
+// where its project already is: its sessions' queues, or the assignments of
+// those not attached yet, on a healthy instance; a project with none there is
+// placed by the fewest sticky sessions. By the fewest (the default), the
+// project does not count.
+func TestAssignByProject(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	byProject := func(id string) *Fabric {
+		f, err := New(Config{InstanceID: id, PublicURL: "http://" + id, Placement: PlacementConfig{Sticky: StickyByProject}},
+			Deps{Store: st, Now: clk.now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	a, b, c := byProject("a"), byProject("b"), byProject("c")
+	fewest := newTestFabric(t, st, clk, "b") // instance b again, configured by the fewest
+	for _, f := range []*Fabric{a, b, c, fewest, a, b} {
+		if err := f.Tick(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create := func(project, id string, mode Mode, assigned, attached string) {
+		t.Helper()
+		k := sessionstore.Key{TenantID: "t", ProjectID: project, SessionID: id}
+		_, err := st.CreateSession(ctx, sessionstore.Session{Key: k, RuntimeMode: mode, TokenHash: []byte(project + id),
+			RegisteredAt: clk.t, ExpiresAt: clk.t.Add(time.Hour), AssignedInstance: assigned}, clk.t)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if attached != "" {
+			touch := sessionstore.Touch{VerbAt: clk.t, ExpiresAt: clk.t.Add(time.Hour)}
+			if _, err := st.AttachQueue(ctx, k, attached, clk.t, touch, clk.t); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// c is the busiest by sticky sessions: p1's two, registered and not
+	// attached yet, and another of p2 attached there.
+	create("p1", "s1", ModeSticky, "c", "")
+	create("p1", "s2", ModeSticky, "c", "")
+	create("p2", "s1", ModeSticky, "c", "c")
+	// p2's stateless agents are attached on a, which holds no sticky session.
+	for _, id := range []string{"s2", "s3", "s4"} {
+		create("p2", id, ModeStateless, "", "a")
+	}
+	for _, c := range []struct {
+		project string
+		placer  *Fabric
+		want    string
+	}{
+		{"p1", b, "c"},      // where p1's sessions are assigned, though c has the most sticky sessions
+		{"p2", b, "a"},      // where most of p2 is attached (three on a, one on c)
+		{"p3", b, "b"},      // a new project: the fewest (a and b tie; b answers)
+		{"p1", fewest, "b"}, // by the fewest, the project does not count
+	} {
+		got, err := c.placer.Placer.Assign(ctx, "t", c.project)
+		if err != nil || got != c.want {
+			t.Errorf("Assign(%s) by %s = %q, %v; want %q", c.project, c.placer.Placer.cfg.Placement.Sticky, got, err, c.want)
+		}
+	}
+	// c dies: p1 is no longer anywhere healthy, and goes by the fewest.
+	clk.t = clk.t.Add(11 * time.Second)
+	for _, f := range []*Fabric{a, b} {
+		if err := f.Tick(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := b.Placer.Assign(ctx, "t", "p1"); err != nil || got != "b" {
+		t.Errorf("Assign(p1) with its instance dead = %q, %v; want b (the fewest)", got, err)
 	}
 }
 

@@ -28,8 +28,24 @@ func Classify(h Hints) Mode {
 	return ModeStateless
 }
 
-// PlacementConfig configures runtime-mode resolution.
+// StickyPlacement is how a new sticky session's instance is chosen
+// (MARCONI_STICKY_PLACEMENT).
+type StickyPlacement string
+
+const (
+	// StickyByLoad places it on the healthy instance with the fewest live
+	// sticky sessions.
+	StickyByLoad StickyPlacement = "fewest"
+	// StickyByProject places it where most of its project's live sessions
+	// are, by the fewest when none is on a healthy instance.
+	StickyByProject StickyPlacement = "project"
+)
+
+// PlacementConfig configures runtime-mode resolution and sticky placement.
 type PlacementConfig struct {
+	// Sticky is MARCONI_STICKY_PLACEMENT: how a new sticky session's
+	// instance is chosen. Default StickyByLoad.
+	Sticky StickyPlacement
 	// DefaultMode is MARCONI_DEFAULT_RUNTIME_MODE (stateless).
 	DefaultMode Mode
 	// Adaptive is MARCONI_ADAPTIVE_PLACEMENT=on.

@@ -297,6 +297,37 @@ func TestMatrixInstanceUnhealthy(t *testing.T) {
 	}
 }
 
+// With MARCONI_STICKY_PLACEMENT=project, a sticky registration that lands
+// on one instance (a first registration goes round robin behind the hash:
+// it names no project yet) is placed where its project's agents are
+// attached, so that its WebSocket meets theirs; placed by the fewest, it
+// would stay on the instance it registered on. The same on Postgres as in
+// memory: the project's sessions are read from the store.
+func TestStickyPlacementByProject(t *testing.T) {
+	t.Parallel()
+	base := hub.Config{}
+	base.Fabric.Placement.Sticky = fabric.StickyByProject
+	c := fabStartDurable(t, base, "hub-a", "hub-b")
+	a, b := c.hubs["hub-a"], c.hubs["hub-b"]
+
+	// The project's stateless agents are attached on hub-b.
+	for _, id := range []string{"free-1", "free-2"} {
+		free, _ := fabRegister(t, a, id, nil)
+		mustAttach(t, b, free)
+	}
+	s1, r1 := fabRegister(t, a, "s1", map[string]any{"runtime_mode": "sticky"})
+	if r1["instance_id"] != "hub-b" || r1["instance_url"] != b.URL {
+		t.Fatalf("s1 registered on hub-a: placed %v, want hub-b (where its project is) at %s", r1, b.URL)
+	}
+	mustAttach(t, b, s1)
+	// One more sticky session follows, though hub-b now holds the only
+	// sticky session: the project counts before the load.
+	_, r2 := fabRegister(t, a, "s2", map[string]any{"runtime_mode": "sticky"})
+	if r2["instance_id"] != "hub-b" {
+		t.Fatalf("s2 registered on hub-a: placed %v, want hub-b", r2)
+	}
+}
+
 // A draining instance is unhealthy to the others at once, not after the
 // dead-after window.
 func TestDrainingInstanceIsUnhealthyAtOnce(t *testing.T) {

@@ -293,7 +293,7 @@ func (s *Service) create(ctx context.Context, reg registration) (Registration, e
 		return Registration{}, err
 	}
 	if mode == fabric.ModeSticky {
-		inst, err := s.placer.Assign(ctx)
+		inst, err := s.placer.Assign(ctx, reg.Project.TenantID, reg.Project.ProjectID)
 		if err != nil {
 			return Registration{}, err
 		}

@@ -34,7 +34,7 @@ type Store interface {
 // Placer is what registration needs of the fabric's placement: the
 // instance of a new sticky session (fabric.Placer meets it).
 type Placer interface {
-	Assign(ctx context.Context) (string, error)
+	Assign(ctx context.Context, tenantID, projectID string) (string, error)
 }
 
 // Classifier is what registration needs of the fabric's adaptive canary:

@@ -170,8 +170,9 @@ export interface Config {
   /**
    * Keeps the session token in this file (JSON, 0600, replaced atomically;
    * its directory made 0700), so that a restarted agent resumes its session
-   * instead of being refused 403 as another holder of a live id. Not with
-   * tokenStore.
+   * instead of being refused 403 as another holder of a live id, and with it
+   * the session's tenant and project, which the resume names to the balancer
+   * (x-marconi-project). Not with tokenStore.
    */
   tokenFile?: string;
   /**
@@ -238,10 +239,19 @@ export interface Config {
   ackIntervalMs?: number;
 }
 
-/** A session's id and current token, as a TokenStore keeps them. */
+/**
+ * A session's id and current token, as a TokenStore keeps them, with the
+ * session's tenant and project: a restarted agent names them
+ * (x-marconi-project) from its first request, so that a balancer hashing on
+ * the project sends its resume and attach to the project's instance. A token
+ * without them (an older client's file, a store that drops them) still
+ * resumes; the header then waits for the hub's answer.
+ */
 export interface SessionToken {
   sessionID: string;
   token: string;
+  tenantID?: string;
+  projectID?: string;
 }
 
 /** Keeps the session token across restarts of the agent. */

@@ -311,6 +311,7 @@ func settings(c *Config) []setting {
 			c.Hub.Fabric.Placement.DefaultMode = m
 			return nil
 		}, public},
+		{"MARCONI_STICKY_PLACEMENT", string(fabric.DefaultStickyPlacement), "where a new sticky session is placed: fewest (the healthy instance with the fewest sticky sessions) or project (where most of its project's sessions are)", oneOf(&h.Fabric.Placement.Sticky, fabric.StickyByLoad, fabric.StickyByProject), public},
 		{"MARCONI_DISCONNECT_POLICY", fabric.DefaultDisconnectPolicy, "retain or drop a sticky session's pending signals at an affinity reset", oneOf(&h.Fabric.DisconnectPolicy, fabric.PolicyRetain, fabric.PolicyDrop), public},
 		{"MARCONI_API_KEYS", "", "key1=tenant/project,key2=tenant/project", func(c *Config, v string) error {
 			keys, err := parseAPIKeys(v)

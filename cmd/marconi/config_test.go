@@ -106,6 +106,7 @@ func TestConfigBadValuesNameTheVariable(t *testing.T) {
 		"MARCONI_ADAPTIVE_PLACEMENT":                "maybe",
 		"MARCONI_DEFAULT_RUNTIME_MODE":              "pinned",
 		"MARCONI_DISCONNECT_POLICY":                 "keep",
+		"MARCONI_STICKY_PLACEMENT":                  "nearest",
 		"MARCONI_API_KEYS":                          "short=t/p",
 		"MARCONI_ADMIN_TOKEN":                       "short",
 		"MARCONI_MAX_PAYLOAD_BYTES":                 "big",

@@ -7,7 +7,7 @@ import WebSocket from './ws.js';
 
 /** @typedef {import('ws').default} WebSocket the type of ws's sockets (./ws.js exports only the class) */
 import { Backoff } from './backoff.js';
-import { closeCodes, codes, projectRoute } from './codes.js';
+import { closeCodes, codes, projectHeader, projectRoute } from './codes.js';
 import { settle } from './config.js';
 import { Dispatcher, toSignal } from './delivery.js';
 import { ClientClosedError, MarconiError, ReplacedError, permanent } from './errors.js';
@@ -116,6 +116,9 @@ export class Client extends EventEmitter {
   #tokens;
   /** the token loaded at dial, for the first registration to resume with */
   #keptToken = '';
+  /** the tenant and project the hub named at the last registration, kept with the token */
+  #tenantID = '';
+  #projectID = '';
   #fatal = false; // 'fatal' was told
 
   #stats = { reconnects: 0, selfHealReconnects: 0, reregistrations: 0, droppedAtReset: 0, sendRetries: 0, failovers: 0, pingTimeouts: 0, takeovers: 0, rateLimited: 0, holderSends: 0, holderFallbacks: 0, acks: 0 };
@@ -717,7 +720,8 @@ export class Client extends EventEmitter {
    * registration of the configured id. A kept token of a session the hub no
    * longer knows (410) becomes a registration of the same id; a registration
    * refused because the id is live (403) becomes a takeover when config
-   * says takeover. The new token is kept.
+   * says takeover. The new token is kept, with the project the hub named,
+   * which wins over a kept one.
    * @param {AbortSignal} [signal]
    */
   #register(signal) {
@@ -740,7 +744,12 @@ export class Client extends EventEmitter {
         this.#regKey = ''; // another registration: the refused one stored nothing
         r = await this.#postRegister(id, '', signal, true);
       }
+      const kept = this.#hubs.sessionHeaders[projectHeader];
       this.#adopt(r.data, r.status === 201);
+      const now = this.#hubs.sessionHeaders[projectHeader];
+      if (kept && now !== kept) {
+        this.#log.info('marconi: the hub names another project than the kept token\'s; following the hub\'s', { session_id: r.data.session_id, kept, project: now });
+      }
       if (r.data.taken_over === true) {
         this.#stats.takeovers++;
         this.#log.warn('marconi: session taken over; its former holder\'s token stopped working', { session_id: r.data.session_id });
@@ -763,13 +772,39 @@ export class Client extends EventEmitter {
     if (!t?.token || (this.#cfg.sessionID && t.sessionID !== this.#cfg.sessionID)) return;
     this.#sessionID = t.sessionID;
     this.#keptToken = t.token;
+    this.#keptProject(t);
   }
 
-  /** Saves the current session and token to the token store; runs within #exclusive, so saves keep the order of the tokens. */
+  /**
+   * Names the kept token's project (projectHeader) from the resume on, so
+   * that a balancer hashing on it sends the restarted agent to its project's
+   * instance before the hub has answered. A token kept without a project
+   * names none until the answer; one kept with a project that is not a pair
+   * of the contract's ids is never sent, and says so.
+   * @param {import('../index.js').SessionToken} t
+   */
+  #keptProject(t) {
+    const absent = (/** @type {unknown} */ v) => v === undefined || v === null || v === '';
+    if (absent(t.tenantID) && absent(t.projectID)) return;
+    const route = projectRoute(t.tenantID, t.projectID);
+    if (!route) {
+      this.#log.warn('marconi: the kept token\'s tenant or project is not an id of the contract; resuming without naming the project to the balancer until the hub answers', {
+        session_id: t.sessionID, tenant_id: JSON.stringify(t.tenantID)?.slice(0, 66), project_id: JSON.stringify(t.projectID)?.slice(0, 66),
+      });
+      return;
+    }
+    this.#hubs.setProject(route);
+  }
+
+  /**
+   * Saves the current session, its token and the project the hub last named
+   * to the token store; runs within #exclusive, so saves keep the order of
+   * the tokens.
+   */
   async #keep() {
     if (!this.#tokens) return;
     try {
-      await this.#tokens.save({ sessionID: this.#sessionID, token: this.#token });
+      await this.#tokens.save({ sessionID: this.#sessionID, token: this.#token, tenantID: this.#tenantID, projectID: this.#projectID });
     } catch (err) {
       throw new Error(`marconi: keep the session token: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
     }
@@ -855,6 +890,8 @@ export class Client extends EventEmitter {
     this.#regKey = ''; // answered: the next registration is another one
     this.#sessionID = data.session_id;
     this.#token = data.token;
+    this.#tenantID = typeof data.tenant_id === 'string' ? data.tenant_id : '';
+    this.#projectID = typeof data.project_id === 'string' ? data.project_id : '';
     const route = projectRoute(data.tenant_id, data.project_id);
     if (route) this.#hubs.setProject(route);
     if (created || this.#epoch === 0) this.#epoch++; // the first registration, a resume included, is epoch 1

@@ -11,9 +11,10 @@ import path from 'node:path';
  */
 
 /**
- * A TokenStore keeping the token in a JSON file at file: readable by its
- * owner only (0600), replaced atomically (a temporary file renamed over it),
- * its directory created (0700) when missing.
+ * A TokenStore keeping the token in a JSON file at file ({session_id, token,
+ * tenant_id, project_id}; an older client's file, without the last two,
+ * still loads): readable by its owner only (0600), replaced atomically (a
+ * temporary file renamed over it), its directory created (0700) when missing.
  * @param {string} file
  * @returns {TokenStore}
  */
@@ -36,20 +37,35 @@ export function fileTokenStore(file) {
         t = null;
       }
       if (!isToken(t)) throw new Error(`marconi: token file ${file} is not a kept session token`);
-      return { sessionID: t.session_id, token: t.token };
+      /** @type {SessionToken} */
+      const kept = { sessionID: t.session_id, token: t.token };
+      if (t.tenant_id != null) kept.tenantID = t.tenant_id;
+      if (t.project_id != null) kept.projectID = t.project_id;
+      return kept;
     },
     save(t) {
-      const next = saving.then(() => writeAtomically(file, JSON.stringify({ session_id: t.sessionID, token: t.token })));
+      /** @type {Record<string, string>} */
+      const fields = { session_id: t.sessionID, token: t.token };
+      if (t.tenantID) fields.tenant_id = t.tenantID;
+      if (t.projectID) fields.project_id = t.projectID;
+      const next = saving.then(() => writeAtomically(file, JSON.stringify(fields)));
       saving = next.catch(() => {});
       return next;
     },
   };
 }
 
-/** @param {any} t */
+/**
+ * A kept token: a session id and a token, and the tenant and project as
+ * strings when present (an older client's file has neither). Whether they
+ * are ids of the contract the client decides (projectRoute), so that a bad
+ * one costs the balancer's header, not the token.
+ * @param {any} t
+ */
 function isToken(t) {
+  const optional = (/** @type {unknown} */ v) => v == null || typeof v === 'string'; // null reads as absent, as in Go
   return t !== null && typeof t === 'object' && typeof t.session_id === 'string' && typeof t.token === 'string' &&
-    t.session_id !== '' && t.token !== '';
+    t.session_id !== '' && t.token !== '' && optional(t.tenant_id) && optional(t.project_id);
 }
 
 /**

@@ -3,12 +3,13 @@
 // fleet on one API key that meets the registration quota and still comes up.
 
 import assert from 'node:assert/strict';
-import { mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { test } from 'node:test';
 import { MarconiError, ReplacedError, dial, fileTokenStore } from '@marconihub/client';
 import { Inbox, LogRecorder, apiKey, startHub, useHub, waitFor } from './support/hub.js';
+import { Proxy } from './support/proxy.js';
 
 const env = useHub();
 
@@ -19,7 +20,7 @@ async function tempDir(/** @type {import('node:test').TestContext} */ t) {
   return dir;
 }
 
-test('fileTokenStore: nothing kept is null; a save makes the directory 0700 and the file 0600, whole; a bad file is an error', async (t) => {
+test('fileTokenStore: nothing kept is null; a save makes the directory 0700 and the file 0600, whole, with the project; an older file loads; a bad file is an error', async (t) => {
   const dir = path.join(await tempDir(t), 'state', 'agent');
   const file = path.join(dir, 'token.json');
   const store = fileTokenStore(file);
@@ -29,7 +30,12 @@ test('fileTokenStore: nothing kept is null; a save makes the directory 0700 and 
   assert.equal((await stat(dir)).mode & 0o777, 0o700);
   assert.equal((await stat(file)).mode & 0o777, 0o600);
   assert.deepEqual(await readdir(dir), ['token.json']);
-  for (const bad of ['not json', '{"session_id":"alice"}']) {
+  await store.save({ sessionID: 'alice', token: 't-3', tenantID: 'acme', projectID: 'team-a' });
+  assert.deepEqual(await store.load(), { sessionID: 'alice', token: 't-3', tenantID: 'acme', projectID: 'team-a' });
+  assert.deepEqual(JSON.parse(await readFile(file, 'utf8')), { session_id: 'alice', token: 't-3', tenant_id: 'acme', project_id: 'team-a' });
+  await writeFile(file, '{"session_id":"alice","token":"t-4"}'); // an older client's file, without the project
+  assert.deepEqual(await store.load(), { sessionID: 'alice', token: 't-4' });
+  for (const bad of ['not json', '{"session_id":"alice"}', '{"session_id":"alice","token":"t-5","project_id":7}']) {
     await writeFile(file, bad);
     await assert.rejects(store.load(), /not a kept session token/);
   }
@@ -63,6 +69,51 @@ test('an agent restarted with its token file resumes its session and gets what w
   assert.notEqual(kept2?.token, kept1?.token, 'a resume rotates the token, and the new one is kept');
   assert.deepEqual(resets, []);
   assert.equal(second.stats().reregistrations, 0);
+});
+
+test('an agent restarted with its token file names its kept project from its first request; an older file, a bad project, another project', async (t) => {
+  const tokenFile = path.join(await tempDir(t), 'token.json');
+  const store = fileTokenStore(tokenFile);
+  /** Dials 'restarted' with the token file through a fresh recording proxy, closes it (the session stays live), and returns the requests it made. */
+  const restart = async (/** @type {LogRecorder | undefined} */ logger) => {
+    const proxy = new Proxy(env.hub.port);
+    const url = await proxy.listen();
+    t.after(() => proxy.close());
+    const c = await dial({ hubURL: url, apiKey, surface: 'claude_code', sessionID: 'restarted', tokenFile, logger });
+    await c.close();
+    return { heads: proxy.requests(), stats: c.stats() };
+  };
+  await restart(undefined); // the first run registers, naming no project, and keeps the hub's
+  const kept = await store.load();
+  assert.equal(kept?.tenantID, 't1');
+  assert.equal(kept?.projectID, 'p1');
+
+  const followed = 'marconi: the hub names another project than the kept token\'s; following the hub\'s';
+  const warning = 'marconi: the kept token\'s tenant or project is not an id of the contract; resuming without naming the project to the balancer until the hub answers';
+  for (const c of [
+    { name: 'kept project', fields: { tenant_id: 't1', project_id: 'p1' }, resume: 't1/p1', warned: false },
+    { name: 'file of an older client', fields: {}, resume: undefined, warned: false },
+    { name: 'line break in the project', fields: { tenant_id: 't1', project_id: 'p1\r\nx-evil: 1' }, resume: undefined, warned: true },
+    { name: 'slash in the tenant', fields: { tenant_id: 't1/p1', project_id: 'p1' }, resume: undefined, warned: true },
+    { name: 'tenant without a project', fields: { tenant_id: 't1' }, resume: undefined, warned: true },
+    { name: 'another project than the hub\'s', fields: { tenant_id: 't9', project_id: 'p9' }, resume: 't9/p9', warned: false, followed: true },
+  ]) {
+    const before = await store.load();
+    await writeFile(tokenFile, JSON.stringify({ session_id: 'restarted', token: before?.token, ...c.fields }));
+    const logs = new LogRecorder();
+    const { heads, stats } = await restart(logs);
+    const [first, ...rest] = heads;
+    assert.equal(`${first.method} ${first.path}`, 'POST /v1/sessions', `${c.name}: the first request is the resume`);
+    assert.equal(first.headers['x-marconi-project'], c.resume, `${c.name}: the resume's project`);
+    assert.ok(rest.some((h) => h.method === 'GET' && h.path.startsWith('/v1/ws')), `${c.name}: the attach passed the proxy`);
+    for (const h of rest) assert.equal(h.headers['x-marconi-project'], 't1/p1', `${c.name}: ${h.method} ${h.path} after the resume`);
+    assert.equal(stats.reregistrations + stats.takeovers, 0, `${c.name}: a plain resume with the kept token`);
+    const after = await store.load();
+    assert.notEqual(after?.token, before?.token, `${c.name}: the resume's new token is kept`);
+    assert.deepEqual([after?.tenantID, after?.projectID], ['t1', 'p1'], `${c.name}: the hub's project is kept`);
+    assert.equal(logs.find(warning).length, c.warned ? 1 : 0, `${c.name}: an unusable kept project is logged`);
+    assert.equal(logs.find(followed).length, c.followed ? 1 : 0, `${c.name}: the hub's other project is logged as followed`);
+  }
 });
 
 test('a token store the application provides is loaded at dial and saved on every new token', async (t) => {
