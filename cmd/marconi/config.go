@@ -238,6 +238,17 @@ func settings(c *Config) []setting {
 			c.StoreProbeEvery = time.Duration(n) * time.Millisecond
 			return nil
 		}, public},
+		{"MARCONI_READYZ_CACHE_MS", strconv.Itoa(int(hub.DefaultReadyzCache / time.Millisecond)), "how long one store probe answers /readyz (0: every check probes; a store failure met by any call ends it at once)", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > 60_000 {
+				return fmt.Errorf("want a whole number of milliseconds from 0 to 60000, got %q", v)
+			}
+			c.Hub.ReadyzCache = time.Duration(n) * time.Millisecond
+			if n == 0 {
+				c.Hub.ReadyzCache = -1
+			}
+			return nil
+		}, public},
 		{"MARCONI_RECONNECT_GRACE_SECONDS", secs(fabric.DefaultGrace), "reconnect grace window of sticky affinity", seconds(&h.Fabric.Grace), public},
 		{"MARCONI_INSTANCE_ID", "", "this instance's id (default: the host name)", func(c *Config, v string) error {
 			if v == "" {
