@@ -141,4 +141,3 @@ func (r *readyCache) forget() {
 	r.verdict = readyVerdict{}
 	r.mu.Unlock()
 }
-
