@@ -55,29 +55,23 @@ func (p *probeCounter) probe() error {
 	return p.err
 }
 
-// fakeNow is a clock the test moves.
-type fakeNow struct {
-	mu sync.Mutex
-	t  time.Time
+// fakeNow is a clock the test moves (hubtest.Clock would be an import cycle).
+type fakeNow struct{ ns atomic.Int64 }
+
+func newFakeNow() *fakeNow {
+	c := &fakeNow{}
+	c.ns.Store(time.Unix(1e9, 0).UnixNano())
+	return c
 }
 
-func (c *fakeNow) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeNow) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func (c *fakeNow) now() time.Time      { return time.Unix(0, c.ns.Load()) }
+func (c *fakeNow) add(d time.Duration) { c.ns.Add(int64(d)) }
 
 // TestReadyChecksDuringAProbeShareIt: with the cache off, checks that come
 // while a probe runs wait for it and take its verdict: one probe for all.
 func TestReadyChecksDuringAProbeShareIt(t *testing.T) {
 	const n = 8
-	clock := &fakeNow{t: time.Unix(1e9, 0)}
+	clock := newFakeNow()
 	r := newReadyCache(-1, clock.now, nil)
 	release := make(chan struct{})
 	var once sync.Once
@@ -142,7 +136,7 @@ func TestReadyWaiterGivesUpWithItsContext(t *testing.T) {
 // TestReadyVerdictLastsItsWindow: checks within the window reuse the
 // verdict; the first at or past it probes again.
 func TestReadyVerdictLastsItsWindow(t *testing.T) {
-	clock := &fakeNow{t: time.Unix(1e9, 0)}
+	clock := newFakeNow()
 	r := newReadyCache(500*time.Millisecond, clock.now, newHandWitness())
 	p := &probeCounter{}
 	for range 5 {
@@ -164,7 +158,7 @@ func TestReadyVerdictLastsItsWindow(t *testing.T) {
 // probe passed makes the next check probe again, within the window; a
 // cached failure is not shortened by further failures.
 func TestReadyFailureEndsACachedReady(t *testing.T) {
-	clock := &fakeNow{t: time.Unix(1e9, 0)}
+	clock := newFakeNow()
 	w := newHandWitness()
 	r := newReadyCache(time.Minute, clock.now, w)
 	p := &probeCounter{}
@@ -186,7 +180,7 @@ func TestReadyFailureEndsACachedReady(t *testing.T) {
 // failure since stands for a probe begun when it was accepted; none when a
 // failure followed it (the store says so with a negative age).
 func TestReadyWriteStandsForAProbe(t *testing.T) {
-	clock := &fakeNow{t: time.Unix(1e9, 0)}
+	clock := newFakeNow()
 	w := newHandWitness()
 	r := newReadyCache(500*time.Millisecond, clock.now, w)
 	p := &probeCounter{}
@@ -215,7 +209,7 @@ func TestReadyWriteStandsForAProbe(t *testing.T) {
 // that a cached verdict reports (the probe's own, counted by the store)
 // says the store is back; a write older than the failed probe does not.
 func TestReadyWriteEndsACachedFailure(t *testing.T) {
-	clock := &fakeNow{t: time.Unix(1e9, 0)}
+	clock := newFakeNow()
 	w := newHandWitness()
 	r := newReadyCache(time.Minute, clock.now, w)
 	p := &probeCounter{err: errors.New("read-only")}

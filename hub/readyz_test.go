@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/url"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,30 +33,12 @@ func (s *probedStore) Ready(context.Context) error {
 	return nil
 }
 
-// stepClock is a clock the test moves.
-type stepClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *stepClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *stepClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // TestReadyzChecksShareAProbe: concurrent /readyz checks within the cache
 // window cost the store one probe; the first check past it probes again.
 func TestReadyzChecksShareAProbe(t *testing.T) {
 	t.Parallel()
 	const n = 8
-	clock := &stepClock{t: time.Now()}
+	clock := hubtest.NewClock(time.Now())
 	st := &probedStore{Store: memstore.New()}
 	h := hubtest.Start(t, hubtest.Options{Store: st, Now: clock.Now, Config: hub.Config{ReadyzCache: time.Second}})
 	codes := make(chan int, n)
@@ -75,7 +56,7 @@ func TestReadyzChecksShareAProbe(t *testing.T) {
 	if got := st.probes.Load(); got != 1 {
 		t.Fatalf("%d probes for %d checks within the window, want 1", got, n)
 	}
-	clock.Add(time.Second)
+	clock.Advance(time.Second)
 	if code, _ := call(t, "GET", h.URL+"/readyz", "", nil); code != http.StatusOK || st.probes.Load() != 2 {
 		t.Fatalf("/readyz past the window: %d after %d probes, want 200 after 2", code, st.probes.Load())
 	}
@@ -87,18 +68,18 @@ func TestReadyzChecksShareAProbe(t *testing.T) {
 func TestReadyzCachedReadyEndsWithItsWindow(t *testing.T) {
 	t.Parallel()
 	const window = 500 * time.Millisecond
-	clock := &stepClock{t: time.Now()}
+	clock := hubtest.NewClock(time.Now())
 	st := &probedStore{Store: memstore.New()}
 	h := hubtest.Start(t, hubtest.Options{Store: st, Now: clock.Now, Config: hub.Config{ReadyzCache: window}})
 	if code, _ := call(t, "GET", h.URL+"/readyz", "", nil); code != http.StatusOK {
 		t.Fatalf("/readyz: %d", code)
 	}
 	st.cut.Store(true)
-	clock.Add(window - time.Millisecond)
+	clock.Advance(window - time.Millisecond)
 	if code, _ := call(t, "GET", h.URL+"/readyz", "", nil); code != http.StatusOK || st.probes.Load() != 1 {
 		t.Fatalf("/readyz within the window: %d after %d probes, want the cached 200", code, st.probes.Load())
 	}
-	clock.Add(time.Millisecond)
+	clock.Advance(time.Millisecond)
 	if code, body := call(t, "GET", h.URL+"/readyz", "", nil); code != http.StatusServiceUnavailable || errCode(body) != "registry_unavailable" {
 		t.Fatalf("/readyz at the end of the window: %d %v, want 503 registry_unavailable", code, body)
 	}
@@ -113,10 +94,9 @@ func readyzOnProxiedStore(t *testing.T, window time.Duration) (*hubtest.Hub, *pg
 		t.Fatal(err)
 	}
 	p := testproxy.Start(t, u.Host)
-	u.Host = p.Addr()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := pgstore.Open(ctx, u.String(), pgstore.WithQueryTimeout(2*time.Second), pgstore.WithConnectTimeout(2*time.Second))
+	st, err := pgstore.Open(ctx, viaProxy(u, p.Addr()), pgstore.WithQueryTimeout(2*time.Second), pgstore.WithConnectTimeout(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
