@@ -101,6 +101,35 @@ func TestFailsClosedWhenCutAndRecovers(t *testing.T) {
 	})
 }
 
+// TestWitnessSeesACutAndTheRecovery: the store's statements, through the
+// pgx tracer, count a cut as failures and withdraw the last write; a write
+// once Postgres is back counts again. No statement is spent to say so.
+func TestWitnessSeesACutAndTheRecovery(t *testing.T) {
+	t.Parallel()
+	s, p := proxiedStore(t)
+	if since, failures := s.Witness(); since >= 0 || failures != 0 {
+		t.Fatalf("a new store: since %v, failures %d; want no write, no failure", since, failures)
+	}
+	k, now := createOne(t, s)
+	if since, failures := s.Witness(); since < 0 || failures != 0 {
+		t.Fatalf("after a registration: since %v, failures %d; want a write, no failure", since, failures)
+	}
+	p.Cut()
+	if _, err := s.GetSession(context.Background(), k, now); !errors.Is(err, sessionstore.ErrUnavailable) {
+		t.Fatalf("GetSession while cut: %v, want ErrUnavailable", err)
+	}
+	if since, failures := s.Witness(); since >= 0 || failures == 0 {
+		t.Fatalf("after a call met the cut: since %v, failures %d; want no write, a failure", since, failures)
+	}
+	p.Restore()
+	eventually(t, "a write after the cut", func(ctx context.Context) error {
+		return s.TouchSession(ctx, k, sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(time.Hour)}, now)
+	})
+	if since, _ := s.Witness(); since < 0 {
+		t.Fatalf("after a write once Postgres is back: since %v, want a write", since)
+	}
+}
+
 func TestFailsClosedWhenFrozenAndRecovers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow (waits out store timeouts): skipped by -short")
