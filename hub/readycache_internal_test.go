@@ -3,10 +3,13 @@ package hub
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/marconihub/marconi/internal/testwait"
 )
 
 // waiting is how many checks wait for the probe under way.
@@ -19,12 +22,7 @@ func (r *readyCache) waiting() int {
 // pollWaiting polls until n checks wait for the probe under way.
 func pollWaiting(t *testing.T, r *readyCache, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); r.waiting() != n; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d checks wait for the probe, want %d", r.waiting(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.For(t, fmt.Sprintf("%d checks to wait for the probe", n), 10*time.Second, func() bool { return r.waiting() == n })
 }
 
 // handWitness is a store's witness the test sets by hand: sinceWrite
@@ -85,10 +83,7 @@ func TestReadyChecksDuringAProbeShareIt(t *testing.T) {
 	}
 	errs := make(chan error, n)
 	go func() { errs <- r.check(context.Background(), probe) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for runs.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond) // poll: the first check has started its probe
-	}
+	testwait.For(t, "the first check to start its probe", 10*time.Second, func() bool { return runs.Load() == 1 })
 	for range n - 1 {
 		go func() { errs <- r.check(context.Background(), probe) }()
 	}

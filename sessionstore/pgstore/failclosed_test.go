@@ -9,6 +9,7 @@ import (
 
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/internal/testproxy"
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
@@ -45,18 +46,13 @@ func within3s(f func(ctx context.Context) error) error {
 // eventually polls f until it returns nil, failing t after 15 s.
 func eventually(t *testing.T, what string, f func(ctx context.Context) error) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testwait.ForNil(t, what+" to recover", 15*time.Second, func() error {
 		err := within3s(f)
-		if err == nil {
-			return
+		if err != nil {
+			t.Logf("%s: %v", what, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not recover: %v", what, err)
-		}
-		t.Logf("%s: %v", what, err)
-		time.Sleep(50 * time.Millisecond) // poll interval, not a wait for an event
-	}
+		return err
+	})
 }
 
 func createOne(t *testing.T, s *pgstore.Store) (sessionstore.Key, time.Time) {
