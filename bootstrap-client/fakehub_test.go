@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/internal/testwait"
 )
 
 // fakeHub speaks just enough of the wire contract to drive the client's
@@ -256,13 +257,7 @@ func (h *fakeHub) attachCount() int {
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, what, 5*time.Second, cond)
 }
 
 func dialFake(t *testing.T, url string, cfg Config) *Client {

@@ -15,6 +15,7 @@ import (
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/internal/wsproxy"
 )
 
@@ -54,13 +55,7 @@ func (in *inbox) len() int {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.For(t, what, 10*time.Second, cond)
 }
 
 func dial(t *testing.T, url, apiKey, id string, in *inbox) *bootstrap.Client {

@@ -2,8 +2,10 @@ package deploy_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,6 +22,7 @@ import (
 	"github.com/marconihub/marconi"
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/internal/pgtest"
+	"github.com/marconihub/marconi/internal/testwait"
 )
 
 // Behind deploy/haproxy.cfg, which hashes on the clients' X-Marconi-Project
@@ -102,18 +105,16 @@ func TestOneProjectsAgentsMeetOnOneInstanceBehindHAProxy(t *testing.T) {
 // with cond's last error.
 func waitUntil(t *testing.T, what string, within time.Duration, cond func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, err := cond()
-		if ok {
-			return
+	testwait.ForNil(t, what, within, func() error {
+		if ok, err := cond(); !ok {
+			return cmp.Or(err, errNotYet)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 }
+
+// errNotYet is a waitUntil condition that is false without saying why.
+var errNotYet = errors.New("not yet")
 
 // projectInstances returns, for each project t1/p1 .. t1/p<clusterProjects>,
 // the sorted instances its sessions are attached on (healthy, other than

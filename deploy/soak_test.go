@@ -33,6 +33,7 @@ import (
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/internal/pgtest"
+	"github.com/marconihub/marconi/internal/testwait"
 )
 
 // soakPlan sizes one run.
@@ -330,21 +331,18 @@ func tail(t *testing.T, p *proc) {
 
 func (c *cluster) waitHTTP(t *testing.T, what, url string, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	testwait.ForNil(t, what+" ("+url+")", within, func() error {
 		resp, err := c.http.Get(url)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s (%s): %v", what, url, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", resp.StatusCode)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // attached counts the sessions whose queue the store records on a healthy
@@ -631,19 +629,15 @@ func (l *ledger) missing() (int, []string) {
 // returns how many there were.
 func (l *ledger) waitDelivered(t *testing.T, within time.Duration) int {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		n, ex := l.missing()
-		if n == 0 {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			return len(l.answers)
+	testwait.ForNil(t, "every send answered 200 to be delivered", within, func() error {
+		if n, ex := l.missing(); n > 0 {
+			return fmt.Errorf("%d sends answered 200 were never delivered (lost), e.g. %v", n, ex)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d sends answered 200 were never delivered (lost), e.g. %v", n, ex)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.answers)
 }
 
 // verify checks every delivery against the sends: addressed to the agent

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/memstore"
 )
@@ -50,18 +51,6 @@ func newCountedFabric(t *testing.T, st sessionstore.Store, p Prober, cfg Config)
 		t.Fatal(err)
 	}
 	return f
-}
-
-// waitFor polls cond until it holds, failing the test after a deadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond) // a poll interval, not a wait for an event
-	}
 }
 
 // An idle instance's ticks cost no probe once every other process has been
@@ -141,7 +130,7 @@ func TestRunProbesOnlyOnDemand(t *testing.T) {
 
 	// b's own heartbeat above is one; 30 more of a's are at least 60 ms of
 	// Run, some 60 ticks of the probe loop.
-	waitFor(t, "30 ticks of a", func() bool { return st.beats.Load() >= 31 })
+	testwait.For(t, "30 ticks of a", 10*time.Second, func() bool { return st.beats.Load() >= 31 })
 	// The first tick probes (b is not yet seen connected); the loop may
 	// have probed once too, between the tick's refresh and its probe.
 	if got := p.calls.Load(); got > 2 {
@@ -155,7 +144,7 @@ func TestRunProbesOnlyOnDemand(t *testing.T) {
 	if got := p.calls.Load(); got < before+1 {
 		t.Fatal("a decision after an idle pause read the view without a probe")
 	}
-	waitFor(t, "the probe loop to resume on demand", func() bool { return p.calls.Load() > before+1 })
+	testwait.For(t, "the probe loop to resume on demand", 10*time.Second, func() bool { return p.calls.Load() > before+1 })
 }
 
 // A tick reads the cluster-wide counters only when the adaptive gate can

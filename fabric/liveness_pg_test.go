@@ -12,6 +12,7 @@ import (
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/internal/testproxy"
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
@@ -56,18 +57,6 @@ func process(t *testing.T, f *fabric.Fabric, instance string) string {
 	return "absent"
 }
 
-func poll(t *testing.T, what string, within time.Duration, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > within {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // An instance whose connection to Postgres ends (its process killed, or cut
 // off as here) is dead to the others at the next probe, long before its
 // heartbeat ages out; when its listener is back, so is its health. An
@@ -100,7 +89,7 @@ func TestPGDeathSeenThroughTheListenerConnection(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	poll(t, "b to see a's listener connected", 10*time.Second, func() bool { return process(t, b, "a") == fabric.ProcessConnected })
+	testwait.For(t, "b to see a's listener connected", 10*time.Second, func() bool { return process(t, b, "a") == fabric.ProcessConnected })
 	if got := process(t, b, "old"); got != fabric.ProcessUnknown || !b.Members.Healthy(context.Background(), "old") {
 		t.Errorf("an instance that never held the lock: process %q, healthy %v; want unknown and healthy by its heartbeat",
 			got, b.Members.Healthy(context.Background(), "old"))
@@ -111,7 +100,7 @@ func TestPGDeathSeenThroughTheListenerConnection(t *testing.T) {
 	}
 
 	proxy.Cut() // a's connections end, and it cannot reconnect
-	took := poll(t, "b to see a dead", 3*time.Second, func() bool {
+	took := testwait.For(t, "b to see a dead", 3*time.Second, func() bool {
 		return b.Members.Probe(context.Background()) == nil && !b.Members.Healthy(context.Background(), "a")
 	})
 	t.Logf("death seen %v after the connection ended (heartbeat window: 1h)", took)
@@ -123,7 +112,7 @@ func TestPGDeathSeenThroughTheListenerConnection(t *testing.T) {
 	}
 
 	proxy.Restore() // the listener reconnects and takes its lock again
-	poll(t, "b to see a back", 10*time.Second, func() bool {
+	testwait.For(t, "b to see a back", 10*time.Second, func() bool {
 		return b.Members.Probe(context.Background()) == nil && b.Members.Healthy(context.Background(), "a")
 	})
 }
@@ -162,7 +151,7 @@ func TestPGRestartWithTheSameIDIsJudgedByItsOwnConnection(t *testing.T) {
 	if err := first.Tick(ctx); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "b to see a's first process connected", 10*time.Second, func() bool { return process(t, b, "a") == fabric.ProcessConnected })
+	testwait.For(t, "b to see a's first process connected", 10*time.Second, func() bool { return process(t, b, "a") == fabric.ProcessConnected })
 	admin := adminConn(t, base)
 	pid := listenerPID(t, storeB, admin, "a")
 
@@ -181,16 +170,16 @@ func TestPGRestartWithTheSameIDIsJudgedByItsOwnConnection(t *testing.T) {
 	}
 
 	stopFirst() // the first process's connection ends at last
-	poll(t, "the first listener's locks to be released", 10*time.Second, func() bool { return heldLocks(t, admin, pid) == 0 })
+	testwait.For(t, "the first listener's locks to be released", 10*time.Second, func() bool { return heldLocks(t, admin, pid) == 0 })
 	if got := process(t, b, "a"); got != fabric.ProcessUnknown || !b.Members.Healthy(ctx, "a") {
 		t.Fatalf("the first process's connection ended, the second's listener not yet connected: process %q, healthy %v; want unknown, healthy (the second process is alive)",
 			got, b.Members.Healthy(ctx, "a"))
 	}
 
 	stopSecond := listen(t, storeSecond, "a", second.Members.StartedAt())
-	poll(t, "b to see a's second process connected", 10*time.Second, func() bool { return process(t, b, "a") == fabric.ProcessConnected })
+	testwait.For(t, "b to see a's second process connected", 10*time.Second, func() bool { return process(t, b, "a") == fabric.ProcessConnected })
 	stopSecond()
-	poll(t, "b to see a's second process gone", 10*time.Second, func() bool { return process(t, b, "a") == fabric.ProcessGone })
+	testwait.For(t, "b to see a's second process gone", 10*time.Second, func() bool { return process(t, b, "a") == fabric.ProcessGone })
 	if b.Members.Healthy(ctx, "a") {
 		t.Error("a's second process is gone, and a is still healthy")
 	}

@@ -113,6 +113,7 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		s.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
 	case pe.Code == marconi.CodeRegistryUnavailable:
 		s.metrics.registryErrors.Inc()
+		s.ready.forget() // the next /readyz asks the store again
 		s.storeLog(err)("store unavailable", "method", c.Request().Method, "path", c.Path(), "err", err)
 	default:
 		// The activity log: every refusal at info, by code. Neither the

@@ -71,6 +71,12 @@ type Config struct {
 	// (for TouchInterval each); 0 takes the default 10000, negative turns
 	// the cache off.
 	TokenCacheSize int
+	// ReadyzCache is how long one store probe answers /readyz
+	// (MARCONI_READYZ_CACHE_MS): checks within it share the probe's verdict,
+	// and a store failure met by any call drops a cached "ready" at once.
+	// 0 takes the default DefaultReadyzCache; negative turns the cache off
+	// (checks during a probe still share it).
+	ReadyzCache time.Duration
 	// WSPingInterval: the hub pings every interval and drops a peer whose
 	// pong has not come within one more interval.
 	WSPingInterval time.Duration
@@ -174,6 +180,9 @@ const (
 	DefaultPendingSweep           = 5 * time.Second
 	DefaultHistoryBucket          = 30 * time.Second
 	DefaultTokenCacheSize         = 10000
+	// DefaultReadyzCache is half HAProxy's fall × inter (2 × 500 ms in
+	// deploy/haproxy.cfg): a cut no call meets is still seen within two checks.
+	DefaultReadyzCache = 500 * time.Millisecond
 
 	// DefaultQuotaSessionsPerProject caps a project's live sessions.
 	DefaultQuotaSessionsPerProject = sessions.DefaultQuotaSessionsPerProject
@@ -206,6 +215,7 @@ func (c Config) withDefaults() Config {
 	c.SendRatePerSecond = cmp.Or(c.SendRatePerSecond, DefaultSendRatePerSecond)
 	c.QuotaAttachesPerSecond = cmp.Or(c.QuotaAttachesPerSecond, DefaultQuotaAttachesPerSecond)
 	c.TokenCacheSize = cmp.Or(c.TokenCacheSize, DefaultTokenCacheSize)
+	c.ReadyzCache = cmp.Or(c.ReadyzCache, DefaultReadyzCache)
 	c.Retention.Acked = cmp.Or(c.Retention.Acked, DefaultRetainAcked)
 	c.Retention.Expired = cmp.Or(c.Retention.Expired, DefaultRetainExpired)
 	c.Retention.Every = cmp.Or(c.Retention.Every, DefaultPruneEvery)
@@ -287,6 +297,7 @@ type Server struct {
 	draining      atomic.Bool
 	storeNotReady atomic.Bool                // set while the store's schema is not migrated
 	storeCause    atomic.Pointer[storeCause] // why the store is not ready, when known
+	ready         *readyCache                // the store's last verdict for /readyz
 
 	// schema is Deps.Schema (nil: nothing to check); schemaOff is its last
 	// mismatch, nil when the schema matched or was not read (a slow store
@@ -337,6 +348,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 		attaches:        ratelimit.New[sessionstore.Key](cfg.QuotaAttachesPerSecond, d.Now),
 		heartbeatWrites: newPacer[sessionstore.Key](cfg.TouchInterval),
 	}
+	w, _ := d.Store.(witness)
+	s.ready = newReadyCache(cfg.ReadyzCache, d.Now, w)
 	s.selfheal, err = selfheal.New(cfg.SelfHeal, d.Now, d.Registry, d.Logger)
 	if err != nil {
 		return nil, err
@@ -757,6 +770,27 @@ func (s *Server) healthz(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]string{"status": "ok", "instance_id": s.cfg.InstanceID})
 }
 
+// probeStore asks the store whether sending traffic here helps, for the
+// /readyz checks that share it (readyCache): the breaker's verdict where
+// there is one, else whether Postgres answers at all, else a ping. It runs
+// to its own timeout whichever check started it, since others may wait on it.
+func (s *Server) probeStore() error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.StoreTimeout)
+	defer cancel()
+	ping := s.store.Ping
+	switch r := s.store.(type) {
+	case readiness:
+		ping = r.Ready
+	case reachability:
+		ping = r.Reachable
+	}
+	err := ping(ctx)
+	if err != nil {
+		s.storeLog(err)("readyz: store unreachable", "err", err)
+	}
+	return err
+}
+
 func (s *Server) readyz(c echo.Context) error {
 	if s.Draining() {
 		s.writeError(c, marconi.Errorf(marconi.CodeDraining, "this instance is draining"))
@@ -772,15 +806,7 @@ func (s *Server) readyz(c echo.Context) error {
 		s.writeError(c, marconi.Errorf(marconi.CodeRegistryUnavailable, "%s", s.notReadyMessage(admin)))
 		return nil
 	}
-	ping := s.store.Ping
-	switch r := s.store.(type) {
-	case readiness:
-		ping = r.Ready
-	case reachability:
-		ping = r.Reachable
-	}
-	if err := ping(ctx); err != nil {
-		s.storeLog(err)("readyz: store unreachable", "err", err)
+	if err := s.ready.check(ctx, s.probeStore); err != nil {
 		msg := "the session registry cannot be reached"
 		if d, ok := s.store.(storeDiagnoser); ok {
 			cause := d.Classify(err)

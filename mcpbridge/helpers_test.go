@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/marconihub/marconi/internal/testwait"
 )
 
 // waitFor is how long a test waits for something it polls for.
@@ -270,13 +272,7 @@ func (a *agent) hasLog(s string) bool {
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", waitFor, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition, with a deadline
-	}
+	testwait.For(t, what, waitFor, cond)
 }
 
 // opsGet GETs an operator endpoint of the hub and decodes its answer.

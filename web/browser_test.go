@@ -21,6 +21,7 @@ import (
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/memstore"
 )
@@ -420,15 +421,7 @@ func tick(t *testing.T, h *hubtest.Hub) {
 // eventually polls cond until it is true, failing the test after 10 s.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tk := time.NewTicker(20 * time.Millisecond)
-	defer tk.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("still waiting for %s after 10 s", what)
-		}
-		<-tk.C
-	}
+	testwait.For(t, what, 10*time.Second, cond)
 }
 
 func getJSON(t *testing.T, u, bearer string, out any) {

@@ -106,6 +106,23 @@ func seconds(dst *time.Duration) func(*Config, string) error {
 	}
 }
 
+// cacheMillis parses how long a cached answer serves, in whole
+// milliseconds from 0 to 60000, into dst; 0 turns the cache off (a
+// negative duration: the hub's zero means its default).
+func cacheMillis(dst *time.Duration) func(*Config, string) error {
+	return func(_ *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 60_000 {
+			return fmt.Errorf("want whole milliseconds from 0 to 60000, got %q", v)
+		}
+		*dst = time.Duration(n) * time.Millisecond
+		if n == 0 {
+			*dst = -1 // off
+		}
+		return nil
+	}
+}
+
 // maxSeconds is the most whole seconds a time.Duration holds (about 292
 // years): more would wrap round to a negative duration.
 const maxSeconds = math.MaxInt64 / int64(time.Second)
@@ -238,6 +255,7 @@ func settings(c *Config) []setting {
 			c.StoreProbeEvery = time.Duration(n) * time.Millisecond
 			return nil
 		}, public},
+		{"MARCONI_READYZ_CACHE_MS", strconv.Itoa(int(hub.DefaultReadyzCache / time.Millisecond)), "how long one store probe answers /readyz (0: every check probes; a store failure met by any call ends it at once)", cacheMillis(&h.ReadyzCache), public},
 		{"MARCONI_RECONNECT_GRACE_SECONDS", secs(fabric.DefaultGrace), "reconnect grace window of sticky affinity", seconds(&h.Fabric.Grace), public},
 		{"MARCONI_INSTANCE_ID", "", "this instance's id (default: the host name)", func(c *Config, v string) error {
 			if v == "" {
@@ -370,17 +388,7 @@ func settings(c *Config) []setting {
 			c.Hub.NoTakeover = !b
 			return err
 		}, public},
-		{"MARCONI_RECIPIENT_CACHE_MS", strconv.Itoa(int(signals.DefaultRecipientCacheAge / time.Millisecond)), "how long a recipient read by a send serves the next sends to it without a read (its registration, token and queue are checked by the append; its proof of life may be this old); 0 turns it off", func(c *Config, v string) error {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 || n > 60000 {
-				return fmt.Errorf("want whole milliseconds from 0 to 60000, got %q", v)
-			}
-			c.Hub.RecipientCacheAge = time.Duration(n) * time.Millisecond
-			if n == 0 {
-				c.Hub.RecipientCacheAge = -1 // off
-			}
-			return nil
-		}, public},
+		{"MARCONI_RECIPIENT_CACHE_MS", strconv.Itoa(int(signals.DefaultRecipientCacheAge / time.Millisecond)), "how long a recipient read by a send serves the next sends to it without a read (its registration, token and queue are checked by the append; its proof of life may be this old); 0 turns it off", cacheMillis(&h.RecipientCacheAge), public},
 		{"MARCONI_RECIPIENT_CACHE_SIZE", strconv.Itoa(signals.DefaultRecipientCacheSize), "how many recipients the send path keeps read at most (MARCONI_RECIPIENT_CACHE_MS)", positiveInt(&h.RecipientCacheSize), public},
 		{"MARCONI_IDEMPOTENCY_WINDOW_SECONDS", secs(signals.DefaultIdempotencyWindow), "how long a send's idempotency_key is remembered (a retry within it is the same call)", seconds(&h.IdempotencyWindow), public},
 		{"MARCONI_RETAIN_ACKED_SECONDS", secs(hub.DefaultRetainAcked), "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked), public},

@@ -34,6 +34,16 @@ func TestConfigDefaults(t *testing.T) {
 	if !h.SelfHeal.Enabled {
 		t.Error("self-heal must default on in development")
 	}
+	if h.ReadyzCache != 500*time.Millisecond {
+		t.Errorf("MARCONI_READYZ_CACHE_MS default: %v, want 500 ms (docs/operations.md)", h.ReadyzCache)
+	}
+	off, err := LoadConfig(nil, env(map[string]string{"MARCONI_READYZ_CACHE_MS": "0"}), io.Discard)
+	if err != nil {
+		t.Fatalf("MARCONI_READYZ_CACHE_MS=0: %v", err)
+	}
+	if off.Hub.ReadyzCache >= 0 {
+		t.Errorf("MARCONI_READYZ_CACHE_MS=0: %v, want the cache off (negative)", off.Hub.ReadyzCache)
+	}
 	if c.generatedAPIKey == "" || c.generatedAdminToken == "" || h.AdminToken != c.generatedAdminToken {
 		t.Error("development mode must generate an API key and an admin token")
 	}
@@ -117,6 +127,7 @@ func TestConfigBadValuesNameTheVariable(t *testing.T) {
 		"MARCONI_BUS_URL":                           "http://127.0.0.1:4222",
 		"MARCONI_BUS_QUEUE_SIZE":                    "0",
 		"MARCONI_STORE_BATCHES_IN_FLIGHT":           "0",
+		"MARCONI_READYZ_CACHE_MS":                   "-1",
 	}
 	for name, v := range bad {
 		_, err := LoadConfig(nil, env(map[string]string{name: v}), io.Discard)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/internal/testproxy"
+	"github.com/marconihub/marconi/internal/testwait"
 )
 
 // viaProxy returns dbURL rewritten to reach Postgres through a test proxy.
@@ -62,15 +63,11 @@ func get(t *testing.T, url string) int {
 	return resp.StatusCode
 }
 
+// pollUntil polls cond until it holds; recoveries here wait on the
+// store's reconnects and the breaker's probes, so it allows 30 s.
 func pollUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.For(t, what, 30*time.Second, cond)
 }
 
 func devKey(t *testing.T, out string) string {

@@ -20,6 +20,7 @@ import (
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/internal/pgcluster"
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/migrations"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
@@ -664,25 +665,23 @@ func (l *failoverLedger) codes() map[string]int {
 // and returns how many there were.
 func (l *failoverLedger) waitDelivered(t *testing.T, within time.Duration) int {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	var n int
+	testwait.ForNil(t, "every send answered 200 to be delivered", within, func() error {
 		l.mu.Lock()
+		defer l.mu.Unlock()
 		var missing []string
 		for id, s := range l.answers {
 			if l.got[s.to][id] == 0 {
 				missing = append(missing, fmt.Sprintf("%s (%s to %s)", id, s.p.ID, s.to))
 			}
 		}
-		n := len(l.answers)
-		l.mu.Unlock()
-		if len(missing) == 0 {
-			return n
+		n = len(l.answers)
+		if len(missing) > 0 {
+			return fmt.Errorf("%d sends answered 200 never delivered (lost), e.g. %v", len(missing), missing[:min(5, len(missing))])
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d sends answered 200 never delivered (lost), e.g. %v", len(missing), missing[:min(5, len(missing))])
-		}
-		time.Sleep(50 * time.Millisecond) // polling the agents' deliveries, with a deadline
-	}
+		return nil
+	})
+	return n
 }
 
 // verify checks each delivery: once per signal id, to the agent it was sent

@@ -18,6 +18,7 @@ import (
 
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/memstore"
 )
@@ -243,13 +244,12 @@ func TestIdleConnectionIsOneGoroutine(t *testing.T) {
 	// The client side of a coder/websocket connection that is not being
 	// read runs no goroutine, so what is left per connection is the hub's.
 	var got int
-	deadline := time.Now().Add(10 * time.Second)
-	for got = runtime.NumGoroutine() - before; got > n+slack; got = runtime.NumGoroutine() - before {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines for %d idle connections, want about one each", got, n)
+	testwait.ForNil(t, "about one goroutine per idle connection", 10*time.Second, func() error {
+		if got = runtime.NumGoroutine() - before; got > n+slack {
+			return fmt.Errorf("%d goroutines for %d idle connections", got, n)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	if got < n-slack {
 		t.Fatalf("%d goroutines for %d connections: the measure is broken", got, n)
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/marconihub/marconi/internal/testwait"
 )
 
 // The hub as a client sees it: calls over HTTP, a WebSocket and its frames,
@@ -128,11 +130,5 @@ func ReadFrame(t testing.TB, c *websocket.Conn) map[string]any {
 // WaitFor polls cond until it holds, and fails t after 15 s.
 func WaitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, what, 15*time.Second, cond)
 }

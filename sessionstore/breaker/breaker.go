@@ -180,6 +180,23 @@ func (b *Store) Ready(ctx context.Context) error {
 	return nil
 }
 
+// witnessing is met by a store that keeps what its statements saw
+// (pgstore.Store.Witness).
+type witnessing interface {
+	Witness() (sinceWrite time.Duration, failures uint64)
+}
+
+// Witness is the wrapped store's (pgstore.Store.Witness), for /readyz: its
+// last accepted write and the calls that found it unavailable, the
+// breaker's own refusals aside (what opened the breaker was counted as it
+// failed). No write and no failure when the wrapped store keeps none.
+func (b *Store) Witness() (sinceWrite time.Duration, failures uint64) {
+	if w, ok := b.inner.(witnessing); ok {
+		return w.Witness()
+	}
+	return -1, 0
+}
+
 // Diagnose says why the store cannot be used, for an operator: the wrapped
 // store's own diagnosis (pgstore.Store.Diagnose) of err or, when err is
 // ErrOpen, of what opened the breaker or of the last failed probe.

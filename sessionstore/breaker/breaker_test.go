@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/breaker"
 )
@@ -186,13 +187,7 @@ func TestOpensOnTimeoutFailsFastAndRecovers(t *testing.T) {
 	}
 
 	f.down.Store(false)
-	deadline := time.Now().Add(10 * time.Second)
-	for b.Open() {
-		if time.Now().After(deadline) {
-			t.Fatal("breaker still open after the store came back")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, "the breaker to close once the store came back", 10*time.Second, func() bool { return !b.Open() })
 	if _, err := b.GetSession(context.Background(), k, time.Now()); err != nil {
 		t.Fatalf("after recovery: %v", err)
 	}
@@ -323,17 +318,6 @@ func (s *slowOrGone) Reachable(context.Context) error {
 
 func (s *slowOrGone) Close() error { return nil }
 
-func pollFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestReadyWhileSlowNotWhileGone: a call out of time opens the breaker (it
 // still refuses calls at once) but Ready stays nil until a probe finds the
 // store unreachable; a refused call makes Ready fail at once. The probe is
@@ -358,12 +342,12 @@ func TestReadyWhileSlowNotWhileGone(t *testing.T) {
 		t.Fatalf("Ready after a call out of time, before any probe: %v; want ready (slow is not gone)", err)
 	}
 	run(t, b) // its probes find the store unreachable
-	pollFor(t, "a failed probe to make Ready fail", func() bool { return errors.Is(b.Ready(context.Background()), breaker.ErrOpen) })
+	testwait.For(t, "a failed probe to make Ready fail", 10*time.Second, func() bool { return errors.Is(b.Ready(context.Background()), breaker.ErrOpen) })
 	if b.Diagnose(breaker.ErrOpen) != errRefused.Error() {
 		t.Errorf("Diagnose = %q, want the failed probe's cause", b.Diagnose(breaker.ErrOpen))
 	}
 	slow.reachable.Store(true) // answers again: the probe closes the breaker
-	pollFor(t, "the breaker to close", func() bool { return !b.Open() })
+	testwait.For(t, "the breaker to close", 10*time.Second, func() bool { return !b.Open() })
 	if err := b.Ready(context.Background()); err != nil {
 		t.Fatalf("Ready once reachable: %v", err)
 	}

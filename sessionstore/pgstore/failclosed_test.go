@@ -9,6 +9,7 @@ import (
 
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/internal/testproxy"
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
@@ -45,18 +46,13 @@ func within3s(f func(ctx context.Context) error) error {
 // eventually polls f until it returns nil, failing t after 15 s.
 func eventually(t *testing.T, what string, f func(ctx context.Context) error) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testwait.ForNil(t, what+" to recover", 15*time.Second, func() error {
 		err := within3s(f)
-		if err == nil {
-			return
+		if err != nil {
+			t.Logf("%s: %v", what, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not recover: %v", what, err)
-		}
-		t.Logf("%s: %v", what, err)
-		time.Sleep(50 * time.Millisecond) // poll interval, not a wait for an event
-	}
+		return err
+	})
 }
 
 func createOne(t *testing.T, s *pgstore.Store) (sessionstore.Key, time.Time) {
@@ -99,6 +95,35 @@ func TestFailsClosedWhenCutAndRecovers(t *testing.T) {
 		}
 		return err
 	})
+}
+
+// TestWitnessSeesACutAndTheRecovery: the store's statements, through the
+// pgx tracer, count a cut as failures and withdraw the last write; a write
+// once Postgres is back counts again. No statement is spent to say so.
+func TestWitnessSeesACutAndTheRecovery(t *testing.T) {
+	t.Parallel()
+	s, p := proxiedStore(t)
+	if since, failures := s.Witness(); since >= 0 || failures != 0 {
+		t.Fatalf("a new store: since %v, failures %d; want no write, no failure", since, failures)
+	}
+	k, now := createOne(t, s)
+	if since, failures := s.Witness(); since < 0 || failures != 0 {
+		t.Fatalf("after a registration: since %v, failures %d; want a write, no failure", since, failures)
+	}
+	p.Cut()
+	if _, err := s.GetSession(context.Background(), k, now); !errors.Is(err, sessionstore.ErrUnavailable) {
+		t.Fatalf("GetSession while cut: %v, want ErrUnavailable", err)
+	}
+	if since, failures := s.Witness(); since >= 0 || failures == 0 {
+		t.Fatalf("after a call met the cut: since %v, failures %d; want no write, a failure", since, failures)
+	}
+	p.Restore()
+	eventually(t, "a write after the cut", func(ctx context.Context) error {
+		return s.TouchSession(ctx, k, sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(time.Hour)}, now)
+	})
+	if since, _ := s.Witness(); since < 0 {
+		t.Fatalf("after a write once Postgres is back: since %v, want a write", since)
+	}
 }
 
 func TestFailsClosedWhenFrozenAndRecovers(t *testing.T) {

@@ -113,6 +113,7 @@ type Store struct {
 	group        *committer // nil when group commit is off
 	closed       atomic.Bool
 	metrics      *batchMetrics
+	witness      *witness // every connection's tracer: Witness reads it
 }
 
 // plannerParams are the planner settings of the store's connections.
@@ -189,11 +190,13 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 		}
 	}
 	cfg.MinConns = 0 // never connect in the background at Open
+	w := &witness{}
+	cfg.ConnConfig.Tracer = w
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: open pool: %w", err)
 	}
-	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch, metrics: metrics}
+	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch, metrics: metrics, witness: w}
 	if !o.groupCommitOff {
 		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, o.inFlight, s.runBatch)
 	}
