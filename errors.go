@@ -38,13 +38,16 @@ const (
 	CodeDraining               Code = "draining"
 	CodeUpgradeRequired        Code = "upgrade_required"
 	CodeInternal               Code = "internal"
-	// CodeBadRequest, CodeHeadersTooLarge and CodeNotImplemented answer a
-	// request net/http refuses before the hub sees it: malformed HTTP (bad
-	// header bytes, duplicate Content-Length...), headers past
-	// MARCONI_MAX_HEADER_BYTES, a transfer coding it does not know.
-	CodeBadRequest      Code = "bad_request"
-	CodeHeadersTooLarge Code = "headers_too_large"
-	CodeNotImplemented  Code = "not_implemented"
+	// CodeBadRequest, CodeHeadersTooLarge, CodeNotImplemented and
+	// CodeHTTPVersionNotSupported answer a request net/http refuses before
+	// the hub sees it: malformed HTTP (bad header bytes, duplicate
+	// Content-Length...), headers past MARCONI_MAX_HEADER_BYTES, a transfer
+	// coding it does not know, a protocol version it does not speak
+	// ("HTTP/0.9", "HTTP/2.0" on an HTTP/1 connection).
+	CodeBadRequest              Code = "bad_request"
+	CodeHeadersTooLarge         Code = "headers_too_large"
+	CodeNotImplemented          Code = "not_implemented"
+	CodeHTTPVersionNotSupported Code = "http_version_not_supported"
 )
 
 // Codes lists every Code, in the order of docs/api.md's table.
@@ -54,7 +57,7 @@ var Codes = []Code{
 	CodeNotFound, CodeWrongInstance, CodeNotAdaptivePlacement, CodeSessionExpired,
 	CodePayloadTooLarge, CodeRequestTimeout, CodeTooManyRequests, CodeQuotaExceeded,
 	CodeRegistryUnavailable, CodeDraining, CodeUpgradeRequired, CodeInternal,
-	CodeBadRequest, CodeHeadersTooLarge, CodeNotImplemented,
+	CodeBadRequest, CodeHeadersTooLarge, CodeNotImplemented, CodeHTTPVersionNotSupported,
 }
 
 // Error is an error a client may see: a stable Code and a human-readable

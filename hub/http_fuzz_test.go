@@ -36,7 +36,7 @@ var statusOfCode = map[string]int{
 	"not_found": 404, "wrong_instance": 409, "not_adaptive_placement": 409, "session_expired": 410,
 	"request_timeout": 408, "payload_too_large": 413, "upgrade_required": 426, "too_many_requests": 429, "quota_exceeded": 429,
 	"registry_unavailable": 503, "draining": 503,
-	"bad_request": 400, "headers_too_large": 431, "not_implemented": 501,
+	"bad_request": 400, "headers_too_large": 431, "not_implemented": 501, "http_version_not_supported": 505,
 }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)

@@ -13,7 +13,8 @@ import (
 
 // Some requests never reach the hub's handler: net/http refuses them while
 // reading the request head (headers past MaxHeaderBytes, bad header bytes,
-// a duplicate Content-Length, an unknown transfer coding) and writes a
+// a duplicate Content-Length, an unknown transfer coding, a protocol
+// version it does not speak) and writes a
 // text/plain answer straight to the connection. Listener puts those answers
 // in the hub's error shape on the way out.
 
@@ -30,7 +31,7 @@ const netHTTPErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConn
 
 // Listener wraps ln so that the refusals net/http writes by itself are
 // answered in the error shape: 431 headers_too_large, 501 not_implemented,
-// any other 400 bad_request, each with net/http's own (fixed) message. The
+// 505 http_version_not_supported, any other 400 bad_request, each with net/http's own (fixed) message. The
 // http.Server serving the hub accepts on it.
 func Listener(ln net.Listener) net.Listener { return shapeListener{ln} }
 
@@ -89,6 +90,8 @@ func shapeRefusal(b []byte) ([]byte, bool) {
 		code = marconi.CodeHeadersTooLarge
 	case http.StatusNotImplemented:
 		code = marconi.CodeNotImplemented
+	case http.StatusHTTPVersionNotSupported:
+		code = marconi.CodeHTTPVersionNotSupported
 	}
 	msg := string(bytes.TrimSpace(rest[len(netHTTPErrorHeaders)-2:]))
 	if len(msg) > 4 && msg[3] == ' ' && msg[:3] == string(line[:3]) {

@@ -70,6 +70,7 @@ func TestNetHTTPRefusalsInErrorShape(t *testing.T) {
 		{"two Content-Length that differ", "POST /v1/signals HTTP/1.1\r\nHost: hub\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n{}", 400, "bad_request"},
 		{"no Host header", "GET /healthz HTTP/1.1\r\n\r\n", 400, "bad_request"},
 		{"a transfer coding net/http does not know", "POST /v1/signals HTTP/1.1\r\nHost: hub\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "not_implemented"},
+		{"a protocol version net/http does not speak (found by FuzzRawRequest)", "GET /healthz HTTP/0.0\r\nHost: hub\r\n\r\n", 505, "http_version_not_supported"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			resp, body := rawExchange(t, h, c.req)
@@ -89,8 +90,9 @@ func TestNetHTTPRefusalsInErrorShape(t *testing.T) {
 
 // FuzzRawRequest writes hostile request heads (the request line and headers
 // as bytes on the wire, then a body) to a real hub: whatever refuses them,
-// net/http or the hub, every answer is HTTP, never a 5xx but 501, and every
-// error of the API (a /v1/ path) or of net/http itself (400, 431, 501) is in
+// net/http or the hub, every answer is HTTP, never a 5xx but net/http's 501
+// and 505, and every error of the API (a /v1/ path) or of net/http itself
+// (400, 431, 501, 505) is in
 // the error shape with a documented code and status. Seeds:
 // the f.Add calls below.
 func FuzzRawRequest(f *testing.F) {
@@ -105,13 +107,13 @@ func FuzzRawRequest(f *testing.F) {
 			t.Skip("one head per request, under the header bound")
 		}
 		resp, got := rawExchange(t, h, head+"Connection: close\r\n\r\n"+body)
-		if resp.StatusCode >= 500 && resp.StatusCode != http.StatusNotImplemented {
+		if resp.StatusCode >= 500 && resp.StatusCode != http.StatusNotImplemented && resp.StatusCode != http.StatusHTTPVersionNotSupported {
 			t.Fatalf("%q: %d %q", head, resp.StatusCode, got)
 		}
 		line, _, _ := strings.Cut(head, "\r\n")
 		fields := strings.Fields(line)
 		api := len(fields) > 1 && strings.HasPrefix(fields[1], "/v1/")
-		netHTTP := resp.StatusCode == 400 || resp.StatusCode == 431 || resp.StatusCode == 501
+		netHTTP := resp.StatusCode == 400 || resp.StatusCode == 431 || resp.StatusCode == 501 || resp.StatusCode == 505
 		if resp.StatusCode >= 400 && (api || netHTTP) && (len(fields) == 0 || fields[0] != "HEAD") {
 			wantErrorShape(t, head, resp, got)
 		}

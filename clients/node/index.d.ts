@@ -33,6 +33,7 @@ export type ErrorCode =
   | 'bad_request'
   | 'headers_too_large'
   | 'not_implemented'
+  | 'http_version_not_supported'
   | 'unexpected_response';
 
 /** What kind of agent a session is; a console is "console_" and a name. */
@@ -85,6 +86,7 @@ export declare const codes: Readonly<{
   badRequest: 'bad_request';
   headersTooLarge: 'headers_too_large';
   notImplemented: 'not_implemented';
+  httpVersionNotSupported: 'http_version_not_supported';
   unexpectedResponse: 'unexpected_response';
 }>;
 

@@ -727,7 +727,7 @@ func (c *contract) wantCovered() {
 		listed = append(listed, code)
 		switch marconi.Code(code) {
 		case marconi.CodeInternal: // a bug, never an answer by design
-		case marconi.CodeBadRequest, marconi.CodeHeadersTooLarge, marconi.CodeNotImplemented:
+		case marconi.CodeBadRequest, marconi.CodeHeadersTooLarge, marconi.CodeNotImplemented, marconi.CodeHTTPVersionNotSupported:
 			// net/http's own refusals, before any route: no operation of the
 			// spec answers them; hub/refusals_test.go holds them to the shape.
 		default:

@@ -28,6 +28,7 @@ export const codes = Object.freeze({
   badRequest: 'bad_request',
   headersTooLarge: 'headers_too_large',
   notImplemented: 'not_implemented',
+  httpVersionNotSupported: 'http_version_not_supported',
   // The code of a MarconiError built from an answer that did not carry the
   // hub's error body (a proxy's page, an empty body); the hub never sends it.
   unexpectedResponse: 'unexpected_response',
