@@ -47,6 +47,20 @@ func (r *heads) all() []head {
 	return slices.Clone(r.seen)
 }
 
+// recordedFront starts a reverse proxy to hubURL that records every request
+// passing through it, and returns the record and the proxy's URL.
+func recordedFront(t *testing.T, hubURL string) (*heads, string) {
+	t.Helper()
+	target, err := url.Parse(hubURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &heads{}
+	srv := httptest.NewServer(rec.wrap(httputil.NewSingleHostReverseProxy(target)))
+	t.Cleanup(srv.Close)
+	return rec, srv.URL
+}
+
 // reset forgets what was seen.
 func (r *heads) reset() {
 	r.mu.Lock()
@@ -66,14 +80,7 @@ func (r *heads) saw(method, path string) bool {
 // does not know the project yet, names none.
 func TestEveryCallOfASessionNamesItsProject(t *testing.T) {
 	h := hubtest.Start(t, hubtest.Options{})
-	target, err := url.Parse(h.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &heads{}
-	srv := httptest.NewServer(rec.wrap(httputil.NewSingleHostReverseProxy(target)))
-	t.Cleanup(srv.Close)
-	front := srv.URL
+	rec, front := recordedFront(t, h.URL)
 
 	var inB inbox
 	a := dial(t, front, h.APIKey, "proj-a", nil)
@@ -139,18 +146,12 @@ func TestEveryCallOfASessionNamesItsProject(t *testing.T) {
 // a kept project the hub contradicts gives way to the hub's, in the file too.
 func TestARestartedAgentNamesItsKeptProjectFromItsFirstRequest(t *testing.T) {
 	h := hubtest.Start(t, hubtest.Options{})
-	target, err := url.Parse(h.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &heads{}
-	srv := httptest.NewServer(rec.wrap(httputil.NewSingleHostReverseProxy(target)))
-	t.Cleanup(srv.Close)
+	rec, front := recordedFront(t, h.URL)
 	path := filepath.Join(t.TempDir(), "token.json")
 	store := bootstrap.FileTokenStore(path)
 
 	// The first run registers (no project known yet) and keeps the project.
-	restart(t, rec, srv.URL, h.APIKey, store, nil)
+	restart(t, rec, front, h.APIKey, store, nil)
 	kept, err := store.Load(t.Context())
 	if err != nil || kept.TenantID != "t1" || kept.ProjectID != "p1" {
 		t.Fatalf("kept after the first run: %+v, %v; want tenant t1, project p1", kept, err)
@@ -178,7 +179,7 @@ func TestARestartedAgentNamesItsKeptProjectFromItsFirstRequest(t *testing.T) {
 				t.Fatal(err)
 			}
 			logs := &logRecorder{}
-			cl := restart(t, rec, srv.URL, h.APIKey, store, logs)
+			cl := restart(t, rec, front, h.APIKey, store, logs)
 			seen := rec.all()
 			if first := seen[0]; first.method != http.MethodPost || first.path != "/v1/sessions" || !slices.Equal(first.project, c.resume) {
 				t.Errorf("first request %s %s named the project %q, want POST /v1/sessions naming %q", first.method, first.path, first.project, c.resume)

@@ -29,7 +29,7 @@ type readyCache struct {
 	mu      sync.Mutex
 	verdict readyVerdict
 	flight  *readyFlight // the probe under way; nil when none
-	waiters int          // checks waiting for the probe under way
+	waiters int          // checks waiting for the probe under way (the tests read it to see one wait)
 }
 
 // readyVerdict is the outcome of one probe, or of a write that stood for one.
