@@ -49,10 +49,11 @@ type Config struct {
 	// DeferAck leaves acknowledging to the application: a signal handed to
 	// OnSignal is acknowledged only by Client.Ack (deferack.go), so one
 	// the application holds but has not yet passed on is delivered again
-	// to the session's next client. Default false: acked after OnSignal.
+	// to the session's next client. Client.Ack is paced by AckInterval too.
+	// Default false: acked after OnSignal.
 	DeferAck bool
 	// AckInterval is the least time between two acknowledgements the client
-	// sends by itself (not with DeferAck): the signals handled meanwhile are
+	// sends, by itself or for Client.Ack (DeferAck): the signals handled meanwhile are
 	// acknowledged together once it has passed, so that a recipient handed
 	// signals one at a time, faster than the hub lets a connection send
 	// frames (MARCONI_WS_FRAMES_PER_SECOND, default 100, pings included), is
@@ -196,8 +197,12 @@ type Client struct {
 	// flushAcks asks the dispatcher to send the ack its pacing holds back
 	// now, and closes the channel it is given once it has (Close).
 	flushAcks chan chan struct{}
-	heal      chan struct{} // cap 1: wakes the supervisor for a self-heal reconnect
-	regMu     sync.Mutex    // serializes (re)registrations
+	// deferredAck (cap 1) tells the dispatcher that Client.Ack holds an ack
+	// back (deferred), to be sent once AckInterval has passed.
+	deferredAck chan struct{}
+	deferred    deferredAcks
+	heal        chan struct{} // cap 1: wakes the supervisor for a self-heal reconnect
+	regMu       sync.Mutex    // serializes (re)registrations
 	// regKey is the Idempotency-Key of the registration under way, reused by
 	// its retries and cleared once one is answered; guarded by regMu.
 	regKey string
@@ -397,17 +402,18 @@ func newClient(cfg Config) (*Client, error) {
 		hc = &http.Client{Transport: tr}
 	}
 	c := &Client{
-		cfg:        cfg,
-		urls:       urls,
-		log:        log,
-		transport:  tr,
-		http:       hc,
-		backoff:    backoff{base: cfg.ReconnectBaseDelay, max: cfg.ReconnectMaxDelay, int63n: rand.Int64N},
-		deliveries: make(chan delivery, deliveryQueue),
-		flushAcks:  make(chan chan struct{}),
-		heal:       make(chan struct{}, 1),
-		sessionID:  cfg.SessionID,
-		hbEvery:    defaultHeartbeat,
+		cfg:         cfg,
+		urls:        urls,
+		log:         log,
+		transport:   tr,
+		http:        hc,
+		backoff:     backoff{base: cfg.ReconnectBaseDelay, max: cfg.ReconnectMaxDelay, int63n: rand.Int64N},
+		deliveries:  make(chan delivery, deliveryQueue),
+		flushAcks:   make(chan chan struct{}),
+		deferredAck: make(chan struct{}, 1),
+		heal:        make(chan struct{}, 1),
+		sessionID:   cfg.SessionID,
+		hbEvery:     defaultHeartbeat,
 	}
 	if !cfg.NoHolderRouting {
 		c.holders = newHolders(cfg.HolderHints, cfg.HolderRetryAfter, urls)

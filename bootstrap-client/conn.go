@@ -477,6 +477,22 @@ func (c *Client) dispatch() {
 		cancel()
 		unacked, lastAck = 0, time.Now()
 	}
+	// sendDeferred sends the ack Client.Ack holds back (DeferAck).
+	sendDeferred := func() {
+		ctx, cancel := context.WithTimeout(c.ctx, ackTimeout)
+		c.sendDeferredAck(ctx)
+		cancel()
+	}
+	// armPacer has due fire after wait (at once when it is not positive).
+	armPacer := func(wait time.Duration) {
+		wait = max(wait, 0)
+		if pacer == nil {
+			pacer = time.NewTimer(wait)
+		} else {
+			pacer.Reset(wait) // fired and read, or never started: nothing stale comes
+		}
+		due = pacer.C
+	}
 	for {
 		var d delivery
 		select {
@@ -484,12 +500,21 @@ func (c *Client) dispatch() {
 			return
 		case <-due:
 			due = nil
-			if unacked > 0 {
+			if c.cfg.DeferAck {
+				sendDeferred()
+			} else if unacked > 0 {
 				ackNow()
 			}
 			continue
+		case <-c.deferredAck:
+			if due == nil {
+				armPacer(c.deferred.wait(time.Now(), c.cfg.AckInterval))
+			}
+			continue
 		case done := <-c.flushAcks:
-			if unacked > 0 && !c.cfg.DeferAck {
+			if c.cfg.DeferAck {
+				sendDeferred()
+			} else if unacked > 0 {
 				ackNow()
 			}
 			close(done)
@@ -522,12 +547,7 @@ func (c *Client) dispatch() {
 		}
 		if unacked > 0 && !c.cfg.DeferAck && due == nil && (len(c.deliveries) == 0 || unacked >= ackEvery) {
 			if wait := c.cfg.AckInterval - time.Since(lastAck); wait > 0 {
-				if pacer == nil {
-					pacer = time.NewTimer(wait)
-				} else {
-					pacer.Reset(wait) // fired and read, or never started: nothing stale comes
-				}
-				due = pacer.C
+				armPacer(wait)
 			} else {
 				ackNow()
 			}
@@ -540,30 +560,38 @@ func (c *Client) dispatch() {
 // again and are deduplicated. The frame is written in buf, returned for the
 // next ack.
 func (c *Client) ack(ctx context.Context, buf []byte, epoch uint64, upTo int64) []byte {
+	buf, err := c.writeAck(ctx, buf, epoch, upTo)
+	if err != nil && c.ctx.Err() == nil {
+		c.log.Warn("marconi: ack failed", "up_to_seq", upTo, "err", err)
+	}
+	return buf
+}
+
+// writeAck acknowledges every signal of registration epoch up to upTo, as
+// ack does, and returns the error of the call when both ways failed. The
+// frame is written in buf, returned for the next ack.
+func (c *Client) writeAck(ctx context.Context, buf []byte, epoch uint64, upTo int64) ([]byte, error) {
 	if upTo <= 0 {
-		return buf
+		return buf, nil
 	}
 	c.mu.Lock()
 	conn, current := c.conn, c.epoch
 	c.mu.Unlock()
 	if epoch != current {
-		return buf // the registration these signals belonged to is gone
+		return buf, nil // the registration these signals belonged to is gone
 	}
 	if conn != nil {
 		buf = appendAckFrame(buf[:0], upTo)
 		if err := conn.Write(ctx, websocket.MessageText, buf); err == nil {
 			c.acks.Add(1)
-			return buf
+			return buf, nil
 		}
 	}
 	if _, err := c.sessionCall(ctx, http.MethodPost, "/v1/signals/ack", ackRequest{UpToSeq: upTo}, nil); err != nil {
-		if c.ctx.Err() == nil {
-			c.log.Warn("marconi: ack failed", "up_to_seq", upTo, "err", err)
-		}
-		return buf
+		return buf, fmt.Errorf("bootstrap: ack up to seq %d: %w", upTo, err)
 	}
 	c.acks.Add(1)
-	return buf
+	return buf, nil
 }
 
 // ackTimeout bounds one ack: its write on the WebSocket, or its call.

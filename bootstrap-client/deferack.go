@@ -2,12 +2,8 @@ package bootstrap
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"net/http"
 	"sync"
-
-	"github.com/coder/websocket"
+	"time"
 )
 
 // heldSignals remembers, with Config.DeferAck, which registration (epoch)
@@ -48,6 +44,56 @@ func (h *heldSignals) release(id string) (seqMark, bool) {
 	return m, true
 }
 
+// deferredAcks paces Client.Ack as Config.AckInterval paces the acks the
+// client sends by itself: an application that acknowledges each signal as
+// it finishes it, faster than the hub lets a connection send frames
+// (MARCONI_WS_FRAMES_PER_SECOND), must not be cut off for it. An Ack within
+// the interval of the last one is held here, folded into any later one, and
+// sent by the dispatcher once the interval has passed (or at Close).
+type deferredAcks struct {
+	mu      sync.Mutex
+	last    time.Time // when the last ack was sent
+	pending seqMark   // the newest ack held back; zero when none is
+	armed   bool      // the dispatcher has been asked to send pending
+}
+
+// hold decides for an ack of m at now: true when it may be sent at once
+// (recorded as the last ack sent), false when it is held for the
+// dispatcher, and then whether the dispatcher must be told (first held).
+func (d *deferredAcks) hold(m seqMark, now time.Time, interval time.Duration) (sendNow, tell bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.armed && now.Sub(d.last) >= interval {
+		d.last = now
+		return true, false
+	}
+	if m.epoch > d.pending.epoch || (m.epoch == d.pending.epoch && m.seq > d.pending.seq) {
+		d.pending = m
+	}
+	tell = !d.armed
+	d.armed = true
+	return false, tell
+}
+
+// wait is how long the held ack has yet to wait at now.
+func (d *deferredAcks) wait(now time.Time, interval time.Duration) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return interval - now.Sub(d.last)
+}
+
+// take returns the held ack, if any, and records it as sent at now.
+func (d *deferredAcks) take(now time.Time) (seqMark, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m, ok := d.pending, d.armed
+	d.pending, d.armed = seqMark{}, false
+	if ok {
+		d.last = now
+	}
+	return m, ok && m.seq > 0
+}
+
 // Ack acknowledges s, and with it every earlier signal of the session, when
 // Config.DeferAck leaves acknowledging to the application: the hub never
 // delivers them again. A signal already acknowledged, never handed to
@@ -55,6 +101,12 @@ func (h *heldSignals) release(id string) (seqMark, bool) {
 // again since) is ignored. The ack goes on the WebSocket when attached, else
 // over HTTP; an error leaves the signals to come again to the session's next
 // client.
+//
+// Acks are paced by Config.AckInterval, as the client's own are: an Ack at
+// least that long after the last one is sent at once and its error
+// returned; one sooner is held, folded into any later Ack, and sent once the
+// interval has passed, or by Close; Ack then returns nil and a failure to
+// send it is logged (the signals come again).
 func (c *Client) Ack(ctx context.Context, s Signal) error {
 	if c.ctx.Err() != nil {
 		return errClosed
@@ -64,19 +116,33 @@ func (c *Client) Ack(ctx context.Context, s Signal) error {
 		return nil
 	}
 	c.mu.Lock()
-	conn, current := c.conn, c.epoch
+	current := c.epoch
 	c.mu.Unlock()
 	if m.epoch != current {
 		return nil // the registration these signals belonged to is gone
 	}
-	if conn != nil {
-		frame, _ := json.Marshal(ackRequest{Type: "ack", UpToSeq: m.seq})
-		if err := conn.Write(ctx, websocket.MessageText, frame); err == nil {
-			return nil
+	sendNow, tell := c.deferred.hold(m, time.Now(), c.cfg.AckInterval)
+	if !sendNow {
+		if tell {
+			select {
+			case c.deferredAck <- struct{}{}:
+			default: // cap 1: the dispatcher has been told already
+			}
 		}
+		return nil
 	}
-	if _, err := c.sessionCall(ctx, http.MethodPost, "/v1/signals/ack", ackRequest{UpToSeq: m.seq}, nil); err != nil {
-		return fmt.Errorf("bootstrap: ack up to seq %d: %w", m.seq, err)
+	_, err := c.writeAck(ctx, nil, m.epoch, m.seq)
+	return err
+}
+
+// sendDeferredAck sends the ack that the pacing of Client.Ack holds back,
+// if any: from the dispatcher once the interval has passed, and at Close.
+func (c *Client) sendDeferredAck(ctx context.Context) {
+	m, ok := c.deferred.take(time.Now())
+	if !ok {
+		return
 	}
-	return nil
+	if _, err := c.writeAck(ctx, nil, m.epoch, m.seq); err != nil && c.ctx.Err() == nil {
+		c.log.Warn("marconi: held-back ack failed; the signals will come again", "up_to_seq", m.seq, "err", err)
+	}
 }

@@ -720,3 +720,48 @@ func TestFakeCloseSendsThePacedAck(t *testing.T) {
 		t.Fatalf("acks at the hub after Close: %v, want [1 2]", home.acks)
 	}
 }
+
+// With DeferAck, Client.Ack is paced by AckInterval as the client's own
+// acks are: the first is sent at once, those within the interval are folded
+// into one, sent once the interval has passed or at Close.
+func TestFakeDeferredAcksArePaced(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		interval time.Duration
+		close    bool
+	}{
+		{"sent at Close", time.Hour, true},
+		{"sent when the interval has passed", time.Second, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			home := newFakeHub(t)
+			defer home.close()
+			home.replay = []Signal{{ID: "a", Seq: 1}, {ID: "b", Seq: 2}, {ID: "c", Seq: 3}}
+			handed := make(chan Signal, 3)
+			c := dialFake(t, home.srv.URL, Config{DeferAck: true, AckInterval: tt.interval,
+				OnSignal: func(s Signal) { handed <- s }})
+			defer c.Close()
+			for range 3 {
+				if err := c.Ack(t.Context(), <-handed); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := c.Stats().Acks; n != 1 {
+				t.Fatalf("%d acks sent right after three Acks, want 1 (the others held back)", n)
+			}
+			if tt.close {
+				_ = c.Close()
+			}
+			eventually(t, "the held-back ack of 3", func() bool {
+				home.mu.Lock()
+				defer home.mu.Unlock()
+				return len(home.acks) == 2
+			})
+			home.mu.Lock()
+			defer home.mu.Unlock()
+			if home.acks[0] != 1 || home.acks[1] != 3 {
+				t.Fatalf("acks at the hub: %v, want [1 3]", home.acks)
+			}
+		})
+	}
+}

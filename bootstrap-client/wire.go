@@ -134,8 +134,8 @@ type Stats struct {
 	// sent through the hub URL instead because that instance could not be
 	// reached (Config.HolderRetryAfter).
 	HolderSends, HolderFallbacks int
-	// Acks counts the acknowledgements the client sent by itself (not
-	// DeferAck's Client.Ack) that reached the hub: ack frames written, and
+	// Acks counts the acknowledgements that reached the hub, the client's
+	// own and DeferAck's Client.Ack's: ack frames written, and
 	// POST /v1/signals/ack answered while the WebSocket was down. Paced by
 	// Config.AckInterval, each covers every signal handled before it.
 	Acks int
