@@ -7,8 +7,9 @@ import (
 )
 
 // Prober tells which instances' processes are alive now, from what the store
-// sees of their connections (pgstore.Bus: the liveness lock each process's
-// listener connection holds). Implementations are safe for concurrent use.
+// sees of their connections (pgstore.Bus: the liveness lock that each
+// process's two dedicated connections hold, so that one of them replaced
+// is no death). Implementations are safe for concurrent use.
 type Prober interface {
 	// ConnectedInstances returns, by instance id, the StartedAt of the
 	// process that holds its connection now (one of the instance table's

@@ -409,7 +409,7 @@ func settings(c *Config) []setting {
 			}
 			return nil
 		}, public},
-		{"MARCONI_DATABASE_MAX_CONNS", strconv.Itoa(defaultDatabaseMaxConns), "Postgres connections of this instance's pool (the wake-up listener holds one more)", func(c *Config, v string) error {
+		{"MARCONI_DATABASE_MAX_CONNS", strconv.Itoa(defaultDatabaseMaxConns), "Postgres connections of this instance's pool (the wake-up listener and the liveness connection hold two more)", func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > 1000 {
 				return fmt.Errorf("want a whole number from 1 to 1000, got %q", v)

@@ -250,14 +250,15 @@ func (b *Bus) Publish(ctx context.Context, instance string, w sessionstore.Wake)
 }
 
 // ConnectedInstances implements fabric.Prober through the store's bus,
-// whose listener holds each instance's liveness lock.
+// whose listener and liveness connections hold each process's liveness
+// lock.
 func (b *Bus) ConnectedInstances(ctx context.Context) (map[string]time.Time, string, error) {
 	return b.store.ConnectedInstances(ctx)
 }
 
 // Listen implements fabric.Bus: it subscribes to instance's subject and
 // hands every well-formed wake-up to onWake until ctx ends. Beside it runs
-// the store's listener, which holds the instance's liveness lock and hears
+// the store's listener, which holds the process's liveness locks and hears
 // NOTIFYs from instances still on the Postgres bus. onConnect runs when
 // either starts listening, after a NATS reconnect, and after the queue
 // overflowed. onWake and onConnect never run concurrently, and must not

@@ -27,9 +27,10 @@ type Config struct {
 	// InstanceID names this instance in the store's queue records.
 	InstanceID string
 	// StartedAt is when this process started, as its heartbeats say
-	// (fabric.Members.StartedAt): the bus's listener holds this process's
-	// liveness lock under it. Zero: the other instances never see this
-	// process connected, and judge it by its heartbeat alone.
+	// (fabric.Members.StartedAt): the bus's listener and liveness
+	// connections hold this process's liveness lock under it. Zero: the
+	// other instances never see this process connected, and judge it by its
+	// heartbeat alone.
 	StartedAt time.Time
 	// SessionTTL: an attach or a connection's activity extends the session
 	// this long.

@@ -38,27 +38,34 @@ import (
 const channelSQL = `'marconi_wake_' || md5(coalesce(current_schema(), '') || '/' || $1::text)`
 
 // livenessKeySQL computes the key of an instance's liveness lock: a
-// session-level advisory lock that the instance's listener connection holds
-// while it lives. Postgres releases it the moment that connection ends (the
-// process was killed, its host lost the database), so the other instances
-// see the death within one probe rather than after the heartbeat window. Like
-// the channel, the key covers the schema.
+// session-level advisory lock that the liveness connection of the
+// instance's process (Listen) holds exclusively while it lives, so that two
+// processes of one instance id are told apart. Like the channel, the key
+// covers the schema.
 const livenessKeySQL = `('x' || substr(md5('marconi-liveness/' || coalesce(current_schema(), '') || '/' || $1::text), 1, 16))::bit(64)::bigint`
 
-// processKeySQL computes the key of a process's liveness lock: the
-// listener connection of the process of instance $1 started at $2 (the
-// started_at of its heartbeats, to the microsecond, as stored) holds it
-// beside the instance's own (livenessKeySQL). A process restarted with the
-// same instance id has another key, so a lock still held by the backend of
-// the process before it (Postgres has not yet seen that connection end) is
-// never taken for the new process's: ConnectedInstances reads the key of
-// each row's started_at.
+// processKeySQL computes the key of a process's liveness lock: both
+// dedicated connections of the process of instance $1 started at $2 (the
+// started_at of its heartbeats, to the microsecond, as stored) hold it,
+// shared. Postgres releases it the moment the last of them ends (the
+// process was killed, its host lost the database), so the other instances
+// see the death within one probe rather than after the heartbeat window,
+// while one connection replaced in a live process leaves it held. A process
+// restarted with the same instance id has another key, so a lock still held
+// by a backend of the process before it (Postgres has not yet seen that
+// connection end) is never taken for the new process's: ConnectedInstances
+// reads the key of each row's started_at.
 const processKeySQL = `('x' || substr(md5('marconi-process/' || coalesce(current_schema(), '') || '/' ||
 	(extract(epoch FROM $2::timestamptz) * 1000000)::bigint || '/' || $1::text), 1, 16))::bit(64)::bigint`
 
 // ListenerApplicationName is the application_name of the listener's
 // connection, as pg_stat_activity shows it.
 const ListenerApplicationName = "marconi-wake-listener"
+
+// LivenessApplicationName is the application_name of the liveness
+// connection that Listen keeps beside the listener's, as pg_stat_activity
+// shows it.
+const LivenessApplicationName = "marconi-liveness"
 
 // MaxWakePayload bounds a wake-up payload, well under Postgres's 8000 bytes.
 const MaxWakePayload = 2048
@@ -79,13 +86,14 @@ const MaxWakeBatch = 128
 const (
 	listenBackoffMin = 100 * time.Millisecond
 	listenBackoffMax = 5 * time.Second
-	// listenIdleCheck: a listener that heard nothing for this long checks
-	// its connection, so a half-open one is noticed and replaced.
+	// listenIdleCheck: a dedicated connection (Listen) that heard nothing
+	// for this long checks itself, so a half-open one is noticed and
+	// replaced.
 	listenIdleCheck = 30 * time.Second
 	// listenCallTimeout bounds connecting, LISTEN and the idle check.
 	listenCallTimeout = 10 * time.Second
-	// livenessRetry is how soon a listener that could not take its
-	// liveness lock tries again.
+	// livenessRetry is how soon a connection that could not take one of
+	// its liveness locks tries again.
 	livenessRetry = 500 * time.Millisecond
 )
 
@@ -661,8 +669,8 @@ func validateWake(k sessionstore.Key, seq int64) error {
 // committed and outside any append's transaction, batched: concurrent
 // publishers share one statement of at most the store's WithMaxBatch
 // wake-ups, and eight times as many wait for one (Postgres serialises
-// notifying commits on one global lock, so fewer is faster). Listen holds a dedicated connection
-// of its own. It is safe for concurrent use.
+// notifying commits on one global lock, so fewer is faster). Listen holds two dedicated
+// connections of its own. It is safe for concurrent use.
 type Bus struct {
 	store    *Store
 	log      *slog.Logger
@@ -776,49 +784,59 @@ func (b *Bus) Channel(ctx context.Context, instance string) (string, error) {
 	return ch, wrap("wake-up channel", err)
 }
 
-// livenessLocks are the two locks a listener connection holds: the
-// instance's (one process per instance id) and its process's (what
-// ConnectedInstances reads).
+// livenessLocks are the liveness locks a connection holds, or is to hold:
+// the instance's, exclusively (one process per instance id), and its
+// process's, shared (what ConnectedInstances reads). Both of a process's
+// dedicated connections hold the process's, so that it stays held while
+// either one is replaced.
 type livenessLocks struct{ instance, process bool }
 
-func (l livenessLocks) held() bool { return l.instance && l.process }
+// covers reports whether l holds every lock of want.
+func (l livenessLocks) covers(want livenessLocks) bool {
+	return (l.instance || !want.instance) && (l.process || !want.process)
+}
 
-// lockLiveness takes, on conn and without waiting, whichever of the
-// liveness locks of instance and of its process started at startedAt
-// (livenessKeySQL, processKeySQL) conn does not hold yet. Either may be
-// held by another connection: the instance's by a process of the same id
-// (killed, whose backend has not ended yet, or, misconfigured, alive), the
-// process's by this process's own earlier listener connection that Postgres
-// has not seen end. The caller tries again.
-func (b *Bus) lockLiveness(ctx context.Context, conn *pgx.Conn, instance string, startedAt time.Time, l livenessLocks) (livenessLocks, error) {
+// lockLiveness takes, on conn and without waiting, whichever lock of want
+// conn does not hold yet (held): the instance's exclusively
+// (livenessKeySQL), that of its process started at startedAt shared
+// (processKeySQL). The instance's may be held by another connection: a
+// process of the same id (killed, whose backend has not ended yet, or,
+// misconfigured, alive), or this process's own earlier liveness connection
+// that Postgres has not seen end. The process's is refused only while a
+// session holds it exclusively, which no process of this version does. The
+// caller tries again.
+func (b *Bus) lockLiveness(ctx context.Context, conn *pgx.Conn, instance string, startedAt time.Time, want, held livenessLocks) (livenessLocks, error) {
+	var got livenessLocks
 	err := conn.QueryRow(ctx, `SELECT
-		CASE WHEN $3::bool THEN true ELSE pg_try_advisory_lock(`+livenessKeySQL+`) END,
-		CASE WHEN $4::bool THEN true ELSE pg_try_advisory_lock(`+processKeySQL+`) END`,
-		instance, startedAt, l.instance, l.process).Scan(&l.instance, &l.process)
+		CASE WHEN $3::bool THEN pg_try_advisory_lock(`+livenessKeySQL+`) ELSE false END,
+		CASE WHEN $4::bool THEN pg_try_advisory_lock_shared(`+processKeySQL+`) ELSE false END`,
+		instance, startedAt, want.instance && !held.instance, want.process && !held.process).Scan(&got.instance, &got.process)
 	if err != nil {
-		return l, fmt.Errorf("liveness lock: %w", err)
+		return held, fmt.Errorf("liveness lock: %w", err)
 	}
-	if !l.instance {
-		b.log.Warn("another connection holds this instance's liveness lock; retrying (a killed process of the same instance id not yet gone, or two processes share MARCONI_INSTANCE_ID)",
+	held = livenessLocks{instance: held.instance || got.instance, process: held.process || got.process}
+	if want.instance && !held.instance {
+		b.log.Warn("another connection holds this instance's liveness lock; retrying (this process's earlier liveness connection not yet gone, a killed process of the same instance id not yet gone, or two processes share MARCONI_INSTANCE_ID)",
 			"instance", instance)
 	}
-	if !l.process {
-		b.log.Warn("an earlier listener connection of this process still holds its liveness lock; retrying (Postgres has not yet seen it end)",
+	if want.process && !held.process {
+		b.log.Warn("another connection holds this process's liveness lock exclusively; retrying",
 			"instance", instance)
 	}
-	return l, nil
+	return held, nil
 }
 
 // ConnectedInstances returns, for each instance in the instance table whose
-// current process (the row's started_at) has its listener connection alive
-// now, that process's started_at: the connection holds the process's
-// liveness lock (Listen takes it). A process killed in any way loses it as
-// soon as Postgres sees its connection end; the heartbeat remains the judge
-// of hangs and partitions. A process restarted with the same id is not
-// reported until its own listener holds its own lock, whatever the backend
-// of the process before it still holds. server names the Postgres server
+// current process (the row's started_at) has a connection alive now that
+// holds the process's liveness lock (Listen's two take it, shared; an
+// older version's listener, exclusively: any granted lock counts), that
+// process's started_at. A process killed in any way loses it as soon as
+// Postgres sees its connections end; the heartbeat remains the judge of
+// hangs and partitions. A process restarted with the same id is not
+// reported until its own connections hold its own lock, whatever the
+// backend of the process before it still holds. server names the Postgres server
 // that answered (its postmaster's start time): locks live in one server's
-// memory, so after a failover or a restart none is held until each listener
+// memory, so after a failover or a restart none is held until each process
 // takes its lock again there. Returns an error wrapping
 // sessionstore.ErrUnavailable when Postgres cannot be reached.
 func (b *Bus) ConnectedInstances(ctx context.Context) (live map[string]time.Time, server string, err error) {
@@ -855,52 +873,95 @@ func (b *Bus) ConnectedInstances(ctx context.Context) (live map[string]time.Time
 }
 
 // Listen listens on instance's channel on a dedicated connection and hands
-// every well-formed wake-up to onWake, until ctx ends; the same connection
-// holds the liveness locks of instance and of its process started at
+// every well-formed wake-up to onWake, until ctx ends; then it closes its
+// connections and returns nil. Beside the listener's connection it keeps a
+// second one, the liveness connection: it holds the instance's liveness
+// lock, and both hold, shared, the lock of instance's process started at
 // startedAt, this process's StartedAt as its heartbeats write it
-// (ConnectedInstances); then it closes the
-// connection and returns nil. A dropped connection is replaced with
+// (ConnectedInstances), so that losing either connection while the process
+// lives is no death to the peers. A dropped connection is replaced with
 // exponential backoff (and full jitter); onConnect runs each time LISTEN is
 // in place, because wake-ups sent meanwhile are lost. onWake and onConnect
 // run on Listen's goroutine and must not block for long.
 func (b *Bus) Listen(ctx context.Context, instance string, startedAt time.Time, onWake func(sessionstore.Wake), onConnect func()) error {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		b.keep(ctx, livenessConn, instance, startedAt, func(sessionstore.Wake) {}, func() {})
+	}()
+	b.keep(ctx, listenerConn, instance, startedAt, onWake, onConnect)
+	return nil
+}
+
+// dedicatedConn is one of the two connections Listen keeps open.
+type dedicatedConn struct {
+	app    string        // its application_name
+	locks  livenessLocks // the liveness locks it holds
+	listen bool          // whether it LISTENs on the instance's channel
+	// What it logs when it lost its connection, and when it cannot open one.
+	lost, cannotConnect string
+}
+
+var (
+	// listenerConn hears the wake-ups.
+	listenerConn = dedicatedConn{
+		app: ListenerApplicationName, locks: livenessLocks{process: true}, listen: true,
+		lost:          "wake-up listener lost its connection; reconnecting (signals meanwhile arrive by the pending sweep)",
+		cannotConnect: "wake-up listener cannot connect; retrying (signals meanwhile arrive by the pending sweep)",
+	}
+	// livenessConn only holds locks: while the listener's connection is
+	// replaced, it holds the process's.
+	livenessConn = dedicatedConn{
+		app: LivenessApplicationName, locks: livenessLocks{instance: true, process: true},
+		lost:          "liveness connection lost; reconnecting (meanwhile the wake-up listener's connection, while it lasts, holds the process's liveness lock)",
+		cannotConnect: "liveness connection cannot connect; retrying",
+	}
+)
+
+// keep runs c's connection until ctx ends, replacing it, when it drops or
+// cannot be opened, with exponential backoff (and full jitter).
+func (b *Bus) keep(ctx context.Context, c dedicatedConn, instance string, startedAt time.Time, onWake func(sessionstore.Wake), onConnect func()) {
 	backoff := listenBackoffMin
 	for {
-		listened, err := b.listenOnce(ctx, instance, startedAt, onWake, onConnect)
+		connected, err := b.runConn(ctx, c, instance, startedAt, onWake, onConnect)
 		if ctx.Err() != nil {
-			return nil
+			return
 		}
-		if listened {
+		if connected {
 			backoff = listenBackoffMin
 		}
 		wait := rand.N(backoff) + time.Millisecond
-		if listened {
-			b.log.Warn("wake-up listener lost its connection; reconnecting (signals meanwhile arrive by the pending sweep)",
-				"instance", instance, "retry_in", wait, "err", err)
+		if connected {
+			b.log.Warn(c.lost, "instance", instance, "retry_in", wait, "err", err)
 		} else {
 			// It never had a connection: say so, and why.
-			b.log.Warn("wake-up listener cannot connect; retrying (signals meanwhile arrive by the pending sweep)",
-				"instance", instance, "retry_in", wait, "cause", Diagnose(err))
+			b.log.Warn(c.cannotConnect, "instance", instance, "retry_in", wait, "cause", Diagnose(err))
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil
+			return
 		case <-t.C:
 		}
 		backoff = min(2*backoff, listenBackoffMax)
 	}
 }
 
-// listenOnce runs one connection: connect, LISTEN, onConnect, then wait for
-// notifications until the connection fails or ctx ends. listened reports
-// whether LISTEN was in place.
-func (b *Bus) listenOnce(ctx context.Context, instance string, startedAt time.Time, onWake func(sessionstore.Wake), onConnect func()) (listened bool, err error) {
+// runConn runs one connection of c: connect, take its liveness locks,
+// LISTEN when c listens, onConnect, then wait for notifications until the
+// connection fails or ctx ends. connected reports whether it got that far.
+// A connection that does not listen waits all the same: that is how it
+// notices at once that its backend ended.
+func (b *Bus) runConn(ctx context.Context, c dedicatedConn, instance string, startedAt time.Time, onWake func(sessionstore.Wake), onConnect func()) (connected bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, listenCallTimeout)
 	defer cancel()
 	cfg := b.store.pool.Config().ConnConfig // a copy
-	cfg.RuntimeParams["application_name"] = ListenerApplicationName
+	cfg.RuntimeParams["application_name"] = c.app
 	conn, err := pgx.ConnectConfig(cctx, cfg)
 	if err != nil {
 		return false, fmt.Errorf("connect: %w", err)
@@ -910,22 +971,24 @@ func (b *Bus) listenOnce(ctx context.Context, instance string, startedAt time.Ti
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	var channel string
-	if err := conn.QueryRow(cctx, `SELECT `+channelSQL, instance).Scan(&channel); err != nil {
-		return false, fmt.Errorf("channel name: %w", err)
-	}
-	locks, err := b.lockLiveness(cctx, conn, instance, startedAt, livenessLocks{})
+	locks, err := b.lockLiveness(cctx, conn, instance, startedAt, c.locks, livenessLocks{})
 	if err != nil {
 		return false, err
 	}
-	if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		return false, fmt.Errorf("listen: %w", err)
+	var channel string
+	if c.listen {
+		if err := conn.QueryRow(cctx, `SELECT `+channelSQL, instance).Scan(&channel); err != nil {
+			return false, fmt.Errorf("channel name: %w", err)
+		}
+		if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+			return false, fmt.Errorf("listen: %w", err)
+		}
+		b.log.Debug("wake-up listener listening", "instance", instance, "channel", channel)
 	}
-	b.log.Debug("wake-up listener listening", "instance", instance, "channel", channel)
 	onConnect()
 	for {
 		wait := listenIdleCheck
-		if !locks.held() {
+		if !locks.covers(c.locks) {
 			wait = livenessRetry
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
@@ -943,9 +1006,9 @@ func (b *Bus) listenOnce(ctx context.Context, instance string, startedAt time.Ti
 			}
 		case ctx.Err() != nil:
 			return true, ctx.Err()
-		case errors.Is(err, context.DeadlineExceeded) && !locks.held():
+		case errors.Is(err, context.DeadlineExceeded) && !locks.covers(c.locks):
 			pctx, cancel := context.WithTimeout(ctx, listenCallTimeout)
-			locks, err = b.lockLiveness(pctx, conn, instance, startedAt, locks)
+			locks, err = b.lockLiveness(pctx, conn, instance, startedAt, c.locks, locks)
 			cancel()
 			if err != nil {
 				return true, err
