@@ -18,14 +18,10 @@ var (
 	errPongTimeout = errors.New("pong timeout")
 )
 
-// queueItem is one entry of a connection's outgoing queue: a signal to write,
-// a check of the connection against the store, or else a wake-up to catch up
-// from the store.
+// queueItem is one entry of a connection's outgoing queue: a signal to
+// write, or else a wake-up to catch up from the store.
 type queueItem struct {
 	sig *sessionstore.Signal
-	// check asks the writer to check the connection against its session's
-	// store row (a token change elsewhere: see Hub.Revoked).
-	check bool
 }
 
 // Conn is one attached WebSocket: its session's queue on this instance. It
@@ -60,6 +56,7 @@ type Conn struct {
 	mu        sync.Mutex
 	queue     []queueItem // outgoing, at most QueueSize; nil when empty, so an idle connection holds none
 	ctrl      [][]byte    // frames the reader asks the writer to send (errors), at most maxCtrl; nil when empty
+	checkDue  bool        // a check wake-up came: the writer reads the session's row before it writes more
 	ended     bool        // the handler is done: start nothing more
 	started   bool        // start has recorded the attach: the welcome is complete, a writer may run
 	writing   bool        // a writer goroutine runs

@@ -91,9 +91,13 @@ func (h *Hub) WakeLocal(w sessionstore.Wake) {
 
 // check asks k's connection here, if any, to check itself against its
 // session's store row (its writer reads it: the listener never waits on the
-// store). A full queue is left to the sweep.
+// store). The ask is a flag beside the queue, not an item on it, so a full
+// queue does not lose it, and any number of checks cost one read.
 func (h *Hub) check(k sessionstore.Key) {
-	if c := h.registry.get(k); c != nil && !c.closing() && c.enqueue(queueItem{check: true}) {
+	if c := h.registry.get(k); c != nil && !c.closing() {
+		c.mu.Lock()
+		c.checkDue = true
+		c.mu.Unlock()
 		c.wake()
 	}
 }
