@@ -130,14 +130,7 @@ func (h *Hub) Sweep(ctx context.Context) {
 
 // sweep reconciles and wakes cs with one store read.
 func (h *Hub) sweep(ctx context.Context, cs []*Conn) error {
-	open := make([]*Conn, 0, len(cs))
-	keys := make([]sessionstore.Key, 0, len(cs))
-	for _, c := range cs {
-		if !c.closing() {
-			open = append(open, c)
-			keys = append(keys, c.key)
-		}
-	}
+	cs, keys := notClosing(cs)
 	if len(keys) == 0 {
 		return nil
 	}
@@ -147,12 +140,13 @@ func (h *Hub) sweep(ctx context.Context, cs []*Conn) error {
 	if err != nil {
 		return err
 	}
-	for _, c := range open {
+	for _, c := range cs {
 		head, ok := heads[c.key]
 		if !ok {
 			c.kick(DisconnectSessionGone)
 			continue
 		}
+		c.knowExpiry(head.ExpiresAt)
 		h.reconcile(c, head.Session)
 		// Written is read after the row: a signal written since the read
 		// only makes the wake-up one the writer finds nothing for.
@@ -161,6 +155,19 @@ func (h *Hub) sweep(ctx context.Context, cs []*Conn) error {
 		}
 	}
 	return nil
+}
+
+// notClosing returns the connections of cs not being closed, and their keys.
+func notClosing(cs []*Conn) ([]*Conn, []sessionstore.Key) {
+	open := make([]*Conn, 0, len(cs))
+	keys := make([]sessionstore.Key, 0, len(cs))
+	for _, c := range cs {
+		if !c.closing() {
+			open = append(open, c)
+			keys = append(keys, c.key)
+		}
+	}
+	return open, keys
 }
 
 // wakeAll asks every queue attached here to catch up from the store, as
