@@ -12,6 +12,7 @@ import (
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -66,18 +67,6 @@ func closeCode(t *testing.T, c *websocket.Conn) websocket.StatusCode {
 	}
 }
 
-// wait returns once ch is closed or yields, failing t after 10 s.
-func wait[T any](t *testing.T, what string, ch <-chan T) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatalf("timed out waiting for %s", what)
-		panic("unreachable")
-	}
-}
-
 // A check wake-up (a session's row changed on another instance) reaches
 // the connection even when its queue is full: the connection is closed
 // with the code the row calls for, with the pending sweep off.
@@ -114,13 +103,13 @@ func TestCheckWakeUpOnAFullQueueClosesTheConnection(t *testing.T) {
 				const queue = 2
 				h := hubtest.Start(t, hubtest.Options{Store: held, Bus: bus, Config: hub.Config{PendingSweep: noSweep, WSQueueSize: queue}})
 				t.Cleanup(func() { close(held.release) }) // before the hub closes
-				onWake := wait(t, "the bus listener", bus.onWake)
+				onWake := testwait.Receive(t, "the bus listener", 10*time.Second, bus.onWake)
 				alice := register(t, h, "alice")
 				c := dial(t, h, register(t, h, "bob"))
 
 				// Bob's writer is held in its first catch-up: the sends fill
 				// his queue.
-				wait(t, "bob's first catch-up", held.held)
+				testwait.Receive(t, "bob's first catch-up", 10*time.Second, held.held)
 				for range queue {
 					post(t, h.URL+"/v1/signals", alice, map[string]any{"to_session": "bob", "payload": 1})
 				}

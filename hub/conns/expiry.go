@@ -57,8 +57,9 @@ func (h *Hub) dueBy(t int64) {
 
 // CloseExpired is one run of the expiry check: it closes with 4410 every
 // connection here whose session the store shows expired, once the expiry
-// known here has passed. A failed read leaves the connections it was for
-// due: the next run reads them again.
+// known here has passed; a connection whose row is live knows its expiry
+// from it, and is reconciled with it as the sweep does. A failed read
+// leaves the connections it was for due: the next run reads them again.
 func (h *Hub) CloseExpired(ctx context.Context) {
 	now := h.now()
 	if now.UnixNano() < h.nextExpiry.Load() {
@@ -67,7 +68,7 @@ func (h *Hub) CloseExpired(ctx context.Context) {
 	due := h.expired(now)
 	for len(due) > 0 {
 		n := min(len(due), sweepBatch)
-		if err := h.closeExpired(ctx, due[:n], now); err != nil {
+		if _, _, err := h.reconcileRows(ctx, due[:n], now, DisconnectSessionExpired); err != nil {
 			if ctx.Err() == nil {
 				h.log.Debug("expiry check", "connections", len(due), "err", err)
 			}
@@ -98,30 +99,4 @@ func (h *Hub) expired(now time.Time) []*Conn {
 	})
 	h.dueBy(earliest)
 	return due
-}
-
-// closeExpired reads the rows of cs, due at now, in one store read: a
-// connection without a live row is closed with 4410; one with a row knows
-// its expiry from it, and is reconciled with it as the sweep does.
-func (h *Hub) closeExpired(ctx context.Context, cs []*Conn, now time.Time) error {
-	cs, keys := notClosing(cs)
-	if len(keys) == 0 {
-		return nil
-	}
-	rctx, cancel := context.WithTimeout(ctx, h.cfg.StoreTimeout)
-	defer cancel()
-	heads, err := h.store.SessionHeads(rctx, keys, now)
-	if err != nil {
-		return err
-	}
-	for _, c := range cs {
-		head, ok := heads[c.key]
-		if !ok {
-			c.kick(DisconnectSessionExpired)
-			continue
-		}
-		c.knowExpiry(head.ExpiresAt)
-		h.reconcile(c, head.Session)
-	}
-	return nil
 }

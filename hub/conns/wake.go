@@ -2,6 +2,7 @@ package conns
 
 import (
 	"context"
+	"time"
 
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/sessionstore"
@@ -130,26 +131,14 @@ func (h *Hub) Sweep(ctx context.Context) {
 
 // sweep reconciles and wakes cs with one store read.
 func (h *Hub) sweep(ctx context.Context, cs []*Conn) error {
-	cs, keys := notClosing(cs)
-	if len(keys) == 0 {
-		return nil
-	}
-	rctx, cancel := context.WithTimeout(ctx, h.cfg.StoreTimeout)
-	heads, err := h.store.SessionHeads(rctx, keys, h.now())
-	cancel()
+	cs, heads, err := h.reconcileRows(ctx, cs, h.now(), DisconnectSessionGone)
 	if err != nil {
 		return err
 	}
 	for _, c := range cs {
-		head, ok := heads[c.key]
-		if !ok {
-			c.kick(DisconnectSessionGone)
-			continue
-		}
-		c.knowExpiry(head.ExpiresAt)
-		h.reconcile(c, head.Session)
 		// Written is read after the row: a signal written since the read
 		// only makes the wake-up one the writer finds nothing for.
+		head := heads[c.key]
 		if !c.closing() && head.LastSeq > max(head.AckedSeq, c.written.Load()) && c.enqueue(queueItem{}) {
 			c.wake()
 		}
@@ -157,8 +146,11 @@ func (h *Hub) sweep(ctx context.Context, cs []*Conn) error {
 	return nil
 }
 
-// notClosing returns the connections of cs not being closed, and their keys.
-func notClosing(cs []*Conn) ([]*Conn, []sessionstore.Key) {
+// reconcileRows reads the rows live at now of the connections of cs not
+// being closed, in one store read (SessionHeads), closes with gone those
+// without one, and reconciles the others with theirs, whose expiry they
+// know from then on. It returns the connections it read for and the rows.
+func (h *Hub) reconcileRows(ctx context.Context, cs []*Conn, now time.Time, gone Disconnect) ([]*Conn, map[sessionstore.Key]sessionstore.SessionHead, error) {
 	open := make([]*Conn, 0, len(cs))
 	keys := make([]sessionstore.Key, 0, len(cs))
 	for _, c := range cs {
@@ -167,7 +159,25 @@ func notClosing(cs []*Conn) ([]*Conn, []sessionstore.Key) {
 			keys = append(keys, c.key)
 		}
 	}
-	return open, keys
+	if len(keys) == 0 {
+		return nil, nil, nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, h.cfg.StoreTimeout)
+	heads, err := h.store.SessionHeads(rctx, keys, now)
+	cancel()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, c := range open {
+		head, ok := heads[c.key]
+		if !ok {
+			c.kick(gone)
+			continue
+		}
+		c.knowExpiry(head.ExpiresAt)
+		h.reconcile(c, head.Session)
+	}
+	return open, heads, nil
 }
 
 // wakeAll asks every queue attached here to catch up from the store, as
