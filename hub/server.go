@@ -116,6 +116,11 @@ type Config struct {
 	// has signals left to write, so that a lost cross-instance wake-up
 	// delays a signal by at most this long.
 	PendingSweep time.Duration
+	// ExpiryCheck is MARCONI_EXPIRY_CHECK_SECONDS (1): how often this
+	// instance looks for WebSockets whose session's expiry has passed, and
+	// closes them with 4410 once the store confirms it: the most such a
+	// WebSocket outlives its session's expires_at (plus one store read).
+	ExpiryCheck time.Duration
 	// SelfhealHistoryBucket is the width of one bucket of the self-heal
 	// history the dashboard reads (GET /v1/ops/selfheal/history); the
 	// history keeps the last 20.
@@ -178,6 +183,7 @@ const (
 	DefaultRetainExpired          = time.Hour
 	DefaultPruneEvery             = time.Minute
 	DefaultPendingSweep           = 5 * time.Second
+	DefaultExpiryCheck            = time.Second
 	DefaultHistoryBucket          = 30 * time.Second
 	DefaultTokenCacheSize         = 10000
 	// DefaultReadyzCache is half HAProxy's fall × inter (2 × 500 ms in
@@ -220,6 +226,7 @@ func (c Config) withDefaults() Config {
 	c.Retention.Expired = cmp.Or(c.Retention.Expired, DefaultRetainExpired)
 	c.Retention.Every = cmp.Or(c.Retention.Every, DefaultPruneEvery)
 	c.PendingSweep = cmp.Or(c.PendingSweep, DefaultPendingSweep)
+	c.ExpiryCheck = cmp.Or(c.ExpiryCheck, DefaultExpiryCheck)
 	c.SelfhealHistoryBucket = cmp.Or(c.SelfhealHistoryBucket, DefaultHistoryBucket)
 	c.SelfHeal = c.SelfHeal.WithDefaults(c.Mode)
 	c.Fabric.InstanceID = c.InstanceID
@@ -243,6 +250,7 @@ func (c Config) validate() error {
 		"QuotaAttachesPerSecond": c.QuotaAttachesPerSecond > 0,
 		"Retention":              c.Retention.Acked > 0 && c.Retention.Expired > 0 && c.Retention.Every > 0,
 		"PendingSweep":           c.PendingSweep > 0,
+		"ExpiryCheck":            c.ExpiryCheck > 0,
 		"SelfhealHistoryBucket":  c.SelfhealHistoryBucket > 0,
 	})
 }
@@ -575,12 +583,13 @@ func (s *Server) CloseConnections(ctx context.Context) error { return s.conns.Cl
 func (s *Server) WakeLocal(w sessionstore.Wake) { s.conns.WakeLocal(w) }
 
 // Run runs the hub's background loops (pruning, bucket sweeps, the
-// wake-up listener and the pending sweep) until ctx ends, and returns when
-// they have all stopped.
+// wake-up listener, the pending sweep and the expiry check) until ctx
+// ends, and returns when they have all stopped.
 func (s *Server) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.conns.Listen(ctx) })
 	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.conns.Sweep); return nil })
+	g.Go(func() error { s.every(ctx, s.cfg.ExpiryCheck, s.conns.CloseExpired); return nil })
 	if s.history != nil {
 		g.Go(func() error {
 			start := s.now()

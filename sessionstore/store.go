@@ -297,8 +297,10 @@ type Store interface {
 	// further than f.Limit when it is positive (a quota check needs only
 	// to know whether the limit is reached).
 	CountSessions(ctx context.Context, f SessionFilter, now time.Time) (int, error)
-	// TouchSession records proof of life. Returns ErrNotFound when no live
-	// session has the key.
+	// TouchSession records proof of life. It never moves a time earlier:
+	// an expiry written or read is a lower bound of the session's from then
+	// on (the connection hub's expiry check relies on it). Returns
+	// ErrNotFound when no live session has the key.
 	TouchSession(ctx context.Context, k Key, t Touch, now time.Time) error
 	// DeleteSession removes a session with its signals. Returns ErrNotFound
 	// when no session has the key.

@@ -395,6 +395,7 @@ func settings(c *Config) []setting {
 		{"MARCONI_RETAIN_EXPIRED_SECONDS", secs(hub.DefaultRetainExpired), "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired), public},
 		{"MARCONI_PRUNE_INTERVAL_SECONDS", secs(hub.DefaultPruneEvery), "how often the retention loop runs", seconds(&h.Retention.Every), public},
 		{"MARCONI_PENDING_SWEEP_SECONDS", secs(hub.DefaultPendingSweep), "how often the attached queues are checked against the store and those with signals left are woken (bounds the delay of a lost cross-instance wake-up)", seconds(&h.PendingSweep), public},
+		{"MARCONI_EXPIRY_CHECK_SECONDS", secs(hub.DefaultExpiryCheck), "how often this instance closes (4410) the WebSockets whose session has expired, once the store confirms it (bounds how long such a WebSocket outlives its session)", seconds(&h.ExpiryCheck), public},
 		{"MARCONI_SHUTDOWN_TIMEOUT_SECONDS", secs(defaultShutdownTimeout), "bound on graceful shutdown", seconds(&c.ShutdownTimeout), public},
 		{"MARCONI_QUOTA_PENDING_PER_RECIPIENT", strconv.Itoa(signals.DefaultQuotaPendingPerRecipient), "unacknowledged signals one recipient may hold (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingPerRecipient), public},
 		{"MARCONI_QUOTA_PENDING_BYTES_PER_PROJECT", strconv.Itoa(signals.DefaultQuotaPendingBytesPerProject), "payload bytes of the unacknowledged signals of one project (429 quota_exceeded past it)", positiveInt64(&h.StoreQuotas.PendingBytesPerProject), public},

@@ -18,14 +18,10 @@ var (
 	errPongTimeout = errors.New("pong timeout")
 )
 
-// queueItem is one entry of a connection's outgoing queue: a signal to write,
-// a check of the connection against the store, or else a wake-up to catch up
-// from the store.
+// queueItem is one entry of a connection's outgoing queue: a signal to
+// write, or else a wake-up to catch up from the store.
 type queueItem struct {
 	sig *sessionstore.Signal
-	// check asks the writer to check the connection against its session's
-	// store row (a token change elsewhere: see Hub.Revoked).
-	check bool
 }
 
 // Conn is one attached WebSocket: its session's queue on this instance. It
@@ -60,6 +56,7 @@ type Conn struct {
 	mu        sync.Mutex
 	queue     []queueItem // outgoing, at most QueueSize; nil when empty, so an idle connection holds none
 	ctrl      [][]byte    // frames the reader asks the writer to send (errors), at most maxCtrl; nil when empty
+	checkDue  bool        // a check wake-up came: the writer reads the session's row before it writes more
 	ended     bool        // the handler is done: start nothing more
 	started   bool        // start has recorded the attach: the welcome is complete, a writer may run
 	writing   bool        // a writer goroutine runs
@@ -72,6 +69,9 @@ type Conn struct {
 	// written is last, for the pending sweep to read: it wakes only the
 	// connections whose session has a signal past it.
 	written atomic.Int64
+	// expires is the latest expiry of the session this instance knows
+	// (UnixNano), for the expiry check (expiry.go).
+	expires atomic.Int64
 
 	kickMu sync.Mutex
 	kicked chan struct{} // closed by the first kick, after kickBy is set
@@ -156,7 +156,10 @@ func (h *Hub) start(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.acks = newAcks(c)
-	if old := h.registry.attach(c); old != nil {
+	c.expires.Store(sess.ExpiresAt.UnixNano())
+	old := h.registry.attach(c)
+	h.dueBy(c.expires.Load())
+	if old != nil {
 		// The old connection's own handler counts its disconnect, with the
 		// first kick it got.
 		if old.belongsTo(sess) {
@@ -231,8 +234,8 @@ func (h *Hub) end(c *Conn) {
 // recordAttach writes the queue placement and the attach as proof of life,
 // in one store write (one statement of a group commit on Postgres), which
 // also counts the signals the welcome announces as replayed. A session
-// gone meanwhile is not an error here: the reconciliation (Sweep) closes
-// its connection with 4410, as it closes any other.
+// gone meanwhile (expired or deregistered since it was authenticated) is
+// not an error here: its connection is closed with 4410 after the welcome.
 func (h *Hub) recordAttach(c *Conn, now time.Time) error {
 	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.StoreTimeout)
 	defer cancel()
@@ -240,7 +243,11 @@ func (h *Hub) recordAttach(c *Conn, now time.Time) error {
 	n, err := h.store.AttachQueue(ctx, c.key, h.cfg.InstanceID, c.attachedAt, t, now)
 	if errors.Is(err, sessionstore.ErrNotFound) {
 		h.log.Debug("record queue attach: the session is gone", KeyAttrs(c.key))
+		c.kick(DisconnectSessionGone)
 		return nil
+	}
+	if err == nil {
+		c.knowExpiry(t.ExpiresAt)
 	}
 	c.welcome.Replayed = n
 	return err

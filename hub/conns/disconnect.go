@@ -26,8 +26,11 @@ var (
 	DisconnectTokenReplaced = Disconnect{marconi.CloseReplaced, "session token replaced (resumed or taken over); reconnect with the new token", "replaced"}
 	DisconnectSessionGone   = Disconnect{marconi.CloseSessionExpired, "session deregistered or expired; register again", "deregistered"}
 	DisconnectDeregistered  = Disconnect{marconi.CloseSessionExpired, "session deregistered", "deregistered"}
-	DisconnectSlowConsumer  = Disconnect{marconi.CloseSlowConsumer, "slow consumer: queue full; signals stay durable", "slow_consumer"}
-	DisconnectShutdown      = Disconnect{marconi.CloseRestarting, "hub restarting", "shutdown"}
+	// DisconnectSessionExpired closes a connection whose session's
+	// expires_at has passed (the expiry check, expiry.go).
+	DisconnectSessionExpired = Disconnect{marconi.CloseSessionExpired, "session expired; register again", "expired"}
+	DisconnectSlowConsumer   = Disconnect{marconi.CloseSlowConsumer, "slow consumer: queue full; signals stay durable", "slow_consumer"}
+	DisconnectShutdown       = Disconnect{marconi.CloseRestarting, "hub restarting", "shutdown"}
 	// DisconnectOperator is the dashboard's disconnect action: 1012, so the
 	// client reconnects as after a restart.
 	DisconnectOperator = Disconnect{marconi.CloseRestarting, "disconnected by an operator; reconnect", "operator"}
@@ -51,4 +54,4 @@ const (
 // disconnectLabels are every label of marconi_ws_disconnects_total, so that
 // each series exists from the start. affinity_reset is kept for dashboards
 // that query it.
-var disconnectLabels = []string{labelClientClosed, labelConnectionLost, labelPingTimeout, "replaced", "slow_consumer", "deregistered", "shutdown", labelMessageTooBig, "affinity_reset", "quota_exceeded", "operator", labelInvalidUTF8}
+var disconnectLabels = []string{labelClientClosed, labelConnectionLost, labelPingTimeout, "replaced", "slow_consumer", "deregistered", "shutdown", labelMessageTooBig, "affinity_reset", "quota_exceeded", "operator", labelInvalidUTF8, "expired"}

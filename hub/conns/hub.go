@@ -151,6 +151,10 @@ type Hub struct {
 	// send yields to the writer it starts only when that one is alone
 	// (see pushFirst).
 	writers atomic.Int64
+	// nextExpiry is, at most, the earliest expiry its connections know
+	// of their sessions (UnixNano): the expiry check looks at none before
+	// (expiry.go).
+	nextExpiry atomic.Int64
 }
 
 var _ signals.Router = (*Hub)(nil)

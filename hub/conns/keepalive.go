@@ -48,14 +48,17 @@ func (c *Conn) ping() {
 func (c *Conn) touchSeen(ctx context.Context, now time.Time) {
 	tctx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
 	defer cancel()
-	err := c.h.store.TouchSession(tctx, c.key, sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(c.h.cfg.SessionTTL)}, now)
+	t := sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(c.h.cfg.SessionTTL)}
+	err := c.h.store.TouchSession(tctx, c.key, t, now)
 	if errors.Is(err, sessionstore.ErrNotFound) {
 		c.kick(DisconnectSessionGone)
 		return
 	}
 	if err != nil {
 		c.h.log.Debug("touch from websocket", KeyAttrs(c.key), "err", err)
+		return
 	}
+	c.knowExpiry(t.ExpiresAt)
 }
 
 // stillCurrent reads the store row of c's session and reports whether c

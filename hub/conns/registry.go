@@ -52,3 +52,13 @@ func (r *registry) all() []*Conn {
 	}
 	return out
 }
+
+// each calls f for every connection, under the registry's lock: f must be
+// quick and must not call the registry.
+func (r *registry) each(f func(*Conn)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range r.conns {
+		f(c)
+	}
+}

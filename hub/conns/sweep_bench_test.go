@@ -1,15 +1,9 @@
 package conns_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/marconihub/marconi/internal/pgtest"
-	"github.com/marconihub/marconi/sessionstore"
-	"github.com/marconihub/marconi/sessionstore/memstore"
-	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
 
 // BenchmarkSweep measures the pending sweep of an instance with idle
@@ -19,10 +13,10 @@ import (
 // the sweep runs every millisecond, so that is the sweep's own time when it
 // takes longer). docs/benchmarks-history.md, "The pending sweep".
 func BenchmarkSweep(b *testing.B) {
-	for _, store := range []string{"memory", "postgres"} {
+	for _, store := range stores {
 		for _, n := range []int{100, 1000} {
 			b.Run(fmt.Sprintf("store=%s/conns=%d", store, n), func(b *testing.B) {
-				st := &sweepReads{Store: benchStore(b, store)}
+				st := &sweepReads{Store: openStore(b, store)}
 				h, _ := attachIdle(b, st, time.Millisecond, n)
 				// Let the attaches' own catch-ups finish.
 				s0 := sweeps(b, h)
@@ -37,18 +31,4 @@ func BenchmarkSweep(b *testing.B) {
 			})
 		}
 	}
-}
-
-func benchStore(b *testing.B, store string) sessionstore.Store {
-	if store == "memory" {
-		return memstore.New()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	st, err := pgstore.Open(ctx, pgtest.Schema(b))
-	if err != nil {
-		b.Fatalf("open pgstore: %v", err)
-	}
-	b.Cleanup(func() { st.Close() })
-	return st
 }

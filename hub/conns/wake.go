@@ -2,6 +2,7 @@ package conns
 
 import (
 	"context"
+	"time"
 
 	"github.com/marconihub/marconi/fabric"
 	"github.com/marconihub/marconi/sessionstore"
@@ -91,9 +92,13 @@ func (h *Hub) WakeLocal(w sessionstore.Wake) {
 
 // check asks k's connection here, if any, to check itself against its
 // session's store row (its writer reads it: the listener never waits on the
-// store). A full queue is left to the sweep.
+// store). The ask is a flag beside the queue, not an item on it, so a full
+// queue does not lose it, and any number of checks cost one read.
 func (h *Hub) check(k sessionstore.Key) {
-	if c := h.registry.get(k); c != nil && !c.closing() && c.enqueue(queueItem{check: true}) {
+	if c := h.registry.get(k); c != nil && !c.closing() {
+		c.mu.Lock()
+		c.checkDue = true
+		c.mu.Unlock()
 		c.wake()
 	}
 }
@@ -126,6 +131,26 @@ func (h *Hub) Sweep(ctx context.Context) {
 
 // sweep reconciles and wakes cs with one store read.
 func (h *Hub) sweep(ctx context.Context, cs []*Conn) error {
+	cs, heads, err := h.reconcileRows(ctx, cs, h.now(), DisconnectSessionGone)
+	if err != nil {
+		return err
+	}
+	for _, c := range cs {
+		// Written is read after the row: a signal written since the read
+		// only makes the wake-up one the writer finds nothing for.
+		head := heads[c.key]
+		if !c.closing() && head.LastSeq > max(head.AckedSeq, c.written.Load()) && c.enqueue(queueItem{}) {
+			c.wake()
+		}
+	}
+	return nil
+}
+
+// reconcileRows reads the rows live at now of the connections of cs not
+// being closed, in one store read (SessionHeads), closes with gone those
+// without one, and reconciles the others with theirs, whose expiry they
+// know from then on. It returns the connections it read for and the rows.
+func (h *Hub) reconcileRows(ctx context.Context, cs []*Conn, now time.Time, gone Disconnect) ([]*Conn, map[sessionstore.Key]sessionstore.SessionHead, error) {
 	open := make([]*Conn, 0, len(cs))
 	keys := make([]sessionstore.Key, 0, len(cs))
 	for _, c := range cs {
@@ -135,28 +160,24 @@ func (h *Hub) sweep(ctx context.Context, cs []*Conn) error {
 		}
 	}
 	if len(keys) == 0 {
-		return nil
+		return nil, nil, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, h.cfg.StoreTimeout)
-	heads, err := h.store.SessionHeads(rctx, keys, h.now())
+	heads, err := h.store.SessionHeads(rctx, keys, now)
 	cancel()
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	for _, c := range open {
 		head, ok := heads[c.key]
 		if !ok {
-			c.kick(DisconnectSessionGone)
+			c.kick(gone)
 			continue
 		}
+		c.knowExpiry(head.ExpiresAt)
 		h.reconcile(c, head.Session)
-		// Written is read after the row: a signal written since the read
-		// only makes the wake-up one the writer finds nothing for.
-		if !c.closing() && head.LastSeq > max(head.AckedSeq, c.written.Load()) && c.enqueue(queueItem{}) {
-			c.wake()
-		}
 	}
-	return nil
+	return open, heads, nil
 }
 
 // wakeAll asks every queue attached here to catch up from the store, as

@@ -87,7 +87,7 @@ func (c *Conn) writeRun() {
 			return
 		}
 		c.mu.Lock()
-		if len(c.queue) == 0 && len(c.ctrl) == 0 && !c.closing() {
+		if len(c.queue) == 0 && len(c.ctrl) == 0 && !c.checkDue && !c.closing() {
 			c.writing = false
 			c.mu.Unlock()
 			return
@@ -97,7 +97,7 @@ func (c *Conn) writeRun() {
 }
 
 // writeSome writes what is waiting: the welcome and the replay first, then
-// a kick's close, error frames and the queue.
+// a kick's close, a check wake-up's close, error frames and the queue.
 func (c *Conn) writeSome(ctx context.Context) error {
 	if !c.welcomed {
 		if err := c.writeJSON(c.welcome); err != nil {
@@ -123,6 +123,12 @@ func (c *Conn) writeSome(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		if c.takeCheck() {
+			if err := c.check(ctx); err != nil {
+				return err
+			}
+			continue
+		}
 		if f, ok := c.takeCtrl(); ok {
 			if err := c.write(f); err != nil {
 				return err
@@ -143,16 +149,6 @@ func (c *Conn) writeSome(ctx context.Context) error {
 // store on a gap or a wake-up.
 func (c *Conn) writeItem(ctx context.Context, it queueItem) error {
 	switch {
-	case it.check:
-		d, err := c.stillCurrent(ctx)
-		if err != nil {
-			return c.storeLater(ctx, err)
-		}
-		if d == nil {
-			return nil
-		}
-		c.kick(*d)
-		return c.closeKicked()
 	case it.sig != nil && it.sig.Seq <= c.last:
 		// Already written by a catch-up.
 		return nil
@@ -172,6 +168,30 @@ func (c *Conn) writeItem(ctx context.Context, it queueItem) error {
 		}
 		return nil
 	}
+}
+
+// takeCheck reports whether a check wake-up is due, and clears it: a check
+// asked for from here on reads the row again.
+func (c *Conn) takeCheck() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	due := c.checkDue
+	c.checkDue = false
+	return due
+}
+
+// check reads the session's row and closes the connection when it shows
+// it superseded (a check wake-up: the row changed on another instance).
+func (c *Conn) check(ctx context.Context) error {
+	d, err := c.stillCurrent(ctx)
+	if err != nil {
+		return c.storeLater(ctx, err)
+	}
+	if d == nil {
+		return nil
+	}
+	c.kick(*d)
+	return c.closeKicked()
 }
 
 // errStoreRead marks a writer's store read that failed: the store is

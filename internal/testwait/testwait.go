@@ -54,3 +54,20 @@ func ForNil(t testing.TB, what string, within time.Duration, cond func() error) 
 		pause = min(2*pause, MaxPause)
 	}
 }
+
+// Receive returns the next value from ch (its zero value once ch is
+// closed). Once within has passed without one, it fails t (t.Fatalf)
+// naming what.
+func Receive[T any](t testing.TB, what string, within time.Duration, ch <-chan T) T {
+	t.Helper()
+	timer := time.NewTimer(within)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("timed out after %v waiting for %s", within, what)
+		var zero T
+		return zero
+	}
+}

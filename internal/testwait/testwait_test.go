@@ -56,3 +56,18 @@ func TestForNilFailsWithTheLastError(t *testing.T) {
 		t.Fatalf("a condition met at once: failed %q after %d polls", r.failed, n)
 	}
 }
+
+// TestReceive: a value sent is received; none within the deadline fails
+// the test, naming what it waited for.
+func TestReceive(t *testing.T) {
+	r := &recorder{TB: t}
+	ch := make(chan int, 1)
+	ch <- 7
+	if v := testwait.Receive(r, "a value", time.Minute, ch); v != 7 || r.failed != "" {
+		t.Fatalf("received %d, failed %q; want 7 and no failure", v, r.failed)
+	}
+	testwait.Receive(r, "a value never sent", 10*time.Millisecond, ch)
+	if !strings.Contains(r.failed, "waiting for a value never sent") {
+		t.Fatalf("failure %q; want one naming what it waited for", r.failed)
+	}
+}

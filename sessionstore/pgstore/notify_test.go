@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/marconihub/marconi/internal/pgtest"
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
@@ -293,15 +294,10 @@ func listening(t *testing.T, bus *pgstore.Bus, instance string) (wakes <-chan wa
 	return w, c
 }
 
+// receive returns the next value from ch, failing t after 10 s.
 func receive[T any](t *testing.T, what string, ch <-chan T) T {
 	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatalf("timed out waiting for %s", what)
-		panic("unreachable")
-	}
+	return testwait.Receive(t, what, 10*time.Second, ch)
 }
 
 func TestBusDeliversToTheNamedInstanceOnly(t *testing.T) {

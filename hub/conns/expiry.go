@@ -1,0 +1,102 @@
+package conns
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// Expiry of an attached session. An attached session is kept alive by its
+// own WebSocket: every pong to the hub's ping (PingInterval) and every
+// client frame (at most one a TouchInterval) writes proof of life, which
+// moves the row's expires_at to now + SessionTTL. With the defaults (a ping
+// every 20 s, a TTL of an hour) an attached session whose client answers
+// pings therefore expires only when those writes fail for a whole TTL (the
+// store unreachable or refusing), when SessionTTL is configured shorter
+// than the time between two pongs (up to twice PingInterval), or when the
+// clocks of the instances disagree by about a TTL. Its WebSocket must then
+// close (4410) as the session's calls already answer 410 everywhere.
+//
+// Each connection keeps the latest expiry this instance knows of its
+// session (the attach's, its keepalive's touches, what a pending sweep
+// read): a lower bound of the row's, since every store write of expires_at
+// only moves it later. CloseExpired, run every ExpiryCheck by the hub,
+// reads the rows of the connections whose known expiry has passed, a batch
+// per store read (SessionHeads, as the sweep), and closes those with no
+// live row; a row extended elsewhere (a heartbeat that reached another
+// instance) extends the known expiry instead. The hub keeps the earliest
+// known expiry of its connections, so a check finds nothing due without
+// looking at any connection, and idle connections cost no timer and no
+// goroutine for it.
+
+// never is the known expiry of no connection: later than any.
+const never = math.MaxInt64
+
+// knowExpiry records that c's session lives at least until t, as a store
+// write or read shows: the known expiry only moves later.
+func (c *Conn) knowExpiry(t time.Time) {
+	n := t.UnixNano()
+	for {
+		cur := c.expires.Load()
+		if n <= cur || c.expires.CompareAndSwap(cur, n) {
+			return
+		}
+	}
+}
+
+// dueBy makes sure the hub's next expiry check looks at its connections
+// once t has passed.
+func (h *Hub) dueBy(t int64) {
+	for {
+		cur := h.nextExpiry.Load()
+		if t >= cur || h.nextExpiry.CompareAndSwap(cur, t) {
+			return
+		}
+	}
+}
+
+// CloseExpired is one run of the expiry check: it closes with 4410 every
+// connection here whose session the store shows expired, once the expiry
+// known here has passed; a connection whose row is live knows its expiry
+// from it, and is reconciled with it as the sweep does. A failed read
+// leaves the connections it was for due: the next run reads them again.
+func (h *Hub) CloseExpired(ctx context.Context) {
+	now := h.now()
+	if now.UnixNano() < h.nextExpiry.Load() {
+		return
+	}
+	due := h.expired(now)
+	for len(due) > 0 {
+		n := min(len(due), sweepBatch)
+		if _, _, err := h.reconcileRows(ctx, due[:n], now, DisconnectSessionExpired); err != nil {
+			if ctx.Err() == nil {
+				h.log.Debug("expiry check", "connections", len(due), "err", err)
+			}
+			return
+		}
+		due = due[n:]
+	}
+}
+
+// expired returns the connections whose known expiry is before now, and
+// sets the hub's next expiry check to the earliest known expiry, theirs
+// included (they are due until a read extends them or closes them).
+func (h *Hub) expired(now time.Time) []*Conn {
+	// Reset first: a connection that attaches during the scan lowers it
+	// again (start), whether or not the scan sees it.
+	h.nextExpiry.Store(never)
+	var due []*Conn
+	earliest := int64(never)
+	h.registry.each(func(c *Conn) {
+		if c.closing() {
+			return
+		}
+		exp := c.expires.Load()
+		if exp < now.UnixNano() {
+			due = append(due, c)
+		}
+		earliest = min(earliest, exp)
+	})
+	h.dueBy(earliest)
+	return due
+}

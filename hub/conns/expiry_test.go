@@ -1,0 +1,114 @@
+package conns_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/marconihub/marconi/hub"
+	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+// expiryHub starts a hub over st on clock, with the pending sweep off: what
+// closes an expired session's WebSocket here is the expiry check alone.
+func expiryHub(t *testing.T, st sessionstore.Store, clock *hubtest.Clock, ttl time.Duration) *hubtest.Hub {
+	t.Helper()
+	return hubtest.Start(t, hubtest.Options{Store: st, Now: clock.Now, Config: hub.Config{
+		PendingSweep: noSweep, SessionTTL: ttl, ExpiryCheck: 10 * time.Millisecond,
+	}})
+}
+
+// An attached session that expires has its WebSocket closed with 4410 at
+// its expiry (within the expiry check's period), not at the next pending
+// sweep, and the disconnect is counted as an expiry.
+func TestExpiredSessionWebSocketClosesAtExpiry(t *testing.T) {
+	const ttl = time.Minute
+	for _, store := range stores {
+		t.Run(store, func(t *testing.T) {
+			clock := hubtest.NewClock(time.Now())
+			h := expiryHub(t, openStore(t, store), clock, ttl)
+			c := dial(t, h, register(t, h, "bob"))
+			if f := read(t, c); f["type"] != "welcome" {
+				t.Fatalf("first frame %v", f)
+			}
+			clock.Advance(ttl + time.Second)
+			if got := closeCode(t, c); got != 4410 {
+				t.Fatalf("closed with %d, want 4410", got)
+			}
+			if n := metric(t, h, "marconi_ws_disconnects_total", "reason", "expired"); n != 1 {
+				t.Fatalf("marconi_ws_disconnects_total{reason=\"expired\"} = %v, want 1", n)
+			}
+		})
+	}
+}
+
+// The instance holding a WebSocket reads its session's row before it
+// closes it: an expiry extended elsewhere (a heartbeat that reached
+// another instance) keeps the WebSocket open, until the extended expiry
+// passes in turn.
+func TestExpiryExtendedElsewhereKeepsTheWebSocket(t *testing.T) {
+	const ttl = time.Minute
+	bob := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}
+	for _, store := range stores {
+		t.Run(store, func(t *testing.T) {
+			st := &sweepReads{Store: openStore(t, store)}
+			clock := hubtest.NewClock(time.Now())
+			h := expiryHub(t, st, clock, ttl)
+			c := dial(t, h, register(t, h, "bob"))
+			if f := read(t, c); f["type"] != "welcome" {
+				t.Fatalf("first frame %v", f)
+			}
+
+			// A heartbeat elsewhere, then past the expiry the holder knows of.
+			clock.Advance(ttl - 10*time.Second)
+			now := clock.Now()
+			if err := st.TouchSession(context.Background(), bob, sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(ttl)}, now); err != nil {
+				t.Fatal(err)
+			}
+			clock.Advance(20 * time.Second)
+			waitFor(t, "the holder to read bob's row", func() bool { return st.heads.Load() >= 1 })
+			alice := register(t, h, "alice")
+			post(t, h.URL+"/v1/signals", alice, map[string]any{"to_session": "bob", "payload": 1})
+			if f := read(t, c); f["type"] != "signal" {
+				t.Fatalf("frame after the extension %v, want the signal", f)
+			}
+			// The row read extended what the holder knows: it is not read
+			// again at every check.
+			if n := st.heads.Load(); n != 1 {
+				t.Fatalf("%d reads of bob's row, want 1", n)
+			}
+
+			clock.Advance(ttl)
+			if got := closeCode(t, c); got != 4410 {
+				t.Fatalf("closed with %d, want 4410", got)
+			}
+		})
+	}
+}
+
+// goneAtAttach deletes a session just before its attach is recorded: it
+// ended between the handshake's authentication and the attach.
+type goneAtAttach struct{ sessionstore.Store }
+
+func (s goneAtAttach) AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) (int, error) {
+	if err := s.DeleteSession(ctx, k); err != nil {
+		return 0, err
+	}
+	return s.Store.AttachQueue(ctx, k, instance, at, t, now)
+}
+
+// A session that ends while its WebSocket attaches has it closed with 4410
+// after the welcome, with the pending sweep off.
+func TestSessionGoneAtAttachClosesTheWebSocket(t *testing.T) {
+	for _, store := range stores {
+		t.Run(store, func(t *testing.T) {
+			clock := hubtest.NewClock(time.Now())
+			h := expiryHub(t, goneAtAttach{openStore(t, store)}, clock, time.Hour)
+			c := dial(t, h, register(t, h, "bob"))
+			if got := closeCode(t, c); got != 4410 {
+				t.Fatalf("closed with %d, want 4410", got)
+			}
+		})
+	}
+}
