@@ -147,14 +147,16 @@ func (r *keyring) recheck(ctx context.Context, s *Store, log *slog.Logger) (busK
 	return after, after.version != before.version || (before.previous == nil) != (after.previous == nil)
 }
 
-// due is how long until get reads the row again.
+// due is how long until get reads the row again: once Refresh has passed
+// since the last read, and keyRetry since the last failed one.
 func (r *keyring) due() time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.keys.current == nil {
-		return max(0, keyRetry-r.now().Sub(r.failedAt))
+	at := r.failedAt.Add(keyRetry)
+	if r.keys.current != nil && r.readAt.Add(r.t.Refresh).After(at) {
+		at = r.readAt.Add(r.t.Refresh)
 	}
-	return max(0, r.t.Refresh-r.now().Sub(r.readAt))
+	return max(0, at.Sub(r.now()))
 }
 
 // current is the keys at now: the previous one dropped once its grace is over.

@@ -101,3 +101,28 @@ func TestBusKeyPreviousOpensOnlyWithinItsGrace(t *testing.T) {
 		}
 	}
 }
+
+// TestBusKeyDue: the listener sleeps until the key is due, a failed read
+// included, so that a store it cannot read never has it spin.
+func TestBusKeyDue(t *testing.T) {
+	clock := time.Now()
+	r := newKeyring(BusKeyTimings{Refresh: 30 * time.Second}, newBusKeyMetrics())
+	r.now = func() time.Time { return clock }
+	if d := r.due(); d != 0 {
+		t.Fatalf("never read: due in %v, want now", d)
+	}
+	r.set(keyRow{key: fuzzBusKey, version: 1}, clock, nil)
+	clock = clock.Add(10 * time.Second)
+	if d := r.due(); d != 20*time.Second {
+		t.Fatalf("read 10 s ago: due in %v, want 20s", d)
+	}
+	clock = clock.Add(25 * time.Second) // stale; a read now fails
+	r.failedAt = clock
+	if d := r.due(); d != keyRetry {
+		t.Fatalf("stale, a read just failed: due in %v, want %v", d, keyRetry)
+	}
+	r.keys = busKeys{}
+	if d := r.due(); d != keyRetry {
+		t.Fatalf("never read, a read just failed: due in %v, want %v", d, keyRetry)
+	}
+}
