@@ -283,15 +283,7 @@ func newBusKeyMetrics() *busKeyMetrics {
 
 // register registers m with reg; nil registers nowhere.
 func (m *busKeyMetrics) register(reg prometheus.Registerer) error {
-	if reg == nil {
-		return nil
-	}
-	for _, c := range []prometheus.Collector{m.version, m.opened} {
-		if err := reg.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
+	return registerAll(reg, m.version, m.opened)
 }
 
 // count adds what one payload's decode opened.
