@@ -42,7 +42,8 @@ func opened(t *testing.T, reg prometheus.Gatherer, result string) float64 {
 // (the timer is an hour away): a wake-up sealed under the old key after the
 // rotation, and one sealed under the new key before the other instance read
 // it, are both opened and carried; one sealed under a key two rotations old
-// is not, and its signal arrives from the store, in order.
+// is not, and its signal arrives from the store, in order, with no pending
+// sweep to fall back on.
 func TestBusKeyRotationOnALivePair(t *testing.T) {
 	t.Parallel()
 	regA, regB := prometheus.NewRegistry(), prometheus.NewRegistry()
@@ -102,7 +103,7 @@ func TestBusKeyRotationOnALivePair(t *testing.T) {
 	// Two more rotations on a, which b does not read: b seals under
 	// version 2, two rotations old. Its signals are not carried; the
 	// wake-ups still wake carol's queue, which reads them from the store,
-	// in order with one carried under the current key after them.
+	// in order with one sent on a itself after them.
 	rotateBusKey(t, p.a)
 	if v := rotateBusKey(t, p.a); v != 4 {
 		t.Fatalf("rotated to version %d, want 4", v)
