@@ -43,6 +43,8 @@ type pairOptions struct {
 	// busURLB is how b's wake-up listener reaches the same schema (e.g.
 	// through a proxy); default url.
 	busURLB string
+	// storeA and storeB are more options of each instance's store.
+	storeA, storeB []pgstore.Option
 }
 
 func startPair(t *testing.T, o pairOptions) *pair {
@@ -54,15 +56,15 @@ func startPair(t *testing.T, o pairOptions) *pair {
 	if o.busURLB == "" {
 		o.busURLB = p.url
 	}
-	open := func(u string) *pgstore.Store {
-		st, err := pgstore.Open(context.Background(), u, pgstore.WithMaxConns(4))
+	open := func(u string, opts ...pgstore.Option) *pgstore.Store {
+		st, err := pgstore.Open(context.Background(), u, append(opts, pgstore.WithMaxConns(4))...)
 		if err != nil {
 			t.Fatalf("open pgstore: %v", err)
 		}
 		t.Cleanup(func() { _ = st.Close() })
 		return st
 	}
-	p.storeA, p.storeB = open(p.url), open(p.url)
+	p.storeA, p.storeB = open(p.url, o.storeA...), open(p.url, o.storeB...)
 	p.busA, p.busB = pgstore.NewBus(p.storeA, nil), pgstore.NewBus(p.storeB, nil)
 	if o.busURLB != p.url {
 		p.busB = pgstore.NewBus(open(o.busURLB), nil)
@@ -77,8 +79,8 @@ func startPair(t *testing.T, o pairOptions) *pair {
 			PendingSweep: sweep,
 		}
 	}
-	p.a = hubtest.Start(t, hubtest.Options{Store: p.storeA, Bus: p.dropA, Config: cfg("a", noSweep)})
-	p.b = hubtest.Start(t, hubtest.Options{Store: p.storeB, Bus: p.busB, Config: cfg("b", o.sweepB)})
+	p.a = hubtest.Start(t, hubtest.Options{Store: p.storeA, Bus: p.dropA, BusKeys: p.storeA, Config: cfg("a", noSweep)})
+	p.b = hubtest.Start(t, hubtest.Options{Store: p.storeB, Bus: p.busB, BusKeys: p.storeB, Config: cfg("b", o.sweepB)})
 	// b listens before anyone sends to it.
 	waitFor(t, "b's wake-up listener", func() bool { return metric(t, p.b, "marconi_wake_listener_connects_total") >= 1 })
 	return p

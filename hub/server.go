@@ -270,6 +270,9 @@ type Deps struct {
 	// binary needs: nil when it is, else a *SchemaMismatch that /readyz
 	// reports. nil means the store has no schema to check (memory).
 	Schema func(context.Context) error
+	// BusKeys is the store's bus key (pgstore.Store), for the operator's
+	// /v1/ops/bus_key routes; nil means none (the in-memory store).
+	BusKeys BusKeys
 }
 
 // Server is one hub instance's HTTP server. It is safe for concurrent use.
@@ -291,6 +294,8 @@ type Server struct {
 	// cross-instance path to save, and its default public URL is a guess).
 	peered bool
 	fabric *fabric.Fabric
+	// busKeys is nil without a bus key (the in-memory store).
+	busKeys BusKeys
 
 	cluster  *clusterGauges
 	http     *httpMetrics
@@ -352,6 +357,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		limits:  newSendLimiter(cfg.SendRatePerSecond, d.Now),
 		tokens:  newTokenCache(cfg.TokenCacheSize, cfg.TouchInterval),
 		quotas:  qm,
+		busKeys: d.BusKeys,
 
 		attaches:        ratelimit.New[sessionstore.Key](cfg.QuotaAttachesPerSecond, d.Now),
 		heartbeatWrites: newPacer[sessionstore.Key](cfg.TouchInterval),
@@ -473,6 +479,8 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	ops.POST("/sessions/:tenant/:project/:session/disconnect", s.opsDisconnect)
 	ops.DELETE("/sessions/:tenant/:project/:session", s.opsDeregister)
 	ops.GET("/selfheal/history", s.opsSelfhealHistory)
+	ops.GET("/bus_key", s.opsBusKey)
+	ops.POST("/bus_key/rotate", s.opsRotateBusKey)
 
 	if s.cfg.Pprof {
 		dbg := e.Group("/debug/pprof", s.adminAuth)

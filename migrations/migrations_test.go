@@ -586,3 +586,61 @@ func TestSignalsCascadeTriggerSeesARacingAppend(t *testing.T) {
 		t.Fatalf("signals after their session was deleted beside an append: %d, %v; want 0", n, err)
 	}
 }
+
+// TestBusKeyRotationMigration: 0013 keeps the key 0008 made as version 1
+// with no previous one, and holds a rotation's row; down keeps the current
+// key (what every release before reads) and drops the rest; up again.
+func TestBusKeyRotationMigration(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptySchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := migrations.Steps(ctx, u, 12); err != nil {
+		t.Fatalf("up to 0012: %v", err)
+	}
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var made []byte
+	if err := conn.QueryRow(ctx, `SELECT key FROM bus_key`).Scan(&made); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Steps(ctx, u, 1); err != nil {
+		t.Fatalf("up to 0013: %v", err)
+	}
+	var key, prev []byte
+	var version int64
+	if err := conn.QueryRow(ctx, `SELECT key, previous, version FROM bus_key`).Scan(&key, &prev, &version); err != nil {
+		t.Fatal(err)
+	}
+	if string(key) != string(made) || prev != nil || version != 1 {
+		t.Fatalf("at 0013: the key kept %v, previous %x, version %d; want the key 0008 made, no previous, version 1",
+			string(key) == string(made), prev, version)
+	}
+	rotated := strings.Repeat("r", 32)
+	if _, err := conn.Exec(ctx, `UPDATE bus_key SET previous = key, key = $1::text::bytea, version = version + 1, rotated_at = now()`, rotated); err != nil {
+		t.Fatalf("rotate at 0013: %v", err)
+	}
+	if _, err := conn.Exec(ctx, `UPDATE bus_key SET previous = 'short'::bytea`); err == nil {
+		t.Error("at 0013, a previous key of 5 bytes was accepted")
+	}
+	if err := migrations.Steps(ctx, u, -1); err != nil {
+		t.Fatalf("down to 0012: %v", err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT key FROM bus_key`).Scan(&key); err != nil || string(key) != rotated {
+		t.Fatalf("at 0012 again: key %q, %v; want the rotated key kept", key, err)
+	}
+	var cols int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns
+		WHERE table_schema = current_schema() AND table_name = 'bus_key'`).Scan(&cols); err != nil || cols != 2 {
+		t.Fatalf("at 0012 again, bus_key has %d columns, %v; want id and key", cols, err)
+	}
+	if err := migrations.Steps(ctx, u, 1); err != nil {
+		t.Fatalf("up to 0013 again: %v", err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT version FROM bus_key`).Scan(&version); err != nil || version != 1 {
+		t.Fatalf("at 0013 again: version %d, %v; want 1", version, err)
+	}
+}

@@ -67,13 +67,14 @@ func (m *Main) Run(ctx context.Context) error {
 	storeName := "memory (nothing is durable; one instance only)"
 	var bus fabric.Bus                     // nil: one instance, nobody to wake
 	var schema func(context.Context) error // nil: the memory store has no schema
+	var busKeys hub.BusKeys                // nil: the memory store has no bus key
 	if cfg.DatabaseURL == "" {
 		m.store = memstore.New()
 	} else {
 		st, err := pgstore.Open(ctx, cfg.DatabaseURL, pgstore.WithQueryTimeout(cfg.Hub.StoreTimeout),
 			pgstore.WithGroupCommit(cfg.GroupCommit), pgstore.WithMaxBatch(cfg.GroupCommitMaxBatch),
 			pgstore.WithBatchesInFlight(cfg.StoreBatchesInFlight),
-			pgstore.WithMaxConns(int32(cfg.DatabaseMaxConns)), pgstore.WithRegisterer(reg))
+			pgstore.WithMaxConns(int32(cfg.DatabaseMaxConns)), pgstore.WithBusKeyTimings(cfg.BusKey), pgstore.WithRegisterer(reg))
 		if err != nil {
 			return fmt.Errorf("MARCONI_DATABASE_URL: %w", err)
 		}
@@ -87,10 +88,11 @@ func (m *Main) Run(ctx context.Context) error {
 				m.Logger.Warn(w)
 			}
 		}()
-		bus = pgstore.NewBus(st, m.Logger)
+		pb := pgstore.NewBus(st, m.Logger)
+		bus, busKeys = pb, st
 		if cfg.BusURL != "" {
 			nb, err := natsbus.New(natsbus.Config{URL: cfg.BusURL, QueueSize: cfg.BusQueueSize, Name: "marconi " + cfg.Hub.InstanceID},
-				pgstore.NewBus(st, m.Logger), reg, m.Logger)
+				pb, reg, m.Logger)
 			if err != nil {
 				st.Close()
 				return fmt.Errorf("MARCONI_BUS_URL: %w", err)
@@ -116,7 +118,7 @@ func (m *Main) Run(ctx context.Context) error {
 			}()
 		}
 	}
-	h, err := hub.New(cfg.Hub, hub.Deps{Store: m.store, Registry: reg, Gatherer: reg, Logger: m.Logger, Bus: bus, Schema: schema})
+	h, err := hub.New(cfg.Hub, hub.Deps{Store: m.store, Registry: reg, Gatherer: reg, Logger: m.Logger, Bus: bus, Schema: schema, BusKeys: busKeys})
 	if err != nil {
 		return err
 	}

@@ -36,6 +36,8 @@ func TestEveryCommandHasHelp(t *testing.T) {
 		{[]string{"attach", "-h"}, "usage: marconi attach HUB_URL SESSION_TOKEN", "acks"},
 		{[]string{"attach", "http://x", "--help"}, "usage: marconi attach HUB_URL SESSION_TOKEN", "acks"},
 		{[]string{"healthcheck", "-h"}, "usage: marconi healthcheck URL", "exits 0"},
+		{[]string{"buskey", "-h"}, "usage: marconi buskey show|rotate HUB_URL", "MARCONI_BUS_KEY_GRACE_SECONDS"},
+		{[]string{"help", "buskey"}, "usage: marconi buskey show|rotate HUB_URL", "never shown"},
 		{[]string{"help", "migrate"}, "usage: marconi migrate up | down", "'down -h'"},
 		{[]string{"help", "demo"}, "usage: marconi demo", "SPEC-168"},
 	}

@@ -62,6 +62,10 @@ type Config struct {
 	// BusQueueSize bounds the wake-ups received from NATS and not yet
 	// handled (MARCONI_BUS_QUEUE_SIZE).
 	BusQueueSize int
+	// BusKey is when each instance reads the bus key again
+	// (MARCONI_BUS_KEY_REFRESH_SECONDS, MARCONI_BUS_KEY_GRACE_SECONDS,
+	// MARCONI_BUS_KEY_RECHECK_MS).
+	BusKey pgstore.BusKeyTimings
 	// generatedAPIKey and generatedAdminToken are set when development mode
 	// made them; they are printed once at start.
 	generatedAPIKey     string
@@ -230,6 +234,16 @@ func settings(c *Config) []setting {
 			return nil
 		}, secret},
 		{"MARCONI_BUS_QUEUE_SIZE", strconv.Itoa(natsbus.DefaultQueueSize), "wake-ups received from NATS and not yet handled; past it NATS drops them and every local queue catches up from the store", positiveInt(&c.BusQueueSize), public},
+		{"MARCONI_BUS_KEY_REFRESH_SECONDS", secs(pgstore.DefaultBusKeyRefresh), "each instance reads the bus key again this often: within it, every instance seals with a rotated key", seconds(&c.BusKey.Refresh), public},
+		{"MARCONI_BUS_KEY_GRACE_SECONDS", secs(pgstore.DefaultBusKeyGrace), "after a rotation, the previous bus key still opens carried signals this long (longer than MARCONI_BUS_KEY_REFRESH_SECONDS); a leaked key is worthless this long after it is rotated out", seconds(&c.BusKey.Grace), public},
+		{"MARCONI_BUS_KEY_RECHECK_MS", strconv.Itoa(int(pgstore.DefaultBusKeyRecheck / time.Millisecond)), "a carried signal no known bus key opens has the key read again, at most once per this many milliseconds", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 10 || n > 3_600_000 {
+				return fmt.Errorf("want a whole number of milliseconds from 10 to 3600000, got %q", v)
+			}
+			c.BusKey.Recheck = time.Duration(n) * time.Millisecond
+			return nil
+		}, public},
 		{"MARCONI_LOG_LEVEL", "info", "debug, info, warn or error", oneOf(&c.LogLevel, "debug", "info", "warn", "error"), public},
 		{"MARCONI_SELFHEAL", "", "SPEC-168 self-heal hints on or off (default: on in development, off in lan and cloud)", nil, public},
 		{"MARCONI_SELFHEAL_FRESHNESS_SECONDS", secs(selfheal.DefaultFreshness), "route-state freshness window and recipient recency gate", seconds(&h.SelfHeal.Freshness), public},
@@ -663,6 +677,11 @@ func loadConfig(cmd string, args []string, getenv func(string) string, out io.Wr
 	}
 	if c.BusURL != "" && c.DatabaseURL == "" {
 		return c, errors.New("MARCONI_BUS_URL: needs MARCONI_DATABASE_URL (the embedded store is one instance: there is nobody to wake)")
+	}
+	if c.BusKey.Grace <= c.BusKey.Refresh {
+		// An instance that has not yet read a rotation seals under the
+		// previous key: the others must still open it.
+		return c, fmt.Errorf("MARCONI_BUS_KEY_GRACE_SECONDS: must be longer than MARCONI_BUS_KEY_REFRESH_SECONDS (%v)", c.BusKey.Refresh)
 	}
 	if c.StoreBatchesInFlight > 1 && c.StoreBatchesInFlight >= c.DatabaseMaxConns {
 		return c, fmt.Errorf("MARCONI_STORE_BATCHES_IN_FLIGHT: %d must be below MARCONI_DATABASE_MAX_CONNS (%d), which also serves a send's reads", c.StoreBatchesInFlight, c.DatabaseMaxConns)

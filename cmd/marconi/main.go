@@ -7,6 +7,7 @@
 //	marconi demo                     tell the SPEC-168 self-heal story with two agents
 //	marconi attach URL TOKEN         hold a session's WebSocket, print and ack its signals
 //	marconi healthcheck URL          exit 0 when URL answers 200 (container health checks)
+//	marconi buskey show|rotate URL   show or rotate the key that seals wake-ups between instances
 //	marconi mcp [flags]              an MCP server for one agent (docs/mcp.md)
 //
 // Every setting is an environment variable and a flag: MARCONI_FOO_BAR is
@@ -72,6 +73,7 @@ var commands = []struct{ name, args, help string }{
 	{"demo", "", "the SPEC-168 self-heal story with two agents, in one process"},
 	{"attach", "HUB_URL SESSION_TOKEN", "hold a session's WebSocket; print and ack its signals"},
 	{"healthcheck", "URL", "exit 0 when URL answers 200 (container health checks)"},
+	{"buskey", "show|rotate HUB_URL", "show or rotate the key that seals wake-ups between instances (admin)"},
 	{"mcp", "[flags]", "an MCP server (stdio) that puts one agent on the hub: docs/mcp.md"},
 }
 
@@ -92,6 +94,10 @@ var commandAbout = map[string]string{
 	"attach": "Holds a session's WebSocket, prints every frame and acks each signal, until Ctrl-C.\n" +
 		"SESSION_TOKEN is the token the session's registration answered.",
 	"healthcheck": "Exits 0 when URL answers 200 within 3 s, else 1 (for container health checks, e.g. URL/readyz).",
+	"buskey": "Shows the version of the bus key (the key that seals the signals wake-ups carry between\n" +
+		"instances) or, with rotate, replaces it with a new random key: every instance seals with it within\n" +
+		"MARCONI_BUS_KEY_REFRESH_SECONDS, and the key before still opens for MARCONI_BUS_KEY_GRACE_SECONDS.\n" +
+		"Talks to HUB_URL's ops API with the admin token in MARCONI_ADMIN_TOKEN; the key is never shown.",
 }
 
 // commandHelp is a command's usage line and what it does, for its -h.
@@ -152,7 +158,7 @@ func (c cli) run(ctx context.Context, args []string) int {
 		err = c.migrate(ctx, args)
 	case "config":
 		err = c.config(ctx, args)
-	case "version", "demo", "attach", "healthcheck":
+	case "version", "demo", "attach", "healthcheck", "buskey":
 		if args, err = c.plainArgs(cmd, args); err == nil {
 			err = c.runPlain(ctx, cmd, args)
 		}
@@ -202,6 +208,8 @@ func (c cli) runPlain(ctx context.Context, cmd string, args []string) error {
 		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return attach(ctx, args, c.stdout)
+	case "buskey":
+		return c.buskey(ctx, args)
 	default:
 		return healthcheck(ctx, args)
 	}

@@ -52,6 +52,8 @@ type pairOptions struct {
 	natsB      string // how b reaches NATS; default the test server
 	pgURL      string
 	key, admin string
+	// store is more options of both instances' stores.
+	store []pgstore.Option
 }
 
 func startPair(t *testing.T, o pairOptions) *pair {
@@ -77,12 +79,13 @@ func startPair(t *testing.T, o pairOptions) *pair {
 
 func startInstance(t *testing.T, o pairOptions, id, natsURL string, sweep time.Duration) *instance {
 	t.Helper()
-	st, err := pgstore.Open(context.Background(), o.pgURL, pgstore.WithMaxConns(4))
+	reg := prometheus.NewRegistry()
+	st, err := pgstore.Open(context.Background(), o.pgURL, append(o.store, pgstore.WithMaxConns(4), pgstore.WithRegisterer(reg))...)
 	if err != nil {
 		t.Fatalf("open pgstore: %v", err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	in := &instance{store: st, reg: prometheus.NewRegistry()}
+	in := &instance{store: st, reg: reg}
 	in.bus, err = natsbus.New(natsbus.Config{URL: natsURL, QueueSize: 64}, pgstore.NewBus(st, testLog), in.reg, testLog)
 	if err != nil {
 		t.Fatalf("natsbus.New: %v", err)
@@ -233,6 +236,71 @@ func TestNATSBusRefusesGarbledAndForged(t *testing.T) {
 	}
 	p.a.hub.Send(t, alice, "bob", "real")
 	wantSignal(t, c, 1, "real")
+}
+
+// TestNATSBusKeyRotation: the bus key rotated under two instances on NATS
+// that read it again only when a carried signal fails to open. Sealed under
+// the old key after the rotation, or under the new one before the peer read
+// it, a signal is carried; sealed two rotations back, it arrives from the
+// store, in order.
+func TestNATSBusKeyRotation(t *testing.T) {
+	t.Parallel()
+	p := startPair(t, pairOptions{sweepB: noSweep, store: []pgstore.Option{
+		pgstore.WithBusKeyTimings(pgstore.BusKeyTimings{Refresh: time.Hour, Grace: 2 * time.Hour, Recheck: time.Millisecond})}})
+	alice := p.a.hub.Register(t, "alice")
+	bob := p.a.hub.Register(t, "bob")
+	carol := p.a.hub.Register(t, "carol")
+	cb, _ := p.b.hub.Dial(t, bob.Token)   // bob's queue is on b
+	cc, _ := p.a.hub.Dial(t, carol.Token) // carol's on a
+	p.b.hub.Send(t, alice, "carol", 1)    // b reads the key, version 1
+	wantSignal(t, cc, 1, 1)
+
+	ctx := t.Context()
+	if v, _, err := p.a.store.RotateBusKey(ctx); err != nil || v != 2 {
+		t.Fatalf("rotate: version %d, %v", v, err)
+	}
+	carried := func(in *instance) float64 {
+		return metric(t, in.hub.Registry, "marconi_wakeups_total", "result", "carried")
+	}
+	before := carried(p.a)
+	p.b.hub.Send(t, alice, "carol", 2) // sealed under version 1
+	wantSignal(t, cc, 2, 2)
+	if got := carried(p.a) - before; got != 1 {
+		t.Errorf("a carried %v signals sealed under the previous key, want 1", got)
+	}
+	before = carried(p.b)
+	p.a.hub.Send(t, alice, "bob", 1) // sealed under version 2
+	wantSignal(t, cb, 1, 1)
+	if got := carried(p.b) - before; got != 1 {
+		t.Errorf("b carried %v signals sealed under the new key, want 1", got)
+	}
+	if got := metric(t, p.b.reg, "marconi_bus_key_version"); got != 2 {
+		t.Errorf("b seals with version %v, want 2", got)
+	}
+	for _, in := range []*instance{p.a, p.b} {
+		if got := metric(t, in.reg, "marconi_bus_key_opened_total", "result", "none"); got != 0 {
+			t.Errorf("%v signals fell back to the store during the rotation", got)
+		}
+	}
+
+	for range 2 {
+		if _, _, err := p.a.store.RotateBusKey(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before = carried(p.a)
+	p.b.hub.Send(t, alice, "carol", 3) // sealed under version 2, two rotations back
+	p.b.hub.Send(t, alice, "carol", 4)
+	p.a.hub.Send(t, alice, "carol", 5) // on carol's own instance
+	for i := 3; i <= 5; i++ {
+		wantSignal(t, cc, i, i)
+	}
+	if got := metric(t, p.a.reg, "marconi_bus_key_opened_total", "result", "none"); got < 1 {
+		t.Errorf("a counted %v signals under no key it knows, want those sealed two rotations back", got)
+	}
+	if got := carried(p.a) - before; got != 0 {
+		t.Errorf("a carried %v signals sealed two rotations back, want none", got)
+	}
 }
 
 // --- helpers: the hub as a client sees it ---

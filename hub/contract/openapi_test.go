@@ -311,6 +311,40 @@ func (c *contract) validateFrame(name string, raw []byte) {
 	}
 }
 
+// fakeBusKeys is a bus key (hub.BusKeys) that can be made unreachable.
+type fakeBusKeys struct {
+	mu      sync.Mutex
+	version int64
+	down    atomic.Bool
+}
+
+func (k *fakeBusKeys) BusKey(context.Context) (int64, time.Time, error) {
+	if k.down.Load() {
+		return 0, time.Time{}, sessionstore.ErrUnavailable
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.version, time.Now(), nil
+}
+
+func (k *fakeBusKeys) RotateBusKey(ctx context.Context) (int64, time.Time, error) {
+	if k.down.Load() {
+		return 0, time.Time{}, sessionstore.ErrUnavailable
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.version++
+	return k.version, time.Now(), nil
+}
+
+func (k *fakeBusKeys) BusKeyInUse() int64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.version
+}
+
+func (k *fakeBusKeys) BusKeyRefresh() time.Duration { return 30 * time.Second }
+
 // downStore is a store that can be made unreachable, as a partitioned
 // Postgres is.
 type downStore struct {
@@ -572,6 +606,18 @@ func TestOpenAPIContract(t *testing.T) {
 	}
 	c.want(http.StatusNoContent, "", "DELETE", a.URL+"/v1/ops/sessions/t1/p1/gina", admin, nil)
 	c.want(http.StatusNotFound, "not_found", "DELETE", a.URL+"/v1/ops/sessions/t1/p1/gina", admin, nil)
+
+	// The bus key, on an instance that has one (the memory store has none).
+	c.want(http.StatusNotFound, "not_found", "POST", a.URL+"/v1/ops/bus_key/rotate", admin, nil)
+	c.want(http.StatusUnauthorized, "unauthorized", "POST", a.URL+"/v1/ops/bus_key/rotate", apiKey, nil)
+	keys := &fakeBusKeys{version: 1}
+	keyed := hubtest.Start(t, hubtest.Options{Store: memstore.New(), BusKeys: keys, Config: hub.Config{InstanceID: "hub-keyed", AdminToken: admin}})
+	if k := c.want(http.StatusOK, "", "POST", keyed.URL+"/v1/ops/bus_key/rotate", admin, nil); k["version"] != 2.0 || k["instance_version"] != 2.0 {
+		t.Fatalf("bus key after a rotation: %v", k)
+	}
+	c.want(http.StatusOK, "", "GET", keyed.URL+"/v1/ops/bus_key", admin, nil)
+	keys.down.Store(true)
+	c.want(http.StatusServiceUnavailable, "registry_unavailable", "POST", keyed.URL+"/v1/ops/bus_key/rotate", admin, nil)
 
 	// Rates, quotas and the body deadline, on an instance of its own.
 	tight := start("hub-tight", memstore.New(), func(cfg *hub.Config) {

@@ -59,6 +59,9 @@ type Options struct {
 	// Bus carries wake-ups to other hubs on the same store (pgstore.NewBus);
 	// nil means none.
 	Bus fabric.Bus
+	// BusKeys is the store's bus key (a *pgstore.Store) for the
+	// /v1/ops/bus_key routes; nil means none.
+	BusKeys hub.BusKeys
 }
 
 // Hub is a running in-process hub.
@@ -114,7 +117,7 @@ func Start(t testing.TB, o Options) *Hub {
 	if cfg.PublicURL == "" {
 		cfg.PublicURL = h.URL
 	}
-	srv, err := hub.New(cfg, hub.Deps{Store: o.Store, Registry: h.Registry, Gatherer: h.Registry, Logger: o.Logger, Now: o.Now, Bus: o.Bus})
+	srv, err := hub.New(cfg, hub.Deps{Store: o.Store, Registry: h.Registry, Gatherer: h.Registry, Logger: o.Logger, Now: o.Now, Bus: o.Bus, BusKeys: o.BusKeys})
 	if err != nil {
 		t.Fatalf("hubtest: %v", err)
 	}

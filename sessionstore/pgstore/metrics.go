@@ -43,10 +43,15 @@ func newBatchMetrics() *batchMetrics {
 
 // register registers m with reg; nil registers nowhere.
 func (m *batchMetrics) register(reg prometheus.Registerer) error {
+	return registerAll(reg, m.size, m.reruns)
+}
+
+// registerAll registers cs with reg; nil registers nowhere.
+func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{m.size, m.reruns} {
+	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -165,8 +165,31 @@ type wakeSignal struct {
 type Wake = sessionstore.Wake
 
 // wakeCodec encodes and decodes wake-ups with key, the bus key: without
-// one (nil), signals are neither carried nor accepted.
-type wakeCodec struct{ key []byte }
+// one (nil), signals are neither carried nor accepted. prev, when not nil,
+// is the key before a rotation: it opens a carried signal too, never seals
+// one.
+type wakeCodec struct{ key, prev []byte }
+
+// openTally counts the carried signals one decode met: opened under the
+// codec's key, under its previous key, and opened under neither (a tag of
+// the right size that no key checks: sealed under a key this codec does
+// not know, or forged).
+type openTally struct{ current, previous, missed int }
+
+// open reports which of the codec's keys makes tag the sealTag of the
+// wake-up of k and seq that carries sealed, counting it in t.
+func (c wakeCodec) open(t *openTally, k sessionstore.Key, seq int64, sealed, tag []byte) bool {
+	switch {
+	case hmac.Equal(tag, sealTag(c.key, k, seq, sealed)):
+		t.current++
+	case c.prev != nil && hmac.Equal(tag, sealTag(c.prev, k, seq, sealed)):
+		t.previous++
+	default:
+		t.missed++
+		return false
+	}
+	return true
+}
 
 // EncodeWake is the NOTIFY payload of a bare wake-up for k's signal seq, in
 // the object form (EncodeWakes packs several).
@@ -271,7 +294,7 @@ func (c wakeCodec) entry(w Wake) ([]byte, error) {
 		var ok bool
 		sealed := len(dst)
 		if dst, ok = appendWakeSignal(dst, w.Signal, w.Incarnation); ok {
-			tag := c.sealTag(w.Key, w.Seq, dst[sealed:])
+			tag := sealTag(c.key, w.Key, w.Seq, dst[sealed:])
 			dst = append(dst, `,"tag":"`...)
 			dst = base64.StdEncoding.AppendEncode(dst, tag)
 			dst = append(dst, `"}`...)
@@ -391,13 +414,13 @@ func appendJSONString(dst []byte, s string) []byte {
 // key can produce one.
 const sealTagDomain = "marconi wake-up sealed v2\x00"
 
-// sealTag is the HMAC-SHA256, under the codec's key, of the wake-up of k and
-// seq that carries sealed: its input is sealTagDomain, each of k's ids
-// after its length (two bytes, big-endian; an id has at most maxWakeField
-// bytes), seq (eight bytes, big-endian), then sealed's bytes, so that
-// neither the sealed part nor the wake-up it belongs to can change.
-func (c wakeCodec) sealTag(k sessionstore.Key, seq int64, sealed []byte) []byte {
-	h := macs.get(c.key)
+// sealTag is the HMAC-SHA256, under key, of the wake-up of k and seq that
+// carries sealed: its input is sealTagDomain, each of k's ids after its
+// length (two bytes, big-endian; an id has at most maxWakeField bytes), seq
+// (eight bytes, big-endian), then sealed's bytes, so that neither the
+// sealed part nor the wake-up it belongs to can change.
+func sealTag(key []byte, k sessionstore.Key, seq int64, sealed []byte) []byte {
+	h := macs.get(key)
 	defer macs.put(h)
 	in := append(h.in[:0], sealTagDomain...)
 	for _, id := range [...]string{k.TenantID, k.ProjectID, k.SessionID} {
@@ -436,15 +459,15 @@ func (m *macPool) get(key []byte) *keyedMAC {
 
 func (m *macPool) put(k *keyedMAC) { m.p.Put(k) }
 
-// carried returns the signal p carries when its tag checks out under the
-// codec's key, over the sealed bytes as received, and they are well formed;
-// else nil (a bare wake-up).
-func (c wakeCodec) carried(p wakePayload) (*sessionstore.Signal, time.Time) {
+// carried returns the signal p carries when its tag checks out under one
+// of the codec's keys (counted in t), over the sealed bytes as received,
+// and they are well formed; else nil (a bare wake-up).
+func (c wakeCodec) carried(t *openTally, p wakePayload) (*sessionstore.Signal, time.Time) {
 	if c.key == nil || p.Sealed == nil || len(p.Tag) != sha256.Size {
 		return nil, time.Time{}
 	}
 	k := sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}
-	if !hmac.Equal(p.Tag, c.sealTag(k, *p.Seq, p.Sealed)) {
+	if !c.open(t, k, *p.Seq, p.Sealed, p.Tag) {
 		return nil, time.Time{}
 	}
 	var ws wakeSignal
@@ -463,16 +486,25 @@ func (c wakeCodec) carried(p wakePayload) (*sessionstore.Signal, time.Time) {
 // instance sends one wake-up) or an array of 1 to MaxWakeBatch such objects
 // of at most MaxWakeBatchPayload bytes in all. It is as strict as
 // DecodeWake: one malformed entry refuses the whole payload. A carried
-// signal is kept only when its MAC checks out under the codec's key.
+// signal is kept only when its MAC checks out under one of the codec's keys.
 func (c wakeCodec) decode(payload string) ([]Wake, error) {
-	if w, ok := c.openSealed(payload); ok {
-		return []Wake{w}, nil
+	wakes, _, err := c.decodeTally(payload)
+	return wakes, err
+}
+
+// decodeTally is decode, and what it opened.
+func (c wakeCodec) decodeTally(payload string) ([]Wake, openTally, error) {
+	var t openTally
+	if w, ok := c.openSealed(&t, payload); ok {
+		return []Wake{w}, t, nil
 	}
-	return c.decodeJSON(payload)
+	t = openTally{} // the general way opens it again
+	wakes, err := c.decodeJSON(&t, payload)
+	return wakes, t, err
 }
 
 // decodeJSON is decode's general way, with encoding/json.
-func (c wakeCodec) decodeJSON(payload string) ([]Wake, error) {
+func (c wakeCodec) decodeJSON(t *openTally, payload string) ([]Wake, error) {
 	var ps []wakePayload
 	if !strings.HasPrefix(strings.TrimLeft(payload, jsonSpace), "[") {
 		if len(payload) > MaxWakePayload {
@@ -511,7 +543,7 @@ func (c wakeCodec) decodeJSON(payload string) ([]Wake, error) {
 			return nil, fmt.Errorf("wake-up %d: %w", i, err)
 		}
 		wakes[i] = Wake{Key: sessionstore.Key{TenantID: p.Tenant, ProjectID: p.Project, SessionID: p.Session}, Seq: *p.Seq}
-		wakes[i].Signal, wakes[i].Incarnation = c.carried(p)
+		wakes[i].Signal, wakes[i].Incarnation = c.carried(t, p)
 	}
 	return wakes, nil
 }
@@ -519,11 +551,12 @@ func (c wakeCodec) decodeJSON(payload string) ([]Wake, error) {
 // openSealed decodes payload without reflection when it is one object
 // exactly as entry writes a sealed wake-up, with ids and strings of
 // printable ASCII that JSON writes unescaped, and its tag checks out over
-// the sealed bytes as received; then it returns what decode's general way
-// would (wakecodec_internal_test.go holds the two to that), and ok. Else ok
-// is false and decode takes the general way, which also judges a payload
-// that is forged or malformed.
-func (c wakeCodec) openSealed(payload string) (w Wake, ok bool) {
+// the sealed bytes as received under one of the codec's keys (counted in
+// t); then it returns what decode's general way would
+// (wakecodec_internal_test.go holds the two to that), and ok. Else ok is
+// false and decode takes the general way, which also judges a payload that
+// is forged or malformed.
+func (c wakeCodec) openSealed(t *openTally, payload string) (w Wake, ok bool) {
 	const tagLen = len(`,"tag":"`) + 44 + len(`"}`) // a sha256.Size tag in base64
 	if c.key == nil || len(payload) > MaxWakePayload {
 		return Wake{}, false
@@ -549,7 +582,7 @@ func (c wakeCodec) openSealed(payload string) (w Wake, ok bool) {
 		return Wake{}, false
 	}
 	if n, err := strictBase64.Decode(tag[:], tail[len(`,"tag":"`):len(tail)-2]); err != nil || n != sha256.Size ||
-		!hmac.Equal(tag[:n], c.sealTag(w.Key, w.Seq, sealed)) {
+		!c.open(t, w.Key, w.Seq, sealed, tag[:n]) {
 		return Wake{}, false
 	}
 	// The tag checks out: decode what it covers.
@@ -675,10 +708,6 @@ type Bus struct {
 	store    *Store
 	log      *slog.Logger
 	notifier *committer
-
-	keyMu   sync.Mutex
-	key     []byte    // the bus key (migration 0008); nil until read
-	keyRead time.Time // when reading it last failed
 }
 
 // NewBus returns the wake-up bus of s. A nil log discards.
@@ -692,7 +721,8 @@ func NewBus(s *Store, log *slog.Logger) *Bus {
 }
 
 // keyRetry spaces the reads of a bus key that could not be read (the
-// schema not yet migrated): meanwhile wake-ups go bare.
+// schema not yet migrated, the store unreachable): meanwhile wake-ups go
+// bare, or keep the keys read before.
 const keyRetry = 5 * time.Second
 
 // keyReadTimeout bounds reading the bus key, so that the listener, which
@@ -724,7 +754,7 @@ func (b *Bus) runWakes(batch []*appendReq) {
 	ctx, cancel, err := b.store.call(context.Background())
 	defer cancel()
 	if err == nil {
-		instances, payloads := batchWakes(batch, wakeCodec{key: b.macKey(ctx)})
+		instances, payloads := batchWakes(batch, b.codec(ctx))
 		_, err = b.store.pool.Exec(ctx, notifySQL, instances, payloads)
 	}
 	for _, r := range batch {
@@ -738,37 +768,36 @@ const notifySQL = `SELECT set_config('synchronous_commit', 'off', true),
 	(SELECT count(pg_notify(` + "'marconi_wake_' || md5(coalesce(current_schema(), '') || '/' || i), p)" + `)
 	 FROM unnest($1::text[], $2::text[]) AS x(i, p))`
 
-// macKey is the bus key, read once; nil while it cannot be read.
-func (b *Bus) macKey(ctx context.Context) []byte {
-	b.keyMu.Lock()
-	defer b.keyMu.Unlock()
-	if b.key != nil || time.Since(b.keyRead) < keyRetry {
-		return b.key
-	}
-	var key []byte
-	ctx, cancel := context.WithTimeout(ctx, keyReadTimeout)
-	defer cancel()
-	if err := b.store.pool.QueryRow(ctx, `SELECT key FROM bus_key WHERE id = 1`).Scan(&key); err != nil {
-		b.keyRead = time.Now()
-		b.log.Debug("bus key not readable; wake-ups carry no signal until it is", "err", err)
-		return nil
-	}
-	b.key = key
-	return key
+// codec is the wake-up codec of the bus keys this store knows now (the
+// store's keyring reads them again when they are due).
+func (b *Bus) codec(ctx context.Context) wakeCodec {
+	return b.store.busKeys.get(ctx, b.store, b.log).codec()
 }
 
 // SealWakes encodes wakes as EncodeWakes does, each carrying its signal
-// sealed under the bus key when that key is known, for a bus other than
+// sealed under the newest bus key this store knows, for a bus other than
 // NOTIFY (fabric/natsbus) to carry: the same payloads, the same MAC.
 func (b *Bus) SealWakes(ctx context.Context, wakes []Wake) ([]string, error) {
-	return wakeCodec{key: b.macKey(ctx)}.encode(wakes)
+	return b.codec(ctx).encode(wakes)
 }
 
 // OpenWakes decodes a payload as DecodeWakes does, keeping a carried signal
-// only when its MAC checks out under the bus key: the other half of
-// SealWakes.
+// only when its MAC checks out under the current bus key or, within its
+// grace, the previous one: the other half of SealWakes. A carried signal
+// that neither opens has the key read again (at most once per
+// BusKeyTimings.Recheck) and the payload opened with what that finds, since
+// its sender may know a rotation this store has not read yet; one that
+// still opens under no key arrives bare, and the holder reads the signal
+// from the store.
 func (b *Bus) OpenWakes(ctx context.Context, payload string) ([]Wake, error) {
-	return wakeCodec{key: b.macKey(ctx)}.decode(payload)
+	wakes, t, err := b.codec(ctx).decodeTally(payload)
+	if err == nil && t.missed > 0 {
+		if keys, changed := b.store.busKeys.recheck(ctx, b.store, b.log); changed {
+			wakes, t, err = keys.codec().decodeTally(payload)
+		}
+	}
+	b.store.busKeys.metrics.count(t)
+	return wakes, err
 }
 
 // Channel is the NOTIFY channel that instance listens on, in this store's
@@ -991,12 +1020,17 @@ func (b *Bus) runConn(ctx context.Context, c dedicatedConn, instance string, sta
 		if !locks.covers(c.locks) {
 			wait = livenessRetry
 		}
+		// Read the bus key when it is due, and wake when it is due next,
+		// so that an idle instance too seals with a rotated key within its
+		// refresh.
+		b.codec(ctx)
+		wait = min(wait, max(b.store.busKeys.due(), time.Millisecond))
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
 		case err == nil:
-			wakes, derr := wakeCodec{key: b.macKey(ctx)}.decode(n.Payload)
+			wakes, derr := b.OpenWakes(ctx, n.Payload)
 			if derr != nil {
 				b.log.Warn("ignoring a malformed wake-up", "channel", channel, "err", derr)
 				continue

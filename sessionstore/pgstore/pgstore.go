@@ -49,6 +49,7 @@ type options struct {
 	maxBatch       int
 	inFlight       int
 	registerer     prometheus.Registerer
+	busKey         BusKeyTimings
 }
 
 // WithGroupCommit turns group commit on (the default) or off. Off, every
@@ -74,7 +75,8 @@ func WithBatchesInFlight(n int) Option {
 }
 
 // WithRegisterer registers the store's group-commit metrics
-// (marconi_store_batch_size, marconi_store_batch_reruns_total) with reg;
+// (marconi_store_batch_size, marconi_store_batch_reruns_total) and its bus
+// key's (marconi_bus_key_version, marconi_bus_key_opened_total) with reg;
 // without it they are kept but exported nowhere.
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(o *options) { o.registerer = reg }
@@ -114,6 +116,7 @@ type Store struct {
 	closed       atomic.Bool
 	metrics      *batchMetrics
 	witness      *witness // every connection's tracer: Witness reads it
+	busKeys      *keyring // the bus key, as this store's buses know it
 }
 
 // plannerParams are the planner settings of the store's connections.
@@ -177,6 +180,10 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if err := metrics.register(o.registerer); err != nil {
 		return nil, fmt.Errorf("pgstore: register metrics: %w", err)
 	}
+	keyMetrics := newBusKeyMetrics()
+	if err := keyMetrics.register(o.registerer); err != nil {
+		return nil, fmt.Errorf("pgstore: register metrics: %w", err)
+	}
 	if o.connectTimeout > 0 {
 		cfg.ConnConfig.ConnectTimeout = o.connectTimeout
 	}
@@ -196,7 +203,8 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: open pool: %w", err)
 	}
-	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch, metrics: metrics, witness: w}
+	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch, metrics: metrics, witness: w,
+		busKeys: newKeyring(o.busKey, keyMetrics)}
 	if !o.groupCommitOff {
 		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, o.inFlight, s.runBatch)
 	}

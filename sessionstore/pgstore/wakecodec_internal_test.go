@@ -180,7 +180,7 @@ func TestSealedWakeRefusesEveryAlteredByte(t *testing.T) {
 	if ws, err := codec.decode(ps[0]); err != nil || len(ws) != 1 || !sameWake(ws[0], want) {
 		t.Fatalf("decode = %+v, %v; want %+v", ws, err, want)
 	}
-	if _, ok := codec.openSealed(ps[0]); !ok {
+	if _, ok := codec.openSealed(new(openTally), ps[0]); !ok {
 		t.Fatalf("openSealed declines %q, as entry wrote it", ps[0])
 	}
 	for i := range len(ps[0]) {
@@ -226,11 +226,11 @@ func FuzzOpenSealed(f *testing.F) {
 			return
 		}
 		for _, p := range []string{string(b), string(b[:int(at)%len(b)]) + string(to) + string(b[int(at)%len(b)+1:])} {
-			w, ok := codec.openSealed(p)
+			w, ok := codec.openSealed(new(openTally), p)
 			if !ok {
 				continue
 			}
-			ws, err := codec.decodeJSON(p)
+			ws, err := codec.decodeJSON(new(openTally), p)
 			if err != nil || len(ws) != 1 || !sameWake(ws[0], w) || !bytes.Equal(ws[0].Signal.Payload, w.Signal.Payload) {
 				t.Fatalf("openSealed(%q) = %+v; decodeJSON = %+v, %v", p, w, ws, err)
 			}

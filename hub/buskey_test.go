@@ -1,0 +1,189 @@
+package hub_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/metrictest"
+	"github.com/marconihub/marconi/sessionstore/pgstore"
+)
+
+// rotateBusKey rotates the bus key through h's ops API and returns the new
+// version.
+func rotateBusKey(t *testing.T, h *hubtest.Hub) int64 {
+	t.Helper()
+	st, resp := call(t, "POST", h.URL+"/v1/ops/bus_key/rotate", h.AdminToken, nil)
+	if st != http.StatusOK {
+		t.Fatalf("rotate the bus key: %d %v", st, resp)
+	}
+	if resp["version"] != resp["instance_version"] {
+		t.Fatalf("after its rotation %s seals with version %v, want the new %v", h.Server.InstanceID(), resp["instance_version"], resp["version"])
+	}
+	return int64(resp["version"].(float64))
+}
+
+// opened is how many carried signals reg's store opened with result
+// (marconi_bus_key_opened_total).
+func opened(t *testing.T, reg prometheus.Gatherer, result string) float64 {
+	t.Helper()
+	v, ok := metrictest.Lookup(t, reg, "marconi_bus_key_opened_total", "result", result)
+	if !ok {
+		t.Fatalf("no marconi_bus_key_opened_total{result=%q}", result)
+	}
+	return v
+}
+
+// TestBusKeyRotationOnALivePair rotates the bus key under two live
+// instances whose key is re-read only when a carried signal fails to open
+// (the timer is an hour away): a wake-up sealed under the old key after the
+// rotation, and one sealed under the new key before the other instance read
+// it, are both opened and carried; one sealed under a key two rotations old
+// is not, and its signal arrives from the store, in order, with no pending
+// sweep to fall back on.
+func TestBusKeyRotationOnALivePair(t *testing.T) {
+	t.Parallel()
+	regA, regB := prometheus.NewRegistry(), prometheus.NewRegistry()
+	timings := pgstore.WithBusKeyTimings(pgstore.BusKeyTimings{Refresh: time.Hour, Grace: 2 * time.Hour, Recheck: time.Millisecond})
+	p := startPair(t, pairOptions{sweepB: noSweep,
+		storeA: []pgstore.Option{timings, pgstore.WithRegisterer(regA)},
+		storeB: []pgstore.Option{timings, pgstore.WithRegisterer(regB)}})
+	alice := register(t, p.a, "alice", "claude_code")
+	bob := register(t, p.a, "bob", "claude_code")
+	carol := register(t, p.a, "carol", "claude_code")
+	cb, _ := dial(t, p.b, bob)   // bob's queue is on b
+	cc, _ := dial(t, p.a, carol) // carol's on a
+
+	// Both instances seal and open under the key migration 0008 made.
+	send(t, p.a, alice, "bob", 1)
+	send(t, p.b, alice, "carol", 1)
+	xiWantSeqs(t, "before the rotation", first(xiSignals(t, cb, 1)), 1)
+	xiWantSeqs(t, "before the rotation", first(xiSignals(t, cc, 1)), 1)
+	if p.storeA.BusKeyInUse() != 1 || p.storeB.BusKeyInUse() != 1 {
+		t.Fatalf("bus key versions in use %d and %d, want 1", p.storeA.BusKeyInUse(), p.storeB.BusKeyInUse())
+	}
+
+	if v := rotateBusKey(t, p.a); v != 2 {
+		t.Fatalf("rotated to version %d, want 2", v)
+	}
+	// b has not read the rotation: it seals under the old key, which a
+	// opens as the previous one.
+	carriedA := metric(t, p.a, "marconi_wakeups_total", "result", "carried")
+	send(t, p.b, alice, "carol", 2)
+	xiWantSeqs(t, "sealed under the old key", first(xiSignals(t, cc, 1)), 2)
+	if got := metric(t, p.a, "marconi_wakeups_total", "result", "carried"); got != carriedA+1 {
+		t.Errorf("a carried %v signals sealed under the previous key, want 1", got-carriedA)
+	}
+	if got := opened(t, regA, "previous"); got != 1 {
+		t.Errorf("a opened %v signals under the previous key, want 1", got)
+	}
+	// a seals under the new key, which b learns at the first one it
+	// cannot open, then opens it.
+	carriedB := metric(t, p.b, "marconi_wakeups_total", "result", "carried")
+	send(t, p.a, alice, "bob", 2)
+	xiWantSeqs(t, "sealed under the new key", first(xiSignals(t, cb, 1)), 2)
+	if got := metric(t, p.b, "marconi_wakeups_total", "result", "carried"); got != carriedB+1 {
+		t.Errorf("b carried %v signals sealed under the new key, want 1", got-carriedB)
+	}
+	if p.storeB.BusKeyInUse() != 2 {
+		t.Errorf("b seals with version %d after opening one of version 2", p.storeB.BusKeyInUse())
+	}
+	if v, _ := metrictest.Lookup(t, regB, "marconi_bus_key_version"); v != 2 {
+		t.Errorf("b's marconi_bus_key_version is %v, want 2", v)
+	}
+	for _, reg := range []prometheus.Gatherer{regA, regB} {
+		if got := opened(t, reg, "none"); got != 0 {
+			t.Errorf("%v signals fell back to the store during the rotation, want none", got)
+		}
+	}
+
+	// Two more rotations on a, which b does not read: b seals under
+	// version 2, two rotations old. Its signals are not carried; the
+	// wake-ups still wake carol's queue, which reads them from the store,
+	// in order with one sent on a itself after them.
+	rotateBusKey(t, p.a)
+	if v := rotateBusKey(t, p.a); v != 4 {
+		t.Fatalf("rotated to version %d, want 4", v)
+	}
+	carriedA = metric(t, p.a, "marconi_wakeups_total", "result", "carried")
+	for i := 3; i <= 5; i++ {
+		send(t, p.b, alice, "carol", i)
+	}
+	send(t, p.a, alice, "carol", 6)
+	seqs, payloads := xiSignals(t, cc, 4)
+	xiWantSeqs(t, "sealed two rotations back", seqs, 3)
+	for i, pl := range payloads {
+		if pl != float64(i+3) {
+			t.Fatalf("signal %d carries %v", i+3, pl)
+		}
+	}
+	if got := opened(t, regA, "none"); got < 1 {
+		t.Errorf("a opened none under no key (%v); want the signals sealed two rotations back counted", got)
+	}
+	if got := metric(t, p.a, "marconi_wakeups_total", "result", "carried"); got != carriedA {
+		t.Errorf("a carried %v signals sealed two rotations back, want none", got-carriedA)
+	}
+}
+
+// first is the first of two results.
+func first[A, B any](a A, _ B) A { return a }
+
+// TestBusKeyPickedUpByAnIdleInstance: an instance that opens nothing seals
+// with a rotated key within its refresh, on its listener's timer, and says
+// so in marconi_bus_key_version.
+func TestBusKeyPickedUpByAnIdleInstance(t *testing.T) {
+	t.Parallel()
+	regB := prometheus.NewRegistry()
+	p := startPair(t, pairOptions{sweepB: noSweep,
+		storeB: []pgstore.Option{pgstore.WithRegisterer(regB),
+			pgstore.WithBusKeyTimings(pgstore.BusKeyTimings{Refresh: 200 * time.Millisecond, Grace: time.Hour})}})
+	waitFor(t, "b reads the bus key", func() bool { return p.storeB.BusKeyInUse() == 1 })
+	v := rotateBusKey(t, p.a)
+	waitFor(t, "b seals with the rotated key", func() bool {
+		got, _ := metrictest.Lookup(t, regB, "marconi_bus_key_version")
+		return got == float64(v)
+	})
+}
+
+// TestBusKeyOpsErrors: the bus key routes are the admin's; a hub without a
+// bus key says so; the answer never holds the key.
+func TestBusKeyOpsErrors(t *testing.T) {
+	t.Parallel()
+	p := startPair(t, pairOptions{sweepB: noSweep})
+	alice := register(t, p.a, "alice", "claude_code")
+	for _, tc := range []struct{ name, cred string }{{"none", ""}, {"API key", p.a.APIKey}, {"session token", alice.Token}, {"wrong admin token", "madm_nope"}} {
+		for _, path := range []string{"/v1/ops/bus_key/rotate", "/v1/ops/bus_key"} {
+			method := map[bool]string{true: "POST", false: "GET"}[path == "/v1/ops/bus_key/rotate"]
+			st, resp := call(t, method, p.a.URL+path, tc.cred, nil)
+			if st != http.StatusUnauthorized || errCode(resp) != "unauthorized" {
+				t.Errorf("%s %s with %s: %d %v, want 401 unauthorized", method, path, tc.name, st, resp)
+			}
+		}
+	}
+	if p.storeA.BusKeyInUse() > 1 {
+		t.Fatalf("a refused rotation rotated the key (version %d)", p.storeA.BusKeyInUse())
+	}
+	st, resp := call(t, "GET", p.a.URL+"/v1/ops/bus_key", p.a.AdminToken, nil)
+	if st != http.StatusOK || resp["version"] != float64(1) || len(resp) != 5 {
+		t.Fatalf("GET /v1/ops/bus_key: %d %v, want version 1 and nothing else but the instance, its version, the time and the refresh", st, resp)
+	}
+
+	mem := hubtest.Start(t, hubtest.Options{})
+	st, resp = call(t, "POST", mem.URL+"/v1/ops/bus_key/rotate", mem.AdminToken, nil)
+	if st != http.StatusNotFound || errCode(resp) != "not_found" {
+		t.Errorf("rotate on the in-memory store: %d %v, want 404 not_found", st, resp)
+	}
+
+	// The store gone: 503 registry_unavailable, and no rotation.
+	_ = p.storeA.Close()
+	st, resp = call(t, "POST", p.a.URL+"/v1/ops/bus_key/rotate", p.a.AdminToken, nil)
+	if st != http.StatusServiceUnavailable || errCode(resp) != "registry_unavailable" {
+		t.Errorf("rotate with the store closed: %d %v, want 503 registry_unavailable", st, resp)
+	}
+	if v, _, err := p.storeB.BusKey(t.Context()); err != nil || v != 1 {
+		t.Errorf("bus key version %d, %v after a refused rotation, want 1", v, err)
+	}
+}

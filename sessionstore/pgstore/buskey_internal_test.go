@@ -1,0 +1,128 @@
+package pgstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/marconihub/marconi/internal/metrictest"
+	"github.com/marconihub/marconi/internal/pgtest"
+	"github.com/marconihub/marconi/sessionstore"
+)
+
+// TestBusKeyPreviousOpensOnlyWithinItsGrace: after a rotation the key
+// before opens a carried signal until the grace is over on the database's
+// clock, then never (the wake-up arrives bare, counted as opened under
+// none); the new key is 32 fresh bytes and never reaches the log.
+func TestBusKeyPreviousOpensOnlyWithinItsGrace(t *testing.T) {
+	u := pgtest.Schema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	reg := prometheus.NewRegistry()
+	s, err := Open(ctx, u, WithRegisterer(reg),
+		WithBusKeyTimings(BusKeyTimings{Refresh: time.Hour, Grace: time.Minute, Recheck: time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	clock := time.Now()
+	s.busKeys.now = func() time.Time { return clock }
+	var logs bytes.Buffer
+	bus := NewBus(s, slog.New(slog.NewTextHandler(&logs, nil)))
+
+	bob := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}
+	sig := sessionstore.Signal{ID: "s1", Seq: 1, To: bob, FromSession: "alice", Kind: "note", CreatedAt: clock.UTC()}
+	old, err := bus.SealWakes(ctx, []Wake{{Key: bob, Seq: 1, Signal: &sig, Incarnation: clock}})
+	if err != nil || len(old) != 1 {
+		t.Fatalf("seal: %q, %v", old, err)
+	}
+	oldKey := s.busKeys.keys.current
+
+	v, _, err := s.RotateBusKey(ctx)
+	if err != nil || v != 2 {
+		t.Fatalf("rotate: version %d, %v", v, err)
+	}
+	var key, prev []byte
+	if err := s.pool.QueryRow(ctx, `SELECT key, previous FROM bus_key`).Scan(&key, &prev); err != nil {
+		t.Fatal(err)
+	}
+	if len(key) != busKeySize || bytes.Equal(key, oldKey) || !bytes.Equal(prev, oldKey) {
+		t.Fatalf("after a rotation: key of %d bytes (same as before: %v), previous the old key: %v",
+			len(key), bytes.Equal(key, oldKey), bytes.Equal(prev, oldKey))
+	}
+	open := func() *sessionstore.Signal {
+		t.Helper()
+		ws, err := bus.OpenWakes(ctx, old[0])
+		if err != nil || len(ws) != 1 {
+			t.Fatalf("open: %v, %v", ws, err)
+		}
+		return ws[0].Signal
+	}
+	if open() == nil {
+		t.Fatal("a signal sealed under the previous key, within its grace, was not carried")
+	}
+
+	// The grace passes on the database's clock and on this one: the next
+	// signal that fails to open has the row read again, which says so.
+	if _, err := s.pool.Exec(ctx, `UPDATE bus_key SET rotated_at = now() - interval '61 seconds'`); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(61 * time.Second)
+	if open() != nil {
+		t.Fatal("a signal sealed under the previous key was carried after its grace")
+	}
+	for result, want := range map[string]float64{openedPrevious: 1, openedNone: 1, openedCurrent: 0} {
+		if got, _ := metrictest.Lookup(t, reg, "marconi_bus_key_opened_total", "result", result); got != want {
+			t.Errorf("marconi_bus_key_opened_total{result=%q} = %v, want %v", result, got, want)
+		}
+	}
+
+	// An instance that first reads the row after the grace never opens
+	// the previous key, whatever its own clock says.
+	late, err := Open(ctx, u, WithBusKeyTimings(BusKeyTimings{Grace: time.Minute}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	if ws, err := NewBus(late, nil).OpenWakes(ctx, old[0]); err != nil || len(ws) != 1 || ws[0].Signal != nil {
+		t.Fatalf("an instance that read the key after the grace opened %v, %v; want a bare wake-up", ws, err)
+	}
+	for _, k := range [][]byte{key, oldKey} {
+		for _, form := range []string{string(k), hex.EncodeToString(k), base64.StdEncoding.EncodeToString(k)} {
+			if bytes.Contains(logs.Bytes(), []byte(form)) {
+				t.Fatalf("a bus key reached the log: %s", logs.String())
+			}
+		}
+	}
+}
+
+// TestBusKeyDue: the listener sleeps until the key is due, a failed read
+// included, so that a store it cannot read never has it spin.
+func TestBusKeyDue(t *testing.T) {
+	clock := time.Now()
+	r := newKeyring(BusKeyTimings{Refresh: 30 * time.Second}, newBusKeyMetrics())
+	r.now = func() time.Time { return clock }
+	if d := r.due(); d != 0 {
+		t.Fatalf("never read: due in %v, want now", d)
+	}
+	r.set(keyRow{key: fuzzBusKey, version: 1}, clock, nil)
+	clock = clock.Add(10 * time.Second)
+	if d := r.due(); d != 20*time.Second {
+		t.Fatalf("read 10 s ago: due in %v, want 20s", d)
+	}
+	clock = clock.Add(25 * time.Second) // stale; a read now fails
+	r.failedAt = clock
+	if d := r.due(); d != keyRetry {
+		t.Fatalf("stale, a read just failed: due in %v, want %v", d, keyRetry)
+	}
+	r.keys = busKeys{}
+	if d := r.due(); d != keyRetry {
+		t.Fatalf("never read, a read just failed: due in %v, want %v", d, keyRetry)
+	}
+}
