@@ -140,6 +140,12 @@ func TestCrossInstanceNATSDownFallsBackToSweep(t *testing.T) {
 	c, _ := p.b.hub.Dial(t, bob.Token)
 	p.a.hub.Send(t, alice, "bob", 1)
 	wantSignal(t, c, 1, 1)
+	// The sweep (100 ms) may push 1 before its wake-up is counted: wait for
+	// the count, or it could land after the baseline read below and be
+	// taken for a wake-up received while NATS was down.
+	hubtest.WaitFor(t, "b to count the wake-up of 1", func() bool {
+		return metric(t, p.b.hub.Registry, "marconi_wakeups_total", "result", "received") >= 1
+	})
 
 	proxy.Cut()
 	hubtest.WaitFor(t, "both buses to see NATS gone", func() bool {
