@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/marconihub/marconi/internal/metrictest"
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
@@ -129,4 +131,65 @@ func listenAs(t *testing.T, st *Store, instance string, startedAt time.Time) (st
 	stop = func() { cancel(); <-done }
 	t.Cleanup(stop)
 	return stop
+}
+
+// A liveness connection ended under a live process (an operator's
+// pg_terminate_backend, as here) reconnects, and the reconnect is counted
+// where an operator can alert on it.
+func TestLivenessConnectionReconnectsAreCounted(t *testing.T) {
+	t.Parallel()
+	u := pgtest.Schema(t)
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	st, err := Open(ctx, u, WithMaxConns(2), WithRegisterer(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	admin, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	var key int64
+	if err := admin.QueryRow(ctx, `SELECT `+livenessKeySQL, "a").Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	connects := func() float64 {
+		v, ok := metrictest.Lookup(t, reg, "marconi_liveness_connects_total")
+		if !ok {
+			t.Fatal("marconi_liveness_connects_total not registered")
+		}
+		return v
+	}
+	// holder is the liveness connection's backend once it holds the
+	// instance's lock, or 0.
+	holder := func() int32 {
+		if hs := lockHolders(t, admin, key); len(hs) == 1 {
+			return hs[0].pid
+		}
+		return 0
+	}
+	if n := connects(); n != 0 {
+		t.Fatalf("connects before Listen = %v, want 0", n)
+	}
+
+	listenAs(t, st, "a", time.Now())
+	// It counts a connect just after it takes its locks: wait for both.
+	var first int32
+	testwait.For(t, "the liveness connection", 10*time.Second, func() bool { first = holder(); return first != 0 && connects() >= 1 })
+	if n := connects(); n != 1 {
+		t.Fatalf("connects after the first connection = %v, want 1", n)
+	}
+	var ok bool
+	if err := admin.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, first).Scan(&ok); err != nil || !ok {
+		t.Fatalf("terminate the liveness connection's backend %d: %v, %v", first, ok, err)
+	}
+	testwait.For(t, "the liveness connection back", 10*time.Second, func() bool {
+		p := holder()
+		return p != 0 && p != first && connects() >= 2
+	})
+	if n := connects(); n != 2 {
+		t.Fatalf("connects after one reconnect = %v, want 2", n)
+	}
 }
