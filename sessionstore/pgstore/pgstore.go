@@ -719,11 +719,14 @@ func (s *Store) HeartbeatInstance(ctx context.Context, in sessionstore.Instance)
 	if err != nil {
 		return wrap("heartbeat instance", err)
 	}
-	_, err = s.pool.Exec(ctx, `INSERT INTO instances (id, url, draining, started_at, last_heartbeat_at)
-		VALUES ($1, $2, $3, $4, $5)
+	// An unknown version (0) is NULL, as an older release's heartbeat,
+	// which does not name the column, leaves it on a new row.
+	_, err = s.pool.Exec(ctx, `INSERT INTO instances (id, url, draining, started_at, last_heartbeat_at, bus_key_version)
+		VALUES ($1, $2, $3, $4, $5, nullif($6::bigint, 0))
 		ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, draining = EXCLUDED.draining,
-			started_at = EXCLUDED.started_at, last_heartbeat_at = EXCLUDED.last_heartbeat_at`,
-		in.ID, in.URL, in.Draining, in.StartedAt, in.LastHeartbeatAt)
+			started_at = EXCLUDED.started_at, last_heartbeat_at = EXCLUDED.last_heartbeat_at,
+			bus_key_version = EXCLUDED.bus_key_version`,
+		in.ID, in.URL, in.Draining, in.StartedAt, in.LastHeartbeatAt, in.BusKeyVersion)
 	return wrap("heartbeat instance", err)
 }
 
@@ -734,14 +737,14 @@ func (s *Store) ListInstances(ctx context.Context) ([]sessionstore.Instance, err
 	if err != nil {
 		return nil, wrap("list instances", err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT id, url, draining, started_at, last_heartbeat_at
+	rows, err := s.pool.Query(ctx, `SELECT id, url, draining, started_at, last_heartbeat_at, coalesce(bus_key_version, 0)
 		FROM instances ORDER BY id COLLATE "C"`)
 	if err != nil {
 		return nil, wrap("list instances", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sessionstore.Instance, error) {
 		var in sessionstore.Instance
-		err := r.Scan(&in.ID, &in.URL, &in.Draining, &in.StartedAt, &in.LastHeartbeatAt)
+		err := r.Scan(&in.ID, &in.URL, &in.Draining, &in.StartedAt, &in.LastHeartbeatAt, &in.BusKeyVersion)
 		in.StartedAt, in.LastHeartbeatAt = in.StartedAt.UTC(), in.LastHeartbeatAt.UTC()
 		return in, err
 	})
