@@ -22,18 +22,8 @@ import (
 // is gone.
 func TestLivenessLocksSharedByAProcessExclusiveToAnInstance(t *testing.T) {
 	t.Parallel()
-	u := pgtest.Schema(t)
 	ctx := context.Background()
-	st, err := Open(ctx, u, WithMaxConns(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	admin, err := pgx.Connect(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	st, admin := storeAndAdmin(t)
 	first := time.Now().UTC().Truncate(time.Microsecond)
 	second := first.Add(time.Second)
 	holders := func(startedAt time.Time) (instance, process []lockHolder) {
@@ -72,6 +62,24 @@ func TestLivenessLocksSharedByAProcessExclusiveToAnInstance(t *testing.T) {
 		inst, proc := holders(second)
 		return len(inst) == 1 && inst[0].pid != owner && slices.ContainsFunc(proc, func(h lockHolder) bool { return h.pid == inst[0].pid })
 	})
+}
+
+// storeAndAdmin opens a store with opts on a schema of its own, and a
+// connection of the test's own to that schema, for its checks.
+func storeAndAdmin(t *testing.T, opts ...Option) (*Store, *pgx.Conn) {
+	t.Helper()
+	u := pgtest.Schema(t)
+	st, err := Open(context.Background(), u, append([]Option{WithMaxConns(2)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	admin, err := pgx.Connect(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	return st, admin
 }
 
 // lockHolder is a backend that holds an advisory lock.
@@ -138,19 +146,9 @@ func listenAs(t *testing.T, st *Store, instance string, startedAt time.Time) (st
 // where an operator can alert on it.
 func TestLivenessConnectionReconnectsAreCounted(t *testing.T) {
 	t.Parallel()
-	u := pgtest.Schema(t)
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
-	st, err := Open(ctx, u, WithMaxConns(2), WithRegisterer(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	admin, err := pgx.Connect(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	st, admin := storeAndAdmin(t, WithRegisterer(reg))
 	var key int64
 	if err := admin.QueryRow(ctx, `SELECT `+livenessKeySQL, "a").Scan(&key); err != nil {
 		t.Fatal(err)
