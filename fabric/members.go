@@ -27,7 +27,7 @@ type Members struct {
 	cfg    Config
 	store  membersStore
 	prober Prober // nil: heartbeat only
-	// busKeyVersion is Deps.BusKeyVersion, or 0 without one.
+	// busKeyVersion is Deps.BusKeyVersion: what each heartbeat writes.
 	busKeyVersion func() int64
 	now           func() time.Time
 	log           *slog.Logger

@@ -910,9 +910,10 @@ func (b *Bus) ConnectedInstances(ctx context.Context) (live map[string]time.Time
 // (ConnectedInstances), so that losing either connection while the process
 // lives is no death to the peers. A dropped connection is replaced with
 // exponential backoff (and full jitter); onConnect runs each time LISTEN is
-// in place, because wake-ups sent meanwhile are lost. The liveness
-// connection's connects are counted in marconi_liveness_connects_total. onWake and onConnect
-// run on Listen's goroutine and must not block for long.
+// in place, because wake-ups sent meanwhile are lost; the liveness
+// connection's connects are counted in marconi_liveness_connects_total.
+// onWake and onConnect run on Listen's goroutine and must not block for
+// long.
 func (b *Bus) Listen(ctx context.Context, instance string, startedAt time.Time, onWake func(sessionstore.Wake), onConnect func()) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
