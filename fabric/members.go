@@ -24,12 +24,14 @@ type membersStore interface {
 // queries read the view and make no store call. It is safe for concurrent
 // use.
 type Members struct {
-	cfg       Config
-	store     membersStore
-	prober    Prober // nil: heartbeat only
-	now       func() time.Time
-	log       *slog.Logger
-	startedAt time.Time
+	cfg    Config
+	store  membersStore
+	prober Prober // nil: heartbeat only
+	// busKeyVersion is Deps.BusKeyVersion: what each heartbeat writes.
+	busKeyVersion func() int64
+	now           func() time.Time
+	log           *slog.Logger
+	startedAt     time.Time
 
 	draining atomic.Bool
 	// heartbeatMu makes this instance's heartbeats one at a time, each built
@@ -60,7 +62,7 @@ type Members struct {
 
 func newMembers(cfg Config, d Deps) *Members {
 	return &Members{
-		cfg: cfg, store: d.Store, prober: d.Prober, now: d.Now, log: d.Logger,
+		cfg: cfg, store: d.Store, prober: d.Prober, now: d.Now, log: d.Logger, busKeyVersion: d.BusKeyVersion,
 		startedAt: d.Now(), instances: map[string]sessionstore.Instance{},
 		seenConnected: map[string]time.Time{}, gone: map[string]bool{},
 	}
@@ -96,7 +98,7 @@ func (m *Members) heartbeat(ctx context.Context) error {
 	defer m.heartbeatMu.Unlock()
 	err := m.store.HeartbeatInstance(ctx, sessionstore.Instance{
 		ID: m.cfg.InstanceID, URL: m.cfg.PublicURL, Draining: m.draining.Load(),
-		StartedAt: m.startedAt, LastHeartbeatAt: m.now(),
+		StartedAt: m.startedAt, LastHeartbeatAt: m.now(), BusKeyVersion: m.busKeyVersion(),
 	})
 	if err != nil {
 		return fmt.Errorf("heartbeat instance %s: %w", m.cfg.InstanceID, err)

@@ -46,6 +46,10 @@ type InstanceStatus struct {
 	// their queue on it; on an unhealthy instance those queues are gone.
 	AttachedQueues  int
 	LastHeartbeatAt time.Time
+	// BusKeyVersion is the version of the bus key the instance sealed
+	// with at its last heartbeat; 0 is unknown (not read yet, an instance
+	// of an older release, a store without a bus key).
+	BusKeyVersion int64
 }
 
 // Summary is the operator's view of the fabric (GET /v1/ops/fabric/summary).
@@ -101,7 +105,7 @@ func (f *Fabric) Summary(ctx context.Context) (Summary, error) {
 			ID: in.ID, URL: in.URL, Healthy: mem.healthyAt(in, now), Draining: in.Draining,
 			Process:  mem.processState(in.ID, in.StartedAt),
 			Sessions: stats.ByAssignedInstance[in.ID], AttachedQueues: stats.ByQueueInstance[in.ID],
-			LastHeartbeatAt: in.LastHeartbeatAt,
+			LastHeartbeatAt: in.LastHeartbeatAt, BusKeyVersion: in.BusKeyVersion,
 		})
 	}
 	return out, nil

@@ -141,11 +141,50 @@ func TestBusKeyPickedUpByAnIdleInstance(t *testing.T) {
 		storeB: []pgstore.Option{pgstore.WithRegisterer(regB),
 			pgstore.WithBusKeyTimings(pgstore.BusKeyTimings{Refresh: 200 * time.Millisecond, Grace: time.Hour})}})
 	waitFor(t, "b reads the bus key", func() bool { return p.storeB.BusKeyInUse() == 1 })
+	heartbeats(t, p.a, p.b)
+	if got := summaryBusKeys(t, p.a); got["a"] != float64(1) || got["b"] != float64(1) {
+		t.Fatalf("fabric summary's bus key versions before the rotation: %v, want 1 for both", got)
+	}
 	v := rotateBusKey(t, p.a)
 	waitFor(t, "b seals with the rotated key", func() bool {
 		got, _ := metrictest.Lookup(t, regB, "marconi_bus_key_version")
 		return got == float64(v)
 	})
+	// The operator's check that the rotation reached every instance: the
+	// fabric summary, on either instance, shows each one's version as its
+	// last heartbeat wrote it.
+	heartbeats(t, p.a, p.b)
+	for _, h := range []*hubtest.Hub{p.a, p.b} {
+		if got := summaryBusKeys(t, h); got["a"] != float64(v) || got["b"] != float64(v) {
+			t.Errorf("fabric summary on %s after the rotation: bus key versions %v, want %d for both", h.Server.InstanceID(), got, v)
+		}
+	}
+}
+
+// heartbeats runs one fabric tick (a heartbeat and a refresh) on each of hs.
+func heartbeats(t *testing.T, hs ...*hubtest.Hub) {
+	t.Helper()
+	for _, h := range hs {
+		if err := h.Server.Fabric().Tick(t.Context()); err != nil {
+			t.Fatalf("tick %s: %v", h.Server.InstanceID(), err)
+		}
+	}
+}
+
+// summaryBusKeys is each instance's bus_key_version in h's fabric summary,
+// by instance id (nil when unknown).
+func summaryBusKeys(t *testing.T, h *hubtest.Hub) map[string]any {
+	t.Helper()
+	out := map[string]any{}
+	for _, in := range summary(t, h)["instances"].([]any) {
+		in := in.(map[string]any)
+		v, ok := in["bus_key_version"]
+		if !ok {
+			t.Fatalf("fabric summary instance %v has no bus_key_version", in)
+		}
+		out[in["instance_id"].(string)] = v
+	}
+	return out
 }
 
 // TestBusKeyOpsErrors: the bus key routes are the admin's; a hub without a
@@ -175,6 +214,10 @@ func TestBusKeyOpsErrors(t *testing.T) {
 	st, resp = call(t, "POST", mem.URL+"/v1/ops/bus_key/rotate", mem.AdminToken, nil)
 	if st != http.StatusNotFound || errCode(resp) != "not_found" {
 		t.Errorf("rotate on the in-memory store: %d %v, want 404 not_found", st, resp)
+	}
+	heartbeats(t, mem)
+	if got := summaryBusKeys(t, mem); len(got) != 1 || got[mem.Server.InstanceID()] != nil {
+		t.Errorf("fabric summary's bus key versions on the in-memory store: %v, want its one instance's null (unknown)", got)
 	}
 
 	// The store gone: 503 registry_unavailable, and no rotation.

@@ -72,6 +72,8 @@ type fabricInstanceJSON struct {
 	Sessions        int       `json:"sessions"`
 	AttachedQueues  int       `json:"attached_queues"`
 	LastHeartbeatAt time.Time `json:"last_heartbeat_at"`
+	// BusKeyVersion is null when unknown (fabric.InstanceStatus).
+	BusKeyVersion *int64 `json:"bus_key_version"`
 }
 
 type fallbackEventJSON struct {
@@ -107,6 +109,7 @@ func (s *Server) fabricSummary(c echo.Context) error {
 		out.Instances = append(out.Instances, fabricInstanceJSON{
 			InstanceID: in.ID, URL: in.URL, Healthy: in.Healthy, Draining: in.Draining, Process: in.Process,
 			Sessions: in.Sessions, AttachedQueues: in.AttachedQueues, LastHeartbeatAt: in.LastHeartbeatAt.UTC(),
+			BusKeyVersion: knownVersion(in.BusKeyVersion),
 		})
 	}
 	out.Summary.TotalFallbacks = sum.Counts.Fallbacks
@@ -121,4 +124,12 @@ func (s *Server) fabricSummary(c echo.Context) error {
 		})
 	}
 	return c.JSON(http.StatusOK, out)
+}
+
+// knownVersion is v, or nil when v is 0 (unknown).
+func knownVersion(v int64) *int64 {
+	if v == 0 {
+		return nil
+	}
+	return &v
 }

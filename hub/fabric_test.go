@@ -918,8 +918,9 @@ func TestFabricSummaryShape(t *testing.T) {
 		t.Fatalf("instances %v", ins)
 	}
 	in := ins[0].(map[string]any)
-	wantKeys(t, "instance", in, "instance_id", "url", "healthy", "draining", "process", "sessions", "attached_queues", "last_heartbeat_at")
-	if in["instance_id"] != "hub-a" || in["url"] != h.URL || in["healthy"] != true || in["process"] != "connected" || in["sessions"] != 2.0 || in["attached_queues"] != 0.0 {
+	wantKeys(t, "instance", in, "instance_id", "url", "healthy", "draining", "process", "sessions", "attached_queues", "last_heartbeat_at", "bus_key_version")
+	if in["instance_id"] != "hub-a" || in["url"] != h.URL || in["healthy"] != true || in["process"] != "connected" || in["sessions"] != 2.0 || in["attached_queues"] != 0.0 ||
+		in["bus_key_version"] != nil {
 		t.Fatalf("instance %v", in)
 	}
 	wantKeys(t, "summary.summary", totals(s), "total_fallbacks", "total_reassignments", "total_adaptive_placements", "total_adaptive_placement_mismatches")

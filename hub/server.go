@@ -373,7 +373,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 		d.Bus = fabric.NoBus{}
 	}
 	prober, _ := d.Bus.(fabric.Prober) // pgstore.Bus: death seen through the listener's connection
-	s.fabric, err = fabric.New(cfg.Fabric, fabric.Deps{Store: d.Store, Prober: prober, Now: d.Now, Registry: d.Registry, Logger: d.Logger})
+	fd := fabric.Deps{Store: d.Store, Prober: prober, Now: d.Now, Registry: d.Registry, Logger: d.Logger}
+	if d.BusKeys != nil {
+		fd.BusKeyVersion = d.BusKeys.BusKeyInUse
+	}
+	s.fabric, err = fabric.New(cfg.Fabric, fd)
 	if err != nil {
 		return nil, err
 	}

@@ -191,6 +191,11 @@ type Instance struct {
 	Draining        bool
 	StartedAt       time.Time
 	LastHeartbeatAt time.Time
+	// BusKeyVersion is the version of the bus key the instance sealed
+	// wake-ups with at its last heartbeat; 0 is unknown (not read yet, a
+	// store without a bus key, or an instance of a release that does not
+	// write it). HeartbeatInstance stores 0 as unknown.
+	BusKeyVersion int64
 }
 
 // FallbackEvent records a sticky session taken over by another instance.

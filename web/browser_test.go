@@ -234,6 +234,8 @@ func TestDashboardInBrowser(t *testing.T) {
 		 document.querySelector('[data-testid="fabric-allowlist"]')?.textContent === 'canary' &&
 		 document.querySelector('[data-testid="fabric-mismatches"]')?.textContent === '1' &&
 		 document.querySelector('#fabric-body tr[data-testid="instance-row"][data-instance-id="test-1"] [data-testid="instance-health"]')?.textContent === 'healthy'`)
+	waitFor("the in-memory store's instance has no bus key: its version is unknown",
+		`document.querySelector('#fabric-body tr[data-testid="instance-row"][data-instance-id="test-1"] [data-testid="instance-bus-key"]')?.textContent === 'unknown'`)
 	waitFor("the canary view lists canary's one adaptive placement, on the allowlist",
 		`(() => { const r = [...document.querySelectorAll('[data-testid="canary-row"]')];
 		  return r.length === 1 && r[0].dataset.clientId === 'canary' && !r[0].classList.contains('attention') &&

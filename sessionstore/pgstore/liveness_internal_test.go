@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/marconihub/marconi/internal/metrictest"
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
@@ -20,18 +22,8 @@ import (
 // is gone.
 func TestLivenessLocksSharedByAProcessExclusiveToAnInstance(t *testing.T) {
 	t.Parallel()
-	u := pgtest.Schema(t)
 	ctx := context.Background()
-	st, err := Open(ctx, u, WithMaxConns(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	admin, err := pgx.Connect(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	st, admin := storeAndAdmin(t)
 	first := time.Now().UTC().Truncate(time.Microsecond)
 	second := first.Add(time.Second)
 	holders := func(startedAt time.Time) (instance, process []lockHolder) {
@@ -70,6 +62,24 @@ func TestLivenessLocksSharedByAProcessExclusiveToAnInstance(t *testing.T) {
 		inst, proc := holders(second)
 		return len(inst) == 1 && inst[0].pid != owner && slices.ContainsFunc(proc, func(h lockHolder) bool { return h.pid == inst[0].pid })
 	})
+}
+
+// storeAndAdmin opens a store with opts on a schema of its own, and a
+// connection of the test's own to that schema, for its checks.
+func storeAndAdmin(t *testing.T, opts ...Option) (*Store, *pgx.Conn) {
+	t.Helper()
+	u := pgtest.Schema(t)
+	st, err := Open(context.Background(), u, append([]Option{WithMaxConns(2)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	admin, err := pgx.Connect(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	return st, admin
 }
 
 // lockHolder is a backend that holds an advisory lock.
@@ -129,4 +139,55 @@ func listenAs(t *testing.T, st *Store, instance string, startedAt time.Time) (st
 	stop = func() { cancel(); <-done }
 	t.Cleanup(stop)
 	return stop
+}
+
+// A liveness connection ended under a live process (an operator's
+// pg_terminate_backend, as here) reconnects, and the reconnect is counted
+// where an operator can alert on it.
+func TestLivenessConnectionReconnectsAreCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	st, admin := storeAndAdmin(t, WithRegisterer(reg))
+	var key int64
+	if err := admin.QueryRow(ctx, `SELECT `+livenessKeySQL, "a").Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	connects := func() float64 {
+		v, ok := metrictest.Lookup(t, reg, "marconi_liveness_connects_total")
+		if !ok {
+			t.Fatal("marconi_liveness_connects_total not registered")
+		}
+		return v
+	}
+	// holder is the liveness connection's backend once it holds the
+	// instance's lock, or 0.
+	holder := func() int32 {
+		if hs := lockHolders(t, admin, key); len(hs) == 1 {
+			return hs[0].pid
+		}
+		return 0
+	}
+	if n := connects(); n != 0 {
+		t.Fatalf("connects before Listen = %v, want 0", n)
+	}
+
+	listenAs(t, st, "a", time.Now())
+	// It counts a connect just after it takes its locks: wait for both.
+	var first int32
+	testwait.For(t, "the liveness connection", 10*time.Second, func() bool { first = holder(); return first != 0 && connects() >= 1 })
+	if n := connects(); n != 1 {
+		t.Fatalf("connects after the first connection = %v, want 1", n)
+	}
+	var ok bool
+	if err := admin.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, first).Scan(&ok); err != nil || !ok {
+		t.Fatalf("terminate the liveness connection's backend %d: %v, %v", first, ok, err)
+	}
+	testwait.For(t, "the liveness connection back", 10*time.Second, func() bool {
+		p := holder()
+		return p != 0 && p != first && connects() >= 2
+	})
+	if n := connects(); n != 2 {
+		t.Fatalf("connects after one reconnect = %v, want 2", n)
+	}
 }

@@ -46,6 +46,16 @@ func (m *batchMetrics) register(reg prometheus.Registerer) error {
 	return registerAll(reg, m.size, m.reruns)
 }
 
+// newLivenessConnects counts the liveness connection's connects (Listen):
+// the wake-up listener's are counted by its caller (onConnect), the
+// liveness connection's, which has no caller of its own, here.
+func newLivenessConnects() prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "marconi_liveness_connects_total",
+		Help: "Times the liveness connection (marconi-liveness) connected to Postgres; more than one means reconnects, each a window in which the wake-up listener's connection alone keeps this process alive to its peers.",
+	})
+}
+
 // registerAll registers cs with reg; nil registers nowhere.
 func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 	if reg == nil {

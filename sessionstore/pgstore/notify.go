@@ -910,8 +910,10 @@ func (b *Bus) ConnectedInstances(ctx context.Context) (live map[string]time.Time
 // (ConnectedInstances), so that losing either connection while the process
 // lives is no death to the peers. A dropped connection is replaced with
 // exponential backoff (and full jitter); onConnect runs each time LISTEN is
-// in place, because wake-ups sent meanwhile are lost. onWake and onConnect
-// run on Listen's goroutine and must not block for long.
+// in place, because wake-ups sent meanwhile are lost; the liveness
+// connection's connects are counted in marconi_liveness_connects_total.
+// onWake and onConnect run on Listen's goroutine and must not block for
+// long.
 func (b *Bus) Listen(ctx context.Context, instance string, startedAt time.Time, onWake func(sessionstore.Wake), onConnect func()) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -920,7 +922,7 @@ func (b *Bus) Listen(ctx context.Context, instance string, startedAt time.Time, 
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		b.keep(ctx, livenessConn, instance, startedAt, func(sessionstore.Wake) {}, func() {})
+		b.keep(ctx, livenessConn, instance, startedAt, func(sessionstore.Wake) {}, b.store.livenessConnects.Inc)
 	}()
 	b.keep(ctx, listenerConn, instance, startedAt, onWake, onConnect)
 	return nil

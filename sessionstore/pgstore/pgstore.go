@@ -75,8 +75,9 @@ func WithBatchesInFlight(n int) Option {
 }
 
 // WithRegisterer registers the store's group-commit metrics
-// (marconi_store_batch_size, marconi_store_batch_reruns_total) and its bus
-// key's (marconi_bus_key_version, marconi_bus_key_opened_total) with reg;
+// (marconi_store_batch_size, marconi_store_batch_reruns_total), its bus
+// key's (marconi_bus_key_version, marconi_bus_key_opened_total) and its
+// liveness connection's (marconi_liveness_connects_total) with reg;
 // without it they are kept but exported nowhere.
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(o *options) { o.registerer = reg }
@@ -117,6 +118,8 @@ type Store struct {
 	metrics      *batchMetrics
 	witness      *witness // every connection's tracer: Witness reads it
 	busKeys      *keyring // the bus key, as this store's buses know it
+	// livenessConnects counts its buses' liveness connections' connects.
+	livenessConnects prometheus.Counter
 }
 
 // plannerParams are the planner settings of the store's connections.
@@ -184,6 +187,10 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if err := keyMetrics.register(o.registerer); err != nil {
 		return nil, fmt.Errorf("pgstore: register metrics: %w", err)
 	}
+	livenessConnects := newLivenessConnects()
+	if err := registerAll(o.registerer, livenessConnects); err != nil {
+		return nil, fmt.Errorf("pgstore: register metrics: %w", err)
+	}
 	if o.connectTimeout > 0 {
 		cfg.ConnConfig.ConnectTimeout = o.connectTimeout
 	}
@@ -204,7 +211,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 		return nil, fmt.Errorf("pgstore: open pool: %w", err)
 	}
 	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch, metrics: metrics, witness: w,
-		busKeys: newKeyring(o.busKey, keyMetrics)}
+		busKeys: newKeyring(o.busKey, keyMetrics), livenessConnects: livenessConnects}
 	if !o.groupCommitOff {
 		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, o.inFlight, s.runBatch)
 	}
@@ -712,11 +719,14 @@ func (s *Store) HeartbeatInstance(ctx context.Context, in sessionstore.Instance)
 	if err != nil {
 		return wrap("heartbeat instance", err)
 	}
-	_, err = s.pool.Exec(ctx, `INSERT INTO instances (id, url, draining, started_at, last_heartbeat_at)
-		VALUES ($1, $2, $3, $4, $5)
+	// An unknown version (0) is NULL, as an older release's heartbeat,
+	// which does not name the column, leaves it on a new row.
+	_, err = s.pool.Exec(ctx, `INSERT INTO instances (id, url, draining, started_at, last_heartbeat_at, bus_key_version)
+		VALUES ($1, $2, $3, $4, $5, nullif($6::bigint, 0))
 		ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, draining = EXCLUDED.draining,
-			started_at = EXCLUDED.started_at, last_heartbeat_at = EXCLUDED.last_heartbeat_at`,
-		in.ID, in.URL, in.Draining, in.StartedAt, in.LastHeartbeatAt)
+			started_at = EXCLUDED.started_at, last_heartbeat_at = EXCLUDED.last_heartbeat_at,
+			bus_key_version = EXCLUDED.bus_key_version`,
+		in.ID, in.URL, in.Draining, in.StartedAt, in.LastHeartbeatAt, in.BusKeyVersion)
 	return wrap("heartbeat instance", err)
 }
 
@@ -727,14 +737,14 @@ func (s *Store) ListInstances(ctx context.Context) ([]sessionstore.Instance, err
 	if err != nil {
 		return nil, wrap("list instances", err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT id, url, draining, started_at, last_heartbeat_at
+	rows, err := s.pool.Query(ctx, `SELECT id, url, draining, started_at, last_heartbeat_at, coalesce(bus_key_version, 0)
 		FROM instances ORDER BY id COLLATE "C"`)
 	if err != nil {
 		return nil, wrap("list instances", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sessionstore.Instance, error) {
 		var in sessionstore.Instance
-		err := r.Scan(&in.ID, &in.URL, &in.Draining, &in.StartedAt, &in.LastHeartbeatAt)
+		err := r.Scan(&in.ID, &in.URL, &in.Draining, &in.StartedAt, &in.LastHeartbeatAt, &in.BusKeyVersion)
 		in.StartedAt, in.LastHeartbeatAt = in.StartedAt.UTC(), in.LastHeartbeatAt.UTC()
 		return in, err
 	})

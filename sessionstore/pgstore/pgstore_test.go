@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
@@ -63,5 +65,47 @@ func TestOpenFailsOnlyOnAMalformedURL(t *testing.T) {
 	}
 	if _, err := s.GetSession(ctx, sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "s"}, time.Now()); !errors.Is(err, sessionstore.ErrUnavailable) {
 		t.Fatalf("GetSession with Postgres down: err = %v, want ErrUnavailable", err)
+	}
+}
+
+// During a rolling upgrade an instance of the release before migration 0014
+// heartbeats with the statement it always ran, which names no bus key
+// version: its row reads as unknown (0).
+func TestHeartbeatOfAnOlderReleaseHasNoBusKeyVersion(t *testing.T) {
+	t.Parallel()
+	u := pgtest.Schema(t)
+	ctx := context.Background()
+	s, err := pgstore.Open(ctx, u, pgstore.WithMaxConns(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	// The heartbeat of the release before 0014, as it ran.
+	now := time.Now()
+	if _, err := conn.Exec(ctx, `INSERT INTO instances (id, url, draining, started_at, last_heartbeat_at)
+		VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, draining = EXCLUDED.draining,
+			started_at = EXCLUDED.started_at, last_heartbeat_at = EXCLUDED.last_heartbeat_at`,
+		"old", "http://old", false, now, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.HeartbeatInstance(ctx, sessionstore.Instance{ID: "new", URL: "http://new", StartedAt: now, LastHeartbeatAt: now, BusKeyVersion: 3}); err != nil {
+		t.Fatal(err)
+	}
+	list, err := s.ListInstances(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, in := range list {
+		got[in.ID] = in.BusKeyVersion
+	}
+	if len(got) != 2 || got["old"] != 0 || got["new"] != 3 {
+		t.Fatalf("bus key versions %v, want old unknown (0) and new 3", got)
 	}
 }

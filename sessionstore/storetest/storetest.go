@@ -1803,7 +1803,8 @@ func testInstances(t *testing.T, s sessionstore.Store) {
 		for i := range got {
 			g, w := got[i], want[i]
 			if g.ID != w.ID || g.URL != w.URL || g.Draining != w.Draining ||
-				!g.StartedAt.Equal(w.StartedAt) || !g.LastHeartbeatAt.Equal(w.LastHeartbeatAt) {
+				!g.StartedAt.Equal(w.StartedAt) || !g.LastHeartbeatAt.Equal(w.LastHeartbeatAt) ||
+				g.BusKeyVersion != w.BusKeyVersion {
 				t.Fatalf("%s: instance %d = %+v, want %+v", what, i, g, w)
 			}
 		}
@@ -1815,6 +1816,21 @@ func testInstances(t *testing.T, s sessionstore.Store) {
 	i1.LastHeartbeatAt = at(time.Minute)
 	noErr(t, "HeartbeatInstance(hub-1 again)", s.HeartbeatInstance(ctx, i1))
 	check("ListInstances after an update", i1, i2)
+
+	// The bus key version each heartbeat carries is the one listed: a
+	// rotation picked up shows at the next heartbeat, and a heartbeat that
+	// knows none (0: not read yet, or a store without a bus key) is
+	// unknown again, never the version an earlier heartbeat wrote.
+	i1.BusKeyVersion, i2.BusKeyVersion = 1, 2
+	noErr(t, "HeartbeatInstance(hub-1, bus key 1)", s.HeartbeatInstance(ctx, i1))
+	noErr(t, "HeartbeatInstance(hub-2, bus key 2)", s.HeartbeatInstance(ctx, i2))
+	check("ListInstances with bus key versions", i1, i2)
+	i1.BusKeyVersion = 2
+	noErr(t, "HeartbeatInstance(hub-1, bus key 2)", s.HeartbeatInstance(ctx, i1))
+	check("ListInstances after hub-1 picked up a rotation", i1, i2)
+	i2.BusKeyVersion = 0
+	noErr(t, "HeartbeatInstance(hub-2, no bus key)", s.HeartbeatInstance(ctx, i2))
+	check("ListInstances after hub-2's heartbeat without a bus key", i1, i2)
 }
 
 func testPruneInstances(t *testing.T, s sessionstore.Store) {

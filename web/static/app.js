@@ -737,6 +737,11 @@
         (st.showGone ? 'listed. ' : 'hidden. '),
       el('button', { type: 'button', class: 'link', 'data-testid': 'gone-toggle',
         onclick: () => { st.showGone = !st.showGone; refresh(); } }, st.showGone ? 'Hide them' : 'Show them')) : null;
+    // The newest bus key any instance seals with: one behind it has not
+    // picked up a rotation yet (MARCONI_BUS_KEY_REFRESH_SECONDS).
+    const newestKey = Math.max(0, ...instances.map((i) => i.bus_key_version || 0));
+    const busKey = (v) => v === null || v === undefined ? el('span', { class: 'muted' }, 'unknown')
+      : v < newestKey ? badge('v' + v + ', behind', 'warn') : 'v' + v;
     const rows = instances.map((i) => {
       const health = i.draining ? badge('draining', 'warn') : i.healthy ? badge('healthy', 'ok') : badge('unhealthy', 'bad');
       return el('tr', { 'data-testid': 'instance-row', 'data-instance-id': i.instance_id, class: i.healthy ? null : 'attention' },
@@ -745,14 +750,15 @@
         el('td', { 'data-testid': 'instance-health' }, health),
         el('td', { class: 'n', 'data-testid': 'instance-sessions' }, num(i.sessions)),
         el('td', { class: 'n', 'data-testid': 'instance-queues' }, num(i.attached_queues)),
-        el('td', null, timeAgo(i.last_heartbeat_at)));
+        el('td', null, timeAgo(i.last_heartbeat_at)),
+        el('td', { 'data-testid': 'instance-bus-key' }, busKey(i.bus_key_version)));
     });
     return [el('table', { 'data-testid': 'instances-table' },
       el('caption', { class: 'sr-only' }, 'Hub instances with health and load'),
       el('thead', null, el('tr', null,
         el('th', { scope: 'col' }, 'Instance'), el('th', { scope: 'col' }, 'URL'), el('th', { scope: 'col' }, 'Health'),
         el('th', { scope: 'col', class: 'n' }, 'Sessions'), el('th', { scope: 'col', class: 'n' }, 'Attached queues'),
-        el('th', { scope: 'col' }, 'Last heartbeat'))),
+        el('th', { scope: 'col' }, 'Last heartbeat'), el('th', { scope: 'col' }, 'Bus key'))),
       el('tbody', null, rows)), toggle];
   }
 
