@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -81,6 +82,40 @@ func TestHealthFromTheCachedView(t *testing.T) {
 	}
 	if a.Members.Healthy(ctx, "b") || b.Members.Healthy(ctx, "b") {
 		t.Fatal("a draining instance is healthy")
+	}
+}
+
+// countingStore counts the reads of the instance table.
+type countingStore struct {
+	sessionstore.Store
+	lists atomic.Int32
+}
+
+func (s *countingStore) ListInstances(ctx context.Context) ([]sessionstore.Instance, error) {
+	s.lists.Add(1)
+	return s.Store.ListInstances(ctx)
+}
+
+// A process serves before its first tick has read the instance table (a
+// slow store under load): its first decisions read the table themselves,
+// once, rather than judge every other instance dead from an empty view (a
+// send to a queue attached on a live peer answered queued_offline).
+func TestDecisionsBeforeTheFirstTickReadTheTable(t *testing.T) {
+	ctx := context.Background()
+	st := &countingStore{Store: memstore.New()}
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
+		t.Fatal(err)
+	}
+	a := newTestFabric(t, st, clk, "a") // never ticked
+	if !a.Members.HoldsQueue(ctx, "b", clk.t) {
+		t.Fatal("a, before its first tick, takes a queue on b (heartbeat fresh) for absent")
+	}
+	if !a.Members.Healthy(ctx, "b") || !slices.Equal(a.Members.healthyOthers(ctx), []string{"b"}) {
+		t.Fatalf("a, before its first tick: b healthy %v, healthy others %v", a.Members.Healthy(ctx, "b"), a.Members.healthyOthers(ctx))
+	}
+	if n := st.lists.Load(); n != 1 {
+		t.Fatalf("the instance table was read %d times, want once: later decisions read the view", n)
 	}
 }
 
@@ -429,8 +464,10 @@ func TestHealthGaugeFollowsTheProbe(t *testing.T) {
 	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := healthGauge(t, reg, "b"); ok {
-		t.Fatal("a series for b before a's first refresh")
+	// A scrape before a's first tick reads the instance table, as any
+	// decision then does (ensureLoaded): b is there, healthy, not missing.
+	if v, ok := healthGauge(t, reg, "b"); !ok || v != 1 {
+		t.Fatalf("b before a's first tick: %v (present %v), want 1", v, ok)
 	}
 	if err := a.Tick(ctx); err != nil {
 		t.Fatal(err)

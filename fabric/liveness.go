@@ -158,16 +158,22 @@ func (m *Members) runProbe(ctx context.Context) {
 }
 
 // fresh is called before a decision reads another instance's health: it
-// notes the demand, so that runProbe keeps probing while decisions are
-// made, and when no probe ran or was tried within ProbeEvery (runProbe
-// skipped them: nobody asked) it probes now, or waits for the probe that
-// started meanwhile, so that a decision after a pause never reads a
-// liveness older than a probe interval. A decision made while a probe is
+// reads the instance table when no tick has yet (ensureLoaded: a process
+// just started serves before its first tick, and an empty view holds no
+// live peer), notes the demand, so that runProbe keeps probing while
+// decisions are made, and when no probe ran or was tried within ProbeEvery
+// (runProbe skipped them: nobody asked) it probes now, or waits for the
+// probe that started meanwhile, so that a decision after a pause never
+// reads a liveness older than a probe interval. A decision made while a probe is
 // under way does not wait for it: it reads the view as it stands, as it
 // always could. A probe that failed is not tried again within ProbeEvery,
 // so a failing store slows one decision per interval, not each, and a
 // failed probe leaves the view as it was.
 func (m *Members) fresh(ctx context.Context) {
+	if err := m.ensureLoaded(ctx); err != nil {
+		// The view stays empty until a read or a tick succeeds.
+		m.log.Debug("first read of the instance table before a decision", "err", err)
+	}
 	if m.prober == nil {
 		return
 	}

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -58,6 +60,9 @@ type Members struct {
 	// demand is set when a decision reads the view of another instance
 	// (fresh), and cleared by runProbe, which probes only when it was set.
 	demand atomic.Bool
+	// firstLoad makes the decisions made before the first tick share one
+	// read of the instance table (ensureLoaded).
+	firstLoad singleflight.Group
 }
 
 func newMembers(cfg Config, d Deps) *Members {
@@ -126,7 +131,13 @@ func (m *Members) Refresh(ctx context.Context) error {
 }
 
 // ensureLoaded reads the instance table once when no tick has yet: a
-// decision made on an empty view would take every session over.
+// decision made on an empty view would take every session over, and would
+// judge every other instance dead (a send to a queue attached on a live
+// peer answered queued_offline). The hub serves before Run's first tick
+// has read the table, which under load can take a while, so every
+// decision that reads the view comes here first. Concurrent calls share
+// one read: the first requests after a start would otherwise each read
+// the table.
 func (m *Members) ensureLoaded(ctx context.Context) error {
 	m.mu.RLock()
 	loaded := m.loaded
@@ -134,7 +145,8 @@ func (m *Members) ensureLoaded(ctx context.Context) error {
 	if loaded {
 		return nil
 	}
-	return m.Refresh(ctx)
+	_, err, _ := m.firstLoad.Do("", func() (any, error) { return nil, m.Refresh(ctx) })
+	return err
 }
 
 // SetDraining marks this instance draining, in the store at once (a final
@@ -149,8 +161,9 @@ func (m *Members) SetDraining(ctx context.Context) error {
 
 // Healthy reports whether instance is healthy: its heartbeat is younger than
 // DeadAfter, it is not draining and its process was not seen gone. It reads
-// the view kept by Tick, after a probe when none was tried within ProbeEvery
-// (fresh). This instance is healthy while it is not draining.
+// the view kept by Tick (read now when no tick has yet), after a probe when
+// none was tried within ProbeEvery (fresh). This instance is healthy while
+// it is not draining.
 func (m *Members) Healthy(ctx context.Context, instance string) bool {
 	if instance == m.cfg.InstanceID {
 		return !m.draining.Load()
@@ -168,8 +181,8 @@ func (m *Members) Healthy(ctx context.Context, instance string) bool {
 // StartedAt). A queue recorded before the instance's StartedAt died with an
 // earlier process of the same MARCONI_INSTANCE_ID: a crash leaves it in the
 // store, since nothing cleared it. Both times come from that instance's own
-// clock. It reads the view kept by Tick, after a probe when none was tried
-// within ProbeEvery (fresh).
+// clock. It reads the view kept by Tick (read now when no tick has yet),
+// after a probe when none was tried within ProbeEvery (fresh).
 func (m *Members) HoldsQueue(ctx context.Context, instance string, attachedAt time.Time) bool {
 	if instance == m.cfg.InstanceID {
 		return !m.draining.Load() && !attachedAt.Before(m.startedAt)

@@ -162,6 +162,7 @@ type model struct {
 	ids      []string       // instance ids
 	hubs     []*hubtest.Hub // instances on one store
 	stops    []func()       // each stops its instance
+	started  []time.Time    // when each instance was last asked to start, for failure messages
 	start    func(hub.Config) (*hubtest.Hub, func())
 	durable  bool         // the store outlives an instance
 	h        *hubtest.Hub // the instance of the current call
@@ -192,6 +193,7 @@ func runModel(rt *rapid.T, prefix string, ids []string, durable bool, start func
 	m.cfg = cfg
 	for _, id := range ids {
 		m.cfg.InstanceID = id
+		m.started = append(m.started, time.Now())
 		h, stop := start(m.cfg)
 		m.hubs, m.stops = append(m.hubs, h), append(m.stops, stop)
 	}
@@ -254,6 +256,7 @@ func (m *model) restart(rt *rapid.T) {
 	}
 	cfg := m.cfg
 	cfg.InstanceID = m.ids[i]
+	m.started[i] = time.Now()
 	m.hubs[i], m.stops[i] = m.start(cfg)
 	m.h = m.hubs[i]
 	for _, s := range gone {
@@ -403,6 +406,7 @@ func (m *model) send(rt *rapid.T) {
 	}
 	m.n++
 	payload := fmt.Sprintf(`{"n":%d,"scope":%d,"to":%q}`, m.n, from.scope, to.id)
+	sentAt := time.Now()
 	st, body := m.do(rt, "POST", "/v1/signals", from.token, map[string]any{
 		"to_session": to.id, "payload": json.RawMessage(payload), "idempotency_key": key,
 	})
@@ -429,15 +433,23 @@ func (m *model) send(rt *rapid.T) {
 	}
 	if body["delivery"] != wantDelivery {
 		// Say what the hub and the connection showed, so that a failure
-		// seen once under load can be read without reproducing it.
+		// seen once under load can be read without reproducing it: the
+		// answer's route state (docs/api.md: recipient_route_state), how
+		// long the instance had run (a process just started once judged
+		// its peers from a view it had not read yet), and what that
+		// instance and every instance say of the route now.
 		conn := "no connection"
 		if c := to.conn; c != nil {
 			c.mu.Lock()
 			conn = fmt.Sprintf("connection on instance %d, closed by %d (%v)", c.hub, c.closeBy, c.readErr)
 			c.mu.Unlock()
 		}
-		rt.Fatalf("send to %s through instance %d: delivery %v (route_state %v), want %s; %s; route state on every instance: %q",
-			to.id, slices.Index(m.hubs, m.h), body["delivery"], body["route_state"], wantDelivery, conn, m.routeState(rt, to))
+		i := slices.Index(m.hubs, m.h)
+		now := m.routeStateOn(rt, m.h, to)
+		rt.Fatalf("send to %s through instance %d (started %v before the send): delivery %v (recipient_route_state %v), want %s; %s; "+
+			"instance %d now: %v, queue %v (%v); route state on every instance: %q",
+			to.id, i, sentAt.Sub(m.started[i]).Round(time.Millisecond), body["delivery"], body["recipient_route_state"], wantDelivery, conn,
+			i, now["route_state"], now["queue"], now["explanation"], m.routeState(rt, to))
 	}
 	to.lastSeq = seq
 	sig := modelSignal{ID: body["signal_id"].(string), Seq: seq, From: from.id, Payload: payload}
@@ -609,13 +621,9 @@ func (m *model) detach(rt *rapid.T) {
 // routeState is s's route state and the instance its queue is recorded on,
 // as every instance sees them, or "" while they disagree.
 func (m *model) routeState(rt *rapid.T, s *modelSession) string {
-	tp := m.tenants[s.scope]
-	cur, state := m.h, ""
-	defer func() { m.h = cur }()
+	state := ""
 	for i, h := range m.hubs {
-		m.h = h
-		st, body := m.do(rt, "GET", "/v1/ops/route_state/"+tp.TenantID+"/"+tp.ProjectID+"/"+s.id, h.AdminToken, nil)
-		expect(rt, "route_state", st, body, 200, "")
+		body := m.routeStateOn(rt, h, s)
 		q, _ := body["queue"].(map[string]any)
 		if got := fmt.Sprintf("%v@%v", body["route_state"], q["instance_id"]); i == 0 {
 			state = got
@@ -624,6 +632,18 @@ func (m *model) routeState(rt *rapid.T, s *modelSession) string {
 		}
 	}
 	return state
+}
+
+// routeStateOn is the operator's view of s's route (GET
+// /v1/ops/route_state) as instance h answers it.
+func (m *model) routeStateOn(rt *rapid.T, h *hubtest.Hub, s *modelSession) map[string]any {
+	tp := m.tenants[s.scope]
+	cur := m.h
+	defer func() { m.h = cur }()
+	m.h = h
+	st, body := m.do(rt, "GET", "/v1/ops/route_state/"+tp.TenantID+"/"+tp.ProjectID+"/"+s.id, h.AdminToken, nil)
+	expect(rt, "route_state", st, body, 200, "")
+	return body
 }
 
 // closed waits until the hub has closed c, and checks it closed with the
