@@ -56,7 +56,6 @@ type Conn struct {
 	mu        sync.Mutex
 	queue     []queueItem // outgoing, at most QueueSize; nil when empty, so an idle connection holds none
 	ctrl      [][]byte    // frames the reader asks the writer to send (errors), at most maxCtrl; nil when empty
-	checkDue  bool        // a check wake-up came: the writer reads the session's row before it writes more
 	ended     bool        // the handler is done: start nothing more
 	started   bool        // start has recorded the attach: the welcome is complete, a writer may run
 	writing   bool        // a writer goroutine runs
@@ -69,6 +68,10 @@ type Conn struct {
 	// written is last, for the pending sweep to read: it wakes only the
 	// connections whose session has a signal past it.
 	written atomic.Int64
+	// checkDue is set by a check wake-up (Hub.check): the writer reads the
+	// session's row before it writes more. Atomic, so the writer's loop
+	// takes it without the lock it already takes per frame for the queue.
+	checkDue atomic.Bool
 	// expires is the latest expiry of the session this instance knows
 	// (UnixNano), for the expiry check (expiry.go).
 	expires atomic.Int64

@@ -96,9 +96,7 @@ func (h *Hub) WakeLocal(w sessionstore.Wake) {
 // queue does not lose it, and any number of checks cost one read.
 func (h *Hub) check(k sessionstore.Key) {
 	if c := h.registry.get(k); c != nil && !c.closing() {
-		c.mu.Lock()
-		c.checkDue = true
-		c.mu.Unlock()
+		c.checkDue.Store(true) // before wake's lock: a writer ending under it sees the flag, or wake starts one
 		c.wake()
 	}
 }

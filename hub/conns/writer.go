@@ -87,7 +87,7 @@ func (c *Conn) writeRun() {
 			return
 		}
 		c.mu.Lock()
-		if len(c.queue) == 0 && len(c.ctrl) == 0 && !c.checkDue && !c.closing() {
+		if len(c.queue) == 0 && len(c.ctrl) == 0 && !c.checkDue.Load() && !c.closing() {
 			c.writing = false
 			c.mu.Unlock()
 			return
@@ -173,11 +173,7 @@ func (c *Conn) writeItem(ctx context.Context, it queueItem) error {
 // takeCheck reports whether a check wake-up is due, and clears it: a check
 // asked for from here on reads the row again.
 func (c *Conn) takeCheck() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	due := c.checkDue
-	c.checkDue = false
-	return due
+	return c.checkDue.Swap(false)
 }
 
 // check reads the session's row and closes the connection when it shows
