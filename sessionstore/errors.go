@@ -26,6 +26,13 @@ var ErrTokenMismatch = errors.New("sessionstore: token mismatch")
 // recipient again and classifies the send anew.
 var ErrRecipientChanged = errors.New("sessionstore: recipient changed")
 
+// ErrHistoryChanged is returned by AckSignalsAs when the holder's
+// History is older than the store's (Historian): the seqs it acknowledges
+// were read before the store's data went back in time, and may now name
+// signals the holder never received. Nothing was acknowledged; the holder
+// is caught up again and acknowledges what it then receives.
+var ErrHistoryChanged = errors.New("sessionstore: the store's history changed since the acknowledged signals were read")
+
 // ErrUnavailable is returned when the store cannot be reached (connection
 // refused, timed out, closed). Callers fail closed on it: they answer 503 and
 // never fall back to process memory.

@@ -23,6 +23,25 @@ type Key struct {
 type Holder struct {
 	RegisteredAt time.Time
 	TokenHash    []byte
+	// History is the store's history (Historian) the holder's connection
+	// was last caught up under; 0 checks nothing. An ack made under an
+	// earlier history than the store's is refused (ErrHistoryChanged): its
+	// seqs may name signals the client never received.
+	History uint64
+}
+
+// Historian is a store that knows when its data may have gone back in
+// time: its server's history changed (a standby promoted, a restore to a
+// point in time, another cluster behind the same address). A promoted
+// standby that was replicated asynchronously may lack the last commits of
+// the primary it replaces: signals answered 200 are gone, and the seqs they
+// took are taken again by the recipients' next signals, which clients and
+// connections that saw the lost ones would take for signals already
+// delivered.
+type Historian interface {
+	// History numbers the server histories the store has seen, from 1 at
+	// its first connection; 0 when none is known yet. It only grows.
+	History() uint64
 }
 
 // SessionHead is a session's row with how far its signals go: what the

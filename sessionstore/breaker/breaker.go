@@ -180,6 +180,15 @@ func (b *Store) Ready(ctx context.Context) error {
 	return nil
 }
 
+// History is the wrapped store's (sessionstore.Historian), 0 when it keeps
+// none: a store that cannot go back in time.
+func (b *Store) History() uint64 {
+	if h, ok := b.inner.(sessionstore.Historian); ok {
+		return h.History()
+	}
+	return 0
+}
+
 // witnessing is met by a store that keeps what its statements saw
 // (pgstore.Store.Witness).
 type witnessing interface {

@@ -288,8 +288,21 @@ func projectQuotaError(err error, limit int64) *sessionstore.QuotaError {
 // statement) and an UPDATE that finds its rows in an order of its own
 // plan; should one of them deadlock with a batch, Postgres aborts one, and
 // runBatch runs an aborted batch's members again one by one.
+//
+// The connection is taken before the batch is made: a connection new to a
+// server of another history (history.go) has counted it by then, and an
+// ack made under an earlier history is answered ErrHistoryChanged rather
+// than run.
 func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
-	batch = slices.Clone(batch)
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	batch = s.refuseStaleAcks(batch)
+	if len(batch) == 0 {
+		return nil
+	}
 	slices.SortStableFunc(batch, func(a, b *appendReq) int { return compareKeys(a.recipient(), b.recipient()) })
 	b := &pgx.Batch{}
 	prefix := 0
@@ -320,9 +333,9 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 	}
 	queueRows(b, batch, layers)
 	settles := queueSettle(b, batch)
-	br := s.pool.SendBatch(ctx, b)
+	br := conn.SendBatch(ctx, b)
 	outs := make([]appendOutcome, len(batch))
-	err := readBatch(br, batch, prefix, outs)
+	err = readBatch(br, batch, prefix, outs)
 	if err == nil {
 		err = readRows(br, batch, layers, outs)
 	}
@@ -339,6 +352,22 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 		r.out = outs[i]
 	}
 	return nil
+}
+
+// refuseStaleAcks answers ErrHistoryChanged to the acks of batch made
+// under an earlier history than the store's, and returns the others, in
+// a new slice.
+func (s *Store) refuseStaleAcks(batch []*appendReq) []*appendReq {
+	now := s.History()
+	kept := make([]*appendReq, 0, len(batch))
+	for _, r := range batch {
+		if a := r.ack; a != nil && a.as != nil && a.as.History != 0 && a.as.History != now {
+			r.out = appendOutcome{err: sessionstore.ErrHistoryChanged}
+			continue
+		}
+		kept = append(kept, r)
+	}
+	return kept
 }
 
 // queueSettle queues settleUsageSQL for the appends of batch, when it has

@@ -120,6 +120,7 @@ type Store struct {
 	busKeys      *keyring // the bus key, as this store's buses know it
 	// livenessConnects counts its buses' liveness connections' connects.
 	livenessConnects prometheus.Counter
+	hist             *history // the server histories its connections found (history.go)
 }
 
 // plannerParams are the planner settings of the store's connections.
@@ -197,11 +198,23 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if o.maxConns > 0 {
 		cfg.MaxConns = o.maxConns
 	}
-	if q := plannerSettings(cfg.ConnConfig.RuntimeParams); q != "" {
-		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-			_, err := c.Exec(ctx, q)
+	hist := newHistory()
+	if err := registerAll(o.registerer, hist.changes); err != nil {
+		return nil, fmt.Errorf("pgstore: register metrics: %w", err)
+	}
+	q := plannerSettings(cfg.ConnConfig.RuntimeParams)
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if q != "" {
+			if _, err := c.Exec(ctx, q); err != nil {
+				return err
+			}
+		}
+		var id *string
+		if err := c.QueryRow(ctx, "SELECT "+historySQL).Scan(&id); err != nil {
 			return err
 		}
+		hist.saw(id)
+		return nil
 	}
 	cfg.MinConns = 0 // never connect in the background at Open
 	w := &witness{}
@@ -211,7 +224,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 		return nil, fmt.Errorf("pgstore: open pool: %w", err)
 	}
 	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch, metrics: metrics, witness: w,
-		busKeys: newKeyring(o.busKey, keyMetrics), livenessConnects: livenessConnects}
+		busKeys: newKeyring(o.busKey, keyMetrics), livenessConnects: livenessConnects, hist: hist}
 	if !o.groupCommitOff {
 		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, o.inFlight, s.runBatch)
 	}
