@@ -601,7 +601,13 @@ func (s *Server) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.conns.Listen(ctx) })
 	g.Go(func() error { s.every(ctx, s.cfg.PendingSweep, s.conns.Sweep); return nil })
-	g.Go(func() error { s.every(ctx, s.cfg.ExpiryCheck, s.conns.CloseExpired); return nil })
+	g.Go(func() error {
+		s.every(ctx, s.cfg.ExpiryCheck, func(ctx context.Context) {
+			s.conns.FollowHistory()
+			s.conns.CloseExpired(ctx)
+		})
+		return nil
+	})
 	if s.history != nil {
 		g.Go(func() error {
 			start := s.now()

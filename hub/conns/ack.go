@@ -17,8 +17,9 @@ type acks struct {
 	c *Conn
 
 	mu      sync.Mutex
-	pending int64 // newest up_to_seq not yet written; -1 when none
-	armed   bool  // a write is scheduled or running
+	pending int64  // newest up_to_seq not yet written; -1 when none
+	history uint64 // the store's history pending was read under (history.go)
+	armed   bool   // a write is scheduled or running
 	timer   *time.Timer
 	closed  bool
 	wg      sync.WaitGroup // the timer's write, while it runs
@@ -26,12 +27,14 @@ type acks struct {
 
 func newAcks(c *Conn) *acks { return &acks{c: c, pending: -1} }
 
-// add records an ack of every signal up to seq.
-func (a *acks) add(seq int64) {
+// add records an ack of every signal up to seq, read under the store's
+// history: an ack under a later history replaces one under an earlier, as
+// the store would refuse that one.
+func (a *acks) add(seq int64, history uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if seq > a.pending {
-		a.pending = seq
+	if seq > a.pending || history != a.history {
+		a.pending, a.history = seq, history
 	}
 	a.armLocked()
 }
@@ -64,11 +67,11 @@ func (a *acks) fire() {
 // write writes the pending ack, if any.
 func (a *acks) write() {
 	a.mu.Lock()
-	seq := a.pending
+	seq, history := a.pending, a.history
 	a.pending = -1
 	a.mu.Unlock()
 	if seq >= 0 {
-		a.c.ackUpTo(context.Background(), seq)
+		a.c.ackUpTo(context.Background(), seq, history)
 	}
 }
 
@@ -90,12 +93,16 @@ func (a *acks) flush() {
 // by session key, and one from a connection of an earlier registration or
 // token would ack the signals of the session that replaced it. A refusal
 // closes c as the check of a keepalive would.
-func (c *Conn) ackUpTo(ctx context.Context, seq int64) {
+func (c *Conn) ackUpTo(ctx context.Context, seq int64, history uint64) {
 	actx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
 	defer cancel()
-	_, err := c.h.ack(actx, c.key, sessionstore.Holder{RegisteredAt: c.incarnation, TokenHash: c.tokenHash}, seq)
+	_, err := c.h.ack(actx, c.key, sessionstore.Holder{RegisteredAt: c.incarnation, TokenHash: c.tokenHash, History: history}, seq)
 	switch {
 	case err == nil:
+	case errors.Is(err, sessionstore.ErrHistoryChanged):
+		// Read before the store went back in time: the writer catches up
+		// again (FollowHistory) and the client acks what it then receives.
+		c.h.log.Info("ack from websocket refused: the store's history changed since it was read", KeyAttrs(c.key), "up_to_seq", seq)
 	case errors.Is(err, sessionstore.ErrNotFound):
 		c.kick(DisconnectSessionGone) // the writer closes it
 	case errors.Is(err, sessionstore.ErrTokenMismatch):

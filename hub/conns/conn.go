@@ -75,6 +75,12 @@ type Conn struct {
 	// expires is the latest expiry of the session this instance knows
 	// (UnixNano), for the expiry check (expiry.go).
 	expires atomic.Int64
+	// history is the store's history the connection was last caught up
+	// under; rewind, when not 0, a later one to catch up under (FollowHistory);
+	// rewound, that it did so once (history.go).
+	history atomic.Uint64
+	rewind  atomic.Uint64
+	rewound atomic.Bool
 
 	kickMu sync.Mutex
 	kicked chan struct{} // closed by the first kick, after kickBy is set
@@ -160,6 +166,7 @@ func (h *Hub) start(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.acks = newAcks(c)
 	c.expires.Store(sess.ExpiresAt.UnixNano())
+	c.history.Store(h.history()) // before the welcome's catch-up reads
 	old := h.registry.attach(c)
 	h.dueBy(c.expires.Load())
 	if old != nil {

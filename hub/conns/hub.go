@@ -155,6 +155,8 @@ type Hub struct {
 	// of their sessions (UnixNano): the expiry check looks at none before
 	// (expiry.go).
 	nextExpiry atomic.Int64
+	// followed is the store's history FollowHistory last saw (history.go).
+	followed atomic.Uint64
 }
 
 var _ signals.Router = (*Hub)(nil)

@@ -10,6 +10,7 @@ type metrics struct {
 	wakeups     *prometheus.CounterVec
 	connects    prometheus.Counter
 	sweeps      prometheus.Counter
+	rewinds     prometheus.Counter
 }
 
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
@@ -38,6 +39,10 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "marconi_pending_sweeps_total",
 			Help: "Runs of the pending sweep, which checks every queue attached to this instance against the store and wakes those with signals left to write.",
 		}),
+		rewinds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "marconi_ws_rewinds_total",
+			Help: "WebSocket connections asked to write their session's unacknowledged signals again because the store's history changed (a standby promoted, a restore), which may have given lost signals' seqs to new ones.",
+		}),
 	}
 	for _, l := range disconnectLabels {
 		m.disconnects.WithLabelValues(l)
@@ -46,7 +51,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"published", "publish_failed", "received", "carried"} {
 		m.wakeups.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.connections, m.disconnects, m.queueDrops, m.wakeups, m.connects, m.sweeps} {
+	for _, c := range []prometheus.Collector{m.connections, m.disconnects, m.queueDrops, m.wakeups, m.connects, m.sweeps, m.rewinds} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}

@@ -116,7 +116,8 @@ func (c *Conn) handleFrame(ctx context.Context, typ websocket.MessageType, data 
 			c.sendError(marconi.CodeInvalidField, "ack needs a non-negative up_to_seq")
 			return
 		}
-		c.acks.add(*f.UpToSeq)
+		history := c.history.Load() // before capAck reads what a rewind reset
+		c.acks.add(c.capAck(*f.UpToSeq), history)
 	case marconi.FramePing:
 		// Application-level keepalive: proof of life only.
 	default:

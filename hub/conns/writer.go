@@ -129,6 +129,16 @@ func (c *Conn) writeSome(ctx context.Context) error {
 			}
 			continue
 		}
+		if c.takeRewind() {
+			if err := c.catchUp(ctx); errors.Is(err, errStoreRead) {
+				if err := c.storeLater(ctx, err); err != nil {
+					return err
+				}
+			} else if err != nil {
+				return err
+			}
+			continue
+		}
 		if f, ok := c.takeCtrl(); ok {
 			if err := c.write(f); err != nil {
 				return err
