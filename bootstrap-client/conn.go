@@ -532,6 +532,10 @@ func (c *Client) dispatch() {
 			if !seq.accept(d.epoch, s) {
 				continue
 			}
+			if seq.rewound {
+				c.log.Warn("marconi: signal delivered below the highest seq delivered: the hub's numbering went back (its store lost its last signals, as an asynchronous standby promoted does)",
+					"signal_id", s.ID, "seq", s.Seq)
+			}
 			c.mu.Lock()
 			c.highest = seqMark{epoch: d.epoch, seq: s.Seq}
 			c.mu.Unlock()

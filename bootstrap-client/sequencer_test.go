@@ -18,10 +18,14 @@ func TestSequencerOrderAndDedupe(t *testing.T) {
 		{"older seq after newer is passed over", []Signal{sig("a", 1), sig("c", 3), sig("b", 2)}, []string{"a", "c"}},
 		{"same id under another seq", []Signal{sig("a", 1), sig("a", 5)}, []string{"a"}},
 		{"gaps are fine (acked earlier)", []Signal{sig("a", 4), sig("b", 9)}, []string{"a", "b"}},
+		// The hub's store lost b and c (an asynchronous standby promoted):
+		// its next signals take their seqs again, and a replay follows.
+		{"seqs taken again after the store lost signals", []Signal{sig("a", 1), sig("b", 2), sig("c", 3), sig("x", 2), sig("y", 3), sig("z", 4), sig("x", 2), sig("y", 3)}, []string{"a", "b", "c", "x", "y", "z"}},
+		{"a seq older than those remembered is passed over", []Signal{sig("a", 1), sig("b", 2), sig("c", 3), sig("d", 4), sig("e", 5), sig("f", 6), sig("g", 7), sig("h", 8), sig("x", 2)}, []string{"a", "b", "c", "d", "e", "f", "g", "h"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newSequencer(16)
+			s := newSequencer(4)
 			var got []string
 			for _, x := range tt.in {
 				if s.accept(1, x) {

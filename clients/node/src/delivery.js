@@ -132,6 +132,9 @@ export class Dispatcher {
         if (d.reset && d.epoch >= seq.epoch) await this.#callback('onAffinityReset', d.reset);
         for (const s of d.signals) {
           if (!seq.accept(d.epoch, s)) continue;
+          if (seq.rewound) {
+            this.#o.log.warn("marconi: signal delivered below the highest seq delivered: the hub's numbering went back (its store lost its last signals, as an asynchronous standby promoted does)", { signalId: s.id, seq: s.seq });
+          }
           this.#highest = s.seq;
           this.#highestEpoch = d.epoch;
           await this.#callback('onSignal', s);

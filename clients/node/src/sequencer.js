@@ -6,9 +6,14 @@ export const defaultSeenIDs = 4096;
 /**
  * Seq is per recipient session and strictly increasing, so a signal whose seq
  * is at or below the highest delivered one was delivered (or passed over)
- * already. A new registration of the session (epoch) starts seq afresh: the
- * hub's numbering may start over when it lost the session. Ids are remembered
- * across epochs in a bounded set.
+ * already, unless the hub's numbering went back: a store that lost its last
+ * signals (an asynchronous standby promoted after a failover) gives their
+ * seqs to the next ones. A signal whose seq names, in the recent ones
+ * remembered, a delivered signal of another id is such a new signal: it is
+ * delivered, and the order starts again from it (rewound). A new
+ * registration of the session (epoch) starts seq afresh: the hub's numbering
+ * may start over when it lost the session. Ids are remembered across epochs
+ * in a bounded set.
  */
 export class Sequencer {
   /** @param {number} capacity */
@@ -18,6 +23,10 @@ export class Sequencer {
     /** @type {Set<string>} insertion ordered: the oldest id comes first */
     this.seen = new Set();
     this.capacity = capacity;
+    /** @type {Map<number, {epoch: number, id: string}>} the id delivered at each recent seq, at most capacity */
+    this.bySeq = new Map();
+    /** Set by an accept that delivered a signal below the highest: the hub's numbering went back. */
+    this.rewound = false;
   }
 
   /**
@@ -28,16 +37,29 @@ export class Sequencer {
    * @param {{id: string, seq: number}} sig
    */
   accept(epoch, sig) {
+    this.rewound = false;
     if (epoch < this.epoch) return false;
     if (epoch > this.epoch) {
       this.epoch = epoch;
       this.highest = 0;
     }
-    if (sig.seq <= this.highest || this.seen.has(sig.id)) return false;
+    if (this.seen.has(sig.id)) return false;
+    if (sig.seq <= this.highest) {
+      const at = this.bySeq.get(sig.seq);
+      // Delivered, or too old to tell: passed over.
+      if (at === undefined || at.epoch !== epoch || at.id === sig.id) return false;
+      this.rewound = true;
+    }
     this.seen.add(sig.id);
     if (this.seen.size > this.capacity) {
       const oldest = this.seen.values().next().value;
       if (oldest !== undefined) this.seen.delete(oldest);
+    }
+    this.bySeq.delete(sig.seq); // re-inserted last: the map stays in delivery order
+    this.bySeq.set(sig.seq, { epoch, id: sig.id });
+    if (this.bySeq.size > this.capacity) {
+      const oldest = this.bySeq.keys().next().value;
+      if (oldest !== undefined) this.bySeq.delete(oldest);
     }
     this.highest = sig.seq;
     return true;

@@ -66,6 +66,23 @@ test('the sequencer delivers each id once, in seq order, and starts afresh with 
   assert.equal(s.seen.has('a'), false);
 });
 
+test('the sequencer delivers signals whose seqs the hub gave again after its store lost the last ones', () => {
+  const s = new Sequencer(4);
+  const sig = (/** @type {string} */ id, /** @type {number} */ seq) => ({ id, seq });
+  for (const [id, seq] of /** @type {const} */ ([['a', 1], ['b', 2], ['c', 3]])) assert.equal(s.accept(1, sig(id, seq)), true);
+  // b and c were lost by the hub's store (an asynchronous standby promoted): x and y take their seqs.
+  assert.equal(s.accept(1, sig('x', 2)), true, 'a new id at a seq delivered before');
+  assert.equal(s.rewound, true);
+  assert.equal(s.accept(1, sig('y', 3)), true);
+  assert.equal(s.rewound, false);
+  assert.equal(s.accept(1, sig('x', 2)), false, 'the same signal written again');
+  assert.equal(s.accept(1, sig('z', 4)), true);
+  // Past what is remembered, a lower seq is passed over as before.
+  for (const [id, seq] of /** @type {const} */ ([['e', 5], ['f', 6], ['g', 7], ['h', 8]])) s.accept(1, sig(id, seq));
+  assert.equal(s.accept(1, sig('w', 2)), false, 'a seq older than those remembered');
+  assert.equal(s.bySeq.size, 4);
+});
+
 test('decodeError keeps the hub\'s code and survives bodies that are not the hub\'s', () => {
   const wrong = decodeError(409, '{"error":{"code":"wrong_instance","message":"elsewhere","instance_id":"b","instance_url":"http://b:8080"}}');
   assert.equal(wrong.code, 'wrong_instance');
