@@ -165,6 +165,30 @@ func (c *Cluster) Promote() *Node {
 	return s
 }
 
+// StopStandby stops the standby (pg_ctl stop -m fast) after making the
+// primary's replication asynchronous, as a standby that lags behind an
+// asynchronous primary: from then on the primary's commits are on it
+// alone, and a failover to the standby loses them. StartStandby starts it
+// again.
+func (c *Cluster) StopStandby() *Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.standby
+	c.execLocked(c.primary, "ALTER SYSTEM SET synchronous_standby_names = ''", "SELECT pg_reload_conf()")
+	c.run("pg_ctl", "stop", "-D", s.dir, "-m", "fast", "-w")
+	c.standby = nil
+	return s
+}
+
+// StartStandby starts n, stopped by StopStandby, as the standby again: it
+// replays what it had, and streams from the primary if one is up.
+func (c *Cluster) StartStandby(n *Node) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.start(n)
+	c.standby = n
+}
+
 // Rebuild makes the stopped node n the primary's synchronous standby again:
 // its data directory is replaced by a base backup of the primary (as after
 // a failover, when the old primary's last WAL may diverge).
