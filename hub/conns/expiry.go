@@ -4,6 +4,8 @@ import (
 	"context"
 	"math"
 	"time"
+
+	"github.com/marconihub/marconi/sessionstore"
 )
 
 // Expiry of an attached session. An attached session is kept alive by its
@@ -18,8 +20,8 @@ import (
 // close (4410) as the session's calls already answer 410 everywhere.
 //
 // Each connection keeps the latest expiry this instance knows of its
-// session (the attach's, its keepalive's touches, what a pending sweep
-// read): a lower bound of the row's, since every store write of expires_at
+// session (the attach's, its keepalive's touches, its session's heartbeats
+// served here, what a pending sweep or an expiry check read): a lower bound of the row's, since every store write of expires_at
 // only moves it later. CloseExpired, run every ExpiryCheck by the hub,
 // reads the rows of the connections whose known expiry has passed, a batch
 // per store read (SessionHeads, as the sweep), and closes those with no
@@ -41,6 +43,18 @@ func (c *Conn) knowExpiry(t time.Time) {
 		if n <= cur || c.expires.CompareAndSwap(cur, n) {
 			return
 		}
+	}
+}
+
+// SessionExtended records that sess (a row of its session that a write of
+// this instance has just extended, a heartbeat's) lives until sess.ExpiresAt:
+// this instance's connection of that session, if any and of its
+// incarnation, knows that expiry from then on, so the expiry check does not
+// read its row again before it passes. A connection of another incarnation
+// is left as it is: its own session's row is gone.
+func (h *Hub) SessionExtended(sess sessionstore.Session) {
+	if c := h.registry.get(sess.Key); c != nil && c.belongsTo(sess) {
+		c.knowExpiry(sess.ExpiresAt)
 	}
 }
 
