@@ -177,3 +177,33 @@ func TestSessionGoneAtAttachClosesTheWebSocket(t *testing.T) {
 		})
 	}
 }
+
+// An expiry check whose read fails leaves the connections it was for due:
+// each later check reads them again (one read per check, the check's
+// interval being the pace) until the store answers, and then closes the
+// expired session's WebSocket, with the pending sweep off.
+func TestExpiryCheckOnAStoreDownIsRetried(t *testing.T) {
+	const ttl = time.Minute
+	for _, store := range stores {
+		t.Run(store, func(t *testing.T) {
+			st := &rowsDown{Store: openStore(t, store)}
+			clock := hubtest.NewClock(time.Now())
+			h := expiryHub(t, st, clock, ttl)
+			c := dial(t, h, register(t, h, "bob"))
+			if f := read(t, c); f["type"] != "welcome" {
+				t.Fatalf("first frame %v", f)
+			}
+
+			st.down.Store(true)
+			clock.Advance(ttl + time.Second)
+			waitFor(t, "three expiry checks to fail", func() bool { return st.headsFailed.Load() >= 3 })
+			st.down.Store(false)
+			if got := closeCode(t, c); got != 4410 {
+				t.Fatalf("closed with %d, want 4410", got)
+			}
+			if n := metric(t, h, "marconi_ws_disconnects_total", "reason", "expired"); n != 1 {
+				t.Fatalf("marconi_ws_disconnects_total{reason=\"expired\"} = %v, want 1", n)
+			}
+		})
+	}
+}
