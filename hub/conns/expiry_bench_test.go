@@ -21,7 +21,7 @@ func (downStore) SessionHeads(context.Context, []sessionstore.Key, time.Time) (m
 
 type healthyPeers struct{}
 
-func (healthyPeers) Healthy(context.Context, string) bool                { return true }
+func (healthyPeers) Healthy(context.Context, string) bool               { return true }
 func (healthyPeers) HoldsQueue(context.Context, string, time.Time) bool { return true }
 
 // BenchmarkCloseExpiredStoreDown measures one expiry check of an instance
