@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -168,6 +169,8 @@ func TestARestartedAgentNamesItsKeptProjectFromItsFirstRequest(t *testing.T) {
 		{"line break in the project", `{"session_id":"restarted","token":%q,"tenant_id":"t1","project_id":"p1\r\nX-Evil: 1"}`, nil, true, false},
 		{"slash in the tenant", `{"session_id":"restarted","token":%q,"tenant_id":"t1/p1","project_id":"p1"}`, nil, true, false},
 		{"tenant without a project", `{"session_id":"restarted","token":%q,"tenant_id":"t1"}`, nil, true, false},
+		{"number as the tenant", `{"session_id":"restarted","token":%q,"tenant_id":5,"project_id":"p1"}`, nil, true, false},
+		{"object as the project", `{"session_id":"restarted","token":%q,"tenant_id":"t1","project_id":{"id":"p1"}}`, nil, true, false},
 		{"another project than the hub's", `{"session_id":"restarted","token":%q,"tenant_id":"t9","project_id":"p9"}`, []string{"t9/p9"}, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -199,6 +202,11 @@ func TestARestartedAgentNamesItsKeptProjectFromItsFirstRequest(t *testing.T) {
 			warned := logs.find("marconi: the kept token's tenant or project is not an id of the contract; resuming without naming the project to the balancer until the hub answers")
 			if (len(warned) == 1) != c.warned {
 				t.Errorf("%d warnings of an unusable kept project, want it logged: %v", len(warned), c.warned)
+			}
+			for _, w := range warned {
+				if strings.Contains(fmt.Sprint(w.attrs), before.Token) {
+					t.Errorf("the warning of an unusable kept project logs the token: %v", w.attrs)
+				}
 			}
 			if followed := logs.find("marconi: the hub names another project than the kept token's; following the hub's"); (len(followed) == 1) != c.followed {
 				t.Errorf("%d lines of the hub's project followed, want it logged: %v", len(followed), c.followed)

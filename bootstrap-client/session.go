@@ -447,6 +447,12 @@ func (c *Client) loadToken(ctx context.Context) error {
 		return nil
 	}
 	t, err := c.cfg.TokenStore.Load(ctx)
+	if errors.Is(err, ErrProjectDropped) {
+		// A hint lost, not the token: resume, and name the project once the
+		// hub has answered.
+		c.log.Warn(msgKeptProjectUnusable, "session_id", t.SessionID, "err", err)
+		t.TenantID, t.ProjectID, err = "", "", nil
+	}
 	if err != nil {
 		return fmt.Errorf("bootstrap: load the kept session token: %w", err)
 	}
@@ -457,6 +463,11 @@ func (c *Client) loadToken(ctx context.Context) error {
 	c.keptProject(t)
 	return nil
 }
+
+// msgKeptProjectUnusable is the warning of a kept tenant or project that
+// cannot be named to the balancer: not a string, or not an id of the
+// contract.
+const msgKeptProjectUnusable = "marconi: the kept token's tenant or project is not an id of the contract; resuming without naming the project to the balancer until the hub answers"
 
 // keptProject names the kept token's project (X-Marconi-Project) from the
 // resume on, so that a balancer hashing on it sends the restarted agent to
@@ -469,7 +480,7 @@ func (c *Client) keptProject(t SessionToken) {
 	}
 	v := marconi.ProjectRoute(t.TenantID, t.ProjectID)
 	if v == "" {
-		c.log.Warn("marconi: the kept token's tenant or project is not an id of the contract; resuming without naming the project to the balancer until the hub answers",
+		c.log.Warn(msgKeptProjectUnusable,
 			"session_id", t.SessionID, "tenant_id", fmt.Sprintf("%.64q", t.TenantID), "project_id", fmt.Sprintf("%.64q", t.ProjectID))
 		return
 	}

@@ -25,6 +25,14 @@ type SessionToken struct {
 	ProjectID string `json:"project_id,omitempty"`
 }
 
+// ErrProjectDropped is wrapped by the error a TokenStore's Load returns
+// beside a usable token whose kept tenant or project it could not read (a
+// hand-edited file with "tenant_id": 5): the returned token holds neither,
+// Dial logs the error at warn level and resumes with the token, and the
+// project is named from the hub's answer on. The error never holds the
+// token.
+var ErrProjectDropped = errors.New("the kept tenant or project is not a string: dropped, resuming without it")
+
 // TokenStore keeps the session token across restarts of the agent, so that a
 // restarted agent resumes its session (X-Marconi-Session-Token) instead of
 // being refused as another holder of a live id. Dial loads it once; the
@@ -33,7 +41,9 @@ type SessionToken struct {
 // use.
 type TokenStore interface {
 	// Load returns the kept token, or the zero SessionToken and nil when
-	// nothing is kept. Any other error stops Dial.
+	// nothing is kept. An error wrapping ErrProjectDropped comes with the
+	// token, read without its tenant and project; any other error stops
+	// Dial.
 	Load(ctx context.Context) (SessionToken, error)
 	// Save replaces the kept token with t.
 	Save(ctx context.Context, t SessionToken) error
@@ -41,7 +51,9 @@ type TokenStore interface {
 
 // FileTokenStore keeps the token in a JSON file at path ({"session_id",
 // "token", "tenant_id", "project_id"}; a file without the last two, as older
-// clients wrote it, still loads), readable by its owner only (0600),
+// clients wrote it, still loads; one where either is not a string loads
+// without both, with an error wrapping ErrProjectDropped; one whose
+// session_id or token is missing or not a string is an error), readable by its owner only (0600),
 // replaced atomically (a temporary file renamed over it) so a crash
 // mid-write leaves the old token or the new one, never half of either. Its
 // directory is created (0700) when missing. The token is a credential of the
@@ -63,14 +75,47 @@ func (f *fileTokenStore) Load(context.Context) (SessionToken, error) {
 	if err != nil {
 		return SessionToken{}, fmt.Errorf("bootstrap: read token file: %w", err)
 	}
-	var t SessionToken
-	if err := json.Unmarshal(data, &t); err != nil {
+	// The tenant and project are routing hints for the balancer: read
+	// apart, so that one of another JSON type costs the hint, not the token.
+	var kept struct {
+		SessionID string          `json:"session_id"`
+		Token     string          `json:"token"`
+		TenantID  json.RawMessage `json:"tenant_id"`
+		ProjectID json.RawMessage `json:"project_id"`
+	}
+	if err := json.Unmarshal(data, &kept); err != nil {
 		return SessionToken{}, fmt.Errorf("bootstrap: token file %s is not a kept session token: %w", f.path, err)
 	}
+	t := SessionToken{SessionID: kept.SessionID, Token: kept.Token}
 	if (t.SessionID == "") != (t.Token == "") {
 		return SessionToken{}, fmt.Errorf("bootstrap: token file %s holds a session id or a token without the other", f.path)
 	}
+	tenant, tenantOK := hint(kept.TenantID)
+	project, projectOK := hint(kept.ProjectID)
+	switch {
+	case !tenantOK:
+		return t, fmt.Errorf("bootstrap: token file %s: tenant_id: %w", f.path, ErrProjectDropped)
+	case !projectOK:
+		return t, fmt.Errorf("bootstrap: token file %s: project_id: %w", f.path, ErrProjectDropped)
+	}
+	t.TenantID, t.ProjectID = tenant, project
 	return t, nil
+}
+
+// hint reads a kept tenant or project: absent or null is "", a JSON string
+// its value; anything else is not readable (false).
+func hint(raw json.RawMessage) (string, bool) {
+	if len(raw) == 0 {
+		return "", true
+	}
+	var s *string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", false
+	}
+	if s == nil {
+		return "", true
+	}
+	return *s, true
 }
 
 func (f *fileTokenStore) Save(_ context.Context, t SessionToken) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,8 +16,9 @@ import (
 // TestFileTokenStore: nothing kept reads as the zero token; a save creates the
 // directory 0700 and the file 0600, replaces the kept token (and its project)
 // whole and leaves no temporary file; an older client's file, without a
-// project, loads; a file that is not a kept token is an error, not an empty
-// token.
+// project, loads; one with a tenant or project of another type loads the
+// token without them; a file that is not a kept token is an error, not an
+// empty token.
 func TestFileTokenStore(t *testing.T) {
 	ctx := t.Context()
 	dir := filepath.Join(t.TempDir(), "state", "agent")
@@ -54,12 +56,52 @@ func TestFileTokenStore(t *testing.T) {
 		t.Errorf("Load of a file without a project = %+v, %v; want alice's token t-3", got, err)
 	}
 
-	for _, bad := range []string{"not json", `{"session_id":"alice"}`, `{"session_id":"alice","token":"t-4","project_id":7}`} {
+	// A tenant or project of another JSON type is a routing hint lost, not
+	// the token: the id and token load, without either hint, with an error
+	// that says so (ErrProjectDropped) and holds no token.
+	for _, hintBad := range []string{
+		`{"session_id":"alice","token":"t-4","tenant_id":5,"project_id":"team-a"}`,
+		`{"session_id":"alice","token":"t-4","tenant_id":"acme","project_id":7}`,
+		`{"session_id":"alice","token":"t-4","tenant_id":["acme"],"project_id":{"id":"team-a"}}`,
+		`{"session_id":"alice","token":"t-4","tenant_id":true}`,
+	} {
+		if err := os.WriteFile(path, []byte(hintBad), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Load(ctx)
+		if !errors.Is(err, bootstrap.ErrProjectDropped) || got != (bootstrap.SessionToken{SessionID: "alice", Token: "t-4"}) {
+			t.Errorf("Load of %s = %+v, %v; want alice's token t-4 without a project, and ErrProjectDropped", hintBad, got, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "t-4") {
+			t.Errorf("Load of %s: the error %q holds the token", hintBad, err)
+		}
+	}
+	// null reads as absent, as encoding/json reads it.
+	if err := os.WriteFile(path, []byte(`{"session_id":"alice","token":"t-5","tenant_id":null,"project_id":null}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Load(ctx); err != nil || got != (bootstrap.SessionToken{SessionID: "alice", Token: "t-5"}) {
+		t.Errorf("Load of a file with null project = %+v, %v; want alice's token t-5", got, err)
+	}
+
+	// A session id or a token missing, or not a string, is no token at all.
+	for _, bad := range []string{
+		"not json",
+		`{"session_id":"alice"}`,
+		`{"token":"t-6"}`,
+		`{"session_id":5,"token":"t-6"}`,
+		`{"session_id":"alice","token":6}`,
+		`{"session_id":"alice","token":null,"tenant_id":5}`,
+	} {
 		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if got, err := s.Load(ctx); err == nil {
-			t.Errorf("Load of %q = %+v, nil; want an error", bad, got)
+		got, err := s.Load(ctx)
+		if err == nil || errors.Is(err, bootstrap.ErrProjectDropped) || got != (bootstrap.SessionToken{}) {
+			t.Errorf("Load of %s = %+v, %v; want the zero token and an error that stops Dial", bad, got, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "t-6") {
+			t.Errorf("Load of %s: the error %q holds the token", bad, err)
 		}
 	}
 }

@@ -13,7 +13,8 @@ import (
 // one heartbeat per session and TouchInterval is written on this instance:
 // one that comes sooner is answered from sess as the store has it (its
 // expiry as last extended), without a write, and counted as a
-// heartbeats_per_session refusal.
+// heartbeats_per_session refusal. A heartbeat written raises the expiry
+// that the session's WebSocket held here, if any, knows (conns.Hub.SessionExtended).
 func (s *Server) heartbeatTouch(ctx context.Context, sess sessionstore.Session, now time.Time) (sessionstore.Session, error) {
 	if !s.heartbeatWrites.allow(sess.Key, now) {
 		s.QuotaRefused(marconi.QuotaHeartbeatsPerSession)
@@ -24,5 +25,6 @@ func (s *Server) heartbeatTouch(ctx context.Context, sess sessionstore.Session, 
 		return sess, err
 	}
 	sess.LastSeenAt, sess.LastVerbAt, sess.ExpiresAt = now, now, exp
+	s.conns.SessionExtended(sess)
 	return sess, nil
 }

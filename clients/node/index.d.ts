@@ -254,6 +254,13 @@ export interface SessionToken {
   token: string;
   tenantID?: string;
   projectID?: string;
+  /**
+   * Set by a load that dropped the kept tenant and project, unreadable
+   * (fileTokenStore: 'tenant_id' or 'project_id', not a JSON string): dial
+   * logs it at warn level and resumes with the token, naming the project
+   * from the hub's answer on. Never saved.
+   */
+  dropped?: string;
 }
 
 /** Keeps the session token across restarts of the agent. */

@@ -72,6 +72,9 @@ type Conn struct {
 	// session's row before it writes more. Atomic, so the writer's loop
 	// takes it without the lock it already takes per frame for the queue.
 	checkDue atomic.Bool
+	// recheck is set when the read of a check wake-up failed: the expiry
+	// check reads the session's row in its stead (expiry.go).
+	recheck atomic.Bool
 	// expires is the latest expiry of the session this instance knows
 	// (UnixNano), for the expiry check (expiry.go).
 	expires atomic.Int64

@@ -2,8 +2,11 @@ package conns_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
@@ -87,6 +90,68 @@ func TestExpiryExtendedElsewhereKeepsTheWebSocket(t *testing.T) {
 	}
 }
 
+// headReads records which sessions' rows the batch reads (SessionHeads)
+// asked for: the expiry check's reads.
+type headReads struct {
+	sessionstore.Store
+	mu   sync.Mutex
+	read map[string]int // session id → reads of its row
+}
+
+func (s *headReads) SessionHeads(ctx context.Context, keys []sessionstore.Key, now time.Time) (map[sessionstore.Key]sessionstore.SessionHead, error) {
+	s.mu.Lock()
+	for _, k := range keys {
+		s.read[k.SessionID]++
+	}
+	s.mu.Unlock()
+	return s.Store.SessionHeads(ctx, keys, now)
+}
+
+func (s *headReads) reads(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.read[id]
+}
+
+// A heartbeat served by the instance holding the session's WebSocket
+// raises the expiry that instance knows: once the attach's expiry has
+// passed, the expiry check does not read the row of a session whose
+// heartbeat it served. carol, attached at the same time and silent since,
+// is the witness that a check ran past that expiry: it reads her row and
+// closes her WebSocket.
+func TestHeartbeatHereExtendsTheKnownExpiry(t *testing.T) {
+	const ttl = time.Minute
+	for _, store := range stores {
+		t.Run(store, func(t *testing.T) {
+			st := &headReads{Store: openStore(t, store), read: map[string]int{}}
+			clock := hubtest.NewClock(time.Now())
+			h := expiryHub(t, st, clock, ttl)
+			bobTok := register(t, h, "bob")
+			bob, carol := dial(t, h, bobTok), dial(t, h, register(t, h, "carol"))
+			for _, c := range []*websocket.Conn{bob, carol} {
+				if f := read(t, c); f["type"] != "welcome" {
+					t.Fatalf("first frame %v", f)
+				}
+			}
+
+			clock.Advance(ttl - 10*time.Second)
+			post(t, h.URL+"/v1/heartbeat", bobTok, map[string]any{})
+			clock.Advance(20 * time.Second) // past both attaches' expiry
+			if got := closeCode(t, carol); got != 4410 {
+				t.Fatalf("carol closed with %d, want 4410", got)
+			}
+			if n := st.reads("bob"); n != 0 {
+				t.Fatalf("the expiry check read bob's row %d times after his heartbeat here, want 0", n)
+			}
+			alice := register(t, h, "alice")
+			post(t, h.URL+"/v1/signals", alice, map[string]any{"to_session": "bob", "payload": 1})
+			if f := read(t, bob); f["type"] != "signal" {
+				t.Fatalf("bob's frame after the heartbeat %v, want the signal", f)
+			}
+		})
+	}
+}
+
 // goneAtAttach deletes a session just before its attach is recorded: it
 // ended between the handshake's authentication and the attach.
 type goneAtAttach struct{ sessionstore.Store }
@@ -108,6 +173,36 @@ func TestSessionGoneAtAttachClosesTheWebSocket(t *testing.T) {
 			c := dial(t, h, register(t, h, "bob"))
 			if got := closeCode(t, c); got != 4410 {
 				t.Fatalf("closed with %d, want 4410", got)
+			}
+		})
+	}
+}
+
+// An expiry check whose read fails leaves the connections it was for due:
+// each later check reads them again (one read per check, the check's
+// interval being the pace) until the store answers, and then closes the
+// expired session's WebSocket, with the pending sweep off.
+func TestExpiryCheckOnAStoreDownIsRetried(t *testing.T) {
+	const ttl = time.Minute
+	for _, store := range stores {
+		t.Run(store, func(t *testing.T) {
+			st := &rowsDown{Store: openStore(t, store)}
+			clock := hubtest.NewClock(time.Now())
+			h := expiryHub(t, st, clock, ttl)
+			c := dial(t, h, register(t, h, "bob"))
+			if f := read(t, c); f["type"] != "welcome" {
+				t.Fatalf("first frame %v", f)
+			}
+
+			st.down.Store(true)
+			clock.Advance(ttl + time.Second)
+			waitFor(t, "three expiry checks to fail", func() bool { return st.headsFailed.Load() >= 3 })
+			st.down.Store(false)
+			if got := closeCode(t, c); got != 4410 {
+				t.Fatalf("closed with %d, want 4410", got)
+			}
+			if n := metric(t, h, "marconi_ws_disconnects_total", "reason", "expired"); n != 1 {
+				t.Fatalf("marconi_ws_disconnects_total{reason=\"expired\"} = %v, want 1", n)
 			}
 		})
 	}

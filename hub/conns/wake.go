@@ -129,7 +129,7 @@ func (h *Hub) Sweep(ctx context.Context) {
 
 // sweep reconciles and wakes cs with one store read.
 func (h *Hub) sweep(ctx context.Context, cs []*Conn) error {
-	cs, heads, err := h.reconcileRows(ctx, cs, h.now(), DisconnectSessionGone)
+	cs, heads, err := h.reconcileRows(ctx, cs, h.now(), func(*Conn) Disconnect { return DisconnectSessionGone })
 	if err != nil {
 		return err
 	}
@@ -145,10 +145,10 @@ func (h *Hub) sweep(ctx context.Context, cs []*Conn) error {
 }
 
 // reconcileRows reads the rows live at now of the connections of cs not
-// being closed, in one store read (SessionHeads), closes with gone those
-// without one, and reconciles the others with theirs, whose expiry they
-// know from then on. It returns the connections it read for and the rows.
-func (h *Hub) reconcileRows(ctx context.Context, cs []*Conn, now time.Time, gone Disconnect) ([]*Conn, map[sessionstore.Key]sessionstore.SessionHead, error) {
+// being closed, in one store read (SessionHeads), closes those without one
+// with what gone says, and reconciles the others with theirs, whose expiry
+// they know from then on. It returns the connections it read for and the rows.
+func (h *Hub) reconcileRows(ctx context.Context, cs []*Conn, now time.Time, gone func(*Conn) Disconnect) ([]*Conn, map[sessionstore.Key]sessionstore.SessionHead, error) {
 	open := make([]*Conn, 0, len(cs))
 	keys := make([]sessionstore.Key, 0, len(cs))
 	for _, c := range cs {
@@ -169,7 +169,7 @@ func (h *Hub) reconcileRows(ctx context.Context, cs []*Conn, now time.Time, gone
 	for _, c := range open {
 		head, ok := heads[c.key]
 		if !ok {
-			c.kick(gone)
+			c.kick(gone(c))
 			continue
 		}
 		c.knowExpiry(head.ExpiresAt)

@@ -187,10 +187,13 @@ func (c *Conn) takeCheck() bool {
 }
 
 // check reads the session's row and closes the connection when it shows
-// it superseded (a check wake-up: the row changed on another instance).
+// it superseded (a check wake-up: the row changed on another instance). A
+// read that fails leaves the check due: the next expiry check reads the row
+// (checkLater).
 func (c *Conn) check(ctx context.Context) error {
 	d, err := c.stillCurrent(ctx)
 	if err != nil {
+		c.h.checkLater(c)
 		return c.storeLater(ctx, err)
 	}
 	if d == nil {
@@ -207,13 +210,13 @@ var errStoreRead = errors.New("read the store")
 // storeLater answers a store read that failed on a live connection (a
 // catch-up or a check): the connection stays open, since the signals are
 // durable and the next wake-up or the pending sweep reads again once the
-// store answers. Closing it would send every receiving client of an outage
+// store answers (a check: the expiry check, see checkLater). Closing it would send every receiving client of an outage
 // or a failover into a redial at once. A cancelled ctx still ends it.
 func (c *Conn) storeLater(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	c.h.log.Warn("websocket writer: store read failed; the next wake-up or the pending sweep reads again",
+	c.h.log.Warn("websocket writer: store read failed; a wake-up, the expiry check or the pending sweep reads again",
 		KeyAttrs(c.key), "err", err)
 	return nil
 }

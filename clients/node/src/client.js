@@ -30,6 +30,9 @@ const drainLimit = 50;
 const maxCallAttempts = 3;
 // Bound on sending, at close(), the ack that ackIntervalMs holds back.
 const flushAckMs = 2000;
+// The warning of a kept tenant or project that cannot be named to the
+// balancer: not a string (dropped at load), or not an id of the contract.
+const keptProjectUnusable = 'marconi: the kept token\'s tenant or project is not an id of the contract; resuming without naming the project to the balancer until the hub answers';
 // Bound on the close handshake at close(): past it the socket is cut.
 const closeHandshakeMs = 1000;
 
@@ -772,6 +775,10 @@ export class Client extends EventEmitter {
     if (!t?.token || (this.#cfg.sessionID && t.sessionID !== this.#cfg.sessionID)) return;
     this.#sessionID = t.sessionID;
     this.#keptToken = t.token;
+    if (t.dropped) {
+      this.#log.warn(keptProjectUnusable, { session_id: t.sessionID, dropped: t.dropped });
+      return;
+    }
     this.#keptProject(t);
   }
 
@@ -788,7 +795,7 @@ export class Client extends EventEmitter {
     if (absent(t.tenantID) && absent(t.projectID)) return;
     const route = projectRoute(t.tenantID, t.projectID);
     if (!route) {
-      this.#log.warn('marconi: the kept token\'s tenant or project is not an id of the contract; resuming without naming the project to the balancer until the hub answers', {
+      this.#log.warn(keptProjectUnusable, {
         session_id: t.sessionID, tenant_id: JSON.stringify(t.tenantID)?.slice(0, 66), project_id: JSON.stringify(t.projectID)?.slice(0, 66),
       });
       return;

@@ -13,7 +13,8 @@ import path from 'node:path';
 /**
  * A TokenStore keeping the token in a JSON file at file ({session_id, token,
  * tenant_id, project_id}; an older client's file, without the last two,
- * still loads): readable by its owner only (0600), replaced atomically (a
+ * still loads; one where either is not a string loads without both, naming
+ * the field in dropped): readable by its owner only (0600), replaced atomically (a
  * temporary file renamed over it), its directory created (0700) when missing.
  * @param {string} file
  * @returns {TokenStore}
@@ -39,6 +40,13 @@ export function fileTokenStore(file) {
       if (!isToken(t)) throw new Error(`marconi: token file ${file} is not a kept session token`);
       /** @type {SessionToken} */
       const kept = { sessionID: t.session_id, token: t.token };
+      // The tenant and project are routing hints: one of another JSON type
+      // costs both hints, not the token (dial logs the field dropped).
+      const bad = ['tenant_id', 'project_id'].find((f) => t[f] != null && typeof t[f] !== 'string');
+      if (bad) {
+        kept.dropped = bad;
+        return kept;
+      }
       if (t.tenant_id != null) kept.tenantID = t.tenant_id;
       if (t.project_id != null) kept.projectID = t.project_id;
       return kept;
@@ -56,16 +64,16 @@ export function fileTokenStore(file) {
 }
 
 /**
- * A kept token: a session id and a token, and the tenant and project as
- * strings when present (an older client's file has neither). Whether they
- * are ids of the contract the client decides (projectRoute), so that a bad
- * one costs the balancer's header, not the token.
+ * A kept token: a session id and a token, both strings. The tenant and
+ * project are not checked here (an older client's file has neither; one of
+ * another type is dropped by load): whether they are ids of the contract the
+ * client decides (projectRoute), so that a bad one costs the balancer's
+ * header, not the token.
  * @param {any} t
  */
 function isToken(t) {
-  const optional = (/** @type {unknown} */ v) => v == null || typeof v === 'string'; // null reads as absent, as in Go
   return t !== null && typeof t === 'object' && typeof t.session_id === 'string' && typeof t.token === 'string' &&
-    t.session_id !== '' && t.token !== '' && optional(t.tenant_id) && optional(t.project_id);
+    t.session_id !== '' && t.token !== '';
 }
 
 /**

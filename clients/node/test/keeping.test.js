@@ -20,7 +20,7 @@ async function tempDir(/** @type {import('node:test').TestContext} */ t) {
   return dir;
 }
 
-test('fileTokenStore: nothing kept is null; a save makes the directory 0700 and the file 0600, whole, with the project; an older file loads; a bad file is an error', async (t) => {
+test('fileTokenStore: nothing kept is null; a save makes the directory 0700 and the file 0600, whole, with the project; an older file loads; a tenant or project not a string is dropped; a bad file is an error', async (t) => {
   const dir = path.join(await tempDir(t), 'state', 'agent');
   const file = path.join(dir, 'token.json');
   const store = fileTokenStore(file);
@@ -35,7 +35,18 @@ test('fileTokenStore: nothing kept is null; a save makes the directory 0700 and 
   assert.deepEqual(JSON.parse(await readFile(file, 'utf8')), { session_id: 'alice', token: 't-3', tenant_id: 'acme', project_id: 'team-a' });
   await writeFile(file, '{"session_id":"alice","token":"t-4"}'); // an older client's file, without the project
   assert.deepEqual(await store.load(), { sessionID: 'alice', token: 't-4' });
-  for (const bad of ['not json', '{"session_id":"alice"}', '{"session_id":"alice","token":"t-5","project_id":7}']) {
+  // A tenant or project of another JSON type costs both hints, not the token.
+  for (const hintBad of [
+    { json: '{"session_id":"alice","token":"t-5","tenant_id":5,"project_id":"team-a"}', dropped: 'tenant_id' },
+    { json: '{"session_id":"alice","token":"t-5","tenant_id":"acme","project_id":7}', dropped: 'project_id' },
+    { json: '{"session_id":"alice","token":"t-5","tenant_id":true}', dropped: 'tenant_id' },
+  ]) {
+    await writeFile(file, hintBad.json);
+    assert.deepEqual(await store.load(), { sessionID: 'alice', token: 't-5', dropped: hintBad.dropped }, hintBad.json);
+  }
+  await writeFile(file, '{"session_id":"alice","token":"t-5","tenant_id":null,"project_id":null}'); // null reads as absent, as in Go
+  assert.deepEqual(await store.load(), { sessionID: 'alice', token: 't-5' });
+  for (const bad of ['not json', '{"session_id":"alice"}', '{"session_id":5,"token":"t-6"}', '{"session_id":"alice","token":6}']) {
     await writeFile(file, bad);
     await assert.rejects(store.load(), /not a kept session token/);
   }
@@ -96,6 +107,8 @@ test('an agent restarted with its token file names its kept project from its fir
     { name: 'line break in the project', fields: { tenant_id: 't1', project_id: 'p1\r\nx-evil: 1' }, resume: undefined, warned: true },
     { name: 'slash in the tenant', fields: { tenant_id: 't1/p1', project_id: 'p1' }, resume: undefined, warned: true },
     { name: 'tenant without a project', fields: { tenant_id: 't1' }, resume: undefined, warned: true },
+    { name: 'number as the tenant', fields: { tenant_id: 5, project_id: 'p1' }, resume: undefined, warned: true },
+    { name: 'object as the project', fields: { tenant_id: 't1', project_id: { id: 'p1' } }, resume: undefined, warned: true },
     { name: 'another project than the hub\'s', fields: { tenant_id: 't9', project_id: 'p9' }, resume: 't9/p9', warned: false, followed: true },
   ]) {
     const before = await store.load();
@@ -112,6 +125,7 @@ test('an agent restarted with its token file names its kept project from its fir
     assert.notEqual(after?.token, before?.token, `${c.name}: the resume's new token is kept`);
     assert.deepEqual([after?.tenantID, after?.projectID], ['t1', 'p1'], `${c.name}: the hub's project is kept`);
     assert.equal(logs.find(warning).length, c.warned ? 1 : 0, `${c.name}: an unusable kept project is logged`);
+    for (const w of logs.find(warning)) assert.ok(!JSON.stringify(w).includes(before?.token ?? '-'), `${c.name}: the warning holds no token`);
     assert.equal(logs.find(followed).length, c.followed ? 1 : 0, `${c.name}: the hub's other project is logged as followed`);
   }
 });
