@@ -11,6 +11,11 @@
 # load balancer").
 # CAPACITY_ACK_INTERVAL=D (a Go duration, e.g. 250ms; default the client's) is the load's agents'
 # AckInterval (docs/client.md, "Receiving"): the least time between two of an agent's acks.
+# CAPACITY_PROJECTS=N (1..64; default 1) spreads the agents over N projects of tenant t1, agent i
+# in project i mod N sending to the next agent of its project, as `marconi-bench fleet -projects N`
+# does: behind deploy/haproxy.cfg, which keeps each project on one instance, N projects spread the
+# load over the three instances (docs/operations.md, "Behind a load balancer"). More than 1 needs a
+# marconi-bench that takes -projects (CAPACITY_BIN_DIR's too).
 # CAPACITY_BIN_DIR=DIR runs DIR/marconi and DIR/marconi-bench as they are (built by the caller).
 # Otherwise, from a clean checkout (no change and no untracked file, as git status says), the two
 # are built once per commit and Go version into CAPACITY_CACHE_DIR (default
@@ -21,6 +26,8 @@ set -euo pipefail
 N=${1:-1}; AGENTS=${2:-300}; RATE=${3:-3}; DUR=${4:-20s}
 PUBLIC=${CAPACITY_PUBLIC_URL:-balancer}
 ACK=${CAPACITY_ACK_INTERVAL:-0}
+PROJECTS=${CAPACITY_PROJECTS:-1}
+[[ $PROJECTS =~ ^[1-9][0-9]?$ ]] && [ "$PROJECTS" -le 64 ] || { echo "CAPACITY_PROJECTS=$PROJECTS: want a number of projects, 1..64" >&2; exit 2; }
 [[ $ACK =~ ^(0|[0-9]+(ns|us|ms|s|m))$ ]] || { echo "CAPACITY_ACK_INTERVAL=$ACK: want a duration such as 250ms" >&2; exit 2; }
 case $PUBLIC in
   balancer|direct) ;;
@@ -59,6 +66,10 @@ DB=marconi_capacity_$$
 psql -h 127.0.0.1 -U postgres -qc "CREATE DATABASE $DB" postgres
 URL="postgres://postgres@127.0.0.1:5432/$DB?sslmode=disable"
 KEY=mak_bench_local_only
+# One API key per project: the hubs' MARCONI_API_KEYS (key=t1/pN, ...) and the load's keys.
+HUB_KEYS=$KEY=t1/p1; BENCH_KEYS=$KEY
+for p in $(seq 2 "$PROJECTS"); do HUB_KEYS+=",${KEY}_p$p=t1/p$p"; BENCH_KEYS+=",${KEY}_p$p"; done
+BENCH_PROJECTS=(); [ "$PROJECTS" = 1 ] || BENCH_PROJECTS=(-projects "$PROJECTS")
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -73,7 +84,7 @@ for i in $(seq 1 "$N"); do
   pub=http://127.0.0.1:$port
   [ "$N" = 1 ] || [ "$PUBLIC" = direct ] || pub=http://$LB/i/hub-$i
   MARCONI_MODE=lan MARCONI_ADDR=127.0.0.1:$port MARCONI_DATABASE_URL=$URL MARCONI_INSTANCE_ID=hub-$i \
-    MARCONI_PUBLIC_URL=$pub MARCONI_API_KEYS=$KEY=t1/p1 MARCONI_ADMIN_TOKEN=capacity-admin-token-0123 \
+    MARCONI_PUBLIC_URL=$pub MARCONI_API_KEYS=$HUB_KEYS MARCONI_ADMIN_TOKEN=capacity-admin-token-0123 \
     MARCONI_SEND_RATE_PER_SECOND=100000 MARCONI_MAX_CONNECTIONS_PER_ADDRESS=100000 \
     MARCONI_QUOTA_REGISTRATIONS_PER_SECOND=100000 MARCONI_LOG_LEVEL=error \
     "$BIN/marconi" serve >"$D/hub-$i.log" 2>&1 &
@@ -90,6 +101,7 @@ if [ "$N" != 1 ]; then
 fi
 echo "hubs: GOMAXPROCS=${GOMAXPROCS:-default}; load generator: GOMAXPROCS=default"
 [ "$N" = 1 ] || echo "public URLs: $PUBLIC"
-MARCONI_BENCH_API_KEY=$KEY env -u GOMAXPROCS "$BIN/marconi-bench" -hub "$HUB" -agents "$AGENTS" -rate "$RATE" -duration "$DUR" \
-  -ack-interval "$ACK" -database-url "$URL"
+echo "projects: $PROJECTS"
+MARCONI_BENCH_API_KEY=$BENCH_KEYS env -u GOMAXPROCS "$BIN/marconi-bench" -hub "$HUB" -agents "$AGENTS" -rate "$RATE" -duration "$DUR" \
+  -ack-interval "$ACK" "${BENCH_PROJECTS[@]}" -database-url "$URL"
 for i in $(seq 1 "$N"); do echo "hub-$i CPU time: $(ps -o cputime= -p "${pids[$((i - 1))]}")"; done

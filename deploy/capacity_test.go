@@ -1,9 +1,11 @@
 package deploy_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -22,11 +24,13 @@ cp "$CAPACITY_STUBS/$(basename "$4")" "$3"
 	"marconi": `#!/bin/sh
 echo "${GOMAXPROCS-unset}" > "$CAPACITY_STUBS/ran-$MARCONI_INSTANCE_ID"
 echo "$MARCONI_PUBLIC_URL" > "$CAPACITY_STUBS/public-$MARCONI_INSTANCE_ID"
+echo "$MARCONI_API_KEYS" > "$CAPACITY_STUBS/keys-$MARCONI_INSTANCE_ID"
 exec sleep 60
 `,
 	"marconi-bench": `#!/bin/sh
 echo "bench GOMAXPROCS=${GOMAXPROCS-unset}"
 echo "bench args: $*"
+echo "bench keys: $MARCONI_BENCH_API_KEY"
 `,
 	"haproxy": "#!/bin/sh\nexec sleep 60\n",
 	"psql":    "#!/bin/sh\n",
@@ -114,6 +118,51 @@ func TestCapacityScriptAckInterval(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		if err == nil || !strings.Contains(string(out), "CAPACITY_ACK_INTERVAL") {
 			t.Errorf("CAPACITY_ACK_INTERVAL=%s: err %v, want a refusal that names the variable:\n%s", bad, err, out)
+		}
+	}
+}
+
+// deploy/capacity.sh's CAPACITY_PROJECTS spreads the agents over N projects
+// of tenant t1: every hub takes one API key per project, and the load gets
+// the N keys and -projects N (nothing new with one, the default, so that a
+// marconi-bench of before -projects still runs). A value that is not
+// 1..64 is refused before anything starts.
+func TestCapacityScriptProjects(t *testing.T) {
+	const key = "mak_bench_local_only"
+	for _, tc := range []struct {
+		knob, instances    string
+		hubKeys, benchKeys string
+		benchArg           string // in the load's arguments
+		noBenchArg         string // not in them
+	}{
+		{"", "1", key + "=t1/p1", key, "-ack-interval 0 -database-url ", "-projects"},
+		{"1", "3", key + "=t1/p1", key, "-ack-interval 0 -database-url ", "-projects"},
+		{"3", "3", key + "=t1/p1," + key + "_p2=t1/p2," + key + "_p3=t1/p3", key + "," + key + "_p2," + key + "_p3", "-projects 3 ", ""},
+	} {
+		stubs, out, err := runCapacityStubbed(t, tc.instances, "CAPACITY_PROJECTS="+tc.knob)
+		if err != nil {
+			t.Fatalf("CAPACITY_PROJECTS=%q: %v\n%s", tc.knob, err, out)
+		}
+		n, _ := strconv.Atoi(tc.instances)
+		for i := 1; i <= n; i++ {
+			got, err := os.ReadFile(filepath.Join(stubs, fmt.Sprintf("keys-hub-%d", i)))
+			if err != nil {
+				t.Fatalf("CAPACITY_PROJECTS=%q: hub-%d did not start: %v\n%s", tc.knob, i, err, out)
+			}
+			if strings.TrimSpace(string(got)) != tc.hubKeys {
+				t.Errorf("CAPACITY_PROJECTS=%q: hub-%d has MARCONI_API_KEYS %q, want %q", tc.knob, i, strings.TrimSpace(string(got)), tc.hubKeys)
+			}
+		}
+		if !strings.Contains(string(out), "bench keys: "+tc.benchKeys+"\n") || !strings.Contains(string(out), tc.benchArg) ||
+			(tc.noBenchArg != "" && strings.Contains(string(out), tc.noBenchArg)) {
+			t.Errorf("CAPACITY_PROJECTS=%q: want the load given keys %q and %q (and not %q):\n%s", tc.knob, tc.benchKeys, tc.benchArg, tc.noBenchArg, out)
+		}
+	}
+	for _, bad := range []string{"0", "65", "two", "-1", "03"} {
+		// With the stubs, so that a script that does not refuse runs nothing real.
+		stubs, out, err := runCapacityStubbed(t, "1", "CAPACITY_PROJECTS="+bad)
+		if _, started := os.Stat(filepath.Join(stubs, "ran-hub-1")); err == nil || started == nil || !strings.Contains(string(out), "CAPACITY_PROJECTS") {
+			t.Errorf("CAPACITY_PROJECTS=%s: err %v, want a refusal that names the variable:\n%s", bad, err, out)
 		}
 	}
 }

@@ -182,3 +182,47 @@ func TestDashboardFoldsSelfHealWhenOff(t *testing.T) {
 		 document.querySelector('[data-testid="selfheal-folded"]')?.textContent.includes('MARCONI_SELFHEAL') &&
 		 document.querySelector('[data-testid="count-route_without_queue"]')?.textContent === '1'`)
 }
+
+// TestDashboardShowsBusKeyBehindInBrowser: in a fleet whose instances seal
+// with two bus key versions (a rotation not yet picked up everywhere), the
+// instances table marks the older one "behind", and only that one, in the
+// overview and in the fabric view.
+func TestDashboardShowsBusKeyBehindInBrowser(t *testing.T) {
+	needChromium(t)
+	store := memstore.New()
+	t.Cleanup(func() { store.Close() })
+	clock := hubtest.NewClock(time.Now().UTC().Truncate(time.Second))
+	h := hubtest.Start(t, hubtest.Options{Store: store, Now: clock.Now})
+	// Two healthy peers: hub-rotated reads version 2, hub-lagging still
+	// seals with 1. This instance (the in-memory store) has no bus key.
+	for _, in := range []sessionstore.Instance{
+		{ID: "hub-rotated", URL: "http://127.0.0.1:1", StartedAt: clock.Now().Add(-time.Hour), LastHeartbeatAt: clock.Now(), BusKeyVersion: 2},
+		{ID: "hub-lagging", URL: "http://127.0.0.1:2", StartedAt: clock.Now().Add(-time.Hour), LastHeartbeatAt: clock.Now(), BusKeyVersion: 1},
+	} {
+		if err := store.HeartbeatInstance(t.Context(), in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tick(t, h)
+
+	ctx := browser(t)
+	step, waitFor := driver(t, ctx)
+	step("open the page and sign in", chromedp.Navigate(h.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#token`)),
+		chromedp.SendKeys(chromedp.CSS(`#token`), h.AdminToken), clickOn(`#signin-submit`))
+	// busKeys is the text of each instance's "Bus key" cell under table,
+	// by instance id.
+	busKeys := func(table string) string {
+		return `Object.fromEntries([...document.querySelectorAll('` + table + ` tr[data-testid="instance-row"]')].map((r) =>
+		  [r.dataset.instanceId, r.querySelector('[data-testid="instance-bus-key"]').textContent]))`
+	}
+	const want = `{"hub-lagging":"v1, behind","hub-rotated":"v2","test-1":"unknown"}`
+	// keys sorted, so that the comparison does not depend on the rows' order
+	sorted := func(table string) string {
+		return `JSON.stringify(Object.fromEntries(Object.entries(` + busKeys(table) + `).sort()))`
+	}
+	waitFor("the overview marks hub-lagging behind, and no other instance", sorted(`#ov-instances`)+` === '`+want+`'`)
+	waitFor("behind is a warning badge",
+		`document.querySelector('#ov-instances tr[data-instance-id="hub-lagging"] [data-testid="instance-bus-key"] .badge.badge-warn') !== null`)
+	step("go to the fabric view", clickOn(`#nav-fabric`))
+	waitFor("the fabric view marks hub-lagging behind, and no other instance", sorted(`#fabric-body`)+` === '`+want+`'`)
+}

@@ -11,6 +11,11 @@
 //	MARCONI_API_KEYS=mak_bench_local_only=t1/p1 MARCONI_ADDR=127.0.0.1:18080 GOGC=10 marconi serve &
 //	MARCONI_BENCH_API_KEY=mak_bench_local_only marconi-bench -hub http://127.0.0.1:18080 -agents 1000 -rate 0
 //
+// -projects N spreads the agents over N projects (agent i in project i mod
+// N, sending to the next agent of its project); MARCONI_BENCH_API_KEY then
+// lists N keys, comma-separated, one per project (deploy/capacity.sh's
+// CAPACITY_PROJECTS).
+//
 // `marconi-bench compare` starts the hub (the marconi binary beside it, on
 // the memory store), the floor (`marconi-bench floor`, a bare
 // coder/websocket server that does no work) and, given -centrifugo, a

@@ -43,8 +43,11 @@ func main() {
 
 // options are one run's parameters, validated by parseOptions.
 type options struct {
-	hubURL   string
-	apiKey   string
+	hubURL string
+	// apiKeys are the API keys of the load's projects, one per project
+	// (MARCONI_BENCH_API_KEY, comma-separated); agent i registers in project
+	// i mod len(apiKeys).
+	apiKeys  []string
 	agents   int
 	rate     float64 // sends a second per agent; 0 attaches and measures only
 	duration time.Duration
@@ -68,8 +71,12 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.StringVar(&o.surface, "surface", "claude_code", "surface the agents register with")
 	fs.DurationVar(&o.ackInterval, "ack-interval", 0, ackIntervalUsage)
 	fs.StringVar(&o.databaseURL, "database-url", "", "the hub's Postgres database (loopback only), to report its commits and the Postgres server's CPU per send; empty: not reported")
+	projects := fs.Int("projects", 1, fmt.Sprintf("how many projects the agents are spread over (1..%d), agent i in project i mod N, each sending to the next agent of its project; MARCONI_BENCH_API_KEY then lists N keys, comma-separated, one per project", maxBenchProjects))
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	if *projects < 1 || *projects > maxBenchProjects {
+		return o, fmt.Errorf("-projects %d: want 1..%d", *projects, maxBenchProjects)
 	}
 	if err := checkAckInterval(o.ackInterval); err != nil {
 		return o, err
@@ -79,9 +86,13 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 			return o, err
 		}
 	}
-	o.apiKey = getenv("MARCONI_BENCH_API_KEY")
-	if o.apiKey == "" {
+	keys := getenv("MARCONI_BENCH_API_KEY")
+	if keys == "" {
 		return o, errors.New("MARCONI_BENCH_API_KEY is not set: give an API key of the hub")
+	}
+	o.apiKeys = strings.Split(keys, ",")
+	if len(o.apiKeys) != *projects || slices.Contains(o.apiKeys, "") {
+		return o, fmt.Errorf("MARCONI_BENCH_API_KEY lists %d keys (comma-separated) with -projects %d: want one key per project, none empty", len(o.apiKeys), *projects)
 	}
 	u, err := url.Parse(o.hubURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
@@ -100,6 +111,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		return o, fmt.Errorf("-rate %g with %d agents: want at most %g sends a second in all", o.rate, o.agents, maxTotalRate)
 	case o.rate > 0 && o.agents < 2:
 		return o, errors.New("-rate > 0 needs at least 2 agents (each sends to the next)")
+	case o.rate > 0 && o.agents < 2*len(o.apiKeys):
+		return o, fmt.Errorf("-rate > 0 with -projects %d needs at least %d agents (each sends to the next of its project)", len(o.apiKeys), 2*len(o.apiKeys))
 	}
 	return o, nil
 }
@@ -182,8 +195,26 @@ type payload struct {
 	SentNS int64 `json:"sent_ns"`
 }
 
+// partners places n agents in projects projects, agent i in project i mod
+// projects, and gives each the agent it sends to: the next of its project
+// (in order of i, the last to the first), so that every agent receives from
+// exactly one. An agent alone in its project sends to itself.
+func partners(n, projects int) []int {
+	to := make([]int, n)
+	for i := range n {
+		to[i] = i + projects
+		if to[i] >= n {
+			to[i] = i % projects // the first of its project
+		}
+	}
+	return to
+}
+
 func bench(ctx context.Context, o options, out io.Writer) error {
 	fmt.Fprintf(out, "hub %s: %d agents, %g sends/s each for %s\n", o.hubURL, o.agents, o.rate, o.duration)
+	if len(o.apiKeys) > 1 {
+		fmt.Fprintf(out, "agents spread over %d projects (agent i in project i mod %d, each sending to the next of its project)\n", len(o.apiKeys), len(o.apiKeys))
+	}
 	before, err := scrape(ctx, o.hubURL)
 	if err != nil {
 		return err
@@ -209,7 +240,7 @@ func bench(ctx context.Context, o options, out io.Writer) error {
 			defer cancel()
 			t0 := time.Now()
 			c, err := bootstrap.Dial(dctx, bootstrap.Config{
-				HubURL: o.hubURL, APIKey: o.apiKey, Surface: o.surface,
+				HubURL: o.hubURL, APIKey: o.apiKeys[i%len(o.apiKeys)], Surface: o.surface,
 				SessionID: fmt.Sprintf("bench-%d-%d", start.Unix(), i), AckInterval: o.ackInterval,
 				OnSignal: func(s bootstrap.Signal) {
 					var p payload
@@ -258,8 +289,9 @@ func bench(ctx context.Context, o options, out io.Writer) error {
 	var wg sync.WaitGroup
 	interval := time.Duration(float64(time.Second) / o.rate)
 	loadStart := time.Now()
+	next := partners(len(clients), len(o.apiKeys))
 	for i, c := range clients {
-		to := clients[(i+1)%len(clients)].SessionID()
+		to := clients[next[i]].SessionID()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

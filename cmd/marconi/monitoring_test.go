@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -144,7 +145,7 @@ func TestMonitoringAgainstRealMetrics(t *testing.T) {
 	}
 	var missing []string
 	for n, where := range used {
-		if !names[n] && !busOnly(n) { // TestBusAlertsAgainstRealMetrics checks those
+		if !names[n] && !postgresOrBusOnly(n) { // TestPostgresAndBusAlertsAgainstRealMetrics checks those
 			missing = append(missing, n+" ("+where+")")
 		}
 	}
@@ -157,14 +158,22 @@ func TestMonitoringAgainstRealMetrics(t *testing.T) {
 	}
 }
 
-// busOnly tells the metrics a hub exports only with MARCONI_BUS_URL.
-func busOnly(name string) bool { return strings.HasPrefix(name, "marconi_nats_bus_") }
+// postgresOnly are the metrics the rules name that a hub exports only on
+// Postgres (the in-memory store has no liveness connection).
+var postgresOnly = map[string]bool{"marconi_liveness_connects_total": true}
 
-// TestBusAlertsAgainstRealMetrics holds the alerting rules on the NATS
-// wake-up bus to the metrics a hub with MARCONI_BUS_URL exports (a hub
-// without it has none of them, so TestMonitoringAgainstRealMetrics leaves
-// them to this test).
-func TestBusAlertsAgainstRealMetrics(t *testing.T) {
+// postgresOrBusOnly tells the metrics a hub exports only on Postgres, or
+// only with MARCONI_BUS_URL.
+func postgresOrBusOnly(name string) bool {
+	return postgresOnly[name] || strings.HasPrefix(name, "marconi_nats_bus_")
+}
+
+// TestPostgresAndBusAlertsAgainstRealMetrics holds the alerting rules on
+// the NATS wake-up bus and on the liveness connection to the metrics a hub
+// on Postgres with MARCONI_BUS_URL exports (a hub on the in-memory store
+// has none of them, so TestMonitoringAgainstRealMetrics leaves them to this
+// test).
+func TestPostgresAndBusAlertsAgainstRealMetrics(t *testing.T) {
 	db := pgtest.Schema(t)
 	bus := natstest.URL(t)
 	rules, err := os.ReadFile(filepath.Join("..", "..", "deploy", "prometheus", "alerts.yml"))
@@ -173,18 +182,20 @@ func TestBusAlertsAgainstRealMetrics(t *testing.T) {
 	}
 	var named []string
 	for _, n := range metricName.FindAllString(string(rules), -1) {
-		if busOnly(n) {
+		if postgresOrBusOnly(n) {
 			named = append(named, n)
 		}
 	}
-	if len(named) == 0 {
-		t.Fatal("deploy/prometheus/alerts.yml names no metric of the NATS wake-up bus (MarconiWakeBusDown)")
+	for _, want := range []string{"marconi_nats_bus_connected", "marconi_liveness_connects_total"} {
+		if !slices.Contains(named, want) {
+			t.Errorf("deploy/prometheus/alerts.yml does not name %s (MarconiWakeBusDown, MarconiLivenessConnectionFlapping)", want)
+		}
 	}
 	m, _ := startMain(t, map[string]string{"MARCONI_DATABASE_URL": db, "MARCONI_BUS_URL": bus})
 	names := exported(scrape(t, m.URL()))
 	for _, n := range named {
 		if !names[n] {
-			t.Errorf("deploy/prometheus/alerts.yml names %s, which a hub with MARCONI_BUS_URL does not export", n)
+			t.Errorf("deploy/prometheus/alerts.yml names %s, which a hub on Postgres with MARCONI_BUS_URL does not export", n)
 		}
 	}
 }

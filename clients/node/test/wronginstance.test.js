@@ -4,17 +4,56 @@
 // with the hub's error, and the named URL is never asked.
 
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
 import https from 'node:https';
-import { test } from 'node:test';
-import { MarconiError, dial } from '@marconihub/client';
-import { LogRecorder } from './support/hub.js';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { after, before, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
 import { selfSigned } from './support/tls.js';
 
-// The fake hub's certificate is self-signed: this file's process (node --test
-// runs each file in its own) does not verify it. Node 20 has no API to trust
-// one certificate at run time.
-process.env.NODE_TLS_REJECT_UNAUTHORIZED = '0';
+// The fake hub's certificate is self-signed. The client runs in a child
+// process (support/dial.js) started with NODE_EXTRA_CA_CERTS naming it: that
+// process trusts this one certificate besides the usual ones, and checks
+// every certificate as a user's would. Node 20 has no API to trust one
+// certificate at run time, and the client takes no CA of its own.
+const tls = selfSigned();
+/** @type {string} */
+let dir;
+/** @type {string} */
+let caFile;
+before(async () => {
+  dir = await mkdtemp(path.join(tmpdir(), 'marconi-node-tls-'));
+  caFile = path.join(dir, 'hub.pem');
+  await writeFile(caFile, tls.cert);
+});
+after(() => rm(dir, { recursive: true, force: true }));
+
+const dialChild = path.join(path.dirname(fileURLToPath(import.meta.url)), 'support', 'dial.js');
+
+/**
+ * Dials hubURL in a child process that trusts the fake hub's certificate
+ * when trust is true, and no certificate of its own otherwise.
+ * @param {string} hubURL
+ * @param {{trust: boolean}} opts
+ * @returns {Promise<{error: any, logs: {level: string, msg: string}[]}>}
+ */
+function dialInChild(hubURL, { trust }) {
+  /** @type {NodeJS.ProcessEnv} */
+  const env = { ...process.env };
+  delete env.NODE_TLS_REJECT_UNAUTHORIZED;
+  delete env.NODE_EXTRA_CA_CERTS;
+  if (trust) env.NODE_EXTRA_CA_CERTS = caFile;
+  return new Promise((resolve, reject) => {
+    const child = execFile(process.execPath, [dialChild], { env, timeout: 60000 }, (err, stdout, stderr) => {
+      if (err) reject(new Error(`${dialChild}: ${err.message}\n${stderr}`));
+      else resolve(JSON.parse(stdout));
+    });
+    child.stdin?.end(JSON.stringify({ hubURL, sessionID: 'wi-a' }));
+  });
+}
 
 /**
  * @param {import('node:net').Server} srv
@@ -35,7 +74,7 @@ async function listen(srv) {
 async function fakeHub(instanceURL) {
   /** @type {string[]} */
   const paths = [];
-  const srv = https.createServer(selfSigned(), (req, res) => {
+  const srv = https.createServer(tls, (req, res) => {
     paths.push(`${req.method} ${req.url}`);
     req.resume();
     if (req.method === 'POST' && req.url === '/v1/sessions') {
@@ -74,15 +113,22 @@ for (const [name, scheme] of [['plain http named by a hub reached over https', '
     const hub = await fakeHub(instanceURL);
     t.after(async () => { await hub.close(); named.closeAllConnections(); await new Promise((resolve) => named.close(resolve)); });
 
-    const log = new LogRecorder();
-    const err = await dial({ hubURL: hub.url, apiKey: 'key', surface: 'claude_code', sessionID: 'wi-a', onSignal: () => {}, logger: log })
-      .then(async (c) => { await c.close(); return null; }, (e) => e);
-    assert.ok(err instanceof MarconiError, `dial: ${err}, want the hub's MarconiError`);
+    const { error: err, logs } = await dialInChild(hub.url, { trust: true });
+    assert.ok(err?.marconiError, `dial: ${JSON.stringify(err)}, want the hub's MarconiError`);
     assert.equal(err.status, 409);
     assert.equal(err.code, 'wrong_instance');
     assert.equal(err.instanceURL, instanceURL);
     assert.ok(hub.paths.some((p) => p.startsWith('GET /v1/ws')), `the hub was asked to attach: ${hub.paths}`);
     assert.deepEqual(asked, [], 'the named instance was asked');
-    assert.equal(log.find('marconi: not following wrong_instance to an instance_url the session token may not go to (publish https:// instance URLs on an https fleet: docs/operations.md)').length, 1);
+    assert.equal(logs.filter((l) => l.msg === 'marconi: not following wrong_instance to an instance_url the session token may not go to (publish https:// instance URLs on an https fleet: docs/operations.md)').length, 1);
   });
 }
+
+test('the client checks the fake hub\'s certificate: without it trusted, the dial fails before the hub is asked anything', async (t) => {
+  const hub = await fakeHub('https://127.0.0.1:1');
+  t.after(() => hub.close());
+  const { error: err } = await dialInChild(hub.url, { trust: false });
+  assert.equal(err?.name, 'TransportError', `dial: ${JSON.stringify(err)}, want a TransportError`);
+  assert.match(`${err.message} ${err.cause}`, /certificate/i);
+  assert.deepEqual(hub.paths, [], 'the hub was asked over a connection whose certificate was not checked');
+});
