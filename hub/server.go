@@ -120,6 +120,7 @@ type Config struct {
 	// instance looks for WebSockets whose session's expiry has passed, and
 	// closes them with 4410 once the store confirms it: the most such a
 	// WebSocket outlives its session's expires_at (plus one store read).
+	// The same loop follows the store's history (conns.Hub.FollowHistory).
 	ExpiryCheck time.Duration
 	// SelfhealHistoryBucket is the width of one bucket of the self-heal
 	// history the dashboard reads (GET /v1/ops/selfheal/history); the
