@@ -21,8 +21,9 @@ import (
 //
 // Each connection keeps the latest expiry this instance knows of its
 // session (the attach's, its keepalive's touches, its session's heartbeats
-// served here, what a pending sweep or an expiry check read): a lower bound of the row's, since every store write of expires_at
-// only moves it later. CloseExpired, run every ExpiryCheck by the hub,
+// served here, what a pending sweep or an expiry check read): a lower
+// bound of the row's, since every store write of expires_at only moves it
+// later. CloseExpired, run every ExpiryCheck by the hub,
 // reads the rows of the connections whose known expiry has passed, a batch
 // per store read (SessionHeads, as the sweep), and closes those with no
 // live row; a row extended elsewhere (a heartbeat that reached another
