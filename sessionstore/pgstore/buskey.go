@@ -88,16 +88,28 @@ type keyring struct {
 	now     func() time.Time
 	metrics *busKeyMetrics
 
+	// fetch reads the row (fetchKeyRow; a test's may hang).
+	fetch func(ctx context.Context, s *Store) (keyRow, error)
+
 	mu            sync.Mutex
 	keys          busKeys
 	previousUntil time.Time // local time the previous key stops opening
 	readAt        time.Time // last read that succeeded
 	failedAt      time.Time // last read that failed
 	recheckAt     time.Time // last read a miss forced
+	rechecking    bool      // a read a miss forced is under way (recheckSoon)
+	stopped       bool      // the store is closing: no recheck starts
+	rechecks      sync.WaitGroup
 }
 
 func newKeyring(t BusKeyTimings, m *busKeyMetrics) *keyring {
-	return &keyring{t: t.withDefaults(), now: time.Now, metrics: m}
+	return &keyring{t: t.withDefaults(), now: time.Now, metrics: m, fetch: fetchKeyRow}
+}
+
+// fetchKeyRow reads the bus key row.
+func fetchKeyRow(ctx context.Context, s *Store) (row keyRow, err error) {
+	err = s.pool.QueryRow(ctx, keySQL).Scan(&row.key, &row.previous, &row.version, &row.age)
+	return row, err
 }
 
 // keySQL reads the bus key row, with how long ago (on the database's clock)
@@ -130,21 +142,46 @@ func (r *keyring) get(ctx context.Context, s *Store, log *slog.Logger) busKeys {
 	return r.current(now)
 }
 
-// recheck reads the row again, at most once per Recheck, after a carried
-// signal that no known key opened: the sender may have a newer key. It
-// reports whether the keys changed.
-func (r *keyring) recheck(ctx context.Context, s *Store, log *slog.Logger) (busKeys, bool) {
+// recheckSoon starts a read of the row on a goroutine of its own, at most
+// once per Recheck and one at a time, after a carried signal that no known
+// key opened: the sender may have a newer key. Nothing waits for it: the
+// wake-up that forced it arrives bare (its signal is read from the store),
+// and the wake-ups after it are opened with what the read finds once it
+// is done, so a slow store holds up no wake-up.
+func (r *keyring) recheckSoon(s *Store, log *slog.Logger) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.now()
-	before := r.current(now)
-	if now.Sub(r.recheckAt) < r.t.Recheck {
-		return before, false
+	if r.stopped || r.rechecking || now.Sub(r.recheckAt) < r.t.Recheck {
+		return
 	}
-	r.recheckAt = now
-	r.read(ctx, s, now, log)
-	after := r.current(now)
-	return after, after.version != before.version || (before.previous == nil) != (after.previous == nil)
+	r.recheckAt, r.rechecking = now, true
+	r.rechecks.Add(1)
+	go func() {
+		defer r.rechecks.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), keyReadTimeout)
+		defer cancel()
+		row, err := r.fetch(ctx, s)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.rechecking = false
+		switch {
+		case err != nil:
+			r.failedAt = r.now()
+			log.Debug("bus key not readable; wake-ups carry no signal until it is, or keep the keys read before", "err", err)
+		case row.version >= r.keys.version: // not older than a read that ended meanwhile
+			r.set(row, r.now(), log)
+		}
+	}()
+}
+
+// stop waits for a recheck under way and starts none after it: the store
+// is closing.
+func (r *keyring) stop() {
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
+	r.rechecks.Wait()
 }
 
 // due is how long until get reads the row again: once Refresh has passed
@@ -172,8 +209,8 @@ func (r *keyring) current(now time.Time) busKeys {
 func (r *keyring) read(ctx context.Context, s *Store, now time.Time, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, keyReadTimeout)
 	defer cancel()
-	var row keyRow
-	if err := s.pool.QueryRow(ctx, keySQL).Scan(&row.key, &row.previous, &row.version, &row.age); err != nil {
+	row, err := r.fetch(ctx, s)
+	if err != nil {
 		r.failedAt = now
 		log.Debug("bus key not readable; wake-ups carry no signal until it is, or keep the keys read before", "err", err)
 		return

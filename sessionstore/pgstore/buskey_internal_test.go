@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/marconihub/marconi/internal/metrictest"
 	"github.com/marconihub/marconi/internal/pgtest"
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -124,5 +126,66 @@ func TestBusKeyDue(t *testing.T) {
 	r.keys = busKeys{}
 	if d := r.due(); d != keyRetry {
 		t.Fatalf("never read, a read just failed: due in %v, want %v", d, keyRetry)
+	}
+}
+
+// A carried signal that no known key opens has the bus key read again off
+// the listener's goroutine: a re-read that hangs (a slow store) holds up no
+// wake-up. The wake-up that forced it arrives bare (its signal is read from
+// the store), before the next one, which arrives while the re-read still
+// hangs.
+func TestBusKeyRecheckHoldsUpNoWakeUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, admin := storeAndAdmin(t, WithBusKeyTimings(BusKeyTimings{Refresh: time.Hour, Grace: time.Hour, Recheck: time.Millisecond}))
+	if k := st.busKeys.get(ctx, st, slog.New(slog.DiscardHandler)); k.current == nil {
+		t.Fatal("the bus key was not read")
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	st.busKeys.mu.Lock()
+	st.busKeys.fetch = func(ctx context.Context, s *Store) (keyRow, error) {
+		once.Do(func() { close(entered) })
+		<-release // a store that does not answer, whatever the read's deadline
+		return fetchKeyRow(ctx, s)
+	}
+	st.busKeys.mu.Unlock()
+
+	wakes, connected := make(chan Wake, 8), make(chan struct{}, 8)
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = NewBus(st, nil).Listen(lctx, "a", time.Now(), func(w Wake) { wakes <- w }, func() { connected <- struct{}{} })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { close(release) }) // first: a listener stuck in the read can then stop
+	testwait.Receive(t, "the listener", 10*time.Second, connected)
+
+	notify := func(payload string) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, `SELECT pg_notify(`+channelSQL+`, $2)`, "a", payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bob := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}
+	sig := sessionstore.Signal{ID: "s1", Seq: 1, To: bob, FromSession: "alice", Kind: "note", CreatedAt: time.Now().UTC()}
+	unknown := bytes.Repeat([]byte{7}, busKeySize) // a key this store never read
+	sealed, err := wakeCodec{key: unknown}.encode([]Wake{{Key: bob, Seq: 1, Signal: &sig, Incarnation: time.Now()}})
+	if err != nil || len(sealed) != 1 {
+		t.Fatalf("seal: %q, %v", sealed, err)
+	}
+	notify(sealed[0])
+	testwait.Receive(t, "the re-read of the bus key", 10*time.Second, entered)
+	bare, err := EncodeWake(bob, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notify(bare)
+	for seq := int64(1); seq <= 2; seq++ {
+		w := testwait.Receive(t, "a wake-up while the re-read of the bus key hangs", 10*time.Second, wakes)
+		if w.Key != bob || w.Seq != seq || w.Signal != nil {
+			t.Fatalf("wake-up %+v, want bob's bare seq %d", w, seq)
+		}
 	}
 }

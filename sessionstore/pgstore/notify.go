@@ -800,17 +800,15 @@ func (b *Bus) SealWakes(ctx context.Context, wakes []Wake) ([]string, error) {
 // OpenWakes decodes a payload as DecodeWakes does, keeping a carried signal
 // only when its MAC checks out under the current bus key or, within its
 // grace, the previous one: the other half of SealWakes. A carried signal
-// that neither opens has the key read again (at most once per
-// BusKeyTimings.Recheck) and the payload opened with what that finds, since
-// its sender may know a rotation this store has not read yet; one that
-// still opens under no key arrives bare, and the holder reads the signal
-// from the store.
+// that neither opens arrives bare (the holder reads the signal from the
+// store), and has the key read again in the background (at most once per
+// BusKeyTimings.Recheck; keyring.recheckSoon), since its sender may know a
+// rotation this store has not read yet: the wake-ups after it open with
+// what that read finds, and none waits for it.
 func (b *Bus) OpenWakes(ctx context.Context, payload string) ([]Wake, error) {
 	wakes, t, err := b.codec(ctx).decodeTally(payload)
 	if err == nil && t.missed > 0 {
-		if keys, changed := b.store.busKeys.recheck(ctx, b.store, b.log); changed {
-			wakes, t, err = keys.codec().decodeTally(payload)
-		}
+		b.store.busKeys.recheckSoon(b.store, b.log)
 	}
 	b.store.busKeys.metrics.count(t)
 	return wakes, err
