@@ -97,9 +97,9 @@ type keyring struct {
 	readAt        time.Time // last read that succeeded
 	failedAt      time.Time // last read that failed
 	recheckAt     time.Time // last read a miss forced
-	rechecking    bool      // a read a miss forced is under way (recheckSoon)
-	stopped       bool      // the store is closing: no recheck starts
-	rechecks      sync.WaitGroup
+	reading       bool      // a background read is under way (readSoon)
+	stopped       bool      // the store is closing: no background read starts
+	readers       sync.WaitGroup
 }
 
 func newKeyring(t BusKeyTimings, m *busKeyMetrics) *keyring {
@@ -129,8 +129,11 @@ type keyRow struct {
 
 // get returns the keys, reading the row when Refresh has passed since the
 // last read (or a failed read keyRetry ago): nil keys until a first read
-// succeeds; the keys known so far while the store cannot be read. A
-// change of version is logged on log.
+// succeeds; the keys known so far while the store cannot be read. Until
+// the first read succeeds get reads itself; after it, a read that is due
+// runs in the background (readSoon) and get returns the keys known, so a
+// slow store holds up no wake-up and no publisher. A change of version is
+// logged on log.
 func (r *keyring) get(ctx context.Context, s *Store, log *slog.Logger) busKeys {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -138,7 +141,11 @@ func (r *keyring) get(ctx context.Context, s *Store, log *slog.Logger) busKeys {
 	if (r.keys.current != nil && now.Sub(r.readAt) < r.t.Refresh) || now.Sub(r.failedAt) < keyRetry {
 		return r.current(now)
 	}
-	r.read(ctx, s, now, log)
+	if r.keys.current != nil {
+		r.readSoon(s, log)
+	} else {
+		r.read(ctx, s, now, log)
+	}
 	return r.current(now)
 }
 
@@ -152,19 +159,29 @@ func (r *keyring) recheckSoon(s *Store, log *slog.Logger) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.now()
-	if r.stopped || r.rechecking || now.Sub(r.recheckAt) < r.t.Recheck {
+	if r.reading || now.Sub(r.recheckAt) < r.t.Recheck {
 		return
 	}
-	r.recheckAt, r.rechecking = now, true
-	r.rechecks.Add(1)
+	r.recheckAt = now
+	r.readSoon(s, log)
+}
+
+// readSoon starts a read of the row on a goroutine of its own, unless one
+// is under way or the store is closing; r.mu is held.
+func (r *keyring) readSoon(s *Store, log *slog.Logger) {
+	if r.stopped || r.reading {
+		return
+	}
+	r.reading = true
+	r.readers.Add(1)
 	go func() {
-		defer r.rechecks.Done()
+		defer r.readers.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), keyReadTimeout)
 		defer cancel()
 		row, err := r.fetch(ctx, s)
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		r.rechecking = false
+		r.reading = false
 		switch {
 		case err != nil:
 			r.failedAt = r.now()
@@ -175,20 +192,24 @@ func (r *keyring) recheckSoon(s *Store, log *slog.Logger) {
 	}()
 }
 
-// stop waits for a recheck under way and starts none after it: the store
-// is closing.
+// stop waits for a background read under way and starts none after it:
+// the store is closing.
 func (r *keyring) stop() {
 	r.mu.Lock()
 	r.stopped = true
 	r.mu.Unlock()
-	r.rechecks.Wait()
+	r.readers.Wait()
 }
 
 // due is how long until get reads the row again: once Refresh has passed
-// since the last read, and keyRetry since the last failed one.
+// since the last read, and keyRetry since the last failed one; while a
+// background read is under way, the bound on that read.
 func (r *keyring) due() time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.reading {
+		return keyReadTimeout
+	}
 	at := r.failedAt.Add(keyRetry)
 	if r.keys.current != nil && r.readAt.Add(r.t.Refresh).After(at) {
 		at = r.readAt.Add(r.t.Refresh)
