@@ -146,7 +146,7 @@ func (p *Placer) place(ctx context.Context, sess sessionstore.Session, hasLocalQ
 		return Placement{}, nil
 	case assigned != self && p.members.confirmHealthy(ctx, assigned):
 		if withinGrace || neverAttached {
-			return Placement{}, p.wrongInstance(sess.SessionID, assigned)
+			return Placement{}, p.wrongInstance(ctx, sess.SessionID, assigned)
 		}
 		return p.takeOver(ctx, sess, ReasonGraceExpired, hasLocalQueue, round)
 	case assigned != self:
@@ -162,12 +162,12 @@ func (p *Placer) place(ctx context.Context, sess sessionstore.Session, hasLocalQ
 	}
 }
 
-func (p *Placer) wrongInstance(sessionID, assigned string) error {
+func (p *Placer) wrongInstance(ctx context.Context, sessionID, assigned string) error {
 	return &marconi.Error{
 		Code:        marconi.CodeWrongInstance,
 		Message:     fmt.Sprintf("session %q is placed on instance %q; attach there", sessionID, assigned),
 		InstanceID:  assigned,
-		InstanceURL: p.members.URL(assigned),
+		InstanceURL: p.members.URL(ctx, assigned),
 	}
 }
 
@@ -249,7 +249,7 @@ func (p *Placer) lostTakeover(ctx context.Context, k sessionstore.Key, hasLocalQ
 	case a != "" && p.members.confirmHealthy(ctx, a):
 		p.log.Info("sticky takeover lost to another instance", "session_id", k.SessionID,
 			"tenant_id", k.TenantID, "project_id", k.ProjectID, "winner", a)
-		return Placement{}, p.wrongInstance(k.SessionID, a)
+		return Placement{}, p.wrongInstance(ctx, k.SessionID, a)
 	case round >= maxPlaceRounds:
 		return Placement{}, errKeepsMoving(k, round)
 	default:

@@ -41,6 +41,10 @@ type Config struct {
 	ProbeEvery time.Duration
 	// Grace is MARCONI_RECONNECT_GRACE_SECONDS (60).
 	Grace time.Duration
+	// StoreTimeout is MARCONI_STORE_TIMEOUT_SECONDS (3): it bounds the read
+	// of the instance table that the decisions made before the first tick
+	// share, which no one caller's cancellation ends (ensureLoaded).
+	StoreTimeout time.Duration
 	// DisconnectPolicy is retain (default) or drop.
 	DisconnectPolicy string
 	// Placement resolves runtime modes.
@@ -53,6 +57,7 @@ const (
 	DefaultHeartbeatEvery   = 3 * time.Second
 	DefaultProbeEvery       = 500 * time.Millisecond
 	DefaultGrace            = 60 * time.Second
+	DefaultStoreTimeout     = 3 * time.Second
 	DefaultDisconnectPolicy = PolicyRetain
 	DefaultRuntimeMode      = ModeStateless
 	DefaultStickyPlacement  = StickyByLoad
@@ -70,6 +75,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Grace == 0 {
 		c.Grace = DefaultGrace
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = DefaultStoreTimeout
 	}
 	if c.DisconnectPolicy == "" {
 		c.DisconnectPolicy = DefaultDisconnectPolicy
@@ -181,6 +189,7 @@ func New(cfg Config, d Deps) (*Fabric, error) {
 func (f *Fabric) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer f.Members.stopLoads()
 	if f.Members.prober != nil {
 		wg.Add(1)
 		go func() {

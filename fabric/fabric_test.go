@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/memstore"
 )
@@ -48,8 +49,8 @@ func TestHealthFromTheCachedView(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if !a.Members.Healthy(ctx, "b") || a.Members.URL("b") != "http://b" {
-		t.Fatalf("a sees b healthy=%v url=%q", a.Members.Healthy(ctx, "b"), a.Members.URL("b"))
+	if !a.Members.Healthy(ctx, "b") || a.Members.URL(ctx, "b") != "http://b" {
+		t.Fatalf("a sees b healthy=%v url=%q", a.Members.Healthy(ctx, "b"), a.Members.URL(ctx, "b"))
 	}
 	clk.t = clk.t.Add(9 * time.Second)
 	if !a.Members.Healthy(ctx, "b") {
@@ -116,6 +117,104 @@ func TestDecisionsBeforeTheFirstTickReadTheTable(t *testing.T) {
 	}
 	if n := st.lists.Load(); n != 1 {
 		t.Fatalf("the instance table was read %d times, want once: later decisions read the view", n)
+	}
+}
+
+// slowListStore holds every read of the instance table until release is
+// closed or the read's context ends (as a real store's query does), and
+// says when the first one started.
+type slowListStore struct {
+	sessionstore.Store
+	lists   atomic.Int32
+	entered chan struct{} // closed by the first read
+	once    sync.Once
+	release chan struct{}
+}
+
+func newSlowListStore() *slowListStore {
+	return &slowListStore{Store: memstore.New(), entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (s *slowListStore) ListInstances(ctx context.Context) ([]sessionstore.Instance, error) {
+	s.lists.Add(1)
+	s.once.Do(func() { close(s.entered) })
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Store.ListInstances(ctx)
+}
+
+// The first decision's request is cancelled (its client went away) while
+// its read of the instance table, shared with every decision made before
+// the first tick, is under way: the read goes on, and a decision that
+// shares it sees the live peer healthy, rather than the empty view (every
+// peer dead) that a read cancelled with its first caller would leave.
+func TestFirstReadOfTheTableOutlivesItsFirstCaller(t *testing.T) {
+	ctx := context.Background()
+	st := newSlowListStore()
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: "b", URL: "http://b", StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
+		t.Fatal(err)
+	}
+	a := newTestFabric(t, st, clk, "a") // never ticked
+	firstCtx, cancelFirst := context.WithCancel(ctx)
+	first, second := make(chan bool, 1), make(chan bool, 1)
+	go func() { first <- a.Members.HoldsQueue(firstCtx, "b", clk.t) }()
+	testwait.Receive(t, "the first read of the instance table", 10*time.Second, st.entered)
+	go func() { second <- a.Members.Healthy(ctx, "b") }()
+	cancelFirst()
+	// The cancelled caller returns without waiting for the read.
+	testwait.Receive(t, "the cancelled first decision", 10*time.Second, first)
+	close(st.release)
+	if !testwait.Receive(t, "the second decision", 10*time.Second, second) {
+		t.Fatal("a decision sharing the first read, whose first caller was cancelled, judged the live peer b dead")
+	}
+	if n := st.lists.Load(); n != 1 {
+		t.Fatalf("the instance table was read %d times, want once, shared", n)
+	}
+}
+
+// The shared first read has a bound of its own (StoreTimeout): a store that
+// never answers fails it, and the next decision reads again.
+func TestFirstReadOfTheTableIsBounded(t *testing.T) {
+	st := newSlowListStore()
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	f, err := New(Config{InstanceID: "a", StoreTimeout: 20 * time.Millisecond}, Deps{Store: st, Now: clk.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Members.ensureLoaded(context.Background()) }()
+	if err := testwait.Receive(t, "the bounded first read", 10*time.Second, done); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("first read of a store that never answers: %v, want a deadline exceeded", err)
+	}
+	close(st.release)
+	if err := f.Members.ensureLoaded(context.Background()); err != nil || st.lists.Load() != 2 {
+		t.Fatalf("the next decision: %v after %d reads, want a second read that succeeds", err, st.lists.Load())
+	}
+}
+
+// URL and Reporter read the view too, so before the first tick they read
+// the instance table: a holder's address named in a send's answer, and the
+// cluster gauges exported by one instance, not by every one just started.
+func TestURLAndReporterBeforeTheFirstTickReadTheTable(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	for _, id := range []string{"a", "c"} {
+		if err := st.HeartbeatInstance(ctx, sessionstore.Instance{ID: id, URL: "http://" + id, StartedAt: clk.t, LastHeartbeatAt: clk.t}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := newTestFabric(t, st, clk, "b") // never ticked
+	if u := b.Members.URL(ctx, "c"); u != "http://c" {
+		t.Fatalf("b's URL of c before b's first tick = %q, want http://c", u)
+	}
+	b = newTestFabric(t, st, clk, "b")
+	if b.Members.Reporter(ctx) {
+		t.Fatal("b, before its first tick, claims the cluster gauges while a (a lower id) is healthy")
 	}
 }
 

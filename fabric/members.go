@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sync/singleflight"
-
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -60,9 +58,22 @@ type Members struct {
 	// demand is set when a decision reads the view of another instance
 	// (fresh), and cleared by runProbe, which probes only when it was set.
 	demand atomic.Bool
-	// firstLoad makes the decisions made before the first tick share one
-	// read of the instance table (ensureLoaded).
-	firstLoad singleflight.Group
+	// loadMu guards loading, the read of the instance table that the
+	// decisions made before the first tick share (ensureLoaded; nil when
+	// none is under way), and stopped, set once Fabric.Run has returned
+	// (stopLoads): from then on no read starts a goroutine. loads waits
+	// for those goroutines.
+	loadMu  sync.Mutex
+	loading *firstRead
+	stopped bool
+	loads   sync.WaitGroup
+}
+
+// firstRead is one read of the instance table shared by the decisions made
+// before the first tick: done is closed once err is set.
+type firstRead struct {
+	done chan struct{}
+	err  error
 }
 
 func newMembers(cfg Config, d Deps) *Members {
@@ -136,8 +147,10 @@ func (m *Members) Refresh(ctx context.Context) error {
 // peer answered queued_offline). The hub serves before Run's first tick
 // has read the table, which under load can take a while, so every
 // decision that reads the view comes here first. Concurrent calls share
-// one read: the first requests after a start would otherwise each read
-// the table.
+// one read, which runs on a goroutine of its own, bounded by StoreTimeout
+// and not by any caller's context: a first request cancelled (its client
+// gone, its deadline passed) must not leave the others the empty view.
+// Each caller waits on its own context.
 func (m *Members) ensureLoaded(ctx context.Context) error {
 	m.mu.RLock()
 	loaded := m.loaded
@@ -145,8 +158,51 @@ func (m *Members) ensureLoaded(ctx context.Context) error {
 	if loaded {
 		return nil
 	}
-	_, err, _ := m.firstLoad.Do("", func() (any, error) { return nil, m.Refresh(ctx) })
-	return err
+	m.loadMu.Lock()
+	r := m.loading
+	if r == nil {
+		r = &firstRead{done: make(chan struct{})}
+		m.loading = r
+		if m.stopped {
+			// Run is over: nobody would wait for a goroutine.
+			m.loadMu.Unlock()
+			m.firstRead(context.WithoutCancel(ctx), r)
+			return r.err
+		}
+		m.loads.Add(1)
+		go func() {
+			defer m.loads.Done()
+			m.firstRead(context.WithoutCancel(ctx), r)
+		}()
+	}
+	m.loadMu.Unlock()
+	select {
+	case <-r.done:
+		return r.err
+	case <-ctx.Done():
+		return fmt.Errorf("first read of the instance table: %w", ctx.Err())
+	}
+}
+
+// firstRead runs r, the shared read of ensureLoaded, bounded by
+// StoreTimeout; a read that failed is tried again by the next decision.
+func (m *Members) firstRead(ctx context.Context, r *firstRead) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.StoreTimeout)
+	defer cancel()
+	r.err = m.Refresh(ctx)
+	m.loadMu.Lock()
+	m.loading = nil
+	m.loadMu.Unlock()
+	close(r.done)
+}
+
+// stopLoads waits for the shared first read under way, if any, and makes
+// the later ones run on their callers' goroutines.
+func (m *Members) stopLoads() {
+	m.loadMu.Lock()
+	m.stopped = true
+	m.loadMu.Unlock()
+	m.loads.Wait()
 }
 
 // SetDraining marks this instance draining, in the store at once (a final
@@ -243,12 +299,15 @@ func (m *Members) healthyAt(in sessionstore.Instance, now time.Time) bool {
 
 // Reporter reports whether this instance is the one that exports the
 // cluster-wide gauges: it is healthy and no healthy instance in the view has
-// a lower id. Every instance decides from its own view, without a store
-// call; for about one heartbeat after a change two instances, or none, may
-// claim it.
-func (m *Members) Reporter() bool {
+// a lower id. Every instance decides from its own view (read now when no
+// tick has yet: ensureLoaded), without a store call; for about one
+// heartbeat after a change two instances, or none, may claim it.
+func (m *Members) Reporter(ctx context.Context) bool {
 	if m.draining.Load() {
 		return false
+	}
+	if err := m.ensureLoaded(ctx); err != nil {
+		m.log.Debug("first read of the instance table before the reporter's choice", "err", err)
 	}
 	now := m.now()
 	m.mu.RLock()
@@ -261,11 +320,14 @@ func (m *Members) Reporter() bool {
 	return true
 }
 
-// URL is the public URL of instance, from the instance table; empty when
-// the instance is unknown.
-func (m *Members) URL(instance string) string {
+// URL is the public URL of instance, from the instance table (read now
+// when no tick has yet: ensureLoaded); empty when the instance is unknown.
+func (m *Members) URL(ctx context.Context, instance string) string {
 	if instance == m.cfg.InstanceID {
 		return m.cfg.PublicURL
+	}
+	if err := m.ensureLoaded(ctx); err != nil {
+		m.log.Debug("first read of the instance table before an instance's URL", "instance", instance, "err", err)
 	}
 	m.mu.RLock()
 	defer m.mu.RUnlock()

@@ -48,7 +48,7 @@ var routeStates = []marconi.RouteState{marconi.StateAttached, marconi.StateRoute
 // prometheus.Collector that exports them only while reporter() is true and a
 // sample exists. It is safe for concurrent use.
 type clusterGauges struct {
-	reporter func() bool
+	reporter func(context.Context) bool
 
 	mu       sync.Mutex
 	sampled  bool
@@ -63,7 +63,7 @@ func (g *clusterGauges) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (g *clusterGauges) Collect(ch chan<- prometheus.Metric) {
-	if !g.reporter() {
+	if !g.reporter(context.Background()) { // a first read of the view is bounded by the fabric's StoreTimeout
 		ch <- prometheus.MustNewConstMetric(descReporter, prometheus.GaugeValue, 0)
 		return
 	}
@@ -93,7 +93,7 @@ func (s *Server) sampleClusterNow(ctx context.Context) {
 // sampleCluster reads the cluster-wide gauges from the store, on the
 // reporter only (the others would read what they never export).
 func (s *Server) sampleCluster(ctx context.Context) {
-	if !s.cluster.reporter() {
+	if !s.cluster.reporter(ctx) {
 		return
 	}
 	now := s.now()

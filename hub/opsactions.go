@@ -91,7 +91,7 @@ func (s *Server) opsDisconnect(c echo.Context) error {
 		return c.JSON(http.StatusOK, map[string]any{"disconnected": true, "instance_id": s.cfg.InstanceID})
 	}
 	if sess.QueueInstance != "" && sess.QueueInstance != s.cfg.InstanceID && s.fabric.Members.Healthy(c.Request().Context(), sess.QueueInstance) {
-		return &marconi.Error{Code: marconi.CodeWrongInstance, InstanceID: sess.QueueInstance, InstanceURL: s.fabric.Members.URL(sess.QueueInstance),
+		return &marconi.Error{Code: marconi.CodeWrongInstance, InstanceID: sess.QueueInstance, InstanceURL: s.fabric.Members.URL(c.Request().Context(), sess.QueueInstance),
 			Message: "the WebSocket of this session is held by instance " + sess.QueueInstance + "; disconnect it there"}
 	}
 	return c.JSON(http.StatusOK, map[string]any{"disconnected": false, "instance_id": s.cfg.InstanceID})

@@ -232,6 +232,7 @@ func (c Config) withDefaults() Config {
 	c.SelfHeal = c.SelfHeal.WithDefaults(c.Mode)
 	c.Fabric.InstanceID = c.InstanceID
 	c.Fabric.PublicURL = c.PublicURL
+	c.Fabric.StoreTimeout = cmp.Or(c.Fabric.StoreTimeout, c.StoreTimeout)
 	return c
 }
 

@@ -77,11 +77,11 @@ func (s *Server) register(c echo.Context) error {
 	if reg.Created() {
 		status = http.StatusCreated
 	}
-	return c.JSON(status, s.sessionAnswer(reg))
+	return c.JSON(status, s.sessionAnswer(c.Request().Context(), reg))
 }
 
 // sessionAnswer is the answer to a registration or a resume.
-func (s *Server) sessionAnswer(reg sessions.Registration) marconi.SessionAnswer {
+func (s *Server) sessionAnswer(ctx context.Context, reg sessions.Registration) marconi.SessionAnswer {
 	sess := reg.Session
 	r := marconi.SessionAnswer{
 		SessionID: sess.SessionID, Token: reg.Token, TenantID: sess.TenantID, ProjectID: sess.ProjectID,
@@ -93,7 +93,7 @@ func (s *Server) sessionAnswer(reg sessions.Registration) marconi.SessionAnswer 
 	}
 	if sess.RuntimeMode == fabric.ModeSticky && sess.AssignedInstance != "" {
 		r.InstanceID = sess.AssignedInstance
-		if u := s.fabric.Members.URL(sess.AssignedInstance); u != "" {
+		if u := s.fabric.Members.URL(ctx, sess.AssignedInstance); u != "" {
 			r.InstanceURL = &u // null when the instance table does not know it
 		}
 	}

@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -87,7 +88,7 @@ func (s *Server) send(c echo.Context) error {
 		Seq:                  res.Signal.Seq,
 		Delivery:             string(res.Delivery),
 		RecipientRouteState:  string(res.RouteState),
-		RecipientInstanceURL: s.instanceURL(res.RecipientInstance),
+		RecipientInstanceURL: s.instanceURL(c.Request().Context(), res.RecipientInstance),
 		SelfhealOutcome:      nullable(res.SelfHeal.Outcome),
 		RecipientRouteStale:  res.SelfHeal.RecipientRouteStale,
 		SenderRouteStale:     res.SelfHeal.SenderRouteStale,
@@ -99,11 +100,11 @@ func (s *Server) send(c echo.Context) error {
 
 // instanceURL is the public URL of instance, from the members in memory;
 // empty for none, an unknown one, or when this instance has no peers.
-func (s *Server) instanceURL(instance string) string {
+func (s *Server) instanceURL(ctx context.Context, instance string) string {
 	if instance == "" || !s.peered {
 		return ""
 	}
-	return s.fabric.Members.URL(instance)
+	return s.fabric.Members.URL(ctx, instance)
 }
 
 type drainResponse struct {

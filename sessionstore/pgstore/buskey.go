@@ -88,16 +88,28 @@ type keyring struct {
 	now     func() time.Time
 	metrics *busKeyMetrics
 
+	// fetch reads the row (fetchKeyRow; a test's may hang).
+	fetch func(ctx context.Context, s *Store) (keyRow, error)
+
 	mu            sync.Mutex
 	keys          busKeys
 	previousUntil time.Time // local time the previous key stops opening
 	readAt        time.Time // last read that succeeded
 	failedAt      time.Time // last read that failed
 	recheckAt     time.Time // last read a miss forced
+	reading       bool      // a background read is under way (readSoon)
+	stopped       bool      // the store is closing: no background read starts
+	readers       sync.WaitGroup
 }
 
 func newKeyring(t BusKeyTimings, m *busKeyMetrics) *keyring {
-	return &keyring{t: t.withDefaults(), now: time.Now, metrics: m}
+	return &keyring{t: t.withDefaults(), now: time.Now, metrics: m, fetch: fetchKeyRow}
+}
+
+// fetchKeyRow reads the bus key row.
+func fetchKeyRow(ctx context.Context, s *Store) (row keyRow, err error) {
+	err = s.pool.QueryRow(ctx, keySQL).Scan(&row.key, &row.previous, &row.version, &row.age)
+	return row, err
 }
 
 // keySQL reads the bus key row, with how long ago (on the database's clock)
@@ -117,8 +129,11 @@ type keyRow struct {
 
 // get returns the keys, reading the row when Refresh has passed since the
 // last read (or a failed read keyRetry ago): nil keys until a first read
-// succeeds; the keys known so far while the store cannot be read. A
-// change of version is logged on log.
+// succeeds; the keys known so far while the store cannot be read. Until
+// the first read succeeds get reads itself; after it, a read that is due
+// runs in the background (readSoon) and get returns the keys known, so a
+// slow store holds up no wake-up and no publisher. A change of version is
+// logged on log.
 func (r *keyring) get(ctx context.Context, s *Store, log *slog.Logger) busKeys {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -126,32 +141,75 @@ func (r *keyring) get(ctx context.Context, s *Store, log *slog.Logger) busKeys {
 	if (r.keys.current != nil && now.Sub(r.readAt) < r.t.Refresh) || now.Sub(r.failedAt) < keyRetry {
 		return r.current(now)
 	}
-	r.read(ctx, s, now, log)
+	if r.keys.current != nil {
+		r.readSoon(s, log)
+	} else {
+		r.read(ctx, s, now, log)
+	}
 	return r.current(now)
 }
 
-// recheck reads the row again, at most once per Recheck, after a carried
-// signal that no known key opened: the sender may have a newer key. It
-// reports whether the keys changed.
-func (r *keyring) recheck(ctx context.Context, s *Store, log *slog.Logger) (busKeys, bool) {
+// recheckSoon starts a read of the row on a goroutine of its own, at most
+// once per Recheck and one at a time, after a carried signal that no known
+// key opened: the sender may have a newer key. Nothing waits for it: the
+// wake-up that forced it arrives bare (its signal is read from the store),
+// and the wake-ups after it are opened with what the read finds once it
+// is done, so a slow store holds up no wake-up.
+func (r *keyring) recheckSoon(s *Store, log *slog.Logger) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.now()
-	before := r.current(now)
-	if now.Sub(r.recheckAt) < r.t.Recheck {
-		return before, false
+	if r.reading || now.Sub(r.recheckAt) < r.t.Recheck {
+		return
 	}
 	r.recheckAt = now
-	r.read(ctx, s, now, log)
-	after := r.current(now)
-	return after, after.version != before.version || (before.previous == nil) != (after.previous == nil)
+	r.readSoon(s, log)
+}
+
+// readSoon starts a read of the row on a goroutine of its own, unless one
+// is under way or the store is closing; r.mu is held.
+func (r *keyring) readSoon(s *Store, log *slog.Logger) {
+	if r.stopped || r.reading {
+		return
+	}
+	r.reading = true
+	r.readers.Add(1)
+	go func() {
+		defer r.readers.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), keyReadTimeout)
+		defer cancel()
+		row, err := r.fetch(ctx, s)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.reading = false
+		switch {
+		case err != nil:
+			r.failedAt = r.now()
+			log.Debug("bus key not readable; wake-ups carry no signal until it is, or keep the keys read before", "err", err)
+		case row.version >= r.keys.version: // not older than a read that ended meanwhile
+			r.set(row, r.now(), log)
+		}
+	}()
+}
+
+// stop waits for a background read under way and starts none after it:
+// the store is closing.
+func (r *keyring) stop() {
+	r.mu.Lock()
+	r.stopped = true
+	r.mu.Unlock()
+	r.readers.Wait()
 }
 
 // due is how long until get reads the row again: once Refresh has passed
-// since the last read, and keyRetry since the last failed one.
+// since the last read, and keyRetry since the last failed one; while a
+// background read is under way, the bound on that read.
 func (r *keyring) due() time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.reading {
+		return keyReadTimeout
+	}
 	at := r.failedAt.Add(keyRetry)
 	if r.keys.current != nil && r.readAt.Add(r.t.Refresh).After(at) {
 		at = r.readAt.Add(r.t.Refresh)
@@ -172,8 +230,8 @@ func (r *keyring) current(now time.Time) busKeys {
 func (r *keyring) read(ctx context.Context, s *Store, now time.Time, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, keyReadTimeout)
 	defer cancel()
-	var row keyRow
-	if err := s.pool.QueryRow(ctx, keySQL).Scan(&row.key, &row.previous, &row.version, &row.age); err != nil {
+	row, err := r.fetch(ctx, s)
+	if err != nil {
 		r.failedAt = now
 		log.Debug("bus key not readable; wake-ups carry no signal until it is, or keep the keys read before", "err", err)
 		return

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/marconihub/marconi/internal/metrictest"
 	"github.com/marconihub/marconi/internal/pgtest"
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -125,4 +127,106 @@ func TestBusKeyDue(t *testing.T) {
 	if d := r.due(); d != keyRetry {
 		t.Fatalf("never read, a read just failed: due in %v, want %v", d, keyRetry)
 	}
+}
+
+// A carried signal that no known key opens has the bus key read again off
+// the listener's goroutine: a re-read that hangs (a slow store) holds up no
+// wake-up. The wake-up that forced it arrives bare (its signal is read from
+// the store), before the next one, which arrives while the re-read still
+// hangs.
+func TestBusKeyRecheckHoldsUpNoWakeUp(t *testing.T) {
+	t.Parallel()
+	l := listenWithHangingKeyReads(t, BusKeyTimings{Refresh: time.Hour, Grace: time.Hour, Recheck: time.Millisecond})
+	bob := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}
+	sig := sessionstore.Signal{ID: "s1", Seq: 1, To: bob, FromSession: "alice", Kind: "note", CreatedAt: time.Now().UTC()}
+	unknown := bytes.Repeat([]byte{7}, busKeySize) // a key this store never read
+	sealed, err := wakeCodec{key: unknown}.encode([]Wake{{Key: bob, Seq: 1, Signal: &sig, Incarnation: time.Now()}})
+	if err != nil || len(sealed) != 1 {
+		t.Fatalf("seal: %q, %v", sealed, err)
+	}
+	l.notify(sealed[0])
+	testwait.Receive(t, "the re-read of the bus key", 10*time.Second, l.entered)
+	l.notify(bareWake(t, bob, 2))
+	for seq := int64(1); seq <= 2; seq++ {
+		w := testwait.Receive(t, "a wake-up while the re-read of the bus key hangs", 10*time.Second, l.wakes)
+		if w.Key != bob || w.Seq != seq || w.Signal != nil {
+			t.Fatalf("wake-up %+v, want bob's bare seq %d", w, seq)
+		}
+	}
+}
+
+// The bus key's periodic re-read (every Refresh) runs off the listener's
+// goroutine too, once the key is known: one that hangs holds up no
+// wake-up, and the listener does not spin while it is under way.
+func TestBusKeyRefreshHoldsUpNoWakeUp(t *testing.T) {
+	t.Parallel()
+	l := listenWithHangingKeyReads(t, BusKeyTimings{Refresh: time.Millisecond, Grace: time.Hour})
+	testwait.Receive(t, "the periodic re-read of the bus key", 10*time.Second, l.entered)
+	bob := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}
+	for seq := int64(1); seq <= 2; seq++ {
+		l.notify(bareWake(t, bob, seq))
+		w := testwait.Receive(t, "a wake-up while the re-read of the bus key hangs", 10*time.Second, l.wakes)
+		if w.Key != bob || w.Seq != seq {
+			t.Fatalf("wake-up %+v, want bob's seq %d", w, seq)
+		}
+	}
+	if d := l.st.busKeys.due(); d != keyReadTimeout {
+		t.Fatalf("the listener's next look at the bus key in %v while a read is under way, want the read's bound %v", d, keyReadTimeout)
+	}
+}
+
+// hangingKeyReads is a listener on a store whose bus key was read once,
+// and whose reads of it from then on hang until the test ends.
+type hangingKeyReads struct {
+	st      *Store
+	entered chan struct{} // closed when a read starts
+	wakes   chan Wake     // what the listener heard, in order
+	notify  func(payload string)
+}
+
+func listenWithHangingKeyReads(t *testing.T, timings BusKeyTimings) *hangingKeyReads {
+	t.Helper()
+	ctx := context.Background()
+	st, admin := storeAndAdmin(t, WithBusKeyTimings(timings))
+	if k := st.busKeys.get(ctx, st, slog.New(slog.DiscardHandler)); k.current == nil {
+		t.Fatal("the bus key was not read")
+	}
+	l := &hangingKeyReads{st: st, entered: make(chan struct{}), wakes: make(chan Wake, 8)}
+	release := make(chan struct{})
+	var once sync.Once
+	st.busKeys.mu.Lock()
+	st.busKeys.fetch = func(ctx context.Context, s *Store) (keyRow, error) {
+		once.Do(func() { close(l.entered) })
+		<-release // a store that does not answer, whatever the read's deadline
+		return fetchKeyRow(ctx, s)
+	}
+	st.busKeys.mu.Unlock()
+
+	connected := make(chan struct{}, 8)
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = NewBus(st, nil).Listen(lctx, "a", time.Now(), func(w Wake) { l.wakes <- w }, func() { connected <- struct{}{} })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { close(release) }) // first: a listener stuck in a read can then stop
+	testwait.Receive(t, "the listener", 10*time.Second, connected)
+	l.notify = func(payload string) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, `SELECT pg_notify(`+channelSQL+`, $2)`, "a", payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return l
+}
+
+// bareWake is the payload of a bare wake-up of k's seq.
+func bareWake(t *testing.T, k sessionstore.Key, seq int64) string {
+	t.Helper()
+	p, err := EncodeWake(k, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

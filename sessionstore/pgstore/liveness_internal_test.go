@@ -2,7 +2,10 @@ package pgstore
 
 import (
 	"context"
+	"fmt"
+	"net/url"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -189,5 +192,81 @@ func TestLivenessConnectionReconnectsAreCounted(t *testing.T) {
 	})
 	if n := connects(); n != 2 {
 		t.Fatalf("connects after one reconnect = %v, want 2", n)
+	}
+}
+
+// A server, database or role whose idle_session_timeout (or
+// idle_in_transaction_session_timeout) is under the dedicated connections'
+// keep-alive must not end them: both would end together, the process's
+// lock would be released, and its peers would judge the live process dead.
+// Here the store's connection string sets the timeouts (as a role's or a
+// database's settings would), the dedicated connections idle well past
+// them, and a peer, on a connection string of its own, still sees the
+// process connected, on the same two backends.
+func TestDedicatedConnectionsOutliveTheServersIdleTimeouts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const idleTimeout = 250 * time.Millisecond
+	base := pgtest.Schema(t)
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("options", fmt.Sprintf("-c idle_session_timeout=%d -c idle_in_transaction_session_timeout=%d",
+		idleTimeout.Milliseconds(), idleTimeout.Milliseconds()))
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // pgx reads no "+" as a space
+	st, err := Open(ctx, u.String(), WithMaxConns(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	peer, err := Open(ctx, base, WithMaxConns(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = peer.Close() })
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+
+	started := time.Now().UTC().Truncate(time.Microsecond)
+	if err := peer.HeartbeatInstance(ctx, sessionstore.Instance{ID: "a", URL: "http://a", StartedAt: started, LastHeartbeatAt: started}); err != nil {
+		t.Fatal(err)
+	}
+	var key int64
+	if err := admin.QueryRow(ctx, `SELECT `+processKeySQL, "a", started).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	listenAs(t, st, "a", started)
+	shared := []string{LivenessApplicationName + " ShareLock", ListenerApplicationName + " ShareLock"}
+	var first []lockHolder
+	testwait.For(t, "both dedicated connections to hold the process's lock", 10*time.Second, func() bool {
+		first = lockHolders(t, admin, key)
+		return slices.Equal(modes(first), shared)
+	})
+
+	// Both backends idle for four times the timeout, still the same two.
+	testwait.For(t, "the dedicated connections to idle past idle_session_timeout", 20*time.Second, func() bool {
+		now := lockHolders(t, admin, key)
+		if !slices.Equal(now, first) {
+			t.Fatalf("the process's lock holders went from %+v to %+v: the server's idle timeout ended the dedicated connections", first, now)
+		}
+		var idle int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE pid = ANY($1) AND state = 'idle' AND now() - state_change > $2::interval`,
+			[]int32{first[0].pid, first[1].pid}, (4 * idleTimeout).String()).Scan(&idle); err != nil {
+			t.Fatal(err)
+		}
+		return idle == 2
+	})
+	live, _, err := NewBus(peer, nil).ConnectedInstances(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := live["a"]; !ok || !got.Equal(started) {
+		t.Fatalf("a peer sees %v connected, want a's process started at %v", live, started)
 	}
 }

@@ -58,6 +58,18 @@ const livenessKeySQL = `('x' || substr(md5('marconi-liveness/' || coalesce(curre
 const processKeySQL = `('x' || substr(md5('marconi-process/' || coalesce(current_schema(), '') || '/' ||
 	(extract(epoch FROM $2::timestamptz) * 1000000)::bigint || '/' || $1::text), 1, 16))::bit(64)::bigint`
 
+// dedicatedSessionSQL turns off, for a dedicated connection's own session,
+// every server timeout that would end it while it idles or holds its locks:
+// a server, database or role whose idle_session_timeout (or
+// transaction_timeout) is under the connections' keep-alive would
+// otherwise end both of a process's connections together, and release its
+// process lock, a death to its peers. Each call on these connections is
+// bounded by the client (listenCallTimeout) instead. A setting the server
+// does not have (idle_session_timeout before Postgres 14,
+// transaction_timeout before 17) is left out rather than refused.
+const dedicatedSessionSQL = `SELECT count(set_config(name, '0', false)) FROM pg_settings
+	WHERE name IN ('idle_session_timeout', 'idle_in_transaction_session_timeout', 'transaction_timeout', 'statement_timeout', 'lock_timeout')`
+
 // ListenerApplicationName is the application_name of the listener's
 // connection, as pg_stat_activity shows it.
 const ListenerApplicationName = "marconi-wake-listener"
@@ -86,10 +98,14 @@ const MaxWakeBatch = 128
 const (
 	listenBackoffMin = 100 * time.Millisecond
 	listenBackoffMax = 5 * time.Second
-	// listenIdleCheck: a dedicated connection (Listen) that heard nothing
-	// for this long checks itself, so a half-open one is noticed and
-	// replaced.
-	listenIdleCheck = 30 * time.Second
+	// listenIdleCheck: the listener's connection, when it heard nothing
+	// for this long, checks itself, so a half-open one is noticed and
+	// replaced. The liveness connection checks itself twice as often
+	// (livenessIdleCheck): the two never keep one schedule, so a cut of
+	// idle connections (a proxy, a firewall) that falls between the two
+	// takes only the listener's, and the process's lock stays held.
+	listenIdleCheck   = 30 * time.Second
+	livenessIdleCheck = listenIdleCheck / 2
 	// listenCallTimeout bounds connecting, LISTEN and the idle check.
 	listenCallTimeout = 10 * time.Second
 	// livenessRetry is how soon a connection that could not take one of
@@ -784,17 +800,15 @@ func (b *Bus) SealWakes(ctx context.Context, wakes []Wake) ([]string, error) {
 // OpenWakes decodes a payload as DecodeWakes does, keeping a carried signal
 // only when its MAC checks out under the current bus key or, within its
 // grace, the previous one: the other half of SealWakes. A carried signal
-// that neither opens has the key read again (at most once per
-// BusKeyTimings.Recheck) and the payload opened with what that finds, since
-// its sender may know a rotation this store has not read yet; one that
-// still opens under no key arrives bare, and the holder reads the signal
-// from the store.
+// that neither opens arrives bare (the holder reads the signal from the
+// store), and has the key read again in the background (at most once per
+// BusKeyTimings.Recheck; keyring.recheckSoon), since its sender may know a
+// rotation this store has not read yet: the wake-ups after it open with
+// what that read finds, and none waits for it.
 func (b *Bus) OpenWakes(ctx context.Context, payload string) ([]Wake, error) {
 	wakes, t, err := b.codec(ctx).decodeTally(payload)
 	if err == nil && t.missed > 0 {
-		if keys, changed := b.store.busKeys.recheck(ctx, b.store, b.log); changed {
-			wakes, t, err = keys.codec().decodeTally(payload)
-		}
+		b.store.busKeys.recheckSoon(b.store, b.log)
 	}
 	b.store.busKeys.metrics.count(t)
 	return wakes, err
@@ -930,9 +944,10 @@ func (b *Bus) Listen(ctx context.Context, instance string, startedAt time.Time, 
 
 // dedicatedConn is one of the two connections Listen keeps open.
 type dedicatedConn struct {
-	app    string        // its application_name
-	locks  livenessLocks // the liveness locks it holds
-	listen bool          // whether it LISTENs on the instance's channel
+	app       string        // its application_name
+	idleCheck time.Duration // how long it idles before it checks itself
+	locks     livenessLocks // the liveness locks it holds
+	listen    bool          // whether it LISTENs on the instance's channel
 	// What it logs when it lost its connection, and when it cannot open one.
 	lost, cannotConnect string
 }
@@ -940,14 +955,14 @@ type dedicatedConn struct {
 var (
 	// listenerConn hears the wake-ups.
 	listenerConn = dedicatedConn{
-		app: ListenerApplicationName, locks: livenessLocks{process: true}, listen: true,
+		app: ListenerApplicationName, idleCheck: listenIdleCheck, locks: livenessLocks{process: true}, listen: true,
 		lost:          "wake-up listener lost its connection; reconnecting (signals meanwhile arrive by the pending sweep)",
 		cannotConnect: "wake-up listener cannot connect; retrying (signals meanwhile arrive by the pending sweep)",
 	}
 	// livenessConn only holds locks: while the listener's connection is
 	// replaced, it holds the process's.
 	livenessConn = dedicatedConn{
-		app: LivenessApplicationName, locks: livenessLocks{instance: true, process: true},
+		app: LivenessApplicationName, idleCheck: livenessIdleCheck, locks: livenessLocks{instance: true, process: true},
 		lost:          "liveness connection lost; reconnecting (meanwhile the wake-up listener's connection, while it lasts, holds the process's liveness lock)",
 		cannotConnect: "liveness connection cannot connect; retrying",
 	}
@@ -983,7 +998,8 @@ func (b *Bus) keep(ctx context.Context, c dedicatedConn, instance string, starte
 	}
 }
 
-// runConn runs one connection of c: connect, take its liveness locks,
+// runConn runs one connection of c: connect, turn the server's timeouts
+// off for its session (dedicatedSessionSQL), take its liveness locks,
 // LISTEN when c listens, onConnect, then wait for notifications until the
 // connection fails or ctx ends. connected reports whether it got that far.
 // A connection that does not listen waits all the same: that is how it
@@ -1002,6 +1018,9 @@ func (b *Bus) runConn(ctx context.Context, c dedicatedConn, instance string, sta
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
+	if _, err := conn.Exec(cctx, dedicatedSessionSQL); err != nil {
+		return false, fmt.Errorf("session settings: %w", err)
+	}
 	locks, err := b.lockLiveness(cctx, conn, instance, startedAt, c.locks, livenessLocks{})
 	if err != nil {
 		return false, err
@@ -1018,7 +1037,7 @@ func (b *Bus) runConn(ctx context.Context, c dedicatedConn, instance string, sta
 	}
 	onConnect()
 	for {
-		wait := listenIdleCheck
+		wait := c.idleCheck
 		if !locks.covers(c.locks) {
 			wait = livenessRetry
 		}

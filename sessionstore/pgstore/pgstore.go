@@ -273,6 +273,7 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	s.busKeys.stop()
 	s.pool.Close()
 	return nil
 }
