@@ -52,12 +52,13 @@ type TokenStore interface {
 // FileTokenStore keeps the token in a JSON file at path ({"session_id",
 // "token", "tenant_id", "project_id"}; a file without the last two, as older
 // clients wrote it, still loads; one where either is not a string loads
-// without both, with an error wrapping ErrProjectDropped; one whose
-// session_id or token is missing or not a string is an error), readable by its owner only (0600),
-// replaced atomically (a temporary file renamed over it) so a crash
-// mid-write leaves the old token or the new one, never half of either. Its
-// directory is created (0700) when missing. The token is a credential of the
-// session: keep the file where only the agent's user can read it.
+// without both, with an error wrapping ErrProjectDropped; one with a
+// session_id without a token, or either not a string, is an error),
+// readable by its owner only (0600), replaced atomically (a temporary file
+// renamed over it) so a crash mid-write leaves the old token or the new
+// one, never half of either. Its directory is created (0700) when missing.
+// The token is a credential of the session: keep the file where only the
+// agent's user can read it.
 func FileTokenStore(path string) TokenStore {
 	return &fileTokenStore{path: path}
 }
