@@ -55,30 +55,42 @@ func TestExpiryExtendedElsewhereKeepsTheWebSocket(t *testing.T) {
 	bob := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}
 	for _, store := range stores {
 		t.Run(store, func(t *testing.T) {
-			st := &sweepReads{Store: openStore(t, store)}
+			st := &headReads{Store: openStore(t, store), read: map[string]int{}}
 			clock := hubtest.NewClock(time.Now())
 			h := expiryHub(t, st, clock, ttl)
 			c := dial(t, h, register(t, h, "bob"))
 			if f := read(t, c); f["type"] != "welcome" {
 				t.Fatalf("first frame %v", f)
 			}
+			// dave attaches half a TTL later and never heartbeats: his
+			// closing shows that an expiry check ran after bob's row was
+			// read.
+			clock.Advance(ttl / 2)
+			dave := dial(t, h, register(t, h, "dave"))
+			if f := read(t, dave); f["type"] != "welcome" {
+				t.Fatalf("dave's first frame %v", f)
+			}
 
 			// A heartbeat elsewhere, then past the expiry the holder knows of.
-			clock.Advance(ttl - 10*time.Second)
+			clock.Advance(ttl/2 - 10*time.Second)
 			now := clock.Now()
 			if err := st.TouchSession(context.Background(), bob, sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(ttl)}, now); err != nil {
 				t.Fatal(err)
 			}
 			clock.Advance(20 * time.Second)
-			waitFor(t, "the holder to read bob's row", func() bool { return st.heads.Load() >= 1 })
+			waitFor(t, "the holder to read bob's row", func() bool { return st.reads("bob") >= 1 })
 			alice := register(t, h, "alice")
 			post(t, h.URL+"/v1/signals", alice, map[string]any{"to_session": "bob", "payload": 1})
 			if f := read(t, c); f["type"] != "signal" {
 				t.Fatalf("frame after the extension %v, want the signal", f)
 			}
-			// The row read extended what the holder knows: it is not read
-			// again at every check.
-			if n := st.heads.Load(); n != 1 {
+			// The row read extended what the holder knows: a later check
+			// (the one that closes dave) does not read it again.
+			clock.Advance(ttl / 2)
+			if got := closeCode(t, dave); got != 4410 {
+				t.Fatalf("dave closed with %d, want 4410", got)
+			}
+			if n := st.reads("bob"); n != 1 {
 				t.Fatalf("%d reads of bob's row, want 1", n)
 			}
 
