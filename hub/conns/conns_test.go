@@ -196,7 +196,8 @@ func TestFrameRateClosesWith1008(t *testing.T) {
 	}
 }
 
-// metric reads the counter name{label="value"}.
+// metric reads the counter name{label="value"}; label "" reads a counter
+// without labels.
 func metric(t *testing.T, h *hubtest.Hub, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := h.Registry.Gather()
@@ -208,6 +209,9 @@ func metric(t *testing.T, h *hubtest.Hub, name, label, value string) float64 {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			if label == "" && len(m.GetLabel()) == 0 {
+				return m.GetCounter().GetValue()
+			}
 			for _, l := range m.GetLabel() {
 				if l.GetName() == label && l.GetValue() == value {
 					return m.GetCounter().GetValue()
