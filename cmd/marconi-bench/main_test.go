@@ -109,23 +109,7 @@ func TestPartners(t *testing.T) {
 func TestRunAgainstHub(t *testing.T) {
 	h := hubtest.Start(t, hubtest.Options{})
 	h.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var out, errOut bytes.Buffer
-	code := run(context.Background(), []string{"-hub", h.URL, "-agents", "3", "-rate", "20", "-duration", "300ms"},
-		func(k string) string {
-			if k == "MARCONI_BENCH_API_KEY" {
-				return h.APIKey
-			}
-			return ""
-		}, &out, &errOut)
-	if code != 0 {
-		t.Fatalf("exit %d: %s\n%s", code, errOut.String(), out.String())
-	}
-	m := regexp.MustCompile(`sent (\d+) .*failed 0, received (\d+)`).FindStringSubmatch(out.String())
-	// A send cut off by the end of the run may still be stored and
-	// delivered, so received may exceed sent, never fall short of it.
-	if m == nil || atoi(t, m[1]) == 0 || atoi(t, m[2]) < atoi(t, m[1]) {
-		t.Fatalf("want every sent signal received and none failed; report:\n%s", out.String())
-	}
+	out := runLoad(t, h.APIKey, "-hub", h.URL, "-agents", "3", "-rate", "20", "-duration", "300ms")
 	for _, want := range []string{"go_goroutines", "send -> OnSignal:  n=", "acks per send:     "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
@@ -142,21 +126,7 @@ func TestRunOverProjects(t *testing.T) {
 		k1: {TenantID: "t1", ProjectID: "p1"}, k2: {TenantID: "t1", ProjectID: "p2"},
 	}}})
 	h.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var out, errOut bytes.Buffer
-	code := run(context.Background(), []string{"-hub", h.URL, "-agents", "5", "-rate", "20", "-duration", "300ms", "-projects", "2"},
-		func(k string) string {
-			if k == "MARCONI_BENCH_API_KEY" {
-				return k1 + "," + k2
-			}
-			return ""
-		}, &out, &errOut)
-	if code != 0 {
-		t.Fatalf("exit %d: %s\n%s", code, errOut.String(), out.String())
-	}
-	m := regexp.MustCompile(`sent (\d+) .*failed 0, received (\d+)`).FindStringSubmatch(out.String())
-	if m == nil || atoi(t, m[1]) == 0 || atoi(t, m[2]) < atoi(t, m[1]) {
-		t.Fatalf("want every sent signal received and none failed; report:\n%s", out.String())
-	}
+	out := runLoad(t, k1+","+k2, "-hub", h.URL, "-agents", "5", "-rate", "20", "-duration", "300ms", "-projects", "2")
 	if !strings.Contains(out.String(), "agents spread over 2 projects") {
 		t.Errorf("the report does not say the agents are spread over 2 projects:\n%s", out.String())
 	}
@@ -167,6 +137,30 @@ func TestRunOverProjects(t *testing.T) {
 			t.Errorf("project %s: %d %d sessions, want %d", p, st, len(got), want)
 		}
 	}
+}
+
+// runLoad runs the plain load with args and MARCONI_BENCH_API_KEY set to
+// keys, fails the test unless it exits 0 with every signal sent received
+// and none failed, and returns its report.
+func runLoad(t *testing.T, keys string, args ...string) *bytes.Buffer {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, func(k string) string {
+		if k == "MARCONI_BENCH_API_KEY" {
+			return keys
+		}
+		return ""
+	}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, errOut.String(), out.String())
+	}
+	m := regexp.MustCompile(`sent (\d+) .*failed 0, received (\d+)`).FindStringSubmatch(out.String())
+	// A send cut off by the end of the run may still be stored and
+	// delivered, so received may exceed sent, never fall short of it.
+	if m == nil || atoi(t, m[1]) == 0 || atoi(t, m[2]) < atoi(t, m[1]) {
+		t.Fatalf("want every sent signal received and none failed; report:\n%s", out.String())
+	}
+	return &out
 }
 
 func atoi(t *testing.T, s string) int {
