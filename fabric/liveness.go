@@ -245,7 +245,7 @@ type outage struct {
 func (m *Members) readFailed() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.loaded && (m.outage.since.IsZero() || !m.outage.end.IsZero()) {
+	if m.loaded.Load() && (m.outage.since.IsZero() || !m.outage.end.IsZero()) {
 		m.outage = outage{since: m.lastRead}
 	}
 }

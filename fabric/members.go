@@ -43,7 +43,9 @@ type Members struct {
 
 	mu        sync.RWMutex
 	instances map[string]sessionstore.Instance // the last ListInstances, by id
-	loaded    bool                             // instances has been read at least once
+	// loaded is set, under mu, once instances has been read: atomic, so
+	// that every decision's check (ensureLoaded) takes no lock.
+	loaded atomic.Bool
 	// seenConnected holds, per instance, the StartedAt of the process last
 	// seen connected by Probe; gone marks those whose process was seen
 	// connected and no longer is.
@@ -135,7 +137,8 @@ func (m *Members) Refresh(ctx context.Context) error {
 		byID[in.ID] = in
 	}
 	m.mu.Lock()
-	m.instances, m.loaded = byID, true
+	m.instances = byID
+	m.loaded.Store(true)
 	m.readSucceeded()
 	m.mu.Unlock()
 	return nil
@@ -152,10 +155,7 @@ func (m *Members) Refresh(ctx context.Context) error {
 // gone, its deadline passed) must not leave the others the empty view.
 // Each caller waits on its own context.
 func (m *Members) ensureLoaded(ctx context.Context) error {
-	m.mu.RLock()
-	loaded := m.loaded
-	m.mu.RUnlock()
-	if loaded {
+	if m.loaded.Load() {
 		return nil
 	}
 	m.loadMu.Lock()

@@ -105,11 +105,7 @@ func (c *Conn) writeSome(ctx context.Context) error {
 		}
 		// A replay the store cannot serve now is a catch-up like any other:
 		// the connection stays, and the next wake-up or sweep replays.
-		if err := c.catchUp(ctx); errors.Is(err, errStoreRead) {
-			if err := c.storeLater(ctx, err); err != nil {
-				return err
-			}
-		} else if err != nil {
+		if err := c.catchUpOrLater(ctx); err != nil {
 			return err
 		}
 		c.mu.Lock()
@@ -130,11 +126,7 @@ func (c *Conn) writeSome(ctx context.Context) error {
 			continue
 		}
 		if c.takeRewind() {
-			if err := c.catchUp(ctx); errors.Is(err, errStoreRead) {
-				if err := c.storeLater(ctx, err); err != nil {
-					return err
-				}
-			} else if err != nil {
+			if err := c.catchUpOrLater(ctx); err != nil {
 				return err
 			}
 			continue
@@ -171,13 +163,19 @@ func (c *Conn) writeItem(ctx context.Context, it queueItem) error {
 	default:
 		// A gap (a concurrent send overtook this one) or a wake-up: the
 		// store has every signal in order.
-		if err := c.catchUp(ctx); errors.Is(err, errStoreRead) {
-			return c.storeLater(ctx, err)
-		} else if err != nil {
-			return err
-		}
-		return nil
+		return c.catchUpOrLater(ctx)
 	}
+}
+
+// catchUpOrLater catches up (catchUp); a store read that fails leaves the
+// connection open (storeLater).
+func (c *Conn) catchUpOrLater(ctx context.Context) error {
+	if err := c.catchUp(ctx); errors.Is(err, errStoreRead) {
+		return c.storeLater(ctx, err)
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
 // takeCheck reports whether a check wake-up is due, and clears it: a check
@@ -210,8 +208,9 @@ var errStoreRead = errors.New("read the store")
 // storeLater answers a store read that failed on a live connection (a
 // catch-up or a check): the connection stays open, since the signals are
 // durable and the next wake-up or the pending sweep reads again once the
-// store answers (a check: the expiry check, see checkLater). Closing it would send every receiving client of an outage
-// or a failover into a redial at once. A cancelled ctx still ends it.
+// store answers (a check: the expiry check, see checkLater). Closing it
+// would send every receiving client of an outage or a failover into a
+// redial at once. A cancelled ctx still ends it.
 func (c *Conn) storeLater(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
