@@ -77,7 +77,8 @@ func WithBatchesInFlight(n int) Option {
 // WithRegisterer registers the store's group-commit metrics
 // (marconi_store_batch_size, marconi_store_batch_reruns_total), its bus
 // key's (marconi_bus_key_version, marconi_bus_key_opened_total) and its
-// liveness connection's (marconi_liveness_connects_total) with reg;
+// buses' dedicated connections' (marconi_pg_listener_connects_total,
+// marconi_liveness_connects_total) with reg;
 // without it they are kept but exported nowhere.
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(o *options) { o.registerer = reg }
@@ -116,11 +117,10 @@ type Store struct {
 	group        *committer // nil when group commit is off
 	closed       atomic.Bool
 	metrics      *batchMetrics
-	witness      *witness // every connection's tracer: Witness reads it
-	busKeys      *keyring // the bus key, as this store's buses know it
-	// livenessConnects counts its buses' liveness connections' connects.
-	livenessConnects prometheus.Counter
-	hist             *history // the server histories its connections found (history.go)
+	witness      *witness        // every connection's tracer: Witness reads it
+	busKeys      *keyring        // the bus key, as this store's buses know it
+	connects     connectCounters // its buses' dedicated connections'
+	hist         *history        // the server histories its connections found (history.go)
 }
 
 // plannerParams are the planner settings of the store's connections.
@@ -188,8 +188,8 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if err := keyMetrics.register(o.registerer); err != nil {
 		return nil, fmt.Errorf("pgstore: register metrics: %w", err)
 	}
-	livenessConnects := newLivenessConnects()
-	if err := registerAll(o.registerer, livenessConnects); err != nil {
+	connects := newConnectCounters()
+	if err := registerAll(o.registerer, connects.listener, connects.liveness); err != nil {
 		return nil, fmt.Errorf("pgstore: register metrics: %w", err)
 	}
 	if o.connectTimeout > 0 {
@@ -224,7 +224,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 		return nil, fmt.Errorf("pgstore: open pool: %w", err)
 	}
 	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch, metrics: metrics, witness: w,
-		busKeys: newKeyring(o.busKey, keyMetrics), livenessConnects: livenessConnects, hist: hist}
+		busKeys: newKeyring(o.busKey, keyMetrics), connects: connects, hist: hist}
 	if !o.groupCommitOff {
 		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, o.inFlight, s.runBatch)
 	}
