@@ -139,22 +139,38 @@ type Store struct {
 // compiling itself (seen). No statement of the store is one JIT speeds up.
 var plannerParams = []struct{ name, value string }{{"enable_seqscan", "off"}, {"jit", "off"}}
 
-// plannerSettings is the statement that applies plannerParams on a new
+// plannerSettings are the expressions that apply plannerParams on a new
 // connection, but for those the database URL set itself (its
-// ?enable_seqscan=on wins); "" when there is none left. They are set once
-// connected rather than sent at startup, where a pooler in front
-// (PgBouncer) refuses parameters it does not know.
-func plannerSettings(params map[string]string) string {
+// ?enable_seqscan=on wins). They are set once connected rather than sent at
+// startup, where a pooler in front (PgBouncer) refuses parameters it does
+// not know.
+func plannerSettings(params map[string]string) []string {
 	var sets []string
 	for _, p := range plannerParams {
 		if _, set := params[p.name]; !set {
 			sets = append(sets, fmt.Sprintf("set_config('%s', '%s', false)", p.name, p.value))
 		}
 	}
-	if len(sets) == 0 {
-		return ""
+	return sets
+}
+
+// afterConnect is what a new connection of the store runs, params being
+// its runtime parameters: one statement that reads the server's history
+// for hist and applies plannerSettings, in one round trip (the simple
+// protocol: no prepare).
+func afterConnect(params map[string]string, hist *history) func(context.Context, *pgx.Conn) error {
+	cols := append([]string{historySQL}, plannerSettings(params)...)
+	q := "SELECT " + strings.Join(cols, ", ")
+	return func(ctx context.Context, c *pgx.Conn) error {
+		var id *string
+		dst := make([]any, len(cols)) // nil: the settings' results are not kept
+		dst[0] = &id
+		if err := c.QueryRow(ctx, q, pgx.QueryExecModeSimpleProtocol).Scan(dst...); err != nil {
+			return err
+		}
+		hist.saw(id)
+		return nil
 	}
-	return "SELECT " + strings.Join(sets, ", ")
 }
 
 // Open returns a Store on the database at databaseURL (postgres://..., or
@@ -202,20 +218,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if err := registerAll(o.registerer, hist.changes); err != nil {
 		return nil, fmt.Errorf("pgstore: register metrics: %w", err)
 	}
-	q := plannerSettings(cfg.ConnConfig.RuntimeParams)
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		if q != "" {
-			if _, err := c.Exec(ctx, q); err != nil {
-				return err
-			}
-		}
-		var id *string
-		if err := c.QueryRow(ctx, "SELECT "+historySQL).Scan(&id); err != nil {
-			return err
-		}
-		hist.saw(id)
-		return nil
-	}
+	cfg.AfterConnect = afterConnect(cfg.ConnConfig.RuntimeParams, hist)
 	cfg.MinConns = 0 // never connect in the background at Open
 	w := &witness{}
 	cfg.ConnConfig.Tracer = w
