@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/marconihub/marconi/internal/netcount"
 	"github.com/marconihub/marconi/internal/pgtest"
 )
 
@@ -274,14 +274,7 @@ func TestNewConnectionCostsOneRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	var writes atomic.Int64
-	var d net.Dialer
-	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return countingConn{Conn: c, writes: &writes}, nil
-	}
+	cfg.DialFunc = netcount.Dial(&writes)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -306,15 +299,4 @@ func TestNewConnectionCostsOneRoundTrip(t *testing.T) {
 	if seqscan != "off" || jit != "off" {
 		t.Errorf("the connection has enable_seqscan %s and jit %s, want both off", seqscan, jit)
 	}
-}
-
-// countingConn counts its writes.
-type countingConn struct {
-	net.Conn
-	writes *atomic.Int64
-}
-
-func (c countingConn) Write(b []byte) (int, error) {
-	c.writes.Add(1)
-	return c.Conn.Write(b)
 }
