@@ -3,7 +3,6 @@ package bootstrap_test
 import (
 	"context"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -14,6 +13,7 @@ import (
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/hub/hubtest"
+	"github.com/marconihub/marconi/internal/netcount"
 	"github.com/marconihub/marconi/internal/testproxy"
 )
 
@@ -82,18 +82,6 @@ func TestBusyHandlerIsNoPingTimeout(t *testing.T) {
 	}
 }
 
-// countingConn counts the writes made on a connection: after the handshake,
-// one per WebSocket frame the client sends.
-type countingConn struct {
-	net.Conn
-	writes *atomic.Int64
-}
-
-func (c countingConn) Write(b []byte) (int, error) {
-	c.writes.Add(1)
-	return c.Conn.Write(b)
-}
-
 // The client's pings are control frames, which the hub's frame-rate quota
 // (MARCONI_WS_FRAMES_PER_SECOND) counts as data frames: a keepalive within
 // the quota never gets the connection closed with 1008.
@@ -103,14 +91,8 @@ func TestPingsDoNotTripTheFrameRateQuota(t *testing.T) {
 	var writes atomic.Int64
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DisableKeepAlives = true // every connection is the WebSocket's or one call's
-	var d net.Dialer
-	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return countingConn{Conn: c, writes: &writes}, nil
-	}
+	// After the handshake, one write per frame the client sends.
+	tr.DialContext = netcount.Dial(&writes)
 	t.Cleanup(tr.CloseIdleConnections)
 	var got inbox
 	a := dial(t, h.URL, h.APIKey, "fr-a", nil)

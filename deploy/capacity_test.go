@@ -88,13 +88,7 @@ func TestCapacityScriptPublicURL(t *testing.T) {
 			}
 		}
 	}
-	stubs := t.TempDir()
-	cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", "3", "2", "1", "1s")
-	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_PUBLIC_URL=Direct")
-	out, err := cmd.CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "CAPACITY_PUBLIC_URL") {
-		t.Errorf("CAPACITY_PUBLIC_URL=Direct: err %v, want a refusal that names the variable:\n%s", err, out)
-	}
+	wantCapacityRefused(t, "3", "CAPACITY_PUBLIC_URL", "Direct")
 }
 
 // deploy/capacity.sh's CAPACITY_ACK_INTERVAL is the load's agents'
@@ -112,13 +106,7 @@ func TestCapacityScriptAckInterval(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"250", "fast", "1h"} {
-		stubs := t.TempDir()
-		cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", "1", "2", "1", "1s")
-		cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_ACK_INTERVAL="+bad)
-		out, err := cmd.CombinedOutput()
-		if err == nil || !strings.Contains(string(out), "CAPACITY_ACK_INTERVAL") {
-			t.Errorf("CAPACITY_ACK_INTERVAL=%s: err %v, want a refusal that names the variable:\n%s", bad, err, out)
-		}
+		wantCapacityRefused(t, "1", "CAPACITY_ACK_INTERVAL", bad)
 	}
 }
 
@@ -159,37 +147,87 @@ func TestCapacityScriptProjects(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"0", "65", "two", "-1", "03"} {
-		// With the stubs, so that a script that does not refuse runs nothing real.
-		stubs, out, err := runCapacityStubbed(t, "1", "CAPACITY_PROJECTS="+bad)
-		if _, started := os.Stat(filepath.Join(stubs, "ran-hub-1")); err == nil || started == nil || !strings.Contains(string(out), "CAPACITY_PROJECTS") {
-			t.Errorf("CAPACITY_PROJECTS=%s: err %v, want a refusal that names the variable:\n%s", bad, err, out)
-		}
+		wantCapacityRefused(t, "1", "CAPACITY_PROJECTS", bad)
 	}
 }
 
-// runCapacityStubbed runs deploy/capacity.sh for instances (1 or 3), two
-// agents, one send a second and 1 s, with capacityStubs first on PATH and
-// env added, and returns the stubs' directory (what they recorded) and the
-// script's output.
+// runCapacityStubbed runs deploy/capacity.sh for instances (1 or 3) with
+// capacityStubs first on PATH and env added, and returns the stubs'
+// directory (what they recorded) and the script's output.
 func runCapacityStubbed(t *testing.T, instances string, env ...string) (string, []byte, error) {
+	t.Helper()
+	stubs := writeStubs(t, capacityStubs)
+	// A cache of the test's own: a clean checkout would otherwise keep the
+	// stubs in the user's cache as the binaries of its commit.
+	cmd := capacityCmd(t, "capacity.sh", instances, stubs, append([]string{"CAPACITY_STUBS=" + stubs,
+		"CAPACITY_CACHE_DIR=" + filepath.Join(stubs, "cache")}, env...)...)
+	out, err := cmd.CombinedOutput()
+	return stubs, out, err
+}
+
+// tripwire stands in for every program deploy/capacity.sh runs once it has
+// read its settings: it notes that it ran, and fails.
+const tripwire = `#!/bin/sh
+echo "$(basename "$0")" >> "$CAPACITY_TRIPWIRES/ran"
+echo "tripwire: capacity.sh ran $(basename "$0") instead of refusing its settings" >&2
+exit 97
+`
+
+// wantCapacityRefused runs deploy/capacity.sh for instances with variable
+// set to value, and wants it refused, with a message that names the
+// variable, before the script runs anything: every program it would run
+// (go, git, psql, curl, haproxy, and CAPACITY_BIN_DIR's marconi and
+// marconi-bench) is a tripwire, so a script that stopped refusing the value
+// fails here at once, without a build, a database or a hub.
+func wantCapacityRefused(t *testing.T, instances, variable, value string) {
+	t.Helper()
+	trips := writeStubs(t, map[string]string{"go": tripwire, "git": tripwire, "psql": tripwire, "curl": tripwire,
+		"haproxy": tripwire, "marconi": tripwire, "marconi-bench": tripwire})
+	// variable after CAPACITY_BIN_DIR, so that it may be that one; TMPDIR
+	// the test's, for the directory a script that does not refuse makes.
+	out, err := capacityCmd(t, "capacity.sh", instances, trips, "CAPACITY_TRIPWIRES="+trips, "TMPDIR="+trips,
+		"CAPACITY_BIN_DIR="+trips, variable+"="+value).CombinedOutput()
+	if ran, _ := os.ReadFile(filepath.Join(trips, "ran")); len(ran) > 0 {
+		t.Errorf("%s=%s: capacity.sh ran %s instead of refusing the value:\n%s", variable, value, strings.Fields(string(ran)), out)
+		return
+	}
+	if err == nil || !strings.Contains(string(out), variable) {
+		t.Errorf("%s=%s: err %v, want a refusal that names the variable:\n%s", variable, value, err, out)
+	}
+}
+
+// writeStubs writes an executable file of each text, by name, in a
+// directory of the test's own, and returns the directory.
+func writeStubs(t *testing.T, stubs map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, text := range stubs {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// capacityCmd is the script at path (deploy/capacity.sh or a copy) for
+// instances (1 or 3), two agents, one send a second and 1 s, with dir first
+// on PATH and env added. It opens deploy/capacity.sh first: go test keeps a
+// passing result until a file the test opened in the module changes, and
+// bash's reads of the script are not the test's.
+func capacityCmd(t *testing.T, path, instances, dir string, env ...string) *exec.Cmd {
 	t.Helper()
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Fatalf("deploy/capacity.sh is a bash script, and no bash is on PATH: %v", err)
 	}
-	stubs := t.TempDir()
-	for name, text := range capacityStubs {
-		if err := os.WriteFile(filepath.Join(stubs, name), []byte(text), 0o755); err != nil {
-			t.Fatal(err)
-		}
+	f, err := os.Open("capacity.sh")
+	if err != nil {
+		t.Fatal(err)
 	}
-	// A cache of the test's own: a clean checkout would otherwise keep the
-	// stubs in the user's cache as the binaries of its commit.
-	cmd := exec.CommandContext(t.Context(), "bash", "capacity.sh", instances, "2", "1", "1s")
-	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_STUBS="+stubs,
-		"CAPACITY_CACHE_DIR="+filepath.Join(stubs, "cache"))
+	_ = f.Close()
+	cmd := exec.CommandContext(t.Context(), "bash", path, instances, "2", "1", "1s")
+	cmd.Env = append(os.Environ(), "PATH="+dir+string(os.PathListSeparator)+os.Getenv("PATH"))
 	cmd.Env = append(cmd.Env, env...)
-	out, err := cmd.CombinedOutput()
-	return stubs, out, err
+	return cmd
 }
 
 // deploy/capacity.sh builds its binaries once per commit from a clean
@@ -205,12 +243,7 @@ func TestCapacityScriptReusesBinaries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	repo, stubs, cache := t.TempDir(), t.TempDir(), t.TempDir()
-	for name, text := range capacityStubs {
-		if err := os.WriteFile(filepath.Join(stubs, name), []byte(text), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	repo, stubs, cache := t.TempDir(), writeStubs(t, capacityStubs), t.TempDir()
 	if err := os.MkdirAll(filepath.Join(repo, "deploy"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -234,9 +267,8 @@ func TestCapacityScriptReusesBinaries(t *testing.T) {
 	}
 	run := func(env ...string) string {
 		t.Helper()
-		cmd := exec.CommandContext(t.Context(), "bash", filepath.Join(repo, "deploy", "capacity.sh"), "1", "2", "1", "1s")
-		cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_STUBS="+stubs, "CAPACITY_CACHE_DIR="+cache)
-		cmd.Env = append(cmd.Env, env...)
+		cmd := capacityCmd(t, filepath.Join(repo, "deploy", "capacity.sh"), "1", stubs,
+			append([]string{"CAPACITY_STUBS=" + stubs, "CAPACITY_CACHE_DIR=" + cache}, env...)...)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("capacity.sh %v: %v\n%s", env, err, out)
@@ -280,13 +312,5 @@ func TestCapacityScriptReusesBinaries(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(stubs, "prebuilt-ran")); err != nil {
 		t.Errorf("CAPACITY_BIN_DIR's marconi did not run: %v", err)
 	}
-	cmd := exec.CommandContext(t.Context(), "bash", filepath.Join(repo, "deploy", "capacity.sh"), "1", "2", "1", "1s")
-	cmd.Env = append(os.Environ(), "PATH="+stubs+string(os.PathListSeparator)+os.Getenv("PATH"), "CAPACITY_STUBS="+stubs,
-		"CAPACITY_BIN_DIR="+filepath.Join(prebuilt, "missing"))
-	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "CAPACITY_BIN_DIR") {
-		t.Errorf("CAPACITY_BIN_DIR without the binaries: err %v, want a refusal that names the variable:\n%s", err, out)
-	}
-	if n := builds(); n != 6 {
-		t.Errorf("a refused CAPACITY_BIN_DIR built %d binaries", n-6)
-	}
+	wantCapacityRefused(t, "1", "CAPACITY_BIN_DIR", filepath.Join(prebuilt, "missing"))
 }

@@ -57,7 +57,7 @@ const (
 	DefaultHeartbeatEvery   = 3 * time.Second
 	DefaultProbeEvery       = 500 * time.Millisecond
 	DefaultGrace            = 60 * time.Second
-	DefaultStoreTimeout     = 3 * time.Second
+	DefaultStoreTimeout     = 3 * time.Second // also the hub's (hub.DefaultStoreTimeout)
 	DefaultDisconnectPolicy = PolicyRetain
 	DefaultRuntimeMode      = ModeStateless
 	DefaultStickyPlacement  = StickyByLoad

@@ -168,13 +168,15 @@ type TenantProject struct {
 // Defaults of Config's zero fields. The hub's own are set here only; those
 // of a field the hub hands to a package are that package's, named here for
 // cmd/marconi (the send path's, self-heal's and the fabric's have no name
-// here).
+// here, but the store timeout, which the hub and the fabric share).
 const (
 	DefaultMode              = marconi.Development
 	DefaultSessionTTL        = time.Hour
 	DefaultHeartbeatInterval = 20 * time.Second
 	DefaultTouchInterval     = 5 * time.Second
-	DefaultStoreTimeout      = 3 * time.Second
+	// DefaultStoreTimeout is the fabric's, which a fabric used without
+	// the hub has too: one bound for the store calls of both.
+	DefaultStoreTimeout = fabric.DefaultStoreTimeout
 	// DefaultBodyReadTimeout bounds reading a request body.
 	DefaultBodyReadTimeout   = 10 * time.Second
 	DefaultSendRatePerSecond = 200

@@ -145,6 +145,9 @@ func (s *Server) deregister(c echo.Context) error {
 
 // touchVerb records an authenticated call as proof of life, at most once per
 // TouchInterval per session (the loaded session says when it was last written).
+// A touch written raises the expiry that the token cache and the session's
+// WebSocket held here, if any, know (conns.Hub.SessionExtended), as a
+// heartbeat's does.
 func (s *Server) touchVerb(c echo.Context, sess sessionstore.Session) {
 	now := s.now()
 	if now.Sub(sess.LastVerbAt) < s.cfg.TouchInterval {
@@ -157,6 +160,8 @@ func (s *Server) touchVerb(c echo.Context, sess sessionstore.Session) {
 		return
 	}
 	s.tokens.touched([32]byte(tokenHash(c)), t)
+	sess.ExpiresAt = t.ExpiresAt // a lower bound of the row's: TouchSession never moves it earlier
+	s.conns.SessionExtended(sess)
 }
 
 // revoker is how the sessions service makes a token that stopped working

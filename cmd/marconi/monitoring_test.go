@@ -159,8 +159,8 @@ func TestMonitoringAgainstRealMetrics(t *testing.T) {
 }
 
 // postgresOnly are the metrics the rules name that a hub exports only on
-// Postgres (the in-memory store has no liveness connection).
-var postgresOnly = map[string]bool{"marconi_liveness_connects_total": true}
+// Postgres (the in-memory store has no listener or liveness connection).
+var postgresOnly = map[string]bool{"marconi_liveness_connects_total": true, "marconi_pg_listener_connects_total": true}
 
 // postgresOrBusOnly tells the metrics a hub exports only on Postgres, or
 // only with MARCONI_BUS_URL.
@@ -169,7 +169,7 @@ func postgresOrBusOnly(name string) bool {
 }
 
 // TestPostgresAndBusAlertsAgainstRealMetrics holds the alerting rules on
-// the NATS wake-up bus and on the liveness connection to the metrics a hub
+// the NATS wake-up bus and on the Postgres listener and liveness connections to the metrics a hub
 // on Postgres with MARCONI_BUS_URL exports (a hub on the in-memory store
 // has none of them, so TestMonitoringAgainstRealMetrics leaves them to this
 // test).
@@ -186,9 +186,9 @@ func TestPostgresAndBusAlertsAgainstRealMetrics(t *testing.T) {
 			named = append(named, n)
 		}
 	}
-	for _, want := range []string{"marconi_nats_bus_connected", "marconi_liveness_connects_total"} {
+	for _, want := range []string{"marconi_nats_bus_connected", "marconi_liveness_connects_total", "marconi_pg_listener_connects_total"} {
 		if !slices.Contains(named, want) {
-			t.Errorf("deploy/prometheus/alerts.yml does not name %s (MarconiWakeBusDown, MarconiLivenessConnectionFlapping)", want)
+			t.Errorf("deploy/prometheus/alerts.yml does not name %s (MarconiWakeBusDown, MarconiLivenessConnectionFlapping, MarconiWakeListenerFlapping)", want)
 		}
 	}
 	m, _ := startMain(t, map[string]string{"MARCONI_DATABASE_URL": db, "MARCONI_BUS_URL": bus})

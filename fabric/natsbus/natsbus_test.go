@@ -183,6 +183,11 @@ func TestCrossInstanceNATSDownFallsBackToSweep(t *testing.T) {
 	if got := metric(t, p.b.reg, "marconi_nats_bus_disconnects_total"); got < 1 {
 		t.Errorf("b counted %v disconnects", got)
 	}
+	// NATS's reconnect is a catch-up of the listener, not a reconnect of
+	// its Postgres connection (MarconiWakeListenerFlapping counts those).
+	if got := metric(t, p.b.reg, "marconi_pg_listener_connects_total"); got != 1 {
+		t.Errorf("b counted %v connects of its Postgres listener, want 1", got)
+	}
 }
 
 // A message on an instance's subject that is not a wake-up is refused; one

@@ -20,14 +20,14 @@ import (
 // close (4410) as the session's calls already answer 410 everywhere.
 //
 // Each connection keeps the latest expiry this instance knows of its
-// session (the attach's, its keepalive's touches, its session's heartbeats
-// served here, what a pending sweep or an expiry check read): a lower
-// bound of the row's, since every store write of expires_at only moves it
-// later. CloseExpired, run every ExpiryCheck by the hub,
-// reads the rows of the connections whose known expiry has passed, a batch
-// per store read (SessionHeads, as the sweep), and closes those with no
-// live row; a row extended elsewhere (a heartbeat that reached another
-// instance) extends the known expiry instead. The hub keeps the earliest
+// session (the attach's, its keepalive's touches, the heartbeats and other
+// authenticated calls of its session served here, what a pending sweep or
+// an expiry check read): a lower bound of the row's, since every store
+// write of expires_at only moves it later. CloseExpired, run every
+// ExpiryCheck by the hub, reads the rows of the connections whose known
+// expiry has passed, a batch per store read (SessionHeads, as the sweep),
+// and closes those with no live row; a row extended elsewhere (a call that
+// reached another instance) extends the known expiry instead. The hub keeps the earliest
 // known expiry of its connections, so a check finds nothing due without
 // looking at any connection, and idle connections cost no timer and no
 // goroutine for it.
@@ -54,7 +54,8 @@ func (c *Conn) knowExpiry(t time.Time) {
 }
 
 // SessionExtended records that sess (a row of its session that a write of
-// this instance has just extended, a heartbeat's) lives until sess.ExpiresAt:
+// this instance has just extended: a heartbeat's, or another authenticated
+// call's proof of life) lives until sess.ExpiresAt:
 // this instance's connection of that session, if any and of its
 // incarnation, knows that expiry from then on, so the expiry check does not
 // read its row again before it passes. A connection of another incarnation

@@ -128,10 +128,30 @@ func (s *headReads) reads(id string) int {
 // A heartbeat served by the instance holding the session's WebSocket
 // raises the expiry that instance knows: once the attach's expiry has
 // passed, the expiry check does not read the row of a session whose
-// heartbeat it served. carol, attached at the same time and silent since,
-// is the witness that a check ran past that expiry: it reads her row and
-// closes her WebSocket.
+// heartbeat it served.
 func TestHeartbeatHereExtendsTheKnownExpiry(t *testing.T) {
+	callHereExtendsTheKnownExpiry(t, func(t *testing.T, h *hubtest.Hub, bobTok string) {
+		post(t, h.URL+"/v1/heartbeat", bobTok, map[string]any{})
+	})
+}
+
+// Another authenticated call (a send) served by the instance holding the
+// session's WebSocket raises the expiry that instance knows, as a heartbeat
+// does.
+func TestOtherCallHereExtendsTheKnownExpiry(t *testing.T) {
+	callHereExtendsTheKnownExpiry(t, func(t *testing.T, h *hubtest.Hub, bobTok string) {
+		register(t, h, "erin")
+		post(t, h.URL+"/v1/signals", bobTok, map[string]any{"to_session": "erin", "payload": 1})
+	})
+}
+
+// callHereExtendsTheKnownExpiry has bob make call (with his token) on the
+// hub holding his WebSocket shortly before his attach's expiry, and checks
+// that the expiry check never reads his row once that expiry has passed,
+// and that his WebSocket stays open. carol, attached at the same time and
+// silent since, is the witness that a check ran past that expiry: it reads
+// her row and closes her WebSocket.
+func callHereExtendsTheKnownExpiry(t *testing.T, call func(t *testing.T, h *hubtest.Hub, bobTok string)) {
 	const ttl = time.Minute
 	for _, store := range stores {
 		t.Run(store, func(t *testing.T) {
@@ -147,18 +167,18 @@ func TestHeartbeatHereExtendsTheKnownExpiry(t *testing.T) {
 			}
 
 			clock.Advance(ttl - 10*time.Second)
-			post(t, h.URL+"/v1/heartbeat", bobTok, map[string]any{})
+			call(t, h, bobTok)
 			clock.Advance(20 * time.Second) // past both attaches' expiry
 			if got := closeCode(t, carol); got != 4410 {
 				t.Fatalf("carol closed with %d, want 4410", got)
 			}
 			if n := st.reads("bob"); n != 0 {
-				t.Fatalf("the expiry check read bob's row %d times after his heartbeat here, want 0", n)
+				t.Fatalf("the expiry check read bob's row %d times after his call here, want 0", n)
 			}
 			alice := register(t, h, "alice")
 			post(t, h.URL+"/v1/signals", alice, map[string]any{"to_session": "bob", "payload": 1})
 			if f := read(t, bob); f["type"] != "signal" {
-				t.Fatalf("bob's frame after the heartbeat %v, want the signal", f)
+				t.Fatalf("bob's frame after his call %v, want the signal", f)
 			}
 		})
 	}

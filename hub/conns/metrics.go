@@ -33,7 +33,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		connects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "marconi_wake_listener_connects_total",
-			Help: "Times the wake-up listener started listening; more than one means reconnects, each followed by a wake of every local queue.",
+			Help: "Times the wake-up listener started listening, or caught up after the NATS bus reconnected or dropped wake-ups; each is followed by a wake of every local queue. marconi_pg_listener_connects_total counts the Postgres listener's connects alone.",
 		}),
 		sweeps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "marconi_pending_sweeps_total",

@@ -144,54 +144,72 @@ func listenAs(t *testing.T, st *Store, instance string, startedAt time.Time) (st
 	return stop
 }
 
-// A liveness connection ended under a live process (an operator's
+// A dedicated connection ended under a live process (an operator's
 // pg_terminate_backend, as here) reconnects, and the reconnect is counted
-// where an operator can alert on it.
-func TestLivenessConnectionReconnectsAreCounted(t *testing.T) {
+// in that connection's series alone, where an operator can alert on it.
+func TestDedicatedConnectionReconnectsAreCounted(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	reg := prometheus.NewRegistry()
-	st, admin := storeAndAdmin(t, WithRegisterer(reg))
-	var key int64
-	if err := admin.QueryRow(ctx, `SELECT `+livenessKeySQL, "a").Scan(&key); err != nil {
-		t.Fatal(err)
-	}
-	connects := func() float64 {
-		v, ok := metrictest.Lookup(t, reg, "marconi_liveness_connects_total")
-		if !ok {
-			t.Fatal("marconi_liveness_connects_total not registered")
-		}
-		return v
-	}
-	// holder is the liveness connection's backend once it holds the
-	// instance's lock, or 0.
-	holder := func() int32 {
-		if hs := lockHolders(t, admin, key); len(hs) == 1 {
-			return hs[0].pid
-		}
-		return 0
-	}
-	if n := connects(); n != 0 {
-		t.Fatalf("connects before Listen = %v, want 0", n)
-	}
+	for _, tc := range []struct{ app, counter, other string }{
+		{LivenessApplicationName, "marconi_liveness_connects_total", "marconi_pg_listener_connects_total"},
+		{ListenerApplicationName, "marconi_pg_listener_connects_total", "marconi_liveness_connects_total"},
+	} {
+		t.Run(tc.app, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			reg := prometheus.NewRegistry()
+			st, admin := storeAndAdmin(t, WithRegisterer(reg))
+			started := time.Now().UTC().Truncate(time.Microsecond)
+			var key int64
+			if err := admin.QueryRow(ctx, `SELECT `+processKeySQL, "a", started).Scan(&key); err != nil {
+				t.Fatal(err)
+			}
+			connects := func(name string) float64 {
+				v, ok := metrictest.Lookup(t, reg, name)
+				if !ok {
+					t.Fatalf("%s not registered", name)
+				}
+				return v
+			}
+			// holder is tc.app's backend once it holds the process's
+			// lock, or 0.
+			holder := func() int32 {
+				for _, h := range lockHolders(t, admin, key) {
+					if h.app == tc.app {
+						return h.pid
+					}
+				}
+				return 0
+			}
+			if n := connects(tc.counter); n != 0 {
+				t.Fatalf("%s before Listen = %v, want 0", tc.counter, n)
+			}
 
-	listenAs(t, st, "a", time.Now())
-	// It counts a connect just after it takes its locks: wait for both.
-	var first int32
-	testwait.For(t, "the liveness connection", 10*time.Second, func() bool { first = holder(); return first != 0 && connects() >= 1 })
-	if n := connects(); n != 1 {
-		t.Fatalf("connects after the first connection = %v, want 1", n)
-	}
-	var ok bool
-	if err := admin.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, first).Scan(&ok); err != nil || !ok {
-		t.Fatalf("terminate the liveness connection's backend %d: %v, %v", first, ok, err)
-	}
-	testwait.For(t, "the liveness connection back", 10*time.Second, func() bool {
-		p := holder()
-		return p != 0 && p != first && connects() >= 2
-	})
-	if n := connects(); n != 2 {
-		t.Fatalf("connects after one reconnect = %v, want 2", n)
+			listenAs(t, st, "a", started)
+			// Each counts a connect just after it takes its locks: wait
+			// for both.
+			var first int32
+			testwait.For(t, "both connections", 10*time.Second, func() bool {
+				first = holder()
+				return first != 0 && connects(tc.counter) >= 1 && connects(tc.other) >= 1
+			})
+			if n := connects(tc.counter); n != 1 {
+				t.Fatalf("%s after the first connection = %v, want 1", tc.counter, n)
+			}
+			var ok bool
+			if err := admin.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, first).Scan(&ok); err != nil || !ok {
+				t.Fatalf("terminate %s's backend %d: %v, %v", tc.app, first, ok, err)
+			}
+			testwait.For(t, tc.app+" back", 10*time.Second, func() bool {
+				p := holder()
+				return p != 0 && p != first && connects(tc.counter) >= 2
+			})
+			if n := connects(tc.counter); n != 2 {
+				t.Fatalf("%s after one reconnect = %v, want 2", tc.counter, n)
+			}
+			if n := connects(tc.other); n != 1 {
+				t.Fatalf("%s after a reconnect of %s = %v, want 1", tc.other, tc.app, n)
+			}
+		})
 	}
 }
 

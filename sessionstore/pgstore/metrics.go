@@ -46,14 +46,25 @@ func (m *batchMetrics) register(reg prometheus.Registerer) error {
 	return registerAll(reg, m.size, m.reruns)
 }
 
-// newLivenessConnects counts the liveness connection's connects (Listen):
-// the wake-up listener's are counted by its caller (onConnect), the
-// liveness connection's, which has no caller of its own, here.
-func newLivenessConnects() prometheus.Counter {
-	return prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "marconi_liveness_connects_total",
-		Help: "Times the liveness connection (marconi-liveness) connected to Postgres; more than one means reconnects, each a window in which the wake-up listener's connection alone keeps this process alive to its peers.",
-	})
+// connectCounters count the connects of the two dedicated connections of
+// the store's buses (Listen), each in a series of its own: a reconnect of
+// either is a window in which the other alone holds the process's liveness
+// lock.
+type connectCounters struct {
+	listener, liveness prometheus.Counter
+}
+
+func newConnectCounters() connectCounters {
+	return connectCounters{
+		listener: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "marconi_pg_listener_connects_total",
+			Help: "Times the Postgres wake-up listener's connection (marconi-wake-listener) started listening; more than one means reconnects, each losing the wake-ups sent meanwhile (the pending sweep delivers them). Unlike marconi_wake_listener_connects_total, it never counts the NATS bus's events.",
+		}),
+		liveness: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "marconi_liveness_connects_total",
+			Help: "Times the liveness connection (marconi-liveness) connected to Postgres; more than one means reconnects, each a window in which the wake-up listener's connection alone keeps this process alive to its peers.",
+		}),
+	}
 }
 
 // registerAll registers cs with reg; nil registers nowhere.

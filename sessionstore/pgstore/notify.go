@@ -924,8 +924,9 @@ func (b *Bus) ConnectedInstances(ctx context.Context) (live map[string]time.Time
 // (ConnectedInstances), so that losing either connection while the process
 // lives is no death to the peers. A dropped connection is replaced with
 // exponential backoff (and full jitter); onConnect runs each time LISTEN is
-// in place, because wake-ups sent meanwhile are lost; the liveness
-// connection's connects are counted in marconi_liveness_connects_total.
+// in place, because wake-ups sent meanwhile are lost. The listener's
+// connects are counted in marconi_pg_listener_connects_total, the liveness
+// connection's in marconi_liveness_connects_total.
 // onWake and onConnect run on Listen's goroutine and must not block for
 // long.
 func (b *Bus) Listen(ctx context.Context, instance string, startedAt time.Time, onWake func(sessionstore.Wake), onConnect func()) error {
@@ -936,9 +937,9 @@ func (b *Bus) Listen(ctx context.Context, instance string, startedAt time.Time, 
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		b.keep(ctx, livenessConn, instance, startedAt, func(sessionstore.Wake) {}, b.store.livenessConnects.Inc)
+		b.keep(ctx, livenessConn, instance, startedAt, func(sessionstore.Wake) {}, b.store.connects.liveness.Inc)
 	}()
-	b.keep(ctx, listenerConn, instance, startedAt, onWake, onConnect)
+	b.keep(ctx, listenerConn, instance, startedAt, onWake, func() { b.store.connects.listener.Inc(); onConnect() })
 	return nil
 }
 

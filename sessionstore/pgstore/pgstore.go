@@ -77,7 +77,8 @@ func WithBatchesInFlight(n int) Option {
 // WithRegisterer registers the store's group-commit metrics
 // (marconi_store_batch_size, marconi_store_batch_reruns_total), its bus
 // key's (marconi_bus_key_version, marconi_bus_key_opened_total) and its
-// liveness connection's (marconi_liveness_connects_total) with reg;
+// buses' dedicated connections' (marconi_pg_listener_connects_total,
+// marconi_liveness_connects_total) with reg;
 // without it they are kept but exported nowhere.
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(o *options) { o.registerer = reg }
@@ -116,11 +117,10 @@ type Store struct {
 	group        *committer // nil when group commit is off
 	closed       atomic.Bool
 	metrics      *batchMetrics
-	witness      *witness // every connection's tracer: Witness reads it
-	busKeys      *keyring // the bus key, as this store's buses know it
-	// livenessConnects counts its buses' liveness connections' connects.
-	livenessConnects prometheus.Counter
-	hist             *history // the server histories its connections found (history.go)
+	witness      *witness        // every connection's tracer: Witness reads it
+	busKeys      *keyring        // the bus key, as this store's buses know it
+	connects     connectCounters // its buses' dedicated connections'
+	hist         *history        // the server histories its connections found (history.go)
 }
 
 // plannerParams are the planner settings of the store's connections.
@@ -139,22 +139,38 @@ type Store struct {
 // compiling itself (seen). No statement of the store is one JIT speeds up.
 var plannerParams = []struct{ name, value string }{{"enable_seqscan", "off"}, {"jit", "off"}}
 
-// plannerSettings is the statement that applies plannerParams on a new
+// plannerSettings are the expressions that apply plannerParams on a new
 // connection, but for those the database URL set itself (its
-// ?enable_seqscan=on wins); "" when there is none left. They are set once
-// connected rather than sent at startup, where a pooler in front
-// (PgBouncer) refuses parameters it does not know.
-func plannerSettings(params map[string]string) string {
+// ?enable_seqscan=on wins). They are set once connected rather than sent at
+// startup, where a pooler in front (PgBouncer) refuses parameters it does
+// not know.
+func plannerSettings(params map[string]string) []string {
 	var sets []string
 	for _, p := range plannerParams {
 		if _, set := params[p.name]; !set {
 			sets = append(sets, fmt.Sprintf("set_config('%s', '%s', false)", p.name, p.value))
 		}
 	}
-	if len(sets) == 0 {
-		return ""
+	return sets
+}
+
+// afterConnect is what a new connection of the store runs, params being
+// its runtime parameters: one statement that reads the server's history
+// for hist and applies plannerSettings, in one round trip (the simple
+// protocol: no prepare).
+func afterConnect(params map[string]string, hist *history) func(context.Context, *pgx.Conn) error {
+	cols := append([]string{historySQL}, plannerSettings(params)...)
+	q := "SELECT " + strings.Join(cols, ", ")
+	return func(ctx context.Context, c *pgx.Conn) error {
+		var id *string
+		dst := make([]any, len(cols)) // nil: the settings' results are not kept
+		dst[0] = &id
+		if err := c.QueryRow(ctx, q, pgx.QueryExecModeSimpleProtocol).Scan(dst...); err != nil {
+			return err
+		}
+		hist.saw(id)
+		return nil
 	}
-	return "SELECT " + strings.Join(sets, ", ")
 }
 
 // Open returns a Store on the database at databaseURL (postgres://..., or
@@ -188,8 +204,8 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if err := keyMetrics.register(o.registerer); err != nil {
 		return nil, fmt.Errorf("pgstore: register metrics: %w", err)
 	}
-	livenessConnects := newLivenessConnects()
-	if err := registerAll(o.registerer, livenessConnects); err != nil {
+	connects := newConnectCounters()
+	if err := registerAll(o.registerer, connects.listener, connects.liveness); err != nil {
 		return nil, fmt.Errorf("pgstore: register metrics: %w", err)
 	}
 	if o.connectTimeout > 0 {
@@ -202,20 +218,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	if err := registerAll(o.registerer, hist.changes); err != nil {
 		return nil, fmt.Errorf("pgstore: register metrics: %w", err)
 	}
-	q := plannerSettings(cfg.ConnConfig.RuntimeParams)
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		if q != "" {
-			if _, err := c.Exec(ctx, q); err != nil {
-				return err
-			}
-		}
-		var id *string
-		if err := c.QueryRow(ctx, "SELECT "+historySQL).Scan(&id); err != nil {
-			return err
-		}
-		hist.saw(id)
-		return nil
-	}
+	cfg.AfterConnect = afterConnect(cfg.ConnConfig.RuntimeParams, hist)
 	cfg.MinConns = 0 // never connect in the background at Open
 	w := &witness{}
 	cfg.ConnConfig.Tracer = w
@@ -224,7 +227,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 		return nil, fmt.Errorf("pgstore: open pool: %w", err)
 	}
 	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch, metrics: metrics, witness: w,
-		busKeys: newKeyring(o.busKey, keyMetrics), livenessConnects: livenessConnects, hist: hist}
+		busKeys: newKeyring(o.busKey, keyMetrics), connects: connects, hist: hist}
 	if !o.groupCommitOff {
 		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, o.inFlight, s.runBatch)
 	}

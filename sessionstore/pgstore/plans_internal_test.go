@@ -4,13 +4,16 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/marconihub/marconi/internal/netcount"
 	"github.com/marconihub/marconi/internal/pgtest"
 )
 
@@ -152,7 +155,7 @@ func plannedConn(t *testing.T) (string, *pgx.Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	if _, err := conn.Exec(ctx, plannerSettings(cfg.RuntimeParams)); err != nil {
+	if err := afterConnect(cfg.RuntimeParams, newHistory())(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
 	return u, conn
@@ -233,10 +236,10 @@ func TestDisabledPathsAreNotCompiled(t *testing.T) {
 }
 
 func TestPlannerSettingsYieldToTheURL(t *testing.T) {
-	if got, want := plannerSettings(map[string]string{"enable_seqscan": "on"}), "SELECT set_config('jit', 'off', false)"; got != want {
+	if got, want := plannerSettings(map[string]string{"enable_seqscan": "on"}), []string{"set_config('jit', 'off', false)"}; !slices.Equal(got, want) {
 		t.Errorf("with the URL's enable_seqscan: %q, want %q", got, want)
 	}
-	if got := plannerSettings(map[string]string{"enable_seqscan": "on", "jit": "on"}); got != "" {
+	if got := plannerSettings(map[string]string{"enable_seqscan": "on", "jit": "on"}); len(got) != 0 {
 		t.Errorf("with both set by the URL: %q, want none", got)
 	}
 }
@@ -256,5 +259,44 @@ func TestStoreConnectionsCarryPlannerSettings(t *testing.T) {
 	}
 	if seqscan != "off" || jit != "off" {
 		t.Errorf("a store connection has enable_seqscan %s and jit %s, want both off", seqscan, jit)
+	}
+}
+
+// A new connection of the store, once connected, costs one round trip: it
+// reads the server's history and takes the planner settings in one
+// statement. The client's writes to the server are counted: each round
+// trip is one (a message batch flushed, then its answer awaited).
+func TestNewConnectionCostsOneRoundTrip(t *testing.T) {
+	u := pgtest.Schema(t)
+	ctx := t.Context()
+	cfg, err := pgx.ParseConfig(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writes atomic.Int64
+	cfg.DialFunc = netcount.Dial(&writes)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+
+	hist := newHistory()
+	before := writes.Load()
+	if err := afterConnect(cfg.RuntimeParams, hist)(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if n := writes.Load() - before; n != 1 {
+		t.Errorf("a new connection made %d round trips, want 1", n)
+	}
+	if got := hist.n.Load(); got != 1 {
+		t.Errorf("history %d after the connection, want 1", got)
+	}
+	var seqscan, jit string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('enable_seqscan'), current_setting('jit')`).Scan(&seqscan, &jit); err != nil {
+		t.Fatal(err)
+	}
+	if seqscan != "off" || jit != "off" {
+		t.Errorf("the connection has enable_seqscan %s and jit %s, want both off", seqscan, jit)
 	}
 }
