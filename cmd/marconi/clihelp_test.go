@@ -208,10 +208,18 @@ func TestBannerNamesTheNextSteps(t *testing.T) {
 	creds := t.TempDir() + "/creds"
 	s := serve(t, map[string]string{"MARCONI_DEV_CREDENTIALS_FILE": creds})
 	banner := s.banner.String()
-	for _, want := range []string{"Next steps:", "marconi demo", "dashboard: " + s.url + "/", "development credentials kept in " + creds} {
+	port := s.url[strings.LastIndex(s.url, ":")+1:]
+	for _, want := range []string{"Next steps:", "marconi demo", "dashboard: " + s.url + "/", "development credentials kept in " + creds,
+		"MARCONI_ADDR=:" + port + " listens on every interface", "connect them to " + s.url + " with the API key above"} {
 		if !strings.Contains(banner, want) {
 			t.Errorf("the banner lacks %q:\n%s", want, banner)
 		}
+	}
+	// Keys configured: none is printed, so none is "above".
+	s = serve(t, map[string]string{"MARCONI_API_KEYS": "my-key-0123456789=acme/agents", "MARCONI_DEV_CREDENTIALS_FILE": creds})
+	banner = s.banner.String()
+	if strings.Contains(banner, "API key above") || !strings.Contains(banner, "with a key of MARCONI_API_KEYS") {
+		t.Errorf("with MARCONI_API_KEYS set the banner points at a key it did not print:\n%s", banner)
 	}
 }
 
