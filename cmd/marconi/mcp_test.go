@@ -45,6 +45,9 @@ func TestMCPConfig(t *testing.T) {
 		{[]string{"--runtime-mode", "pinned"}, nil, "MARCONI_RUNTIME_MODE"},
 		{[]string{"--session", ".."}, nil, "MARCONI_SESSION_ID"},
 		{[]string{"--hub", ""}, map[string]string{"MARCONI_HUB_URL": ""}, "MARCONI_HUB_URL"},
+		{[]string{"--hub", "127.0.0.1:8080"}, nil, "--hub (MARCONI_HUB_URL) \"127.0.0.1:8080\": want an http:// or https:// URL"},
+		{nil, map[string]string{"MARCONI_HUB_URL": "http://a:8080,ws://b:8080"}, "\"ws://b:8080\""},
+		{[]string{"--hub", "http://"}, nil, "MARCONI_HUB_URL"},
 		{[]string{"extra"}, nil, "unexpected arguments"},
 	} {
 		e := map[string]string{}
