@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/marconihub/marconi"
+	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/mcpbridge"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -61,7 +63,7 @@ func (c cli) mcpCommand(ctx context.Context, args []string) error {
 	b, err := mcpbridge.New(dctx, cfg)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("join the hub: %w", err)
+		return fmt.Errorf("join the hub: %w%s", err, joinHint(err, cfg))
 	}
 	if cfg.HTTPAddr != "" {
 		err = b.ServeHTTP(ctx, func(addr string) {
@@ -73,6 +75,27 @@ func (c cli) mcpCommand(ctx context.Context, args []string) error {
 	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return errors.Join(err, b.Close(cctx))
+}
+
+// joinHint says what to do about a hub's refusal to let the server join, in
+// the server's own flags: the hub's message speaks of HTTP headers and fields.
+func joinHint(err error, cfg mcpbridge.Config) string {
+	var he *bootstrap.Error
+	if !errors.As(err, &he) {
+		return ""
+	}
+	switch {
+	case he.Code == marconi.CodeUnauthorized:
+		return "; --api-key (MARCONI_API_KEY) is not a key of this hub: use the one a development hub prints at start, or one of its MARCONI_API_KEYS"
+	case he.Code == marconi.CodeForbidden && cfg.SessionID != "" && !cfg.Takeover:
+		where := "no state directory is kept (--state-dir none)"
+		if cfg.StateDir != "" {
+			where = "its state directory " + cfg.StateDir + " holds no token for it"
+		}
+		return fmt.Sprintf("; another host holds session %q, or this one lost its token (%s): "+
+			"start with --takeover (MARCONI_TAKEOVER=true) to take it over, or choose another --session", cfg.SessionID, where)
+	}
+	return ""
 }
 
 // stdio is the MCP transport on the command's stdin and stdout.
