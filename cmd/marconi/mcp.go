@@ -32,14 +32,14 @@ var mcpSettings = []mcpSetting{
 	{"hub", "MARCONI_HUB_URL", "the hub's URL, or several comma-separated to fail over (required)", false},
 	{"api-key", "MARCONI_API_KEY", "a project API key of the hub (required)", false},
 	{"session", "MARCONI_SESSION_ID", "the agent's name on the hub, its session id; empty lets the hub choose", false},
-	{"surface", "MARCONI_SURFACE", "claude_code, codex, headless_cc, headless_cx or console_<name> (default claude_code)", false},
+	{"surface", "MARCONI_SURFACE", "claude_code, codex, headless_cc, headless_cx or console_<name> (default " + mcpbridge.DefaultSurface + ")", false},
 	{"runtime-mode", "MARCONI_RUNTIME_MODE", "stateless or sticky; empty lets the hub decide", false},
 	{"state-dir", "MARCONI_STATE_DIR", "where the session token is kept (0600) so a restarted host resumes its session; " +
 		"default $XDG_STATE_HOME/marconi/mcp or ~/.local/state/marconi/mcp when --session is set; none keeps nothing", false},
 	{"takeover", "MARCONI_TAKEOVER", "take the session over when it is live under a token this host does not hold", true},
 	{"deregister-on-exit", "MARCONI_DEREGISTER_ON_EXIT", "end the session when the server exits (default: it lives until its TTL)", true},
 	{"http", "MARCONI_MCP_HTTP_ADDR", "serve MCP's streamable HTTP transport on this address at /mcp instead of stdio", false},
-	{"inbox-size", "MARCONI_MCP_INBOX_SIZE", "signals held for the host before the server stops reading the hub (default 1000)", false},
+	{"inbox-size", "MARCONI_MCP_INBOX_SIZE", "signals held for the host before the server stops reading the hub (default " + strconv.Itoa(mcpbridge.DefaultInboxSize) + ")", false},
 }
 
 // mcpCommand runs `marconi mcp`: an MCP server for one agent, on stdio
