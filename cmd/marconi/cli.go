@@ -89,6 +89,9 @@ func (c cli) version(args []string) error {
 // validate the configuration and, with a database URL, reach the store.
 func (c cli) config(ctx context.Context, args []string) error {
 	check := len(args) > 0 && args[0] == "check"
+	if len(args) > 0 && !check && closest(args[0], []string{"check"}) != "" {
+		return usagef("unknown config command %q (did you mean \"check\"?); usage: marconi config [check] [flags]", args[0])
+	}
 	cmd := "config"
 	if check {
 		args, cmd = args[1:], "config check"

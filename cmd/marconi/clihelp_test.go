@@ -52,8 +52,8 @@ func TestEveryCommandHasHelp(t *testing.T) {
 	}
 }
 
-// TestUnknownFlagSuggestsTheNearest: a misspelt flag is a usage error that
-// names the flag it was probably meant to be, on every command.
+// TestUnknownFlagSuggestsTheNearest: a misspelt flag, or subcommand, is a
+// usage error that names the one it was probably meant to be, on every command.
 func TestUnknownFlagSuggestsTheNearest(t *testing.T) {
 	tests := []struct {
 		args []string
@@ -67,6 +67,9 @@ func TestUnknownFlagSuggestsTheNearest(t *testing.T) {
 		{[]string{"migrate", "up", "--database-ur", "x"}, "(did you mean --database-url?)"},
 		{[]string{"version", "--verbose"}, "takes no flags"},
 		{[]string{"demo", "--fast"}, "takes no flags"},
+		{[]string{"config", "chek"}, `unknown config command "chek" (did you mean "check"?)`},
+		{[]string{"buskey", "rotat", "http://127.0.0.1:1"}, `unknown buskey command "rotat" (did you mean "rotate"?)`},
+		{[]string{"buskey", "shw"}, `(did you mean "show"?)`},
 	}
 	for _, tt := range tests {
 		code, _, stderr := runCLI(t, nil, "", false, tt.args...)
