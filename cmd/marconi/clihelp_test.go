@@ -40,6 +40,8 @@ func TestEveryCommandHasHelp(t *testing.T) {
 		{[]string{"help", "buskey"}, "usage: marconi buskey show|rotate HUB_URL", "never shown"},
 		{[]string{"help", "migrate"}, "usage: marconi migrate up | down", "'down -h'"},
 		{[]string{"help", "demo"}, "usage: marconi demo", "SPEC-168"},
+		{[]string{"help", "migrate", "down"}, "usage: marconi migrate down [N | --all]", "-force"},
+		{[]string{"help", "config", "check"}, "usage: marconi config check [flags]", "two swapped"},
 	}
 	for _, tt := range tests {
 		code, stdout, stderr := runCLI(t, nil, "", false, tt.args...)
