@@ -32,6 +32,24 @@ func TestEverySettingIsDocumented(t *testing.T) {
 	}
 }
 
+// TestEveryCommandIsDocumented keeps docs/operations.md's table of commands
+// whole: each command `marconi -h` lists has its row.
+func TestEveryCommandIsDocumented(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range commands {
+		row := "| `marconi " + c.name
+		if c.name == "serve" {
+			row = "| `marconi [serve]"
+		}
+		if !strings.Contains(string(doc), row) {
+			t.Errorf("docs/operations.md, Running, has no row for marconi %s", c.name)
+		}
+	}
+}
+
 // TestEveryMetricIsDocumented holds docs/operations.md's table of metrics to
 // the code: each metric the hub's packages name (a "marconi_…" string
 // literal outside the tests and the benchmark tool, which only reads them)
