@@ -78,3 +78,27 @@ func TestDocsLinksResolve(t *testing.T) {
 		t.Fatalf("found %d relative links: the parse is broken", links)
 	}
 }
+
+// TestNodeConfigDefaultsAreDocumented holds docs/client.md's Node Config
+// table to the defaults of clients/node/src/config.js: each default is in the
+// row that names its field.
+func TestNodeConfigDefaultsAreDocumented(t *testing.T) {
+	const config = "clients/node/src/config.js"
+	defaults := regexp.MustCompile(`(?m)^  (\w+): (\d+),$`).FindAllStringSubmatch(
+		block(t, read(t, config), config, "export const defaults = Object.freeze({", "});"), -1)
+	if len(defaults) < 10 {
+		t.Fatalf("found %d defaults in %s: the parse is broken", len(defaults), config)
+	}
+	doc := read(t, "docs/client.md")
+	table := block(t, doc, "docs/client.md", "## Config (Node)", "\n`client.send(")
+	for _, d := range defaults {
+		row := regexp.MustCompile("(?m)^\\|[^|]*`" + d[1] + "`[^|]*\\|.*$").FindString(table)
+		if row == "" {
+			t.Errorf("docs/client.md, Config (Node), has no row for %s", d[1])
+			continue
+		}
+		if !strings.Contains(row, "**"+d[2]+"**") {
+			t.Errorf("docs/client.md, Config (Node), does not give %s its default **%s**: %s", d[1], d[2], row)
+		}
+	}
+}
