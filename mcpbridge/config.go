@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"regexp"
 	"strings"
 	"time"
@@ -82,6 +83,8 @@ func (c Config) validate() error {
 	switch {
 	case len(c.HubURLs) == 0:
 		return errors.New("--hub (MARCONI_HUB_URL) is required: the hub's URL, or several comma-separated")
+	case badHubURL(c.HubURLs) != "":
+		return fmt.Errorf("--hub (MARCONI_HUB_URL) %q: want an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080", badHubURL(c.HubURLs))
 	case c.APIKey == "":
 		return errors.New("--api-key (MARCONI_API_KEY) is required: a project API key of the hub")
 	case c.SessionID != "" && (!sessionIDPattern.MatchString(c.SessionID) || c.SessionID == "." || c.SessionID == ".."):
@@ -99,6 +102,18 @@ func (c Config) validate() error {
 		return errors.New("drain interval must not be negative")
 	}
 	return nil
+}
+
+// badHubURL returns the first of urls that is not an http(s) URL with a
+// host, or "" when all are.
+func badHubURL(urls []string) string {
+	for _, raw := range urls {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return raw
+		}
+	}
+	return ""
 }
 
 // piggybackOnly reports whether the surface holds no WebSocket (docs/api.md).

@@ -183,7 +183,8 @@ func (m *Main) printBanner(storeName string) {
 		fmt.Fprintf(w, "  (development credentials kept in %s and reused at every start; delete it for new ones)\n", cfg.devCredentialsFile)
 	}
 	if host, _, err := net.SplitHostPort(cfg.Addr); err == nil && cfg.Hub.Mode == marconi.Development && (host == "127.0.0.1" || host == "localhost" || host == "::1") {
-		fmt.Fprintln(w, "  listening on loopback only (development mode); MARCONI_ADDR=:8080 listens on every interface")
+		port := m.listener.Addr().(*net.TCPAddr).Port
+		fmt.Fprintf(w, "  listening on loopback only (development mode); MARCONI_ADDR=:%d listens on every interface\n", port)
 	}
 	fmt.Fprintf(w, "  dashboard: %s/ (sign in with the admin token)\n", m.URL())
 	if cfg.Hub.Mode != marconi.Development {
@@ -191,7 +192,11 @@ func (m *Main) printBanner(storeName string) {
 	}
 	fmt.Fprintln(w, "Next steps:")
 	fmt.Fprintln(w, "  marconi demo   the self-heal story with two agents, in one process (go run ./cmd/marconi demo)")
-	fmt.Fprintf(w, "  agents         connect them to %s with the API key above: docs/client.md (Go and Node)\n", m.URL())
+	key := "the API key above"
+	if cfg.generatedAPIKey == "" {
+		key = "a key of MARCONI_API_KEYS"
+	}
+	fmt.Fprintf(w, "  agents         connect them to %s with %s: docs/client.md (Go and Node)\n", m.URL(), key)
 }
 
 // buildInfoGauge is marconi_build_info: always 1, its labels say what runs.

@@ -26,7 +26,14 @@ type busKeyAnswer struct {
 // a new key, through the hub's ops API with the admin token of
 // MARCONI_ADMIN_TOKEN. The key itself is never shown.
 func (c cli) buskey(ctx context.Context, args []string) error {
-	if len(args) != 2 || (args[0] != "show" && args[0] != "rotate") {
+	if len(args) > 0 && args[0] != "show" && args[0] != "rotate" {
+		msg := fmt.Sprintf("unknown buskey command %q", args[0])
+		if s := closest(args[0], []string{"show", "rotate"}); s != "" {
+			msg += fmt.Sprintf(" (did you mean %q?)", s)
+		}
+		return usagef("%s; usage: marconi buskey show|rotate HUB_URL", msg)
+	}
+	if len(args) != 2 {
 		return usagef("usage: marconi buskey show|rotate HUB_URL")
 	}
 	token := c.getenv("MARCONI_ADMIN_TOKEN")

@@ -11,13 +11,13 @@ import (
 	"strings"
 
 	"github.com/marconihub/marconi/migrations"
+	"github.com/mattn/go-isatty"
 )
 
-// isTerminal reports whether f is an interactive terminal (a character
-// device), without a terminal library.
+// isTerminal reports whether f is an interactive terminal. A character
+// device is not enough: /dev/null, a script's or a container's stdin, is one.
 func isTerminal(f *os.File) bool {
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	return isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd())
 }
 
 // buildInfo is what `marconi version` and marconi_build_info report: the
@@ -89,6 +89,9 @@ func (c cli) version(args []string) error {
 // validate the configuration and, with a database URL, reach the store.
 func (c cli) config(ctx context.Context, args []string) error {
 	check := len(args) > 0 && args[0] == "check"
+	if len(args) > 0 && !check && closest(args[0], []string{"check"}) != "" {
+		return usagef("unknown config command %q (did you mean \"check\"?); usage: marconi config [check] [flags]", args[0])
+	}
 	cmd := "config"
 	if check {
 		args, cmd = args[1:], "config check"

@@ -498,3 +498,31 @@ func adminToken(t *testing.T, banner string) string {
 	}
 	return m[1]
 }
+
+// TestRedirectedStdinIsNotATerminal: `marconi migrate down </dev/null`, as a
+// script, cron or `docker run` without -t starts it, must be refused for want
+// of --yes (exit 2), not asked a question nobody answers. /dev/null is a
+// character device, so that alone does not make a terminal.
+func TestRedirectedStdinIsNotATerminal(t *testing.T) {
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devNull.Close()
+	file, err := os.Create(filepath.Join(t.TempDir(), "stdin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	for _, f := range []*os.File{devNull, file, r} {
+		if isTerminal(f) {
+			t.Errorf("isTerminal(%s) = true: a confirmation would be asked of no one", f.Name())
+		}
+	}
+}

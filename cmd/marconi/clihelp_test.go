@@ -40,6 +40,8 @@ func TestEveryCommandHasHelp(t *testing.T) {
 		{[]string{"help", "buskey"}, "usage: marconi buskey show|rotate HUB_URL", "never shown"},
 		{[]string{"help", "migrate"}, "usage: marconi migrate up | down", "'down -h'"},
 		{[]string{"help", "demo"}, "usage: marconi demo", "SPEC-168"},
+		{[]string{"help", "migrate", "down"}, "usage: marconi migrate down [N | --all]", "-force"},
+		{[]string{"help", "config", "check"}, "usage: marconi config check [flags]", "two swapped"},
 	}
 	for _, tt := range tests {
 		code, stdout, stderr := runCLI(t, nil, "", false, tt.args...)
@@ -52,8 +54,8 @@ func TestEveryCommandHasHelp(t *testing.T) {
 	}
 }
 
-// TestUnknownFlagSuggestsTheNearest: a misspelt flag is a usage error that
-// names the flag it was probably meant to be, on every command.
+// TestUnknownFlagSuggestsTheNearest: a misspelt flag, or subcommand, is a
+// usage error that names the one it was probably meant to be, on every command.
 func TestUnknownFlagSuggestsTheNearest(t *testing.T) {
 	tests := []struct {
 		args []string
@@ -67,6 +69,9 @@ func TestUnknownFlagSuggestsTheNearest(t *testing.T) {
 		{[]string{"migrate", "up", "--database-ur", "x"}, "(did you mean --database-url?)"},
 		{[]string{"version", "--verbose"}, "takes no flags"},
 		{[]string{"demo", "--fast"}, "takes no flags"},
+		{[]string{"config", "chek"}, `unknown config command "chek" (did you mean "check"?)`},
+		{[]string{"buskey", "rotat", "http://127.0.0.1:1"}, `unknown buskey command "rotat" (did you mean "rotate"?)`},
+		{[]string{"buskey", "shw"}, `(did you mean "show"?)`},
 	}
 	for _, tt := range tests {
 		code, _, stderr := runCLI(t, nil, "", false, tt.args...)
@@ -208,10 +213,18 @@ func TestBannerNamesTheNextSteps(t *testing.T) {
 	creds := t.TempDir() + "/creds"
 	s := serve(t, map[string]string{"MARCONI_DEV_CREDENTIALS_FILE": creds})
 	banner := s.banner.String()
-	for _, want := range []string{"Next steps:", "marconi demo", "dashboard: " + s.url + "/", "development credentials kept in " + creds} {
+	port := s.url[strings.LastIndex(s.url, ":")+1:]
+	for _, want := range []string{"Next steps:", "marconi demo", "dashboard: " + s.url + "/", "development credentials kept in " + creds,
+		"MARCONI_ADDR=:" + port + " listens on every interface", "connect them to " + s.url + " with the API key above"} {
 		if !strings.Contains(banner, want) {
 			t.Errorf("the banner lacks %q:\n%s", want, banner)
 		}
+	}
+	// Keys configured: none is printed, so none is "above".
+	s = serve(t, map[string]string{"MARCONI_API_KEYS": "my-key-0123456789=acme/agents", "MARCONI_DEV_CREDENTIALS_FILE": creds})
+	banner = s.banner.String()
+	if strings.Contains(banner, "API key above") || !strings.Contains(banner, "with a key of MARCONI_API_KEYS") {
+		t.Errorf("with MARCONI_API_KEYS set the banner points at a key it did not print:\n%s", banner)
 	}
 }
 

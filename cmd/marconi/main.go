@@ -165,8 +165,12 @@ func (c cli) run(ctx context.Context, args []string) int {
 	case "mcp":
 		err = c.mcpCommand(ctx, args)
 	case "help":
-		if len(args) > 0 { // help CMD is CMD -h
-			return c.run(ctx, append(args[:1:1], "-h"))
+		if len(args) > 0 { // help CMD [SUB] is CMD [SUB] -h
+			cmd := args[:1:1]
+			if len(args) > 1 && (args[0] == "migrate" || args[0] == "config") {
+				cmd = args[:2:2]
+			}
+			return c.run(ctx, append(cmd, "-h"))
 		}
 		usage(c.stdout)
 		return 0

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/marconihub/marconi"
+	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/mcpbridge"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -30,14 +32,14 @@ var mcpSettings = []mcpSetting{
 	{"hub", "MARCONI_HUB_URL", "the hub's URL, or several comma-separated to fail over (required)", false},
 	{"api-key", "MARCONI_API_KEY", "a project API key of the hub (required)", false},
 	{"session", "MARCONI_SESSION_ID", "the agent's name on the hub, its session id; empty lets the hub choose", false},
-	{"surface", "MARCONI_SURFACE", "claude_code, codex, headless_cc, headless_cx or console_<name> (default claude_code)", false},
+	{"surface", "MARCONI_SURFACE", "claude_code, codex, headless_cc, headless_cx or console_<name> (default " + mcpbridge.DefaultSurface + ")", false},
 	{"runtime-mode", "MARCONI_RUNTIME_MODE", "stateless or sticky; empty lets the hub decide", false},
 	{"state-dir", "MARCONI_STATE_DIR", "where the session token is kept (0600) so a restarted host resumes its session; " +
 		"default $XDG_STATE_HOME/marconi/mcp or ~/.local/state/marconi/mcp when --session is set; none keeps nothing", false},
 	{"takeover", "MARCONI_TAKEOVER", "take the session over when it is live under a token this host does not hold", true},
 	{"deregister-on-exit", "MARCONI_DEREGISTER_ON_EXIT", "end the session when the server exits (default: it lives until its TTL)", true},
 	{"http", "MARCONI_MCP_HTTP_ADDR", "serve MCP's streamable HTTP transport on this address at /mcp instead of stdio", false},
-	{"inbox-size", "MARCONI_MCP_INBOX_SIZE", "signals held for the host before the server stops reading the hub (default 1000)", false},
+	{"inbox-size", "MARCONI_MCP_INBOX_SIZE", "signals held for the host before the server stops reading the hub (default " + strconv.Itoa(mcpbridge.DefaultInboxSize) + ")", false},
 }
 
 // mcpCommand runs `marconi mcp`: an MCP server for one agent, on stdio
@@ -61,7 +63,7 @@ func (c cli) mcpCommand(ctx context.Context, args []string) error {
 	b, err := mcpbridge.New(dctx, cfg)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("join the hub: %w", err)
+		return fmt.Errorf("join the hub: %w%s", err, joinHint(err, cfg))
 	}
 	if cfg.HTTPAddr != "" {
 		err = b.ServeHTTP(ctx, func(addr string) {
@@ -73,6 +75,27 @@ func (c cli) mcpCommand(ctx context.Context, args []string) error {
 	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return errors.Join(err, b.Close(cctx))
+}
+
+// joinHint says what to do about a hub's refusal to let the server join, in
+// the server's own flags: the hub's message speaks of HTTP headers and fields.
+func joinHint(err error, cfg mcpbridge.Config) string {
+	var he *bootstrap.Error
+	if !errors.As(err, &he) {
+		return ""
+	}
+	switch {
+	case he.Code == marconi.CodeUnauthorized:
+		return "; --api-key (MARCONI_API_KEY) is not a key of this hub: use the one a development hub prints at start, or one of its MARCONI_API_KEYS"
+	case he.Code == marconi.CodeForbidden && cfg.SessionID != "" && !cfg.Takeover:
+		where := "no state directory is kept (--state-dir none)"
+		if cfg.StateDir != "" {
+			where = "its state directory " + cfg.StateDir + " holds no token for it"
+		}
+		return fmt.Sprintf("; another host holds session %q, or this one lost its token (%s): "+
+			"start with --takeover (MARCONI_TAKEOVER=true) to take it over, or choose another --session", cfg.SessionID, where)
+	}
+	return ""
 }
 
 // stdio is the MCP transport on the command's stdin and stdout.

@@ -45,6 +45,9 @@ func TestMCPConfig(t *testing.T) {
 		{[]string{"--runtime-mode", "pinned"}, nil, "MARCONI_RUNTIME_MODE"},
 		{[]string{"--session", ".."}, nil, "MARCONI_SESSION_ID"},
 		{[]string{"--hub", ""}, map[string]string{"MARCONI_HUB_URL": ""}, "MARCONI_HUB_URL"},
+		{[]string{"--hub", "127.0.0.1:8080"}, nil, "--hub (MARCONI_HUB_URL) \"127.0.0.1:8080\": want an http:// or https:// URL"},
+		{nil, map[string]string{"MARCONI_HUB_URL": "http://a:8080,ws://b:8080"}, "\"ws://b:8080\""},
+		{[]string{"--hub", "http://"}, nil, "MARCONI_HUB_URL"},
 		{[]string{"extra"}, nil, "unexpected arguments"},
 	} {
 		e := map[string]string{}
@@ -86,6 +89,37 @@ func TestMCPStateDir(t *testing.T) {
 	} {
 		if got := stateDir(c.given, c.session, getenv); got != c.want {
 			t.Errorf("stateDir(%q, %q) = %q, want %q", c.given, c.session, got, c.want)
+		}
+	}
+}
+
+// TestMCPJoinRefusalSaysWhatToDo: a hub refusing the server at start (a key
+// it does not know, a live session this host holds no token for) stops it
+// with exit 1 and names the flag that fixes it, not the hub's HTTP terms.
+func TestMCPJoinRefusalSaysWhatToDo(t *testing.T) {
+	m, out := startMain(t, nil)
+	key := devKey(t, out.String())
+	if a := post(t, m.URL()+"/v1/sessions", key, `{"session_id":"alice","surface":"claude_code"}`); a.status != 201 {
+		t.Fatalf("register alice: %+v", a)
+	}
+	stateDir := t.TempDir()
+	for _, tt := range []struct {
+		name, key, session string
+		says               []string
+	}{
+		{"unknown key", "mak_not-a-key-of-this-hub", "bob", []string{"401 unauthorized", "--api-key (MARCONI_API_KEY) is not a key of this hub"}},
+		{"live session", key, "alice", []string{"403 forbidden", `another host holds session "alice"`,
+			"its state directory " + stateDir + " holds no token", "--takeover (MARCONI_TAKEOVER=true)"}},
+	} {
+		code, _, stderr := runCLI(t, map[string]string{"MARCONI_API_KEY": tt.key}, "", false,
+			"mcp", "--hub", m.URL(), "--session", tt.session, "--state-dir", stateDir)
+		if code != 1 {
+			t.Errorf("%s: exit %d, want 1 (stderr %q)", tt.name, code, stderr)
+		}
+		for _, want := range tt.says {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("%s: stderr lacks %q:\n%s", tt.name, want, stderr)
+			}
 		}
 	}
 }
