@@ -259,3 +259,25 @@ func TestRegisterAnswerIsTheWireType(t *testing.T) {
 		t.Errorf("answer read as %+v", a)
 	}
 }
+
+// TestHeartbeatAnswersTheExpiryStored: the expires_at a heartbeat answers is
+// the one the store keeps (read back by the operators' route state), to the
+// microsecond the stores keep, not the clock's nanoseconds.
+func TestHeartbeatAnswersTheExpiryStored(t *testing.T) {
+	for name, open := range bothStores() {
+		t.Run(name, func(t *testing.T) {
+			clock := hubtest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 123456789, time.UTC))
+			h := hubtest.Start(t, hubtest.Options{Store: open(t), Now: clock.Now})
+			a := register(t, h, "alice", "codex")
+			clock.Advance(time.Minute)
+			st, r := call(t, "POST", h.URL+"/v1/heartbeat", a.Token, nil)
+			if st != 200 {
+				t.Fatalf("heartbeat: %d %v", st, r)
+			}
+			stored, _ := routeState(t, h, "alice")["store"].(map[string]any)
+			if stored == nil || r["expires_at"] != stored["expires_at"] {
+				t.Fatalf("heartbeat answered expires_at %v, the store keeps %v", r["expires_at"], stored["expires_at"])
+			}
+		})
+	}
+}

@@ -334,7 +334,8 @@ func (s *Service) SpendRegistrationKey(ctx context.Context, sess sessionstore.Se
 // returns the new expiry. A session no longer live is session_expired.
 func (s *Service) Heartbeat(ctx context.Context, k sessionstore.Key) (time.Time, error) {
 	now := s.now()
-	exp := now.Add(s.cfg.SessionTTL)
+	// The stores keep microseconds: the expiry answered is the one kept.
+	exp := now.Add(s.cfg.SessionTTL).Truncate(time.Microsecond)
 	if err := s.store.TouchSession(ctx, k, sessionstore.Touch{SeenAt: now, VerbAt: now, ExpiresAt: exp}, now); err != nil {
 		if errors.Is(err, sessionstore.ErrNotFound) {
 			return time.Time{}, marconi.Errorf(marconi.CodeSessionExpired, "this session expired; register again")
