@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/migrations"
 	"github.com/mattn/go-isatty"
 )
@@ -101,8 +102,13 @@ func (c cli) config(ctx context.Context, args []string) error {
 		return err
 	}
 	if !check {
+		effective := c.effectiveDefaults(cfg)
 		for _, r := range cfg.resolved {
 			v := r.value
+			if v == "" && effective[r.env] != "" {
+				fmt.Fprintf(c.stdout, "%s=\t# %s: %s\n", r.env, r.source, effective[r.env])
+				continue
+			}
 			switch {
 			case r.env == "MARCONI_API_KEYS" && v == "" && cfg.generatedAPIKey != "":
 				v = "(development: generated or reused at start)"
@@ -363,4 +369,21 @@ func flagError(fs *flag.FlagSet, err error) error {
 		return fmt.Errorf("%w (did you mean --%s?)", err, s)
 	}
 	return err
+}
+
+// effectiveDefaults are what the settings left empty resolve to, for
+// `marconi config`: the variable's row says it beside its source.
+func (c cli) effectiveDefaults(cfg Config) map[string]string {
+	eff := map[string]string{"MARCONI_INSTANCE_ID": cfg.Hub.InstanceID, "MARCONI_PUBLIC_URL": cfg.Hub.PublicURL}
+	if cfg.Hub.SelfHeal.Enabled {
+		eff["MARCONI_SELFHEAL"] = "on"
+	} else {
+		eff["MARCONI_SELFHEAL"] = "off"
+	}
+	if cfg.Hub.Mode == marconi.Development && (cfg.generatedAPIKey != "" || cfg.generatedAdminToken != "") {
+		if path, err := defaultDevCredentialsFile(c.getenv); err == nil {
+			eff["MARCONI_DEV_CREDENTIALS_FILE"] = path
+		}
+	}
+	return eff
 }

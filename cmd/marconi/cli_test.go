@@ -176,6 +176,32 @@ func TestConfigPrintsEffectiveValuesMasked(t *testing.T) {
 	}
 }
 
+// TestConfigSaysWhatEmptyDefaultsResolveTo: a setting left empty whose
+// default is worked out at start (the instance id from the host name, the
+// development credentials' file, self-heal by mode, the public URL from the
+// address) says in `marconi config` what it resolves to.
+func TestConfigSaysWhatEmptyDefaultsResolveTo(t *testing.T) {
+	state := t.TempDir()
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "marconi"
+	}
+	code, stdout, stderr := runCLI(t, map[string]string{"XDG_STATE_HOME": state, "MARCONI_ADDR": "127.0.0.1:9123"}, "", false, "config")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{
+		"MARCONI_INSTANCE_ID=\t# default: " + host,
+		"MARCONI_PUBLIC_URL=\t# default: http://127.0.0.1:9123",
+		"MARCONI_SELFHEAL=\t# default: on",
+		"MARCONI_DEV_CREDENTIALS_FILE=\t# default: " + filepath.Join(state, "marconi", "dev-credentials"),
+	} {
+		if !strings.Contains(stdout, want+"\n") {
+			t.Errorf("config lacks %q:\n%s", want, stdout)
+		}
+	}
+}
+
 func TestDevelopmentBindsLoopback(t *testing.T) {
 	c, err := LoadConfig(nil, env(nil), &bytes.Buffer{})
 	if err != nil || c.Addr != "127.0.0.1:8080" {
