@@ -33,7 +33,9 @@ func DialPiggyback(ctx context.Context, cfg Config) (*Client, error) {
 }
 
 // Drain fetches the signals the hub holds for the session beyond the highest
-// one handed to OnSignal (GET /v1/signals, one page) and queues them for
+// one handed to OnSignal (GET /v1/signals, one page, naming the store
+// history that seq came under: after a failover of the hub's store the page
+// starts again from the acknowledged seq, history.go) and queues them for
 // OnSignal, waiting for room. It returns the highest seq fetched, 0 when
 // there was none: OnSignal has seen it once the dispatcher reached it.
 func (c *Client) Drain(ctx context.Context) (int64, error) {

@@ -49,17 +49,9 @@ func (s *movingHistory) AckSignalsAs(ctx context.Context, k sessionstore.Key, h 
 func TestAckUnderAHistory(t *testing.T) {
 	ctx := t.Context()
 	clock := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	now := func() time.Time { return clock }
 	store := &movingHistory{Store: memstore.New()}
 	store.n.Store(1)
-	sh, err := selfheal.New(selfheal.Config{}.WithDefaults(marconi.Development), now, prometheus.NewRegistry(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := signals.New(signals.Config{}, store, rowRouter{}, sh, now, prometheus.NewRegistry(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := newService(t, store, clock)
 	k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "bob"}
 	hash := sha256.Sum256([]byte("bob"))
 	bob, err := store.CreateSession(ctx, sessionstore.Session{Key: k, Surface: "codex", RuntimeMode: "stateless",
@@ -131,7 +123,7 @@ func TestDrainUnderAnotherHistory(t *testing.T) {
 	}
 	store := &movingHistory{Store: w.store.Store}
 	store.n.Store(2)
-	svc := newService(t, store)
+	svc := newService(t, store, w.clock)
 	for _, tt := range []struct {
 		history     string
 		after, next int64
@@ -151,9 +143,10 @@ func TestDrainUnderAnotherHistory(t *testing.T) {
 	}
 }
 
-func newService(t *testing.T, store signals.Store) *signals.Service {
+// newService is the send path on store, its clock stopped at clock.
+func newService(t *testing.T, store signals.Store, clock time.Time) *signals.Service {
 	t.Helper()
-	now := func() time.Time { return time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC) }
+	now := func() time.Time { return clock }
 	sh, err := selfheal.New(selfheal.Config{}.WithDefaults(marconi.Development), now, prometheus.NewRegistry(), nil)
 	if err != nil {
 		t.Fatal(err)
