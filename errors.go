@@ -48,13 +48,18 @@ const (
 	CodeHeadersTooLarge         Code = "headers_too_large"
 	CodeNotImplemented          Code = "not_implemented"
 	CodeHTTPVersionNotSupported Code = "http_version_not_supported"
+	// CodeHistoryChanged refuses an ack made under another history of the
+	// store than its current one (a standby promoted since): its seqs may
+	// name signals the client never received. Nothing is acknowledged;
+	// drain again (docs/api.md).
+	CodeHistoryChanged Code = "history_changed"
 )
 
 // Codes lists every Code, in the order of docs/api.md's table.
 var Codes = []Code{
 	CodeInvalidJSON, CodeInvalidField, CodeInvalidSurface, CodeInvalidRuntimeMode,
 	CodeReservedRuntimeMode, CodeUnauthorized, CodeForbidden, CodeRecipientNotRegistered,
-	CodeNotFound, CodeWrongInstance, CodeNotAdaptivePlacement, CodeSessionExpired,
+	CodeNotFound, CodeWrongInstance, CodeNotAdaptivePlacement, CodeHistoryChanged, CodeSessionExpired,
 	CodePayloadTooLarge, CodeRequestTimeout, CodeTooManyRequests, CodeQuotaExceeded,
 	CodeRegistryUnavailable, CodeDraining, CodeUpgradeRequired, CodeInternal,
 	CodeBadRequest, CodeHeadersTooLarge, CodeNotImplemented, CodeHTTPVersionNotSupported,

@@ -44,18 +44,22 @@ var CloseCodes = []websocket.StatusCode{
 // FrameType is the "type" field of a WebSocket frame.
 type FrameType string
 
-// Frame types: the hub sends welcome, signal and error; the client sends
-// ack and ping.
+// Frame types: the hub sends welcome, signal, history and error; the client
+// sends ack and ping.
 const (
 	FrameWelcome FrameType = "welcome"
 	FrameSignal  FrameType = "signal"
+	// FrameHistory tells the client the store's new history token before
+	// the hub writes the unacknowledged signals again after the store's
+	// history changed (docs/api.md).
+	FrameHistory FrameType = "history"
 	FrameError   FrameType = "error"
 	FrameAck     FrameType = "ack"
 	FramePing    FrameType = "ping"
 )
 
 // FrameTypes lists every FrameType.
-var FrameTypes = []FrameType{FrameWelcome, FrameSignal, FrameError, FrameAck, FramePing}
+var FrameTypes = []FrameType{FrameWelcome, FrameSignal, FrameHistory, FrameError, FrameAck, FramePing}
 
 // HTTP header names of the contract.
 const (

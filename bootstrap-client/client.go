@@ -221,10 +221,14 @@ type Client struct {
 	immediate bool   // the next redial skips the backoff wait
 	stopped   bool   // the supervisor gave up: replaced (4409) or refused by the hub
 	ending    bool   // Deregister is under way: the session is being ended on purpose
+	// connHistory is the store history the welcome of generation gen
+	// named (history.go).
+	connHistory string
 
-	// highest is the highest seq handed to OnSignal and the registration
-	// (epoch) it belongs to, for drain: a new registration numbers its
-	// signals from 1 again. Guarded by mu.
+	// highest is the highest seq handed to OnSignal, with the registration
+	// (epoch) and the store history it belongs to, for drain: a new
+	// registration numbers its signals from 1 again, and a new history may
+	// have given its seqs to other signals (history.go). Guarded by mu.
 	highest seqMark
 	// held records, with Config.DeferAck, the registration of each signal
 	// handed to OnSignal and not yet acknowledged by Client.Ack.

@@ -17,12 +17,19 @@ import (
 )
 
 // delivery is a batch of signals for the dispatcher, tagged with the
-// registration epoch under which they were received, possibly preceded by an
-// affinity reset.
+// registration epoch and the store history (history.go) under which they
+// were received, possibly preceded by an affinity reset.
 type delivery struct {
 	signals       []Signal
 	epoch         uint64
 	affinityReset bool
+	// history is the token of the store's history the signals were read
+	// under; "" when the hub named none.
+	history string
+	// page says the signals are a page of an HTTP answer (drain, pending)
+	// that covers every pending signal up to through.
+	page    bool
+	through int64
 }
 
 // connect runs the bootstrap connect sequence: attach the WebSocket with the
@@ -127,6 +134,7 @@ func (c *Client) attach(ctx context.Context) (*websocket.Conn, uint64, error) {
 		c.conn = conn
 		c.gen++
 		gen := c.gen
+		c.connHistory = w.History
 		c.immediate = false
 		c.mu.Unlock()
 		c.log.Info("marconi: attached", "session_id", w.SessionID, "instance_id", w.InstanceID,
@@ -153,6 +161,7 @@ type welcome struct {
 	AffinityReset bool   `json:"affinity_reset"`
 	Replayed      int    `json:"replayed"`
 	Dropped       int    `json:"dropped"`
+	History       string `json:"history"`
 }
 
 func readWelcome(ctx context.Context, conn *websocket.Conn) (welcome, error) {
@@ -178,12 +187,15 @@ func (c *Client) supervise(conn *websocket.Conn, gen uint64) {
 	defer c.wg.Done()
 	for {
 		a := c.currentAuth()
+		c.mu.Lock()
+		history := c.connHistory // the welcome's, read by the attach that made conn
+		c.mu.Unlock()
 		readDone := make(chan error, 1)
 		hold := new(readerHold)
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			readDone <- c.readLoop(conn, a.epoch, hold)
+			readDone <- c.readLoop(conn, a.epoch, history, hold)
 		}()
 		dead := make(chan struct{})
 		stopPings := c.startKeepalive(conn, hold, dead)
@@ -297,8 +309,10 @@ func (c *Client) detach(gen uint64) {
 }
 
 // readLoop reads the hub's frames until the connection ends and hands the
-// signals to the dispatcher. It returns the error that ended the connection.
-func (c *Client) readLoop(conn *websocket.Conn, epoch uint64, hold *readerHold) error {
+// signals to the dispatcher, under the store history the welcome named, or
+// the one a history frame named since. It returns the error that ended the
+// connection.
+func (c *Client) readLoop(conn *websocket.Conn, epoch uint64, history string, hold *readerHold) error {
 	var (
 		dec frameDecoder
 		buf bytes.Buffer // one frame at a time; what a signal keeps is copied
@@ -322,11 +336,17 @@ func (c *Client) readLoop(conn *websocket.Conn, epoch uint64, hold *readerHold) 
 			c.log.Warn("marconi: undecodable frame", "err", err)
 			continue
 		}
+		if f.Type == marconi.FrameHistory {
+			// The hub writes the unacknowledged signals again under it.
+			c.log.Info("marconi: the hub's store moved to another history (a standby promoted); its unacknowledged signals come again", "history", f.History)
+			history = f.History
+			continue
+		}
 		if f.Type != marconi.FrameSignal {
 			c.log.Debug("marconi: ignoring frame", "type", f.Type)
 			continue
 		}
-		d := delivery{signals: []Signal{f.Signal}, epoch: epoch}
+		d := delivery{signals: []Signal{f.Signal}, epoch: epoch, history: history}
 		select {
 		case c.deliveries <- d:
 			continue
@@ -458,6 +478,7 @@ const defaultAckInterval = 500 * time.Millisecond
 func (c *Client) dispatch() {
 	defer c.wg.Done()
 	seq := newSequencer(defaultSeenIDs)
+	history := "" // the store history of what was delivered last (history.go)
 	unacked := 0
 	told := uint64(1) // the newest registration the application was told of; 1 is Dial's
 	var (
@@ -473,7 +494,7 @@ func (c *Client) dispatch() {
 	var frame []byte // the ack frame's buffer, reused
 	ackNow := func() {
 		ctx, cancel := context.WithTimeout(c.ctx, ackTimeout)
-		frame = c.ack(ctx, frame, seq.epoch, seq.highest)
+		frame = c.ack(ctx, frame, seqMark{epoch: seq.epoch, seq: seq.highest, history: history})
 		cancel()
 		unacked, lastAck = 0, time.Now()
 	}
@@ -528,6 +549,13 @@ func (c *Client) dispatch() {
 		if reset && c.cfg.OnAffinityReset != nil {
 			c.cfg.OnAffinityReset()
 		}
+		if d.history != "" && d.history != history && d.epoch >= seq.epoch {
+			if history != "" {
+				c.newHistory(seq, d)
+				unacked = 0 // seqs of the old history: an ack of them would be refused
+			}
+			history = d.history
+		}
 		for _, s := range d.signals {
 			if !seq.accept(d.epoch, s) {
 				continue
@@ -537,14 +565,17 @@ func (c *Client) dispatch() {
 					"signal_id", s.ID, "seq", s.Seq)
 			}
 			c.mu.Lock()
-			c.highest = seqMark{epoch: d.epoch, seq: s.Seq}
+			c.highest = seqMark{epoch: d.epoch, seq: s.Seq, history: history}
 			c.mu.Unlock()
 			if c.cfg.DeferAck {
-				c.held.hold(d.epoch, s)
+				c.held.hold(s.ID, seqMark{epoch: d.epoch, seq: s.Seq, history: history})
 			}
 			if c.cfg.OnSignal != nil {
 				c.cfg.OnSignal(s)
 			}
+		}
+		if d.page && d.history != "" && d.history == history && d.epoch == seq.epoch {
+			c.pageThrough(d)
 		}
 		if len(d.signals) > 0 && d.epoch == seq.epoch {
 			unacked++
@@ -559,22 +590,23 @@ func (c *Client) dispatch() {
 	}
 }
 
-// ack acknowledges every signal up to upTo: on the WebSocket when attached,
+// ack acknowledges every signal up to m: on the WebSocket when attached,
 // else over HTTP, within ctx. A failed ack is only logged: the signals come
 // again and are deduplicated. The frame is written in buf, returned for the
 // next ack.
-func (c *Client) ack(ctx context.Context, buf []byte, epoch uint64, upTo int64) []byte {
-	buf, err := c.writeAck(ctx, buf, epoch, upTo)
-	if err != nil && c.ctx.Err() == nil {
-		c.log.Warn("marconi: ack failed", "up_to_seq", upTo, "err", err)
-	}
+func (c *Client) ack(ctx context.Context, buf []byte, m seqMark) []byte {
+	buf, err := c.writeAck(ctx, buf, m)
+	c.logAckError(err, m, "marconi: ack failed")
 	return buf
 }
 
-// writeAck acknowledges every signal of registration epoch up to upTo, as
-// ack does, and returns the error of the call when both ways failed. The
-// frame is written in buf, returned for the next ack.
-func (c *Client) writeAck(ctx context.Context, buf []byte, epoch uint64, upTo int64) ([]byte, error) {
+// writeAck acknowledges every signal of registration m.epoch up to m.seq,
+// received under store history m.history, as ack does, and returns the
+// error of the call when both ways failed (an *Error with
+// marconi.CodeHistoryChanged when the store moved to another history
+// since). The frame is written in buf, returned for the next ack.
+func (c *Client) writeAck(ctx context.Context, buf []byte, m seqMark) ([]byte, error) {
+	epoch, upTo := m.epoch, m.seq
 	if upTo <= 0 {
 		return buf, nil
 	}
@@ -591,7 +623,7 @@ func (c *Client) writeAck(ctx context.Context, buf []byte, epoch uint64, upTo in
 			return buf, nil
 		}
 	}
-	if _, err := c.sessionCall(ctx, http.MethodPost, "/v1/signals/ack", ackRequest{UpToSeq: upTo}, nil); err != nil {
+	if _, err := c.sessionCall(ctx, http.MethodPost, "/v1/signals/ack", ackRequest{UpToSeq: upTo, History: m.history}, nil); err != nil {
 		return buf, fmt.Errorf("bootstrap: ack up to seq %d: %w", upTo, err)
 	}
 	c.acks.Add(1)

@@ -16,14 +16,15 @@ type heldSignals struct {
 	byID map[string]seqMark
 }
 
-// hold records s as handed to the application under registration epoch.
-func (h *heldSignals) hold(epoch uint64, s Signal) {
+// hold records the signal id as handed to the application at m (its
+// registration, seq and store history).
+func (h *heldSignals) hold(id string, m seqMark) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.byID == nil {
 		h.byID = make(map[string]seqMark)
 	}
-	h.byID[s.ID] = seqMark{epoch: epoch, seq: s.Seq}
+	h.byID[id] = m
 }
 
 // release forgets the signal id and every held signal an ack of it covers
@@ -67,7 +68,9 @@ func (d *deferredAcks) hold(m seqMark, now time.Time, interval time.Duration) (s
 		d.last = now
 		return true, false
 	}
-	if m.epoch > d.pending.epoch || (m.epoch == d.pending.epoch && m.seq > d.pending.seq) {
+	// A mark of another store history than the held one replaces it: an
+	// ack of the held one would be refused (history.go).
+	if m.epoch > d.pending.epoch || (m.epoch == d.pending.epoch && (m.seq > d.pending.seq || m.history != d.pending.history)) {
 		d.pending = m
 	}
 	tell = !d.armed
@@ -106,7 +109,10 @@ func (d *deferredAcks) take(now time.Time) (seqMark, bool) {
 // least that long after the last one is sent at once and its error
 // returned; one sooner is held, folded into any later Ack, and sent once the
 // interval has passed, or by Close; Ack then returns nil and a failure to
-// send it is logged (the signals come again).
+// send it is logged (the signals come again). An ack the hub refuses
+// because its store moved to another history since the signal came
+// (history_changed, after a failover) acknowledges nothing and is dropped:
+// Ack returns nil and logs it, and the signals come again.
 func (c *Client) Ack(ctx context.Context, s Signal) error {
 	if c.ctx.Err() != nil {
 		return errClosed
@@ -131,7 +137,11 @@ func (c *Client) Ack(ctx context.Context, s Signal) error {
 		}
 		return nil
 	}
-	_, err := c.writeAck(ctx, nil, m.epoch, m.seq)
+	_, err := c.writeAck(ctx, nil, m)
+	if historyChanged(err) {
+		c.logAckError(err, m, "")
+		return nil
+	}
 	return err
 }
 
@@ -142,7 +152,6 @@ func (c *Client) sendDeferredAck(ctx context.Context) {
 	if !ok {
 		return
 	}
-	if _, err := c.writeAck(ctx, nil, m.epoch, m.seq); err != nil && c.ctx.Err() == nil {
-		c.log.Warn("marconi: held-back ack failed; the signals will come again", "up_to_seq", m.seq, "err", err)
-	}
+	_, err := c.writeAck(ctx, nil, m)
+	c.logAckError(err, m, "marconi: held-back ack failed; the signals will come again")
 }

@@ -55,6 +55,12 @@ type fakeHub struct {
 	wsStalled     bool     // /v1/ws never answers the upgrade
 	wsRefusals    int      // /v1/ws answers refused with 503
 	drainedAfter  []string // after_seq of each GET /v1/signals
+	// drainAnswer, when set, answers GET /v1/signals asked after_seq and
+	// history; ackAnswer, when set, POST /v1/signals/ack.
+	drainAnswer func(after, history string) drainResponse
+	ackAnswer   func(ackRequest) (int, any)
+	drains      []string // "after@history" of each GET /v1/signals
+	ackCalls    []string // "up_to_seq@history" of each POST /v1/signals/ack
 }
 
 func newFakeHub(t *testing.T) *fakeHub {
@@ -74,9 +80,16 @@ func newFakeHub(t *testing.T) *fakeHub {
 	})
 	mux.HandleFunc("GET /v1/signals", func(w http.ResponseWriter, r *http.Request) {
 		if h.auth(w, r) {
+			q := r.URL.Query()
 			h.mu.Lock()
-			h.drainedAfter = append(h.drainedAfter, r.URL.Query().Get("after_seq"))
+			h.drainedAfter = append(h.drainedAfter, q.Get("after_seq"))
+			h.drains = append(h.drains, q.Get("after_seq")+"@"+q.Get("history"))
+			answer := h.drainAnswer
 			h.mu.Unlock()
+			if answer != nil {
+				writeJSON(w, 200, answer(q.Get("after_seq"), q.Get("history")))
+				return
+			}
 			writeJSON(w, 200, map[string]any{"signals": []Signal{}, "next_after_seq": 0})
 		}
 	})
@@ -86,7 +99,14 @@ func newFakeHub(t *testing.T) *fakeHub {
 			_ = json.NewDecoder(r.Body).Decode(&a)
 			h.mu.Lock()
 			h.httpAcks = append(h.httpAcks, a.UpToSeq)
+			h.ackCalls = append(h.ackCalls, fmt.Sprintf("%d@%s", a.UpToSeq, a.History))
+			answer := h.ackAnswer
 			h.mu.Unlock()
+			if answer != nil {
+				status, body := answer(a)
+				writeJSON(w, status, body)
+				return
+			}
 			writeJSON(w, 200, map[string]any{"acked": 0})
 		}
 	})

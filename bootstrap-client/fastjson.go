@@ -225,7 +225,7 @@ func setBool(dst *bool, val []byte) bool {
 
 // sendResponseFields are the keys sendResponse decodes.
 var sendResponseFields = []string{"signal_id", "seq", "delivery", "recipient_route_state", "recipient_instance_url",
-	"selfheal_outcome", "recipient_route_stale", "sender_route_stale", "duplicate", "pending"}
+	"selfheal_outcome", "recipient_route_stale", "sender_route_stale", "duplicate", "pending", "history"}
 
 // decodeSendResponse decodes a send's answer into r (which it resets).
 func decodeSendResponse(data []byte, r *sendResponse) error {
@@ -277,13 +277,15 @@ func fastSendResponse(data []byte, r *sendResponse) bool {
 				return false // signals came with it: encoding/json reads them
 			}
 			return true
+		case "history":
+			return setString(&r.History, val)
 		}
 		return unknownMember(key, val, sendResponseFields)
 	})
 }
 
 // frameFields are the keys a signal frame decodes.
-var frameFields = []string{"type", "id", "from_session", "to_session", "kind", "seq", "payload", "created_at"}
+var frameFields = []string{"type", "id", "from_session", "to_session", "kind", "seq", "payload", "created_at", "history"}
 
 // frameDecoder decodes the hub's frames on one connection. The sessions
 // and kind of the last frame are kept, so that the frames of one sender
@@ -329,6 +331,8 @@ func (d *frameDecoder) fast(data []byte, f *frame) bool {
 				return false
 			}
 			return f.CreatedAt.UnmarshalJSON(val) == nil
+		case "history":
+			return setString(&f.History, val)
 		}
 		return unknownMember(key, val, frameFields)
 	})

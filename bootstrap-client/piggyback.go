@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"strconv"
 )
 
 // DialPiggyback registers the session (or resumes the one named by
@@ -34,7 +33,9 @@ func DialPiggyback(ctx context.Context, cfg Config) (*Client, error) {
 }
 
 // Drain fetches the signals the hub holds for the session beyond the highest
-// one handed to OnSignal (GET /v1/signals, one page) and queues them for
+// one handed to OnSignal (GET /v1/signals, one page, naming the store
+// history that seq came under: after a failover of the hub's store the page
+// starts again from the acknowledged seq, history.go) and queues them for
 // OnSignal, waiting for room. It returns the highest seq fetched, 0 when
 // there was none: OnSignal has seen it once the dispatcher reached it.
 func (c *Client) Drain(ctx context.Context) (int64, error) {
@@ -42,19 +43,21 @@ func (c *Client) Drain(ctx context.Context) (int64, error) {
 		return 0, errClosed
 	}
 	var res drainResponse
-	path := "/v1/signals?after_seq=" + strconv.FormatInt(c.drainAfter(), 10) + "&limit=" + strconv.Itoa(drainLimit)
-	a, err := c.sessionCall(ctx, http.MethodGet, path, nil, &res)
+	a, err := c.sessionCall(ctx, http.MethodGet, c.drainPath(), nil, &res)
 	if err != nil {
 		return 0, fmt.Errorf("bootstrap: drain: %w", err)
 	}
-	if len(res.Signals) == 0 {
+	if len(res.Signals) == 0 && !res.HistoryChanged {
 		return 0, nil
 	}
-	if !c.enqueue(ctx, delivery{signals: res.Signals, epoch: a.epoch}) {
+	if !c.enqueue(ctx, drained(res, a.epoch)) {
 		if ctx.Err() != nil {
 			return 0, fmt.Errorf("bootstrap: drain: %w", ctx.Err())
 		}
 		return 0, errClosed
+	}
+	if len(res.Signals) == 0 {
+		return 0, nil
 	}
 	return res.Signals[len(res.Signals)-1].Seq, nil
 }

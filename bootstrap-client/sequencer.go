@@ -69,6 +69,11 @@ func (s *sequencer) accept(epoch uint64, sig Signal) bool {
 	return true
 }
 
+// rebase forgets the highest seq delivered: the hub's store moved to
+// another history, whose seqs may name other signals than those delivered
+// at them, so from here only ids tell a signal delivered (history.go).
+func (s *sequencer) rebase() { s.highest = 0 }
+
 // slot is where bySeq keeps seq's id.
 func (s *sequencer) slot(seq int64) *seqID {
 	n := int64(len(s.bySeq))

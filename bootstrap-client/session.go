@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -610,7 +609,7 @@ func (c *Client) Send(ctx context.Context, to, kind string, payload any, opts ..
 	}
 	res := resp.result()
 	if len(resp.Pending) > 0 {
-		c.offer(delivery{signals: resp.Pending, epoch: a.epoch})
+		c.offer(pendingPage(resp.Pending, resp.History, a.epoch))
 	}
 	if res.RecipientRouteStale {
 		c.log.Info("marconi: recipient route stale; it repairs on its own next send",
@@ -703,7 +702,7 @@ func (c *Client) heartbeat(timeout time.Duration) {
 	}
 	c.log.Debug("marconi: heartbeat", "route_state", res.RouteState, "pending", len(res.Pending))
 	if len(res.Pending) > 0 {
-		c.offer(delivery{signals: res.Pending, epoch: a.epoch})
+		c.offer(pendingPage(res.Pending, res.History, a.epoch))
 	}
 }
 
@@ -711,32 +710,34 @@ func (c *Client) heartbeat(timeout time.Duration) {
 // this session beyond the highest one delivered.
 func (c *Client) drain(ctx context.Context) {
 	var res drainResponse
-	path := "/v1/signals?after_seq=" + strconv.FormatInt(c.drainAfter(), 10) + "&limit=" + strconv.Itoa(drainLimit)
-	a, err := c.sessionCall(ctx, http.MethodGet, path, nil, &res)
+	a, err := c.sessionCall(ctx, http.MethodGet, c.drainPath(), nil, &res)
 	if err != nil {
 		c.log.Debug("marconi: drain failed", "err", err)
 		return
 	}
-	if len(res.Signals) > 0 {
-		c.offer(delivery{signals: res.Signals, epoch: a.epoch})
+	if len(res.Signals) > 0 || res.HistoryChanged {
+		c.offer(drained(res, a.epoch))
 	}
 }
 
-// seqMark is a seq of one registration (epoch) of the session.
+// seqMark is a seq of one registration (epoch) of the session, under one
+// history of the hub's store ("" when the hub names none).
 type seqMark struct {
-	epoch uint64
-	seq   int64
+	epoch   uint64
+	seq     int64
+	history string
 }
 
-// drainAfter is the seq a drain asks for signals after: the highest one
-// handed to OnSignal, or 0 once the session was registered again (its
-// signals start from 1 anew; asking after the old registration's highest
-// would skip them until the WebSocket attaches).
-func (c *Client) drainAfter() int64 {
+// drainAfter is the seq a drain asks for signals after, with the store
+// history it came under: the highest one handed to OnSignal (or covered by
+// a drained page, history.go), or 0 and no history once the session was
+// registered again (its signals start from 1 anew; asking after the old
+// registration's highest would skip them until the WebSocket attaches).
+func (c *Client) drainAfter() seqMark {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.highest.epoch != c.epoch {
-		return 0
+		return seqMark{epoch: c.epoch}
 	}
-	return c.highest.seq
+	return c.highest
 }

@@ -162,6 +162,8 @@ type sendResponse struct {
 	SenderRouteStale     bool             `json:"sender_route_stale"`
 	Duplicate            bool             `json:"duplicate"`
 	Pending              []Signal         `json:"pending"`
+	// History is the store's history Pending was read under (history.go).
+	History string `json:"history"`
 }
 
 func (r *sendResponse) decodeAnswer(data []byte) error { return decodeSendResponse(data, r) }
@@ -195,12 +197,15 @@ type registerRequest struct {
 type heartbeatResponse struct {
 	RouteState string   `json:"route_state"`
 	Pending    []Signal `json:"pending"`
+	History    string   `json:"history"`
 }
 
 // drainResponse is the answer to GET /v1/signals.
 type drainResponse struct {
-	Signals      []Signal `json:"signals"`
-	NextAfterSeq int64    `json:"next_after_seq"`
+	Signals        []Signal `json:"signals"`
+	NextAfterSeq   int64    `json:"next_after_seq"`
+	History        string   `json:"history"`
+	HistoryChanged bool     `json:"history_changed"`
 }
 
 // ackRequest is both the body of POST /v1/signals/ack and, with Type "ack",
@@ -208,10 +213,15 @@ type drainResponse struct {
 type ackRequest struct {
 	Type    marconi.FrameType `json:"type,omitempty"`
 	UpToSeq int64             `json:"up_to_seq"`
+	// History is the store's history the acknowledged signals came under
+	// (HTTP only; a WebSocket's acks are checked by its connection).
+	History string `json:"history,omitempty"`
 }
 
 // frame is one message from the hub on the WebSocket after the welcome.
 type frame struct {
 	Type marconi.FrameType `json:"type"`
 	Signal
+	// History is a history frame's token.
+	History string `json:"history"`
 }

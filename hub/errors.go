@@ -29,6 +29,7 @@ var statusByCode = map[marconi.Code]int{
 	marconi.CodeNotFound:                http.StatusNotFound,
 	marconi.CodeWrongInstance:           http.StatusConflict,
 	marconi.CodeNotAdaptivePlacement:    http.StatusConflict,
+	marconi.CodeHistoryChanged:          http.StatusConflict,
 	marconi.CodeSessionExpired:          http.StatusGone,
 	marconi.CodePayloadTooLarge:         http.StatusRequestEntityTooLarge,
 	marconi.CodeRequestTimeout:          http.StatusRequestTimeout,

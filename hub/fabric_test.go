@@ -850,7 +850,8 @@ func TestMatrixNoStateHydration(t *testing.T) {
 	c.tick("hub-b")
 
 	ws, w := mustAttach(t, b, s1)
-	wantKeys(t, "welcome", w, "type", "session_id", "instance_id", "resumed", "affinity_reset", "replayed")
+	// history: the token of the store's history (Postgres keeps one), not state.
+	wantKeys(t, "welcome", w, "type", "session_id", "instance_id", "resumed", "affinity_reset", "replayed", "history")
 	if w["affinity_reset"] != true || w["instance_id"] != "hub-b" {
 		t.Fatalf("welcome %v", w)
 	}

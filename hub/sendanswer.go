@@ -71,9 +71,15 @@ func appendSendAnswer(dst []byte, a *sendResponse) ([]byte, bool) {
 	dst = append(dst, `},"duplicate":`...)
 	dst = strconv.AppendBool(dst, a.Duplicate)
 	if a.Pending == nil {
-		return append(dst, `,"pending":null}`+"\n"...), ok
+		dst = append(dst, `,"pending":null`...)
+	} else {
+		dst = append(dst, `,"pending":[]`...)
 	}
-	return append(dst, `,"pending":[]}`+"\n"...), ok
+	if a.History != "" {
+		dst = append(dst, `,"history":`...)
+		dst, ok = conns.AppendPlainString(dst, a.History, ok)
+	}
+	return append(dst, "}\n"...), ok
 }
 
 // appendNullableString appends *s as AppendPlainString does, or null.

@@ -36,6 +36,8 @@ func TestAppendSendAnswer(t *testing.T) {
 		{"empty", sendResponse{}, true},
 		{"holder", sendResponse{SignalID: "s", Seq: 2, Delivery: "pushed_to_ws", RecipientRouteState: "attached",
 			RecipientInstanceURL: "http://lb.example:8080/i/hub-2"}, true},
+		{"history", sendResponse{SignalID: "s", Seq: 3, Delivery: "queued_offline", RecipientRouteState: "route_without_queue",
+			Pending: []signalJSON{}, History: "9f86d081884c7d65"}, true},
 		{"html in a string", sendResponse{SignalID: "a<b>&c", Delivery: "pushed_to_ws"}, false},
 		{"quote in a string", sendResponse{SignalID: `a"b`}, false},
 		{"unicode in a string", sendResponse{SignalID: "é"}, false},
@@ -71,7 +73,7 @@ func FuzzAppendSendAnswer(f *testing.F) {
 			SelfhealOutcome: opt(outcome, 1), RecipientRouteStale: flags&2 != 0, SenderRouteStale: flags&4 != 0,
 			Selfheal: selfhealJSON{Recipient: opt(recipient, 8), Sender: opt(sender, 16)}, Duplicate: flags&32 != 0}
 		if flags&64 != 0 {
-			a.Pending = []signalJSON{}
+			a.Pending, a.History = []signalJSON{}, outcome
 		}
 		if flags&128 != 0 {
 			a.RecipientInstanceURL = recipient

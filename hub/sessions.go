@@ -105,6 +105,9 @@ type heartbeatResponse struct {
 	RouteState string       `json:"route_state"`
 	ExpiresAt  time.Time    `json:"expires_at"`
 	Pending    []signalJSON `json:"pending"`
+	// History is the token of the store's history pending was read under,
+	// when it was read and the store keeps one.
+	History string `json:"history,omitempty"`
 }
 
 // heartbeat is POST /v1/heartbeat: proof of life, expiry extended, and the
@@ -126,6 +129,7 @@ func (s *Server) heartbeat(c echo.Context) error {
 		Pending:    []signalJSON{},
 	}
 	if !route.Attached {
+		resp.History = s.signals.History() // before the read: the history it was made under, or an earlier one
 		p, err := s.signals.Pending(ctx, sess.Key, 0, s.signals.Config().PiggybackLimit)
 		if err != nil {
 			return err

@@ -52,6 +52,9 @@ type sendResponse struct {
 	Selfheal             selfhealJSON `json:"selfheal"`
 	Duplicate            bool         `json:"duplicate"`
 	Pending              []signalJSON `json:"pending"`
+	// History is the token of the store's history pending was read under,
+	// when it was read and the store keeps one.
+	History string `json:"history,omitempty"`
 }
 
 func nullable[T ~string](s T) *string {
@@ -95,6 +98,7 @@ func (s *Server) send(c echo.Context) error {
 		Selfheal:             selfhealJSON{Recipient: nullable(res.SelfHeal.Recipient), Sender: nullable(res.SelfHeal.Sender)},
 		Duplicate:            res.Duplicate,
 		Pending:              toSignalsJSON(res.Pending),
+		History:              res.History,
 	})
 }
 
@@ -108,11 +112,13 @@ func (s *Server) instanceURL(ctx context.Context, instance string) string {
 }
 
 type drainResponse struct {
-	Signals      []signalJSON `json:"signals"`
-	NextAfterSeq int64        `json:"next_after_seq"`
+	Signals        []signalJSON `json:"signals"`
+	NextAfterSeq   int64        `json:"next_after_seq"`
+	History        string       `json:"history,omitempty"`
+	HistoryChanged bool         `json:"history_changed,omitzero"`
 }
 
-// drain is GET /v1/signals?after_seq=N&limit=M.
+// drain is GET /v1/signals?after_seq=N&limit=M&history=H.
 func (s *Server) drain(c echo.Context) error {
 	sess := session(c)
 	after, err := queryInt(c, "after_seq", 0)
@@ -126,15 +132,26 @@ func (s *Server) drain(c echo.Context) error {
 	if limit < 1 {
 		return marconi.Errorf(marconi.CodeInvalidField, "limit must be at least 1")
 	}
-	sigs, err := s.signals.Pending(c.Request().Context(), sess.Key, after, int(min(limit, int64(s.signals.Config().DrainLimit))))
+	history := c.QueryParam("history")
+	if err := checkHistory(history); err != nil {
+		return err
+	}
+	res, err := s.signals.Drain(c.Request().Context(), signals.DrainRequest{
+		Key: sess.Key, AfterSeq: after, Limit: int(min(limit, int64(s.signals.Config().DrainLimit))), History: history,
+	})
 	if err != nil {
 		return err
 	}
-	next := after
-	if len(sigs) > 0 {
-		next = sigs[len(sigs)-1].Seq
+	return c.JSON(http.StatusOK, drainResponse{Signals: toSignalsJSON(res.Signals), NextAfterSeq: res.NextAfterSeq,
+		History: res.History, HistoryChanged: res.HistoryChanged})
+}
+
+// checkHistory refuses a history token that is not one the hub hands out.
+func checkHistory(h string) error {
+	if !signals.ValidHistory(h) {
+		return marconi.Errorf(marconi.CodeInvalidField, "history must be a token the hub gave (%s), or absent", signals.IDForm)
 	}
-	return c.JSON(http.StatusOK, drainResponse{Signals: toSignalsJSON(sigs), NextAfterSeq: next})
+	return nil
 }
 
 func queryInt(c echo.Context, name string, def int64) (int64, error) {
@@ -151,6 +168,9 @@ func queryInt(c echo.Context, name string, def int64) (int64, error) {
 
 type ackRequest struct {
 	UpToSeq *int64 `json:"up_to_seq"`
+	// History is the token of the store's history the acknowledged signals
+	// came under; "" checks none.
+	History string `json:"history"`
 }
 
 // ack is POST /v1/signals/ack.
@@ -163,7 +183,11 @@ func (s *Server) ack(c echo.Context) error {
 	if req.UpToSeq == nil || *req.UpToSeq < 0 {
 		return marconi.Errorf(marconi.CodeInvalidField, "up_to_seq is required and must be a non-negative integer")
 	}
-	n, err := s.signals.Ack(c.Request().Context(), sess.Key, *req.UpToSeq)
+	if err := checkHistory(req.History); err != nil {
+		return err
+	}
+	n, err := s.signals.AckUnder(c.Request().Context(), sess.Key,
+		sessionstore.Holder{RegisteredAt: sess.RegisteredAt, TokenHash: tokenHash(c)}, *req.UpToSeq, req.History)
 	if err != nil {
 		return err
 	}

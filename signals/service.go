@@ -137,6 +137,8 @@ type Service struct {
 	metrics  *metrics
 	// recipients are recently read recipients (persist).
 	recipients *recipients
+	// hist is the store's history (History), nil when it keeps none.
+	hist sessionstore.Historian
 }
 
 // New builds the send path. store, router, sh and now are required; sh may
@@ -157,8 +159,9 @@ func New(cfg Config, store Store, router Router, sh *selfheal.Evaluator, now fun
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	hist, _ := store.(sessionstore.Historian)
 	return &Service{cfg: cfg, store: store, router: router, selfheal: sh, now: now, log: log, metrics: m,
-		recipients: newRecipients(cfg.RecipientCacheAge, cfg.RecipientCacheSize)}, nil
+		recipients: newRecipients(cfg.RecipientCacheAge, cfg.RecipientCacheSize), hist: hist}, nil
 }
 
 // Config returns the service's configuration with defaults applied.
@@ -189,6 +192,9 @@ type SendResult struct {
 	// Pending are the sender's own unacknowledged signals when it has no
 	// attached queue (piggyback drain); nil otherwise.
 	Pending []sessionstore.Signal
+	// History is the token of the store's history Pending was read under,
+	// when it was read (History).
+	History string
 	// RecipientInstance is the instance holding the recipient's queue when it
 	// is attached on a healthy instance (Route.Attached); empty otherwise.
 	RecipientInstance string
@@ -375,6 +381,7 @@ func (s *Service) piggyback(ctx context.Context, sender sessionstore.Session, r 
 	if r.Attached {
 		return res
 	}
+	history := s.History()
 	p, err := s.Pending(ctx, sender.Key, 0, s.cfg.PiggybackLimit)
 	if err != nil && ctx.Err() != nil {
 		// The sender's request ended (its client went away): nobody is
@@ -386,7 +393,7 @@ func (s *Service) piggyback(ctx context.Context, sender sessionstore.Session, r 
 		s.log.Warn("piggyback: reading the sender's pending signals", "session_id", sender.SessionID, "err", err)
 		return res
 	}
-	res.Pending = p
+	res.Pending, res.History = p, history
 	return res
 }
 

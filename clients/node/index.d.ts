@@ -21,6 +21,7 @@ export type ErrorCode =
   | 'not_found'
   | 'wrong_instance'
   | 'not_adaptive_placement'
+  | 'history_changed'
   | 'session_expired'
   | 'payload_too_large'
   | 'request_timeout'
@@ -74,6 +75,7 @@ export declare const codes: Readonly<{
   notFound: 'not_found';
   wrongInstance: 'wrong_instance';
   notAdaptivePlacement: 'not_adaptive_placement';
+  historyChanged: 'history_changed';
   sessionExpired: 'session_expired';
   payloadTooLarge: 'payload_too_large';
   requestTimeout: 'request_timeout';

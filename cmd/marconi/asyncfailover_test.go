@@ -28,24 +28,7 @@ func TestAsyncFailoverDeliversWhatFollows(t *testing.T) {
 	dialAgent(t, h, "rcpt", "stateless", led)
 
 	n := 0
-	// send sends the next signal to rcpt until one is answered 200 (a
-	// refusal stores nothing), and returns its seq.
-	send := func() int64 {
-		t.Helper()
-		var seq int64
-		pollUntil(t, "a send to be answered 200", func() bool {
-			n++
-			p := failoverPayload{ID: fmt.Sprintf("sender/%d", n), From: "sender", N: n}
-			led.attempt(p, "rcpt")
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			res, err := sender.c.Send(ctx, "rcpt", "failover", p)
-			led.answer("sender", p, res, err)
-			seq = res.Seq
-			return err == nil
-		})
-		return seq
-	}
+	send := func() int64 { t.Helper(); return sendUntilOK(t, sender, "rcpt", led, &n) }
 	for range 5 {
 		send()
 	}
@@ -82,4 +65,24 @@ func TestAsyncFailoverDeliversWhatFollows(t *testing.T) {
 			t.Errorf("rcpt got signal %s %d times; the client delivers each id once", id, k)
 		}
 	}
+}
+
+// sendUntilOK sends the next signal (*n counts them) from sender to to
+// until one is answered 200 (a refusal stores nothing), recording each in
+// led, and returns its seq.
+func sendUntilOK(t *testing.T, sender *failoverAgent, to string, led *failoverLedger, n *int) int64 {
+	t.Helper()
+	var seq int64
+	pollUntil(t, "a send to be answered 200", func() bool {
+		*n++
+		p := failoverPayload{ID: fmt.Sprintf("%s/%d", sender.id, *n), From: sender.id, N: *n}
+		led.attempt(p, to)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		res, err := sender.c.Send(ctx, to, "failover", p)
+		led.answer(sender.id, p, res, err)
+		seq = res.Seq
+		return err == nil
+	})
+	return seq
 }

@@ -667,21 +667,28 @@ func (l *failoverLedger) waitDelivered(t *testing.T, within time.Duration) int {
 	t.Helper()
 	var n int
 	testwait.ForNil(t, "every send answered 200 to be delivered", within, func() error {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		var missing []string
-		for id, s := range l.answers {
-			if l.got[s.to][id] == 0 {
-				missing = append(missing, fmt.Sprintf("%s (%s to %s)", id, s.p.ID, s.to))
-			}
-		}
-		n = len(l.answers)
-		if len(missing) > 0 {
-			return fmt.Errorf("%d sends answered 200 never delivered (lost), e.g. %v", len(missing), missing[:min(5, len(missing))])
-		}
-		return nil
+		var err error
+		n, err = l.undelivered()
+		return err
 	})
 	return n
+}
+
+// undelivered says which sends answered 200 were not delivered yet, and
+// how many were answered 200.
+func (l *failoverLedger) undelivered() (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var missing []string
+	for id, s := range l.answers {
+		if l.got[s.to][id] == 0 {
+			missing = append(missing, fmt.Sprintf("%s (%s to %s)", id, s.p.ID, s.to))
+		}
+	}
+	if len(missing) > 0 {
+		return len(l.answers), fmt.Errorf("%d sends answered 200 never delivered (lost), e.g. %v", len(missing), missing[:min(5, len(missing))])
+	}
+	return len(l.answers), nil
 }
 
 // verify checks each delivery: once per signal id, to the agent it was sent

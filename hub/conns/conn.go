@@ -169,7 +169,9 @@ func (h *Hub) start(sess sessionstore.Session, ws *websocket.Conn, welcome Welco
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.acks = newAcks(c)
 	c.expires.Store(sess.ExpiresAt.UnixNano())
-	c.history.Store(h.history()) // before the welcome's catch-up reads
+	n, token := h.historyToken() // before the welcome's catch-up reads
+	c.history.Store(n)
+	c.welcome.History = token
 	old := h.registry.attach(c)
 	h.dueBy(c.expires.Load())
 	if old != nil {

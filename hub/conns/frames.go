@@ -38,6 +38,17 @@ type Welcome struct {
 	AffinityReset bool              `json:"affinity_reset"`
 	Replayed      int               `json:"replayed"` // counted by the hub when it records the attach
 	Dropped       *int              `json:"dropped,omitempty"`
+	// History is the token of the store's history the connection's
+	// signals are written under (sessionstore.Historian); omitted when the
+	// store keeps none.
+	History string `json:"history,omitempty"`
+}
+
+// historyFrame tells the client the store's new history before the
+// connection writes its unacknowledged signals again (history.go).
+type historyFrame struct {
+	Type    marconi.FrameType `json:"type"`
+	History string            `json:"history"`
 }
 
 type signalFrame struct {

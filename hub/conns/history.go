@@ -24,6 +24,15 @@ func (h *Hub) history() uint64 {
 	return 0
 }
 
+// historyToken is the store's history with its token (the welcome's and the
+// history frame's), 0 and "" when the store keeps none.
+func (h *Hub) historyToken() (uint64, string) {
+	if s, ok := h.store.(sessionstore.Historian); ok {
+		return s.HistoryToken()
+	}
+	return 0, ""
+}
+
 // FollowHistory asks every connection attached here that was caught up
 // under an earlier history than the store's to catch up again. It is cheap
 // when nothing changed (one atomic read each of the store's and the hub's
@@ -50,18 +59,22 @@ func (h *Hub) FollowHistory() {
 
 // takeRewind makes the writer forget its cursor when FollowHistory asked:
 // the next catch-up reads from the session's acknowledged seq. It reports
-// whether it did. The history is stored last: an ack read under it sees
-// the cursor reset (capAck).
-func (c *Conn) takeRewind() bool {
-	to := c.rewind.Swap(0)
-	if to == 0 {
-		return false
+// whether it did, with the token of the history it catches up under, which
+// the writer tells the client first (a history frame): the store's now,
+// which is at least the one FollowHistory asked for (should it have moved
+// again, FollowHistory asks once more, and the client is told again). The
+// history is stored last: an ack read under it sees the cursor reset
+// (capAck).
+func (c *Conn) takeRewind() (token string, ok bool) {
+	if c.rewind.Swap(0) == 0 {
+		return "", false
 	}
+	n, token := c.h.historyToken()
 	c.last = 0
 	c.written.Store(0)
 	c.rewound.Store(true)
-	c.history.Store(to)
-	return true
+	c.history.Store(n)
+	return token, true
 }
 
 // capAck is the seq an ack of upTo from the client acknowledges: all of it,

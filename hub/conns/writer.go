@@ -12,6 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
 )
 
@@ -125,7 +126,12 @@ func (c *Conn) writeSome(ctx context.Context) error {
 			}
 			continue
 		}
-		if c.takeRewind() {
+		if token, ok := c.takeRewind(); ok {
+			if token != "" {
+				if err := c.writeJSON(historyFrame{Type: marconi.FrameHistory, History: token}); err != nil {
+					return err
+				}
+			}
 			if err := c.catchUpOrLater(ctx); err != nil {
 				return err
 			}

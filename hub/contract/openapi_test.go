@@ -346,11 +346,19 @@ func (k *fakeBusKeys) BusKeyInUse() int64 {
 func (k *fakeBusKeys) BusKeyRefresh() time.Duration { return 30 * time.Second }
 
 // downStore is a store that can be made unreachable, as a partitioned
-// Postgres is.
+// Postgres is. It keeps a history (sessionstore.Historian), as Postgres
+// does, so that answers carry its token.
 type downStore struct {
 	sessionstore.Store
 	down atomic.Bool
 }
+
+// contractHistory is downStore's history token.
+const contractHistory = "h1"
+
+func (s *downStore) History() uint64 { return 1 }
+
+func (s *downStore) HistoryToken() (uint64, string) { return 1, contractHistory }
 
 func (s *downStore) Ping(ctx context.Context) error {
 	if s.down.Load() {
@@ -542,7 +550,18 @@ func TestOpenAPIContract(t *testing.T) {
 		t.Fatalf("a page of 2: %v", page)
 	}
 	drained := c.want(http.StatusOK, "", "GET", a.URL+"/v1/signals", token(codex), nil)
-	c.want(http.StatusOK, "", "POST", a.URL+"/v1/signals/ack", token(codex), map[string]any{"up_to_seq": drained["next_after_seq"]})
+	if drained["history"] != contractHistory {
+		t.Fatalf("a drain names the store's history: %v", drained)
+	}
+	// A client whose seqs came under another history of the store (a
+	// standby promoted since) drains from the acknowledged seq again, and
+	// its ack is refused.
+	if page := c.want(http.StatusOK, "", "GET", a.URL+"/v1/signals?after_seq=9&history=h0", token(codex), nil); page["history_changed"] != true {
+		t.Fatalf("a drain under another history: %v", page)
+	}
+	c.want(http.StatusConflict, "history_changed", "POST", a.URL+"/v1/signals/ack", token(codex), map[string]any{"up_to_seq": 1, "history": "h0"})
+	c.want(http.StatusOK, "", "POST", a.URL+"/v1/signals/ack", token(codex), map[string]any{"up_to_seq": drained["next_after_seq"], "history": contractHistory})
+	c.wantBad(http.StatusBadRequest, "invalid_field", "GET", a.URL+"/v1/signals?history=no%20spaces", token(codex), nil)
 	c.wantBad(http.StatusBadRequest, "invalid_field", "GET", a.URL+"/v1/signals?after_seq=-1", token(codex), nil)
 	c.wantBad(http.StatusBadRequest, "invalid_field", "GET", a.URL+"/v1/signals?limit=0", token(codex), nil)
 	c.wantBad(http.StatusBadRequest, "invalid_field", "POST", a.URL+"/v1/signals/ack", token(codex), map[string]any{})

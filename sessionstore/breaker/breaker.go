@@ -189,6 +189,15 @@ func (b *Store) History() uint64 {
 	return 0
 }
 
+// HistoryToken is the wrapped store's (sessionstore.Historian), 0 and ""
+// when it keeps none.
+func (b *Store) HistoryToken() (uint64, string) {
+	if h, ok := b.inner.(sessionstore.Historian); ok {
+		return h.HistoryToken()
+	}
+	return 0, ""
+}
+
 // witnessing is met by a store that keeps what its statements saw
 // (pgstore.Store.Witness).
 type witnessing interface {

@@ -1,6 +1,8 @@
 package pgstore
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"sync"
 	"sync/atomic"
 
@@ -36,10 +38,17 @@ const historySQL = `CASE WHEN pg_is_in_recovery() THEN NULL
 
 // history counts the server histories the store's connections found.
 type history struct {
-	n       atomic.Uint64
+	cur     atomic.Pointer[historyMark] // nil before the first
 	mu      sync.Mutex
 	last    string // the latest history seen; "" before the first
 	changes prometheus.Counter
+}
+
+// historyMark is one history the store's connections found: its number
+// (History) and its token (HistoryToken), read together.
+type historyMark struct {
+	n     uint64
+	token string
 }
 
 func newHistory() *history {
@@ -64,10 +73,32 @@ func (h *history) saw(id *string) {
 		h.changes.Inc()
 	}
 	h.last = *id
-	h.n.Add(1)
+	h.cur.Store(&historyMark{n: h.load().n + 1, token: historyToken(*id)})
+}
+
+// load is the current history; zero before the first.
+func (h *history) load() historyMark {
+	if m := h.cur.Load(); m != nil {
+		return *m
+	}
+	return historyMark{}
+}
+
+// historyToken is the token clients are told for the server history id:
+// a digest, so that it names the history without telling the server's
+// system identifier, the same on every instance that reads the same id.
+func historyToken(id string) string {
+	sum := sha256.Sum256([]byte("marconi history " + id))
+	return hex.EncodeToString(sum[:8])
 }
 
 // History implements sessionstore.Historian: 1 from the first connection,
 // one more for each change of the server's history since; 0 before any
 // connection.
-func (s *Store) History() uint64 { return s.hist.n.Load() }
+func (s *Store) History() uint64 { return s.hist.load().n }
+
+// HistoryToken implements sessionstore.Historian.
+func (s *Store) HistoryToken() (uint64, string) {
+	m := s.hist.load()
+	return m.n, m.token
+}

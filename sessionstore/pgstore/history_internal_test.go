@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,9 +26,27 @@ func TestHistoryCountsServerHistories(t *testing.T) {
 	}
 	for i, st := range steps {
 		h.saw(st.saw)
-		if got := h.n.Load(); got != st.want {
+		if got := h.load().n; got != st.want {
 			t.Fatalf("step %d: history %d, want %d", i, got, st.want)
 		}
+	}
+}
+
+// TestHistoryTokenNamesTheHistory: the token is an opaque digest of the
+// server's history, the same for the same one (every instance computes
+// it alike), another for another, and never the system identifier itself.
+func TestHistoryTokenNamesTheHistory(t *testing.T) {
+	a, b := newHistory(), newHistory()
+	id := func(s string) *string { return &s }
+	a.saw(id("7714/00000001"))
+	b.saw(id("7714/00000001"))
+	if a.load().token == "" || a.load().token != b.load().token {
+		t.Fatalf("tokens of one history: %q and %q, want equal and not empty", a.load().token, b.load().token)
+	}
+	first := a.load().token
+	a.saw(id("7714/00000002"))
+	if got := a.load(); got.n != 2 || got.token == first || strings.Contains(got.token, "7714") || len(got.token) != 16 {
+		t.Fatalf("after a change: %+v, want history 2 under a new 16-digit token (first %q)", got, first)
 	}
 }
 

@@ -46,7 +46,8 @@ const noop = () => {};
  * @typedef {import('./socket.js').Socket} Socket
  * @typedef {import('./socket.js').Welcome} Welcome
  * @typedef {{token: string, epoch: number, gen: number}} Auth
- * @typedef {Socket & {gen: number, token: string}} Conn
+ * @typedef {Socket & {gen: number, token: string, history: string}} Conn
+ *   history: the token of the hub's store history its signals come under (the welcome's, or a history frame's since)
  */
 
 const start = Symbol('start');
@@ -150,7 +151,7 @@ export class Client extends EventEmitter {
     this.#delivery = new Dispatcher({
       closing: this.#closing.signal,
       handlers: cfg,
-      ack: (epoch, upTo) => this.#ack(epoch, upTo),
+      ack: (epoch, upTo, history) => this.#ack(epoch, upTo, history),
       onRoom: () => this.#conn?.ws.resume(),
       ackIntervalMs: cfg.ackIntervalMs,
       log,
@@ -336,7 +337,7 @@ export class Client extends EventEmitter {
       idempotencyKey: key,
     };
     if (Array.isArray(data.pending) && data.pending.length > 0) {
-      this.#delivery.offer({ signals: data.pending.map(toSignal), epoch: auth.epoch });
+      this.#delivery.offer(pendingPage(data, auth.epoch));
     }
     if (res.recipientRouteStale) {
       this.#log.info('marconi: recipient route stale; it repairs on its own next send', {
@@ -457,7 +458,7 @@ export class Client extends EventEmitter {
   #welcomed(w, ws, ended, a) {
     if (this.#closing.signal.aborted) return null;
     this.#gen++;
-    const conn = { ws, welcome: w, ended, gen: this.#gen, token: a.token };
+    const conn = { ws, welcome: w, ended, gen: this.#gen, token: a.token, history: w.history ?? '' };
     this.#conn = conn;
     this.#immediate = false;
     this.#log.info('marconi: attached', {
@@ -503,11 +504,17 @@ export class Client extends EventEmitter {
    * @param {number} epoch
    */
   #frame(f, epoch) {
+    if (f?.type === 'history' && this.#conn && typeof f.history === 'string') {
+      // The hub writes the unacknowledged signals again under it.
+      this.#log.info("marconi: the hub's store moved to another history (a standby promoted); its unacknowledged signals come again", { history: f.history });
+      this.#conn.history = f.history;
+      return;
+    }
     if (f?.type !== 'signal') {
       this.#log.debug('marconi: ignoring frame', { type: f?.type });
       return;
     }
-    this.#delivery.enqueue({ signals: [toSignal(f)], epoch });
+    this.#delivery.enqueue({ signals: [toSignal(f)], epoch, history: this.#conn?.history ?? '' });
     // Backpressure: past the queue's bound the socket stops being read; the
     // hub keeps the signals (a queue of its that fills closes with 4429).
     if (this.#delivery.full) this.#conn?.ws.pause();
@@ -956,7 +963,7 @@ export class Client extends EventEmitter {
         const { auth, data } = await this.#sessionCall('POST', '/v1/heartbeat');
         this.#log.debug('marconi: heartbeat', { route_state: data?.route_state });
         if (Array.isArray(data?.pending) && data.pending.length > 0) {
-          this.#delivery.offer({ signals: data.pending.map(toSignal), epoch: auth.epoch });
+          this.#delivery.offer(pendingPage(data, auth.epoch));
         }
       } catch (err) {
         if (!this.#closing.signal.aborted) this.#log.warn('marconi: heartbeat failed', { err: String(err) });
@@ -968,10 +975,18 @@ export class Client extends EventEmitter {
   async #drain() {
     try {
       // A new registration numbers afresh: its signals all come after 0.
+      // The history the seq came under goes with it: under another, the hub
+      // answers from the acknowledged seq (history_changed), since a store
+      // that failed over may have given the seqs delivered to other signals.
       const after = this.#delivery.drainAfter(this.#epoch);
-      const { auth, data } = await this.#sessionCall('GET', `/v1/signals?after_seq=${after}&limit=${drainLimit}`);
-      if (Array.isArray(data?.signals) && data.signals.length > 0) {
-        this.#delivery.offer({ signals: data.signals.map(toSignal), epoch: auth.epoch });
+      const history = after.history ? `&history=${encodeURIComponent(after.history)}` : '';
+      const { auth, data } = await this.#sessionCall('GET', `/v1/signals?after_seq=${after.seq}&limit=${drainLimit}${history}`);
+      const signals = Array.isArray(data?.signals) ? data.signals.map(toSignal) : [];
+      if (signals.length > 0 || data?.history_changed === true) {
+        this.#delivery.offer({
+          signals, epoch: auth.epoch, history: typeof data?.history === 'string' ? data.history : '',
+          page: true, through: typeof data?.next_after_seq === 'number' ? data.next_after_seq : 0,
+        });
       }
     } catch (err) {
       this.#log.debug('marconi: drain failed', { err: String(err) });
@@ -986,8 +1001,9 @@ export class Client extends EventEmitter {
    * are deduplicated.
    * @param {number} epoch
    * @param {number} upTo
+   * @param {string} history the store history the signals came under (sent with an HTTP ack)
    */
-  async #ack(epoch, upTo) {
+  async #ack(epoch, upTo, history) {
     if (upTo <= 0 || epoch !== this.#epoch) return; // the registration these signals belonged to is gone
     const ws = this.#conn?.ws;
     if (ws && ws.readyState === WebSocket.OPEN) {
@@ -998,10 +1014,33 @@ export class Client extends EventEmitter {
       }
     }
     try {
-      await this.#sessionCall('POST', '/v1/signals/ack', { body: JSON.stringify({ up_to_seq: upTo }) });
+      const body = history ? { up_to_seq: upTo, history } : { up_to_seq: upTo };
+      await this.#sessionCall('POST', '/v1/signals/ack', { body: JSON.stringify(body) });
       this.#stats.acks++;
     } catch (err) {
-      if (!this.#closing.signal.aborted) this.#log.warn('marconi: ack failed', { up_to_seq: upTo, err: String(err) });
+      if (this.#closing.signal.aborted) return;
+      if (err instanceof MarconiError && err.code === codes.historyChanged) {
+        // The store moved to another history since these signals came:
+        // nothing was acknowledged, and the next drain brings them again.
+        this.#log.info("marconi: ack refused: the hub's store moved to another history since these signals came; they come again", { up_to_seq: upTo, history });
+        return;
+      }
+      this.#log.warn('marconi: ack failed', { up_to_seq: upTo, err: String(err) });
     }
   }
+}
+
+/**
+ * The delivery of the pending signals of a send or heartbeat answer: a page
+ * from the acknowledged seq, under the store history the answer names.
+ * @param {any} data the answer
+ * @param {number} epoch
+ * @returns {import('./delivery.js').Delivery}
+ */
+function pendingPage(data, epoch) {
+  const signals = data.pending.map(toSignal);
+  return {
+    signals, epoch, history: typeof data.history === 'string' ? data.history : '',
+    page: true, through: signals.length > 0 ? signals[signals.length - 1].seq : 0,
+  };
 }

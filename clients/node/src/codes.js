@@ -16,6 +16,7 @@ export const codes = Object.freeze({
   notFound: 'not_found',
   wrongInstance: 'wrong_instance',
   notAdaptivePlacement: 'not_adaptive_placement',
+  historyChanged: 'history_changed',
   sessionExpired: 'session_expired',
   payloadTooLarge: 'payload_too_large',
   requestTimeout: 'request_timeout',

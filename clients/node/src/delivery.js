@@ -14,15 +14,18 @@ const ackEvery = 32;
 /**
  * @typedef {import('../index.js').Signal} Signal
  * @typedef {import('../index.js').AffinityReset} AffinityReset
- * @typedef {{signals: Signal[], epoch: number, reset?: AffinityReset}} Delivery
- *   signals received under registration epoch, possibly preceded by an affinity reset
+ * @typedef {{signals: Signal[], epoch: number, reset?: AffinityReset, history?: string, page?: boolean, through?: number}} Delivery
+ *   signals received under registration epoch, possibly preceded by an affinity reset; history is
+ *   the token of the hub's store history they were read under ('' or absent: none named); page
+ *   says they are a page of an HTTP answer (drain, pending) covering every pending signal up to through
  */
 
 /**
  * @typedef {object} DispatcherOptions
  * @property {AbortSignal} closing ends the loop at the client's close
  * @property {Pick<import('../index.js').Config, 'onSignal' | 'onAffinityReset'>} handlers the application's
- * @property {(epoch: number, upTo: number) => Promise<void>} ack acknowledges every signal up to upTo; never rejects
+ * @property {(epoch: number, upTo: number, history: string) => Promise<void>} ack acknowledges every signal up to upTo,
+ *   received under the store history named; never rejects
  * @property {() => void} onRoom the queue has room again: the WebSocket may be read
  * @property {number} ackIntervalMs the least time between two acks (0: none)
  * @property {Required<import('../index.js').Logger>} log
@@ -38,8 +41,10 @@ export class Dispatcher {
   #queue = [];
   /** @type {(() => void) | null} */
   #wake = null;
-  #highest = 0; // highest seq handed to onSignal, for drain
+  #highest = 0; // highest seq handed to onSignal (or covered by a drained page), for drain
   #highestEpoch = 0; // the registration #highest belongs to
+  #highestHistory = ''; // the store history #highest came under
+  #history = ''; // the store history of what was delivered last
   #unacked = 0; // deliveries handled since the last ack
   #lastAck = -Infinity; // performance.now() of the last ack
   /** @type {ReturnType<typeof setTimeout> | null} */
@@ -88,13 +93,32 @@ export class Dispatcher {
   }
 
   /**
-   * The seq a drain asks for signals after: the highest one handed to
-   * onSignal, or 0 when that was under an earlier registration than epoch
-   * (a new registration numbers its signals afresh).
+   * The seq a drain asks for signals after, with the store history it came
+   * under: the highest one handed to onSignal (or covered by a drained
+   * page), or 0 and no history when that was under an earlier registration
+   * than epoch (a new registration numbers its signals afresh).
    * @param {number} epoch
+   * @returns {{seq: number, history: string}}
    */
   drainAfter(epoch) {
-    return this.#highestEpoch === epoch ? this.#highest : 0;
+    return this.#highestEpoch === epoch ? { seq: this.#highest, history: this.#highestHistory } : { seq: 0, history: '' };
+  }
+
+  /**
+   * Starts delivering under d's history, another than the one delivered
+   * under: the hub's store failed over and may have given the seqs delivered
+   * to other signals, so only ids deduplicate from here, and drains start
+   * from the acknowledged seq (0) under the new history.
+   * @param {Sequencer} seq
+   * @param {Delivery} d
+   */
+  #newHistory(seq, d) {
+    seq.rebase();
+    this.#unacked = 0; // seqs of the old history: an ack of them would be refused
+    this.#highest = 0;
+    this.#highestEpoch = d.epoch;
+    this.#highestHistory = d.history ?? '';
+    this.#o.log.warn("marconi: the hub's store moved to another history (a standby promoted): its seqs may name other signals now; deduplicating by id", { history: d.history });
   }
 
   /** @returns {Promise<Delivery | null>} null once the client closes */
@@ -124,12 +148,16 @@ export class Dispatcher {
     const ackNow = async () => {
       this.#unacked = 0;
       this.#lastAck = performance.now();
-      await this.#o.ack(seq.epoch, seq.highest);
+      await this.#o.ack(seq.epoch, seq.highest, this.#history);
     };
     this.#ackNow = ackNow;
     try {
       for (let d = await this.#next(); d; d = await this.#next()) {
         if (d.reset && d.epoch >= seq.epoch) await this.#callback('onAffinityReset', d.reset);
+        if (d.history && d.history !== this.#history && d.epoch >= seq.epoch) {
+          if (this.#history !== '') this.#newHistory(seq, d);
+          this.#history = d.history;
+        }
         for (const s of d.signals) {
           if (!seq.accept(d.epoch, s)) continue;
           if (seq.rewound) {
@@ -137,7 +165,14 @@ export class Dispatcher {
           }
           this.#highest = s.seq;
           this.#highestEpoch = d.epoch;
+          this.#highestHistory = this.#history;
           await this.#callback('onSignal', s);
+        }
+        if (d.page && d.history && d.history === this.#history && d.epoch === seq.epoch &&
+          this.#highestEpoch === d.epoch && this.#highestHistory === d.history && (d.through ?? 0) > this.#highest) {
+          // The page covered every pending signal up to through, delivered
+          // now or before (under another history): drain after it.
+          this.#highest = d.through ?? 0;
         }
         if (d.signals.length > 0 && d.epoch === seq.epoch) this.#unacked++;
         if (this.#unacked > 0 && this.#pacer === null && (this.#queue.length === 0 || this.#unacked >= ackEvery)) {

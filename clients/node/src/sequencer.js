@@ -64,4 +64,13 @@ export class Sequencer {
     this.highest = sig.seq;
     return true;
   }
+
+  /**
+   * Forgets the highest seq delivered: the hub's store moved to another
+   * history, whose seqs may name other signals than those delivered at them,
+   * so from here only ids tell a signal delivered.
+   */
+  rebase() {
+    this.highest = 0;
+  }
 }

@@ -20,6 +20,7 @@ export const normalClosure = 1000;
  * @property {boolean} affinity_reset
  * @property {number} replayed
  * @property {number} [dropped]
+ * @property {string} [history] the token of the hub's store history the signals come under
  */
 
 /**

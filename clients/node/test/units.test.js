@@ -168,8 +168,8 @@ test('the delivery loop: each signal once, a throwing handler logged, acks every
   assert.deepEqual(got, [1, 2, 3], 'duplicates dropped, the offer past the bound dropped, the poison signal handled');
   assert.deepEqual(errors, ['marconi: onSignal threw']);
   assert.deepEqual(acks, [[1, 3], [1, 3]], 'an ack after 32 deliveries while more were queued, and one once the queue is empty');
-  assert.equal(d.drainAfter(1), 3);
-  assert.equal(d.drainAfter(2), 0, 'a new registration drains from the start');
+  assert.deepEqual(d.drainAfter(1), { seq: 3, history: '' });
+  assert.deepEqual(d.drainAfter(2), { seq: 0, history: '' }, 'a new registration drains from the start');
   assert.ok(rooms > 0, 'the WebSocket is told there is room again');
   closing.abort();
   d.wake();
@@ -216,6 +216,47 @@ test('delivery: acks are paced, one per ackIntervalMs, the last covering every s
   assert.notEqual(ended, 'timeout', `the last ack never came: ${acks}`);
   assert.equal(acks[0], 1, 'the first signal after a quiet spell is acked at once');
   assert.ok(acks.length <= 2 + elapsed / 50, `${acks.length} acks for ${n} signals in ${elapsed.toFixed(0)} ms`);
+  closing.abort();
+  d.wake();
+  await loop;
+});
+
+test('delivery: a page under another store history is adopted, deduplicated by id, and drained on from its through', async () => {
+  const closing = new AbortController();
+  /** @type {string[]} */
+  const got = [];
+  /** @type {string[]} */
+  const acks = [];
+  const noop = () => {};
+  const d = new Dispatcher({
+    closing: closing.signal,
+    handlers: { onSignal: (s) => { got.push(s.id); } },
+    ack: async (_epoch, upTo, history) => {
+      if (upTo > 0) acks.push(`${upTo}@${history}`); // as the client's: an ack of nothing is not sent
+    },
+    onRoom: noop,
+    ackIntervalMs: 0,
+    log: { debug: noop, info: noop, warn: noop, error: noop },
+  });
+  const sig = (/** @type {string} */ id, /** @type {number} */ seq) => ({ id, seq, fromSession: 'a', toSession: 'b', kind: 'k', payload: null, createdAt: new Date(0) });
+  const settled = async (/** @type {number} */ n) => {
+    for (let i = 0; i < 1000 && acks.length < n; i++) await new Promise((r) => setImmediate(r));
+  };
+  const loop = d.run();
+  // Drained under history A.
+  d.enqueue({ signals: [sig('a1', 1), sig('a2', 2), sig('a3', 3)], epoch: 1, history: 'A', page: true, through: 3 });
+  await settled(1);
+  assert.deepEqual(d.drainAfter(1), { seq: 3, history: 'A' });
+  // The store failed over: B lost a3 and gave seq 3 to b3. A drain under A is
+  // answered from the acknowledged seq under B, a page holding only a1 and a2.
+  d.enqueue({ signals: [sig('a1', 1), sig('a2', 2)], epoch: 1, history: 'B', page: true, through: 2 });
+  for (let i = 0; i < 100; i++) await new Promise((r) => setImmediate(r));
+  assert.deepEqual(d.drainAfter(1), { seq: 2, history: 'B' }, 'drain on after the page, under B: never after 3, which would skip b3');
+  d.enqueue({ signals: [sig('b3', 3), sig('b4', 4)], epoch: 1, history: 'B', page: true, through: 4 });
+  await settled(2);
+  assert.deepEqual(got, ['a1', 'a2', 'a3', 'b3', 'b4'], 'each id once; b3 delivered at a seq delivered before');
+  assert.deepEqual(acks, ['3@A', '4@B'], 'each ack names the history its seqs came under');
+  assert.deepEqual(d.drainAfter(1), { seq: 4, history: 'B' });
   closing.abort();
   d.wake();
   await loop;
