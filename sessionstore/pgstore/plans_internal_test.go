@@ -289,7 +289,7 @@ func TestNewConnectionCostsOneRoundTrip(t *testing.T) {
 	if n := writes.Load() - before; n != 1 {
 		t.Errorf("a new connection made %d round trips, want 1", n)
 	}
-	if got := hist.n.Load(); got != 1 {
+	if got := hist.load().n; got != 1 {
 		t.Errorf("history %d after the connection, want 1", got)
 	}
 	var seqscan, jit string
