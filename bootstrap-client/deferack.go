@@ -102,8 +102,8 @@ func (d *deferredAcks) take(now time.Time) (seqMark, bool) {
 // delivers them again. A signal already acknowledged, never handed to
 // OnSignal, or of a registration that is gone (the hub registered the session
 // again since) is ignored. The ack goes on the WebSocket when attached, else
-// over HTTP; an error leaves the signals to come again to the session's next
-// client.
+// over HTTP; an error acknowledged nothing: Ack of s again tries again, and
+// the signals come again to the session's next client otherwise.
 //
 // Acks are paced by Config.AckInterval, as the client's own are: an Ack at
 // least that long after the last one is sent at once and its error
@@ -138,9 +138,14 @@ func (c *Client) Ack(ctx context.Context, s Signal) error {
 		return nil
 	}
 	_, err := c.writeAck(ctx, nil, m)
-	if historyChanged(err) {
+	switch {
+	case historyChanged(err):
 		c.logAckError(err, m, "")
 		return nil
+	case err != nil:
+		// Nothing was acknowledged: s stays held, so that Ack of it again
+		// sends it (the signals it covers are covered again).
+		c.held.hold(s.ID, m)
 	}
 	return err
 }

@@ -2,11 +2,14 @@ package bootstrap_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/sessionstore"
+	"github.com/marconihub/marconi/sessionstore/memstore"
 )
 
 // With DeferAck the client acknowledges nothing by itself: a signal handed to
@@ -102,5 +105,59 @@ func TestDialPiggybackDrains(t *testing.T) {
 	}
 	if reg := cx.Registration(); reg.SessionID != "cx" || reg.TenantID != "t1" || reg.ProjectID != "p1" || reg.Surface != "codex" {
 		t.Fatalf("registration: %+v", reg)
+	}
+}
+
+// failingAcks is a store whose next acks fail, as a store that cannot be
+// reached does.
+type failingAcks struct {
+	sessionstore.Store
+	fail atomic.Int32
+}
+
+func (s *failingAcks) AckSignals(ctx context.Context, k sessionstore.Key, upTo int64, at time.Time) (int, error) {
+	if s.fail.Add(-1) >= 0 {
+		return 0, sessionstore.ErrUnavailable
+	}
+	return s.Store.AckSignals(ctx, k, upTo, at)
+}
+
+// TestDeferAckRetriedAfterAFailureIsSent: an Ack whose sending failed
+// returns the error and acknowledged nothing; Ack of the same signal again
+// sends it (it did nothing, and returned nil, while the hub still held the
+// signal).
+func TestDeferAckRetriedAfterAFailureIsSent(t *testing.T) {
+	store := &failingAcks{Store: memstore.New()}
+	h := hubtest.Start(t, hubtest.Options{Store: store})
+	ctx := context.Background()
+	var in inbox
+	cx, err := bootstrap.DialPiggyback(ctx, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "cx",
+		Surface: "codex", DeferAck: true, AckInterval: time.Nanosecond, OnSignal: in.on})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cx.Close()
+	alice, err := bootstrap.Dial(ctx, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "alice", Surface: "claude_code"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alice.Close()
+	if _, err := alice.Send(ctx, "cx", "", map[string]string{"text": "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cx.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the drained signal", func() bool { return in.len() == 1 })
+	store.fail.Store(1)
+	if err := cx.Ack(ctx, in.sigs[0]); err == nil {
+		t.Fatal("Ack with the store failing: nil, want the error")
+	}
+	if err := cx.Ack(ctx, in.sigs[0]); err != nil {
+		t.Fatalf("Ack again: %v", err)
+	}
+	cxKey := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "cx"}
+	if left, err := h.Store.PendingSignals(ctx, cxKey, 0, 10); err != nil || len(left) != 0 {
+		t.Fatalf("pending after the second Ack: %d %v, want none", len(left), err)
 	}
 }
