@@ -107,7 +107,7 @@ func (s *Server) apiKeyOwner(c echo.Context) (TenantProject, error) {
 	}
 	k, err := s.store.APIKeyByHash(c.Request().Context(), sum[:])
 	if errors.Is(err, sessionstore.ErrNotFound) {
-		return TenantProject{}, marconi.Errorf(marconi.CodeUnauthorized, "unknown API key")
+		return TenantProject{}, marconi.Errorf(marconi.CodeUnauthorized, "unknown API key: not in MARCONI_API_KEYS, never made by POST /v1/ops/api_keys, or revoked; ask the hub's operator for a key")
 	}
 	if err != nil {
 		return TenantProject{}, err

@@ -60,6 +60,7 @@ var fuzzRoutes = []struct {
 	{"GET", "/v1/ops/route_state/", "admin"}, // the fuzzed text is the rest of the path
 	{"POST", "/v1/ops/api_keys", "admin"},
 	{"GET", "/v1/ws", "session"}, // no handshake: refused before anything happens
+	{"POST", "/v1/ops/api_keys/revoke", "admin"},
 }
 
 // httpFuzzer is one in-process hub with two sessions of tenant t1, project

@@ -43,6 +43,37 @@ func (s *Server) createAPIKey(c echo.Context) error {
 	return c.JSON(http.StatusCreated, map[string]string{"api_key": key, "tenant_id": req.TenantID, "project_id": req.ProjectID})
 }
 
+type revokeKeyRequest struct {
+	APIKey string `json:"api_key"`
+}
+
+// revokeAPIKey is POST /v1/ops/api_keys/revoke: the key, made by
+// POST /v1/ops/api_keys, authenticates nothing from then on, on every
+// instance (none caches it). The key travels in the body, never in the
+// path, where proxies log it. A key of MARCONI_API_KEYS is configuration:
+// the answer says to remove it there.
+func (s *Server) revokeAPIKey(c echo.Context) error {
+	var req revokeKeyRequest
+	if err := decodeBody(c, 4<<10, &req); err != nil {
+		return err
+	}
+	if req.APIKey == "" {
+		return marconi.Errorf(marconi.CodeInvalidField, "api_key is required: the key to revoke, as POST /v1/ops/api_keys answered it")
+	}
+	if s.creds.isConfiguredKey(req.APIKey) {
+		return marconi.Errorf(marconi.CodeInvalidField, "this key is set in MARCONI_API_KEYS, not in the store: remove it there and restart every instance")
+	}
+	k, err := s.store.DeleteAPIKey(c.Request().Context(), hashSecret(req.APIKey))
+	if errors.Is(err, sessionstore.ErrNotFound) {
+		return marconi.Errorf(marconi.CodeNotFound, "no such API key in the store (never made, or already revoked)")
+	}
+	if err != nil {
+		return err
+	}
+	s.log.Info("api key revoked", "tenant_id", k.TenantID, "project_id", k.ProjectID)
+	return c.JSON(http.StatusOK, map[string]any{"revoked": true, "tenant_id": k.TenantID, "project_id": k.ProjectID})
+}
+
 type routeQueueJSON struct {
 	Attached        bool       `json:"attached"`
 	InstanceID      *string    `json:"instance_id"`

@@ -480,6 +480,7 @@ func (s *Server) routes(g prometheus.Gatherer) {
 
 	ops := v1.Group("/ops", s.adminAuth, s.withBody)
 	ops.POST("/api_keys", s.createAPIKey)
+	ops.POST("/api_keys/revoke", s.revokeAPIKey)
 	ops.GET("/route_state", s.routeStateList)
 	ops.GET("/route_state/:tenant/:project/:session", s.routeStateOne)
 	ops.GET("/fabric/summary", s.fabricSummary)

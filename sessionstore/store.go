@@ -370,6 +370,10 @@ type Store interface {
 	PutAPIKey(ctx context.Context, k APIKey) error
 	// APIKeyByHash returns the API key with hash h. Returns ErrNotFound when none.
 	APIKeyByHash(ctx context.Context, h []byte) (APIKey, error)
+	// DeleteAPIKey removes the API key with hash h and returns it as it was
+	// stored; from then on it authenticates nothing. Returns ErrNotFound
+	// when none.
+	DeleteAPIKey(ctx context.Context, h []byte) (APIKey, error)
 
 	// AppendSignal stores a signal for a live recipient with the next seq of
 	// that recipient, atomically. When the sender already sent a signal with

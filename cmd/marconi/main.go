@@ -74,7 +74,7 @@ var commands = []struct{ name, args, help string }{
 	{"attach", "HUB_URL SESSION_TOKEN", "hold a session's WebSocket; print and ack its signals"},
 	{"healthcheck", "URL", "exit 0 when URL answers 200 (container health checks)"},
 	{"buskey", "show|rotate HUB_URL", "show or rotate the key that seals wake-ups between instances (admin)"},
-	{"mcp", "[flags]", "an MCP server (stdio) that puts one agent on the hub: docs/mcp.md"},
+	{"mcp", "[flags]", "an MCP server (stdio, or streamable HTTP with --http) that puts one agent on the hub: docs/mcp.md"},
 }
 
 // commandAbout is what each command does, as its -h prints it under the

@@ -600,6 +600,11 @@ func TestOpenAPIContract(t *testing.T) {
 	c.want(http.StatusCreated, "", "POST", a.URL+"/v1/sessions", key["api_key"].(string), map[string]any{"surface": "codex"})
 	c.wantBad(http.StatusBadRequest, "invalid_field", "POST", a.URL+"/v1/ops/api_keys", admin, map[string]any{"tenant_id": "t 2", "project_id": "p2"})
 	c.want(http.StatusUnauthorized, "unauthorized", "POST", a.URL+"/v1/ops/api_keys", apiKey, map[string]any{"tenant_id": "t2", "project_id": "p2"})
+	revoked := c.want(http.StatusCreated, "", "POST", a.URL+"/v1/ops/api_keys", admin, map[string]any{"tenant_id": "t2", "project_id": "p2"})
+	c.want(http.StatusOK, "", "POST", a.URL+"/v1/ops/api_keys/revoke", admin, map[string]any{"api_key": revoked["api_key"]})
+	c.want(http.StatusNotFound, "not_found", "POST", a.URL+"/v1/ops/api_keys/revoke", admin, map[string]any{"api_key": revoked["api_key"]})
+	c.want(http.StatusBadRequest, "invalid_field", "POST", a.URL+"/v1/ops/api_keys/revoke", admin, map[string]any{"api_key": apiKey})
+	c.wantBad(http.StatusBadRequest, "invalid_field", "POST", a.URL+"/v1/ops/api_keys/revoke", admin, map[string]any{})
 	for _, id := range []string{"alice", "bob", "frank", "nobody"} {
 		c.want(http.StatusOK, "", "GET", a.URL+"/v1/ops/route_state/t1/p1/"+id, admin, nil)
 	}

@@ -115,6 +115,11 @@ func (b *Store) APIKeyByHash(ctx context.Context, h []byte) (sessionstore.APIKey
 	return guard(b, ctx, func() (sessionstore.APIKey, error) { return b.inner.APIKeyByHash(ctx, h) })
 }
 
+// DeleteAPIKey implements sessionstore.Store.
+func (b *Store) DeleteAPIKey(ctx context.Context, h []byte) (sessionstore.APIKey, error) {
+	return guard(b, ctx, func() (sessionstore.APIKey, error) { return b.inner.DeleteAPIKey(ctx, h) })
+}
+
 // AppendSignal implements sessionstore.Store.
 func (b *Store) AppendSignal(ctx context.Context, s sessionstore.NewSignal, now time.Time) (sessionstore.Signal, bool, error) {
 	type appended struct {

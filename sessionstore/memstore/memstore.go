@@ -659,6 +659,20 @@ func (m *Store) APIKeyByHash(ctx context.Context, h []byte) (sessionstore.APIKey
 	return k, nil
 }
 
+// DeleteAPIKey implements sessionstore.Store.
+func (m *Store) DeleteAPIKey(ctx context.Context, h []byte) (sessionstore.APIKey, error) {
+	if err := m.lock(); err != nil {
+		return sessionstore.APIKey{}, err
+	}
+	defer m.mu.Unlock()
+	k, ok := m.apiKeys[string(h)]
+	if !ok {
+		return sessionstore.APIKey{}, fmt.Errorf("memstore: delete api key: %w", sessionstore.ErrNotFound)
+	}
+	delete(m.apiKeys, string(h))
+	return k, nil
+}
+
 // AppendSignal implements sessionstore.Store.
 func (m *Store) AppendSignal(ctx context.Context, ns sessionstore.NewSignal, now time.Time) (sessionstore.Signal, bool, error) {
 	if err := m.lock(); err != nil {

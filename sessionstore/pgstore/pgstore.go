@@ -727,6 +727,23 @@ func (s *Store) APIKeyByHash(ctx context.Context, h []byte) (sessionstore.APIKey
 	return k, nil
 }
 
+// DeleteAPIKey implements sessionstore.Store.
+func (s *Store) DeleteAPIKey(ctx context.Context, h []byte) (sessionstore.APIKey, error) {
+	ctx, cancel, err := s.call(ctx)
+	defer cancel()
+	if err != nil {
+		return sessionstore.APIKey{}, wrap("delete api key", err)
+	}
+	var k sessionstore.APIKey
+	err = s.pool.QueryRow(ctx, `DELETE FROM api_keys WHERE hash = $1 RETURNING hash, tenant_id, project_id, created_at`, h).
+		Scan(&k.Hash, &k.TenantID, &k.ProjectID, &k.CreatedAt)
+	if err != nil {
+		return sessionstore.APIKey{}, wrap("delete api key", err)
+	}
+	k.CreatedAt = k.CreatedAt.UTC()
+	return k, nil
+}
+
 // --- instances, fallbacks, counters ---
 
 // HeartbeatInstance implements sessionstore.Store.

@@ -80,7 +80,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"AssignInstance", testAssignInstance},
 		{"ReassignInstance/moves only from the assignment it names", testReassignInstance},
 		{"ReassignInstance/of racing takeovers exactly one wins", testReassignConcurrent},
-		{"APIKeys/put, get, conflict, not found", testAPIKeys},
+		{"APIKeys/put, get, conflict, not found, delete", testAPIKeys},
 		{"Store keeps its own copies of byte slices and payloads", testNoAliasing},
 		{"AppendSignal/seq from 1, gap-free, per recipient, fields round-trip", testAppendSeq},
 		{"AppendSignal/unknown or expired recipient is ErrNotFound", testAppendNotFound},
@@ -1126,6 +1126,19 @@ func testAPIKeys(t *testing.T, s sessionstore.Store) {
 
 	_, err = s.APIKeyByHash(ctx, hash("nope"))
 	wantErr(t, "APIKeyByHash(unknown)", err, sessionstore.ErrNotFound)
+
+	gone, err := s.DeleteAPIKey(ctx, hash("key-1"))
+	noErr(t, "DeleteAPIKey", err)
+	if !bytes.Equal(gone.Hash, want.Hash) || gone.TenantID != want.TenantID || gone.ProjectID != want.ProjectID {
+		t.Fatalf("DeleteAPIKey = %+v, want %+v", gone, want)
+	}
+	_, err = s.APIKeyByHash(ctx, hash("key-1"))
+	wantErr(t, "APIKeyByHash(deleted)", err, sessionstore.ErrNotFound)
+	_, err = s.DeleteAPIKey(ctx, hash("key-1"))
+	wantErr(t, "DeleteAPIKey(again)", err, sessionstore.ErrNotFound)
+	if _, err := s.APIKeyByHash(ctx, hash("key-2")); err != nil {
+		t.Fatalf("APIKeyByHash(the other key) after a delete: %v", err)
+	}
 }
 
 func testNoAliasing(t *testing.T, s sessionstore.Store) {
