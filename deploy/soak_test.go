@@ -317,18 +317,7 @@ func tail(t *testing.T, p *proc) {
 
 func (c *cluster) waitHTTP(t *testing.T, what, url string, within time.Duration) {
 	t.Helper()
-	testwait.ForNil(t, what+" ("+url+")", within, func() error {
-		resp, err := c.http.Get(url)
-		if err != nil {
-			return err
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return nil
-	})
+	haproxytest.WaitOK(t, c.http, what, url, within)
 }
 
 // attached counts the sessions whose queue the store records on a healthy

@@ -37,7 +37,7 @@ const haproxyFailoverProjects = 4
 // in-process, under -race, with the failover ledger and pgcluster.
 func TestStoreFailoverBehindHAProxy(t *testing.T) {
 	if testing.Short() {
-		t.Skip("slow (three hubs behind HAProxy through a Postgres failover, about 10 s): skipped by -short")
+		t.Skip("slow (three hubs behind HAProxy through a Postgres failover, 8 to 30 s): skipped by -short")
 	}
 	haproxy := haproxytest.Require(t)
 	c := pgcluster.New(t)

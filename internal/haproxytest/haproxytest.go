@@ -13,11 +13,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/marconihub/marconi/internal/testlog"
 	"github.com/marconihub/marconi/internal/testwait"
 )
 
@@ -63,7 +63,7 @@ func Start(t testing.TB, haproxy, bind string, hubs [3]string) {
 	for i, h := range hubs {
 		env = append(env, fmt.Sprintf("MARCONI_HUB_%d=%s", i+1, h))
 	}
-	out := &lockedWriter{w: &strings.Builder{}}
+	out := &testlog.Buffer{}
 	cmd := exec.Command(haproxy, "-db", "-f", cfg)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = out, out
@@ -84,8 +84,15 @@ func Start(t testing.TB, haproxy, bind string, hubs [3]string) {
 	})
 	client := &http.Client{Timeout: 5 * time.Second}
 	defer client.CloseIdleConnections()
-	testwait.ForNil(t, "HAProxy to route to a ready hub", 20*time.Second, func() error {
-		resp, err := client.Get("http://" + bind + "/readyz")
+	WaitOK(t, client, "HAProxy to route to a ready hub", "http://"+bind+"/readyz", 20*time.Second)
+}
+
+// WaitOK polls a GET of url with client until it answers 200; past within
+// it fails t naming what.
+func WaitOK(t testing.TB, client *http.Client, what, url string, within time.Duration) {
+	t.Helper()
+	testwait.ForNil(t, what+" ("+url+")", within, func() error {
+		resp, err := client.Get(url)
 		if err != nil {
 			return err
 		}
