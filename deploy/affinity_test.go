@@ -21,6 +21,7 @@ import (
 
 	"github.com/marconihub/marconi"
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
+	"github.com/marconihub/marconi/internal/haproxytest"
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/internal/testwait"
 )
@@ -39,7 +40,7 @@ func TestOneProjectsAgentsMeetOnOneInstanceBehindHAProxy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow (three hubs behind HAProxy): skipped by -short")
 	}
-	haproxy := requireHAProxy(t)
+	haproxy := haproxytest.Require(t)
 	c := startCluster(t, haproxy, pgtest.Schema(t))
 
 	const perProject = 4
@@ -169,7 +170,7 @@ func TestARestartedAgentResumesOnItsProjectsInstanceBehindHAProxy(t *testing.T) 
 	if testing.Short() {
 		t.Skip("slow (three hubs behind HAProxy): skipped by -short")
 	}
-	haproxy := requireHAProxy(t)
+	haproxy := haproxytest.Require(t)
 	c := startCluster(t, haproxy, pgtest.Schema(t))
 	store := bootstrap.FileTokenStore(filepath.Join(t.TempDir(), "token.json"))
 	regs := &answerers{next: http.DefaultTransport.(*http.Transport).Clone()}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/marconihub/marconi/internal/haproxytest"
 	yaml "go.yaml.in/yaml/v3"
 )
 
@@ -112,7 +113,7 @@ func TestComposeMatchesTheTestedTopology(t *testing.T) {
 
 // HAProxy accepts the file with the addresses compose gives it.
 func TestHAProxyConfigIsValid(t *testing.T) {
-	haproxy := requireHAProxy(t)
+	haproxy := haproxytest.Require(t)
 	cmd := exec.Command(haproxy, "-c", "-f", "haproxy.cfg")
 	cmd.Env = append(os.Environ(), "MARCONI_LB_BIND=:8080", "MARCONI_LB_STATS=:8404",
 		"MARCONI_HUB_1=hub-1:8080", "MARCONI_HUB_2=hub-2:8080", "MARCONI_HUB_3=hub-3:8080")

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
+	"github.com/marconihub/marconi/internal/haproxytest"
 	"github.com/marconihub/marconi/internal/pgtest"
 	"github.com/marconihub/marconi/internal/testwait"
 )
@@ -62,7 +63,7 @@ func TestSoakThreeInstancesBehindHAProxy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow (three hubs behind HAProxy for about 20 s): skipped by -short")
 	}
-	haproxy := requireHAProxy(t)
+	haproxy := haproxytest.Require(t)
 	dbURL := pgtest.Schema(t)
 	plan := planFromEnv()
 	c := startCluster(t, haproxy, dbURL)
@@ -141,21 +142,6 @@ func TestSoakThreeInstancesBehindHAProxy(t *testing.T) {
 	}
 	t.Logf("%d agents, %d sends attempted, %d answered 200 (all delivered), %d deliveries, %d affinity resets (sticky sessions taken over)",
 		plan.agents, led.attempts(), answered, led.deliveries(), resets)
-}
-
-// requireHAProxy returns the haproxy binary, or skips (fails in CI, where
-// MARCONI_TEST_REQUIRE_HAPROXY=1).
-func requireHAProxy(t *testing.T) string {
-	t.Helper()
-	path, err := exec.LookPath("haproxy")
-	if err == nil {
-		return path
-	}
-	if os.Getenv("MARCONI_TEST_REQUIRE_HAPROXY") == "1" {
-		t.Fatalf("MARCONI_TEST_REQUIRE_HAPROXY=1 but haproxy is missing: %v", err)
-	}
-	t.Skip("skipping soak test: haproxy not found (apt-get install haproxy; MARCONI_TEST_REQUIRE_HAPROXY=1 fails instead)")
-	return ""
 }
 
 // --- the cluster: processes on loopback ports ---
@@ -331,18 +317,7 @@ func tail(t *testing.T, p *proc) {
 
 func (c *cluster) waitHTTP(t *testing.T, what, url string, within time.Duration) {
 	t.Helper()
-	testwait.ForNil(t, what+" ("+url+")", within, func() error {
-		resp, err := c.http.Get(url)
-		if err != nil {
-			return err
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return nil
-	})
+	haproxytest.WaitOK(t, c.http, what, url, within)
 }
 
 // attached counts the sessions whose queue the store records on a healthy

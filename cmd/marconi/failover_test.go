@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"regexp"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
+	"github.com/marconihub/marconi/internal/haproxytest"
 	"github.com/marconihub/marconi/internal/pgcluster"
 	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/migrations"
@@ -290,27 +290,29 @@ func startFailoverHubs(t *testing.T, dbURL string, ids ...string) []*Main {
 	t.Helper()
 	var hubs []*Main
 	for _, id := range ids {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		l.Close()
-		m, _ := startMain(t, map[string]string{
-			"MARCONI_DATABASE_URL": dbURL, "MARCONI_MODE": "lan", "MARCONI_ADDR": addr,
-			"MARCONI_PUBLIC_URL": "http://" + addr, "MARCONI_INSTANCE_ID": id,
-			"MARCONI_API_KEYS": failoverKey + "=t/p", "MARCONI_ADMIN_TOKEN": failoverAdmin,
-			"MARCONI_STORE_TIMEOUT_SECONDS": "2", "MARCONI_STORE_PROBE_INTERVAL_MS": "100",
-			"MARCONI_INSTANCE_HEARTBEAT_SECONDS": "1", "MARCONI_INSTANCE_DEAD_AFTER_SECONDS": fmt.Sprint(failoverDeadAfter.Seconds()),
-			"MARCONI_SEND_RATE_PER_SECOND": "1000", "MARCONI_HEARTBEAT_INTERVAL_SECONDS": "3600",
-			// No pending sweep within the test: a signal for an agent on the
-			// other instance arrives by a wake-up, so the listener must
-			// LISTEN again on the new primary.
-			"MARCONI_PENDING_SWEEP_SECONDS": "3600",
-		})
-		hubs = append(hubs, m)
+		addr := haproxytest.FreeAddr(t)
+		hubs = append(hubs, startFailoverHub(t, dbURL, id, addr, "http://"+addr, failoverKey+"=t/p"))
 	}
 	return hubs
+}
+
+// startFailoverHub starts one in-process hub on dbURL listening on addr,
+// with apiKeys as its MARCONI_API_KEYS.
+func startFailoverHub(t *testing.T, dbURL, id, addr, publicURL, apiKeys string) *Main {
+	t.Helper()
+	m, _ := startMain(t, map[string]string{
+		"MARCONI_DATABASE_URL": dbURL, "MARCONI_MODE": "lan", "MARCONI_ADDR": addr,
+		"MARCONI_PUBLIC_URL": publicURL, "MARCONI_INSTANCE_ID": id,
+		"MARCONI_API_KEYS": apiKeys, "MARCONI_ADMIN_TOKEN": failoverAdmin,
+		"MARCONI_STORE_TIMEOUT_SECONDS": "2", "MARCONI_STORE_PROBE_INTERVAL_MS": "100",
+		"MARCONI_INSTANCE_HEARTBEAT_SECONDS": "1", "MARCONI_INSTANCE_DEAD_AFTER_SECONDS": fmt.Sprint(failoverDeadAfter.Seconds()),
+		"MARCONI_SEND_RATE_PER_SECOND": "1000", "MARCONI_HEARTBEAT_INTERVAL_SECONDS": "3600",
+		// No pending sweep within the test: a signal for an agent on
+		// another instance arrives by a wake-up, so the listener must
+		// LISTEN again on the new primary.
+		"MARCONI_PENDING_SWEEP_SECONDS": "3600",
+	})
+	return m
 }
 
 // readyzAdmin is the hub's /readyz status and, when not ready, the message the
@@ -468,15 +470,24 @@ func dialFailoverAgents(t *testing.T, hubs []*Main, led *failoverLedger) []*fail
 // dialAgent dials one agent on h.
 func dialAgent(t *testing.T, h *Main, id, mode string, led *failoverLedger) *failoverAgent {
 	t.Helper()
+	return dialAgentAt(t, h.URL(), failoverKey, id, mode, false, led)
+}
+
+// dialAgentAt dials one agent on hubURL with the API key of its project;
+// noHolder turns off its sending to the recipient's instance, so that its
+// sends land where the balancer puts them.
+func dialAgentAt(t *testing.T, hubURL, key, id, mode string, noHolder bool, led *failoverLedger) *failoverAgent {
+	t.Helper()
 	a := &failoverAgent{id: id}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := bootstrap.Dial(ctx, bootstrap.Config{
-		HubURL: h.URL(), APIKey: failoverKey, SessionID: id, Surface: "claude_code", RuntimeMode: mode,
+		HubURL: hubURL, APIKey: key, SessionID: id, Surface: "claude_code", RuntimeMode: mode,
 		OnSignal:        func(s bootstrap.Signal) { led.delivered(id, s) },
 		OnAffinityReset: func() { a.resets.Add(1) },
 		Logger:          slog.New(slog.DiscardHandler),
 		SendAttempts:    1,
+		NoHolderRouting: noHolder,
 	})
 	if err != nil {
 		t.Fatalf("dial %s: %v", id, err)
@@ -535,6 +546,7 @@ type failoverLedger struct {
 	refusedAt  []time.Time                // each 503
 	lastOK     map[string]time.Time       // agent -> its latest 200
 	transport  int                        // sends with no answer (status 0 in statusCounts)
+	noAnswer   []string                   // the first few of their errors
 	payloadsOf map[string]failoverPayload // signal id -> its payload, as delivered
 }
 
@@ -571,6 +583,9 @@ func (l *failoverLedger) answer(agent string, p failoverPayload, res bootstrap.S
 		}
 	default:
 		l.transport++
+		if len(l.noAnswer) < 5 {
+			l.noAnswer = append(l.noAnswer, fmt.Sprintf("%s at %s: %v", p.ID, time.Now().Format("15:04:05.000"), err))
+		}
 	}
 }
 
@@ -636,6 +651,13 @@ func (l *failoverLedger) refusedSince(crash time.Time) (n int, first, last time.
 		last = at.Sub(crash)
 	}
 	return n, first, last
+}
+
+// noAnswers is the first few errors of the sends that had no answer.
+func (l *failoverLedger) noAnswers() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.noAnswer)
 }
 
 func (l *failoverLedger) statusCounts() map[int]int {
