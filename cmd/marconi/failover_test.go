@@ -462,7 +462,11 @@ func dialFailoverAgents(t *testing.T, hubs []*Main, led *failoverLedger) []*fail
 		if i%2 == 0 {
 			mode = "sticky"
 		}
-		agents[i] = dialAgent(t, hubs[i%len(hubs)], fmt.Sprintf("agent-%d", i), mode, led)
+		// The first hub's agents send where their hub is, not to the
+		// recipient's instance: their signals for agents held elsewhere
+		// (quiet among them) cross by wake-ups.
+		h := i % len(hubs)
+		agents[i] = dialAgentAt(t, hubs[h].URL(), failoverKey, fmt.Sprintf("agent-%d", i), mode, h == 0, led)
 	}
 	return agents
 }
