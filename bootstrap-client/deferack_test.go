@@ -76,17 +76,7 @@ func TestDialPiggybackDrains(t *testing.T) {
 	h := hubtest.Start(t, hubtest.Options{})
 	ctx := context.Background()
 	var in inbox
-	cx, err := bootstrap.DialPiggyback(ctx, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "cx",
-		Surface: "codex", OnSignal: in.on})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cx.Close()
-	alice, err := bootstrap.Dial(ctx, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "alice", Surface: "claude_code"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer alice.Close()
+	cx, alice := piggybackPair(t, h, bootstrap.Config{OnSignal: in.on})
 	res, err := alice.Send(ctx, "cx", "", map[string]string{"text": "hi"})
 	if err != nil {
 		t.Fatal(err)
@@ -131,17 +121,7 @@ func TestDeferAckRetriedAfterAFailureIsSent(t *testing.T) {
 	h := hubtest.Start(t, hubtest.Options{Store: store})
 	ctx := context.Background()
 	var in inbox
-	cx, err := bootstrap.DialPiggyback(ctx, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "cx",
-		Surface: "codex", DeferAck: true, AckInterval: time.Nanosecond, OnSignal: in.on})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cx.Close()
-	alice, err := bootstrap.Dial(ctx, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "alice", Surface: "claude_code"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer alice.Close()
+	cx, alice := piggybackPair(t, h, bootstrap.Config{DeferAck: true, AckInterval: time.Nanosecond, OnSignal: in.on})
 	if _, err := alice.Send(ctx, "cx", "", map[string]string{"text": "hi"}); err != nil {
 		t.Fatal(err)
 	}
@@ -160,4 +140,24 @@ func TestDeferAckRetriedAfterAFailureIsSent(t *testing.T) {
 	if left, err := h.Store.PendingSignals(ctx, cxKey, 0, 10); err != nil || len(left) != 0 {
 		t.Fatalf("pending after the second Ack: %d %v, want none", len(left), err)
 	}
+}
+
+// piggybackPair dials cx, a codex session (DialPiggyback) configured by cfg
+// beyond the hub and its identity, and alice, a claude_code session to send
+// to it; both close at the test's end.
+func piggybackPair(t *testing.T, h *hubtest.Hub, cfg bootstrap.Config) (cx, alice *bootstrap.Client) {
+	t.Helper()
+	ctx := context.Background()
+	cfg.HubURL, cfg.APIKey, cfg.SessionID, cfg.Surface = h.URL, h.APIKey, "cx", "codex"
+	cx, err := bootstrap.DialPiggyback(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cx.Close() })
+	alice, err = bootstrap.Dial(ctx, bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "alice", Surface: "claude_code"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = alice.Close() })
+	return cx, alice
 }
