@@ -39,13 +39,12 @@ type Holder struct {
 // connections that saw the lost ones would take for signals already
 // delivered.
 type Historian interface {
-	// History numbers the server histories the store has seen, from 1 at
-	// its first connection; 0 when none is known yet. It only grows.
-	History() uint64
-	// HistoryToken returns History with the token of that history: an
-	// opaque string that every instance reaching the same server history
-	// computes alike, so clients can compare what they were told by any
-	// of them; "" while none is known.
+	// HistoryToken returns the store's history: n numbers the server
+	// histories the store has seen, from 1 at its first connection (0 when
+	// none is known yet; it only grows), and token names the current one,
+	// an opaque string that every instance reaching the same server history
+	// computes alike, so clients can compare what they were told by any of
+	// them ("" while none is known).
 	HistoryToken() (n uint64, token string)
 }
 

@@ -27,8 +27,6 @@ type movingHistory struct {
 	gave atomic.Uint64 // the Holder.History of the last AckSignalsAs
 }
 
-func (s *movingHistory) History() uint64 { return s.n.Load() }
-
 func (s *movingHistory) HistoryToken() (uint64, string) {
 	n := s.n.Load()
 	return n, fmt.Sprintf("h%d", n)

@@ -16,14 +16,6 @@ import "github.com/marconihub/marconi/sessionstore"
 // writer has caught up. From then on an ack counts only for what the
 // connection has written since (capAck).
 
-// history is the store's history, 0 when the store keeps none.
-func (h *Hub) history() uint64 {
-	if s, ok := h.store.(sessionstore.Historian); ok {
-		return s.History()
-	}
-	return 0
-}
-
 // historyToken is the store's history with its token (the welcome's and the
 // history frame's), 0 and "" when the store keeps none.
 func (h *Hub) historyToken() (uint64, string) {
@@ -38,7 +30,7 @@ func (h *Hub) historyToken() (uint64, string) {
 // when nothing changed (one atomic read each of the store's and the hub's
 // history); the hub runs it beside the expiry check.
 func (h *Hub) FollowHistory() {
-	now := h.history()
+	now, _ := h.historyToken()
 	if now == 0 || h.followed.Swap(now) == now {
 		return
 	}

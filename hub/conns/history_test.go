@@ -23,8 +23,6 @@ type historyStore struct {
 	n atomic.Uint64
 }
 
-func (s *historyStore) History() uint64 { return s.n.Load() }
-
 func (s *historyStore) HistoryToken() (uint64, string) {
 	n := s.n.Load()
 	return n, tokenOf(n)

@@ -356,8 +356,6 @@ type downStore struct {
 // contractHistory is downStore's history token.
 const contractHistory = "h1"
 
-func (s *downStore) History() uint64 { return 1 }
-
 func (s *downStore) HistoryToken() (uint64, string) { return 1, contractHistory }
 
 func (s *downStore) Ping(ctx context.Context) error {

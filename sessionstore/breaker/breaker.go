@@ -180,17 +180,8 @@ func (b *Store) Ready(ctx context.Context) error {
 	return nil
 }
 
-// History is the wrapped store's (sessionstore.Historian), 0 when it keeps
-// none: a store that cannot go back in time.
-func (b *Store) History() uint64 {
-	if h, ok := b.inner.(sessionstore.Historian); ok {
-		return h.History()
-	}
-	return 0
-}
-
 // HistoryToken is the wrapped store's (sessionstore.Historian), 0 and ""
-// when it keeps none.
+// when it keeps none: a store that cannot go back in time.
 func (b *Store) HistoryToken() (uint64, string) {
 	if h, ok := b.inner.(sessionstore.Historian); ok {
 		return h.HistoryToken()

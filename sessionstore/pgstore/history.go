@@ -92,9 +92,8 @@ func historyToken(id string) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// History implements sessionstore.Historian: 1 from the first connection,
-// one more for each change of the server's history since; 0 before any
-// connection.
+// History is HistoryToken's number: 1 from the first connection, one more
+// for each change of the server's history since; 0 before any connection.
 func (s *Store) History() uint64 { return s.hist.load().n }
 
 // HistoryToken implements sessionstore.Historian.
