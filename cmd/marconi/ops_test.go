@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/internal/pgtest"
@@ -268,22 +269,27 @@ func TestDisconnectNamesTheHoldingInstance(t *testing.T) {
 	}
 }
 
-// TestFollowKeepsTheAdminTokenSafe: --follow sends the admin token only
-// where a client would send its session token.
-func TestFollowKeepsTheAdminTokenSafe(t *testing.T) {
+// TestRouteHolderSaysWhyNone: route's holder line for each queue the hub
+// can report, the unhealthy and the restarted instance's included.
+func TestRouteHolderSaysWhyNone(t *testing.T) {
+	at := time.Date(2026, 12, 2, 7, 0, 0, 0, time.UTC)
+	id := "hub-a"
 	for _, tc := range []struct {
-		hub, to, refusal string
+		instance          *string
+		attached, healthy bool
+		attachedAt        *time.Time
+		want              string
 	}{
-		{"https://hub.example", "http://b.example:8080", "plain http"},
-		{"https://hub.example", "https://b.example", ""},
-		{"http://hub.example", "http://127.0.0.1:8081", "loopback"},
-		{"http://127.0.0.1:8080", "http://127.0.0.1:8081", ""},
-		{"http://hub.example", "", "no usable URL"},
-		{"http://hub.example", "http://u:p@b.example", "no usable URL"},
+		{nil, false, false, nil, "none: no instance holds a WebSocket of it"},
+		{&id, false, false, nil, "none: its last queue was on hub-a, which is unhealthy"},
+		{&id, true, false, &at, "none: its last queue was on hub-a, which is unhealthy"},
+		{&id, false, true, nil, "none: its last queue was on hub-a (healthy), which has restarted since"},
+		{&id, true, true, &at, "hub-a (healthy), attached at 2026-12-02T07:00:00Z"},
 	} {
-		o, err := opsClient{hub: tc.hub, token: "x"}.followed(tc.to)
-		if tc.refusal == "" && (err != nil || o.hub != tc.to) || tc.refusal != "" && (err == nil || !strings.Contains(err.Error(), tc.refusal)) {
-			t.Errorf("%s → %q: %v, %q; want refusal %q", tc.hub, tc.to, err, o.hub, tc.refusal)
+		var r routeAnswer
+		r.Queue.InstanceID, r.Queue.Attached, r.Queue.InstanceHealthy, r.Queue.AttachedAt = tc.instance, tc.attached, tc.healthy, tc.attachedAt
+		if got := r.holder(); got != tc.want {
+			t.Errorf("%+v: %q, want %q", r.Queue, got, tc.want)
 		}
 	}
 }
