@@ -85,13 +85,15 @@ func TestOpsCommandsAnswerTheOperator(t *testing.T) {
 	if a := post(t, hub+"/v1/sessions", key, `{"session_id":"bob","surface":"claude_code"}`); a.status != http.StatusCreated {
 		t.Fatalf("register bob: %+v", a)
 	}
-	if _, err := alice.Send(context.Background(), "bob", "review.request", map[string]string{"pr": "7"}); err != nil {
-		t.Fatal(err)
+	for _, kind := range []string{"review.request", "review.nudge"} {
+		if _, err := alice.Send(context.Background(), "bob", kind, map[string]string{"pr": "7"}); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	h.want(0, []string{"t/p/alice", "attached", "A WebSocket queue is attached", "holder", "(healthy), attached at", "pending", "0 signal(s)", "self-heal", "on; tokens left"},
 		"route", hub, "t/p/alice")
-	h.want(0, []string{"t/p/bob", "route_without_queue", "holder", "none: no instance holds a WebSocket", "proof of life", "registered_at", "1 signal(s)"},
+	h.want(0, []string{"t/p/bob", "route_without_queue", "holder", "none: no instance holds a WebSocket", "proof of life", "registered_at", "2 signal(s)"},
 		"route", hub+"/", "t/p/bob")
 	h.want(0, []string{"t/p/carol", "not_registered", "never registered"}, "route", hub, "t/p/carol")
 	// MARCONI_HUB_URL stands in for HUB_URL.
@@ -112,7 +114,7 @@ func TestOpsCommandsAnswerTheOperator(t *testing.T) {
 
 	out := h.want(0, []string{"SESSION", "STATE", "PROOF OF LIFE", "PENDING"}, "sessions", hub)
 	if !regexp.MustCompile(`(?m)^t/p/alice +attached +\S+ +\d+s ago +0$`).MatchString(out) ||
-		!regexp.MustCompile(`(?m)^t/p/bob +route_without_queue +- +\d+s ago +1$`).MatchString(out) {
+		!regexp.MustCompile(`(?m)^t/p/bob +route_without_queue +- +\d+s ago +2$`).MatchString(out) {
 		t.Errorf("sessions: %q", out)
 	}
 	if out := h.want(0, []string{"t/p/bob"}, "sessions", hub, "--state", "route_without_queue", "--tenant", "t"); strings.Contains(out, "alice") {
@@ -127,9 +129,12 @@ func TestOpsCommandsAnswerTheOperator(t *testing.T) {
 		t.Errorf("sessions --limit 1 does not say there may be more: %q", errOut)
 	}
 
-	out = h.want(0, []string{"t/p/bob: 1 unacknowledged signal(s)", "ID", "SEQ", "FROM", "KIND", "AGE"}, "signals", hub, "t/p/bob")
-	if !regexp.MustCompile(`(?m)^\S+ +1 +alice +review\.request +\d+s ago$`).MatchString(out) {
+	out = h.want(0, []string{"t/p/bob: 2 unacknowledged signal(s), oldest first", "ID", "SEQ", "FROM", "KIND", "AGE"}, "signals", hub, "t/p/bob")
+	if !regexp.MustCompile(`(?m)^\S+ +1 +alice +review\.request +\d+s ago\n\S+ +2 +alice +review\.nudge +\d+s ago$`).MatchString(out) {
 		t.Errorf("signals: %q", out)
+	}
+	if out := h.want(0, []string{"t/p/bob: 2 unacknowledged signal(s), the oldest 1 (--limit)"}, "signals", hub, "t/p/bob", "--limit", "1"); strings.Contains(out, "nudge") {
+		t.Errorf("signals --limit 1: %q", out)
 	}
 	h.want(0, []string{"t/p/alice has no unacknowledged signal"}, "signals", hub, "t/p/alice")
 
@@ -145,10 +150,10 @@ func TestOpsCommandsAnswerTheOperator(t *testing.T) {
 	// deregister asks on a terminal, and needs --yes without one.
 	h.want(2, []string{"not on a terminal, so nothing was changed; pass --yes"}, "deregister", hub, "t/p/bob")
 	if code, out, errOut := h.run(nil, "no\n", true, "deregister", hub, "t/p/bob"); code != 1 || !strings.Contains(errOut, "not confirmed") ||
-		!strings.Contains(out, "t/p/bob is route_without_queue with 1 unacknowledged signal(s)") {
+		!strings.Contains(out, "t/p/bob is route_without_queue with 2 unacknowledged signal(s)") {
 		t.Errorf("deregister answered no: exit %d %q %q", code, out, errOut)
 	}
-	h.want(0, []string{"1 signal(s)"}, "route", hub, "t/p/bob")
+	h.want(0, []string{"2 signal(s)"}, "route", hub, "t/p/bob")
 	if code, out, errOut := h.run(nil, "yes\n", true, "deregister", hub, "t/p/bob"); code != 0 || !strings.Contains(out, "deregistered t/p/bob") {
 		t.Errorf("deregister answered yes: exit %d %q %q", code, out, errOut)
 	}
@@ -261,7 +266,7 @@ func TestDisconnectNamesTheHoldingInstance(t *testing.T) {
 	}
 	code, out, errOut = runCLI(t, env, "", false, "disconnect", "--follow", b.URL(), "t/p/alice")
 	if code != 0 || !strings.Contains(out, "disconnected t/p/alice on instance hub-a") || !strings.Contains(errOut, "instance hub-a at "+a.URL()+" holds it") {
-		t.Errorf("disconnect --follow: exit %d, stdout %q, stderr %q", code, out, errOut)
+		t.Fatalf("disconnect --follow: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	pollUntil(t, "alice to reconnect", func() bool { return alice.Stats().Reconnects >= 1 })
 	if strings.Contains(out+errOut, failoverAdmin) {
