@@ -62,6 +62,27 @@ func (c cli) parseOpsFlags(cmd string, fs *flag.FlagSet, args []string) ([]strin
 	return pos, nil
 }
 
+// opsArgs reads an operator's command line: cmd's flags (declared on fs),
+// the hub, and the n positional arguments after its URL.
+func (c cli) opsArgs(cmd string, fs *flag.FlagSet, args []string, n int) (opsClient, []string, error) {
+	pos, err := c.parseOpsFlags(cmd, fs, args)
+	if err != nil {
+		return opsClient{}, nil, err
+	}
+	return c.opsTarget(pos, n, opsUsage(cmd))
+}
+
+// sessionArgs is opsArgs of a command on one session: its only positional
+// argument (after the hub's URL) is TENANT/PROJECT/SESSION.
+func (c cli) sessionArgs(cmd string, fs *flag.FlagSet, args []string) (opsClient, sessionstore.Key, error) {
+	o, pos, err := c.opsArgs(cmd, fs, args, 1)
+	if err != nil {
+		return o, sessionstore.Key{}, err
+	}
+	k, err := sessionKeyArg(pos[0], opsUsage(cmd))
+	return o, k, err
+}
+
 // sessionKeyArg reads TENANT/PROJECT/SESSION.
 func sessionKeyArg(s, usage string) (sessionstore.Key, error) {
 	parts := strings.Split(s, "/")
@@ -169,15 +190,7 @@ func (r routeAnswer) holder() string {
 func (c cli) route(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("marconi route", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print the hub's route state object as it is")
-	pos, err := c.parseOpsFlags("route", fs, args)
-	if err != nil {
-		return err
-	}
-	o, pos, err := c.opsTarget(pos, 1, opsUsage("route"))
-	if err != nil {
-		return err
-	}
-	k, err := sessionKeyArg(pos[0], opsUsage("route"))
+	o, k, err := c.sessionArgs("route", fs, args)
 	if err != nil {
 		return err
 	}
@@ -239,12 +252,8 @@ func (c cli) sessions(ctx context.Context, args []string) error {
 	state := fs.String("state", "", "only sessions in this route state: "+strings.Join(routeStates, ", "))
 	limit := fs.Int("limit", 100, "at most this many sessions (the hub takes 1 to 1000)")
 	asJSON := fs.Bool("json", false, "print the hub's answer as it is")
-	pos, err := c.parseOpsFlags("sessions", fs, args)
-	if err != nil {
-		return err
-	}
 	usage := opsUsage("sessions")
-	o, _, err := c.opsTarget(pos, 0, usage)
+	o, _, err := c.opsArgs("sessions", fs, args, 0)
 	if err != nil {
 		return err
 	}
@@ -301,21 +310,12 @@ func (c cli) pendingSignals(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("marconi signals", flag.ContinueOnError)
 	limit := fs.Int("limit", 50, "at most this many signals, oldest first (the hub takes 1 to 200)")
 	asJSON := fs.Bool("json", false, "print the hub's answer as it is")
-	pos, err := c.parseOpsFlags("signals", fs, args)
-	if err != nil {
-		return err
-	}
-	usage := opsUsage("signals")
-	o, pos, err := c.opsTarget(pos, 1, usage)
-	if err != nil {
-		return err
-	}
-	k, err := sessionKeyArg(pos[0], usage)
+	o, k, err := c.sessionArgs("signals", fs, args)
 	if err != nil {
 		return err
 	}
 	if *limit < 1 {
-		return usagef("--limit %d: want at least 1; %s", *limit, usage)
+		return usagef("--limit %d: want at least 1; %s", *limit, opsUsage("signals"))
 	}
 	var p struct {
 		Total   int `json:"total"`
@@ -354,16 +354,7 @@ func (c cli) pendingSignals(ctx context.Context, args []string) error {
 func (c cli) disconnect(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("marconi disconnect", flag.ContinueOnError)
 	follow := fs.Bool("follow", false, "when another instance holds the WebSocket, ask that one (once)")
-	pos, err := c.parseOpsFlags("disconnect", fs, args)
-	if err != nil {
-		return err
-	}
-	usage := opsUsage("disconnect")
-	o, pos, err := c.opsTarget(pos, 1, usage)
-	if err != nil {
-		return err
-	}
-	k, err := sessionKeyArg(pos[0], usage)
+	o, k, err := c.sessionArgs("disconnect", fs, args)
 	if err != nil {
 		return err
 	}
@@ -409,16 +400,7 @@ func (c cli) disconnect(ctx context.Context, args []string) error {
 func (c cli) deregister(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("marconi deregister", flag.ContinueOnError)
 	yes := fs.Bool("yes", false, "do not ask for confirmation (required without a terminal)")
-	pos, err := c.parseOpsFlags("deregister", fs, args)
-	if err != nil {
-		return err
-	}
-	usage := opsUsage("deregister")
-	o, pos, err := c.opsTarget(pos, 1, usage)
-	if err != nil {
-		return err
-	}
-	k, err := sessionKeyArg(pos[0], usage)
+	o, k, err := c.sessionArgs("deregister", fs, args)
 	if err != nil {
 		return err
 	}
@@ -453,11 +435,7 @@ func (c cli) deregister(ctx context.Context, args []string) error {
 func (c cli) fabric(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("marconi fabric", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print the hub's fabric summary as it is")
-	pos, err := c.parseOpsFlags("fabric", fs, args)
-	if err != nil {
-		return err
-	}
-	o, _, err := c.opsTarget(pos, 0, opsUsage("fabric"))
+	o, _, err := c.opsArgs("fabric", fs, args, 0)
 	if err != nil {
 		return err
 	}
