@@ -298,3 +298,23 @@ func TestRouteHolderSaysWhyNone(t *testing.T) {
 		}
 	}
 }
+
+// TestFollowKeepsTheAdminTokenSafe: --follow sends the admin token only
+// where a client would send its session token.
+func TestFollowKeepsTheAdminTokenSafe(t *testing.T) {
+	for _, tc := range []struct {
+		hub, to, refusal string
+	}{
+		{"https://hub.example", "http://b.example:8080", "plain http"},
+		{"https://hub.example", "https://b.example", ""},
+		{"http://hub.example", "http://127.0.0.1:8081", "loopback"},
+		{"http://127.0.0.1:8080", "http://127.0.0.1:8081", ""},
+		{"http://hub.example", "", "no usable URL"},
+		{"http://hub.example", "http://u:p@b.example", "no usable URL"},
+	} {
+		o, err := opsClient{hub: tc.hub, token: "x"}.followed(tc.to)
+		if tc.refusal == "" && (err != nil || o.hub != tc.to) || tc.refusal != "" && (err == nil || !strings.Contains(err.Error(), tc.refusal)) {
+			t.Errorf("%s → %q: %v, %q; want refusal %q", tc.hub, tc.to, err, o.hub, tc.refusal)
+		}
+	}
+}
