@@ -180,7 +180,7 @@ func TestOpsCommandsAnswerTheOperator(t *testing.T) {
 		{map[string]string{"MARCONI_HUB_URL": hub + "," + hub}, []string{"fabric"}, 2, "MARCONI_HUB_URL names several hubs"},
 		{nil, []string{"route", "t/p/alice", hub}, 2, `HUB_URL "t/p/alice": want an http:// or https:// URL`},
 		{nil, []string{"route", hub, "t/alice"}, 2, `"t/alice" is not TENANT/PROJECT/SESSION`},
-		{nil, []string{"route", hub}, 2, "usage: marconi route [HUB_URL] T/P/S"},
+		{map[string]string{"MARCONI_HUB_URL": hub}, []string{"route", hub}, 2, "marconi route: usage: marconi route [HUB_URL] T/P/S"},
 		{nil, []string{"route", hub, "t/p/alice", "--jsn"}, 2, "(did you mean --json?)"},
 		{nil, []string{"sessions", hub, "--state", "atached"}, 2, `(did you mean "attached"?)`},
 		{nil, []string{"sessions", hub, "--tenant", "a b"}, 2, `--tenant "a b": want`},

@@ -143,6 +143,9 @@ func (c cli) opsTarget(pos []string, n int, usage string) (opsClient, []string, 
 	case n + 1:
 		raw, source, pos = pos[0], "HUB_URL", pos[1:]
 	case n:
+		if n > 0 && strings.Contains(pos[0], "://") { // the hub, and not what follows it
+			return opsClient{}, nil, usagef("%s", usage)
+		}
 		raw, source = strings.TrimSpace(c.getenv("MARCONI_HUB_URL")), "MARCONI_HUB_URL"
 		if raw == "" {
 			return opsClient{}, nil, usagef("no hub: name it as HUB_URL or set MARCONI_HUB_URL; %s", usage)
