@@ -73,8 +73,8 @@ func TestBusKeyRotateCommand(t *testing.T) {
 	}{
 		{"no token", nil, []string{"rotate", a.URL()}, 2, "MARCONI_ADMIN_TOKEN is not set"},
 		{"not the admin", map[string]string{"MARCONI_ADMIN_TOKEN": key}, []string{"rotate", a.URL()}, 1, "unauthorized (401 Unauthorized)"},
-		{"no subcommand", withToken, []string{a.URL()}, 2, "usage: marconi buskey show|rotate HUB_URL"},
-		{"unknown subcommand", withToken, []string{"spin", a.URL()}, 2, "usage: marconi buskey show|rotate HUB_URL"},
+		{"no subcommand", withToken, []string{a.URL()}, 2, "usage: marconi buskey show|rotate [HUB_URL]"},
+		{"unknown subcommand", withToken, []string{"spin", a.URL()}, 2, "usage: marconi buskey show|rotate [HUB_URL]"},
 		{"in-memory hub", withToken, []string{"rotate", mem.URL()}, 1, "not_found (404 Not Found): this hub has no bus key"},
 		{"no hub there", withToken, []string{"rotate", "http://" + closedPortAddr}, 1, "cannot reach the hub"},
 	} {

@@ -8,6 +8,8 @@
 //	marconi attach URL TOKEN         hold a session's WebSocket, print and ack its signals
 //	marconi healthcheck URL          exit 0 when URL answers 200 (container health checks)
 //	marconi buskey show|rotate URL   show or rotate the key that seals wake-ups between instances
+//	marconi route URL T/P/S          why a session is reachable or not; and sessions, signals,
+//	                                 disconnect, deregister, fabric, apikey (docs/operations.md)
 //	marconi mcp [flags]              an MCP server for one agent (docs/mcp.md)
 //
 // Every setting is an environment variable and a flag: MARCONI_FOO_BAR is
@@ -73,7 +75,14 @@ var commands = []struct{ name, args, help string }{
 	{"demo", "", "the SPEC-168 self-heal story with two agents, in one process"},
 	{"attach", "HUB_URL SESSION_TOKEN", "hold a session's WebSocket; print and ack its signals"},
 	{"healthcheck", "URL", "exit 0 when URL answers 200 (container health checks)"},
-	{"buskey", "show|rotate HUB_URL", "show or rotate the key that seals wake-ups between instances (admin)"},
+	{"buskey", "show|rotate [HUB_URL]", "show or rotate the key that seals wake-ups between instances (admin)"},
+	{"route", "[HUB_URL] T/P/S [--json]", "why a session is reachable or not: state, holder, proof of life (admin)"},
+	{"sessions", "[HUB_URL] [--state S] [flags]", "the live sessions and their route states (admin)"},
+	{"signals", "[HUB_URL] T/P/S [--limit N]", "a session's unacknowledged signals (admin)"},
+	{"disconnect", "[HUB_URL] T/P/S [--follow]", "close a session's WebSocket so that its client reconnects (admin)"},
+	{"deregister", "[HUB_URL] T/P/S [--yes]", "end a session and delete its signals (admin)"},
+	{"fabric", "[HUB_URL] [--json]", "the instances, their health and load, and the session totals (admin)"},
+	{"apikey", "create [HUB_URL] T P | revoke", "make an API key (printed once), or revoke one read from stdin (admin)"},
 	{"mcp", "[flags]", "an MCP server (stdio, or streamable HTTP with --http) that puts one agent on the hub: docs/mcp.md"},
 }
 
@@ -97,8 +106,39 @@ var commandAbout = map[string]string{
 	"buskey": "Shows the version of the bus key (the key that seals the signals wake-ups carry between\n" +
 		"instances) or, with rotate, replaces it with a new random key: every instance seals with it within\n" +
 		"MARCONI_BUS_KEY_REFRESH_SECONDS, and the key before still opens for MARCONI_BUS_KEY_GRACE_SECONDS.\n" +
-		"Talks to HUB_URL's ops API with the admin token in MARCONI_ADMIN_TOKEN; the key is never shown.",
+		"Talks to HUB_URL's ops API; the key is never shown.\n" +
+		opsCommon,
+	"route": "Prints a session's route state and what it means: which instance holds its WebSocket and whether\n" +
+		"that instance is healthy, its freshest proof of life and its age, its pending signals, its\n" +
+		"self-heal tokens. An unknown session is not_registered (exit 0). --json prints the hub's object.\n" +
+		opsCommon,
+	"sessions": "Lists the live sessions, one a line: route state, the instance of its queue, the age of its\n" +
+		"proof of life, its pending signals. --state takes attached, route_without_queue or stale.\n" +
+		opsCommon,
+	"signals": "Lists a session's unacknowledged signals, oldest first: id, seq, sender, kind and age.\n" +
+		opsCommon,
+	"disconnect": "Closes the session's WebSocket with 1012: its client reconnects as after a restart and nothing is\n" +
+		"lost. Only the instance holding it can: another names that instance and its URL and the command\n" +
+		"exits 1, unless --follow asks that instance in turn.\n" +
+		opsCommon,
+	"deregister": "Ends the session as its own DELETE /v1/session would: it and its signals are deleted and its\n" +
+		"WebSocket is closed (4410). On a terminal it shows the session and asks for \"yes\"; without one,\n" +
+		"--yes is required.\n" +
+		opsCommon,
+	"fabric": "Prints every instance (URL, health, draining, process, sticky sessions, attached queues, last\n" +
+		"heartbeat, bus key version) and the cluster's session totals. --json prints the hub's summary.\n" +
+		opsCommon,
+	"apikey": "create prints a new API key of TENANT and PROJECT on stdout, alone, once: the hub keeps only its\n" +
+		"hash. revoke reads the key from stdin (never the command line, where shell history and ps keep\n" +
+		"it): 'marconi apikey revoke HUB_URL < key-file'. A revoked key authenticates nothing, on every\n" +
+		"instance; sessions it registered keep their tokens until they expire.\n" +
+		opsCommon,
 }
+
+// opsCommon closes the help of every operator's command.
+const opsCommon = "HUB_URL may be left out when MARCONI_HUB_URL names the hub; T/P/S is TENANT/PROJECT/SESSION.\n" +
+	"The admin token is read from MARCONI_ADMIN_TOKEN only, and never printed. Exits 1 on the hub's\n" +
+	"refusal, naming its code; 2 on a usage error."
 
 // commandHelp is a command's usage line and what it does, for its -h.
 func commandHelp(cmd string) string {
@@ -164,6 +204,8 @@ func (c cli) run(ctx context.Context, args []string) int {
 		}
 	case "mcp":
 		err = c.mcpCommand(ctx, args)
+	case "route", "sessions", "signals", "disconnect", "deregister", "fabric", "apikey":
+		err = opsCommands[cmd](c, ctx, args)
 	case "help":
 		if len(args) > 0 { // help CMD [SUB] is CMD [SUB] -h
 			cmd := args[:1:1]
