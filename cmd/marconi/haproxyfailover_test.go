@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -115,38 +114,10 @@ func TestStoreFailoverBehindHAProxy(t *testing.T) {
 	defer func() { stop(); wg.Wait() }()
 	led.waitAnswered(t, 100)
 
-	// Two rounds, as TestStoreFailover: the standby promoted as soon as the
-	// hubs see the primary gone, then (the roles swapped back) kept
-	// read-only past the instances' dead-after window.
-	rounds := 2
-	if os.Getenv(EnvFailover) == "long" {
-		rounds = 8
-	}
+	rounds := failoverRounds()
 	for round := range rounds {
 		before := connectCounts(t, hubs)
-		crashed := time.Now()
-		old := c.CrashPrimary()
-		for _, h := range hubs {
-			pollUntil(t, h.Config.Hub.InstanceID+"'s /readyz to name the missing read-write server", func() bool {
-				st, msg := readyzAdmin(t, h)
-				return st == http.StatusServiceUnavailable && strings.Contains(msg, "takes writes")
-			})
-		}
-		if round%2 == 1 {
-			// Not a wait for an event: the outage itself, held on purpose
-			// past the dead-after window of every heartbeat seen before it.
-			time.Sleep(failoverDeadAfter + time.Second)
-		}
-		c.Promote()
-		promoted := time.Now()
-		back := led.waitAllBack(t, agents, promoted)
-		refused, first, last := led.refusedSince(crashed)
-		t.Logf("round %d: primary %s crashed, %s promoted %v later; %d sends refused 503 from %v to %v after the crash; every agent answered 200 again %v after the promotion",
-			round+1, old.Name, c.Primary().Name, promoted.Sub(crashed).Round(time.Millisecond), refused,
-			first.Round(time.Millisecond), last.Round(time.Millisecond), back.Round(time.Millisecond))
-		if round < rounds-1 {
-			c.Rebuild(old)
-		}
+		failOver(t, c, hubs, led, agents, round, rounds)
 		for _, h := range hubs {
 			id := h.Config.Hub.InstanceID
 			pollUntil(t, id+" to see the three processes connected on the new primary", func() bool {
@@ -194,24 +165,7 @@ func TestStoreFailoverBehindHAProxy(t *testing.T) {
 			t.Errorf("%d sends refused with %s; the failover may refuse only registry_unavailable (or the balancer's 503)", k, code)
 		}
 	}
-	if bad := health.unhealthy(); len(bad) > 0 {
-		t.Errorf("an instance alive throughout was seen unhealthy by another: %v", bad)
-	}
-	for _, a := range agents {
-		if r := a.resets.Load(); r > 0 {
-			t.Errorf("%s was told affinity_reset %d times; its instance never died", a.id, r)
-		}
-	}
-	for _, h := range hubs {
-		for _, name := range []string{"marconi_fabric_fallbacks_total", "marconi_fabric_reassignments_total"} {
-			if v := metricValue(t, h.URL(), name); v != 0 {
-				t.Errorf("%s on %s = %v; no sticky session may move when no instance died", name, h.Config.Hub.InstanceID, v)
-			}
-		}
-	}
-	if after := stickyAssignments(t, c.URL()); !mapsEqual(after, sticky) {
-		t.Errorf("sticky assignments moved: before %v, after %v", sticky, after)
-	}
+	checkNobodyMoved(t, hubs, agents, health, c.URL(), sticky)
 }
 
 // connectCounts is, by instance id, how many times each hub's wake-up
