@@ -121,7 +121,7 @@ func TestStoreFailover(t *testing.T) {
 // checkNobodyMoved checks what a failover with every instance alive
 // throughout must leave as it was: no hub saw another unhealthy, no agent
 // was told affinity_reset, no hub counted a fallback or a reassignment,
-// and the sticky assignments read from dbURL are still sticky.
+// and the sticky assignments read from dbURL are the ones given.
 func checkNobodyMoved(t *testing.T, hubs []*Main, agents []*failoverAgent, health *healthWatch, dbURL string, sticky map[string]string) {
 	t.Helper()
 	if bad := health.unhealthy(); len(bad) > 0 {
