@@ -59,13 +59,6 @@ const (
 // not asserted. MARCONI_FAILOVER=long switches over back and forth.
 func TestStoreFailover(t *testing.T) {
 	c := pgcluster.New(t)
-	// Two rounds: the standby promoted as soon as the hubs see the primary
-	// gone, then (the roles swapped back) kept read-only past the instances'
-	// dead-after window, as a failover manager may take its time.
-	rounds := 2
-	if os.Getenv(EnvFailover) == "long" {
-		rounds = 8
-	}
 	hubs := startFailoverHubs(t, c.URL(), "hub-a", "hub-b")
 	for _, h := range hubs {
 		pollUntil(t, h.Config.Hub.InstanceID+" to see both instances' processes connected", func() bool {
@@ -94,40 +87,9 @@ func TestStoreFailover(t *testing.T) {
 	defer func() { stop(); wg.Wait() }()
 	led.waitAnswered(t, 100)
 
+	rounds := failoverRounds()
 	for round := range rounds {
-		crashed := time.Now()
-		old := c.CrashPrimary()
-		// The hubs reach the standby, read-only, through the multi-host URL:
-		// not ready, and saying why.
-		for _, h := range hubs {
-			var last string
-			pollUntil(t, h.Config.Hub.InstanceID+"'s /readyz to name the missing read-write server", func() bool {
-				st, msg := readyzAdmin(t, h)
-				if last != msg {
-					t.Logf("%s /readyz: %d %s", h.Config.Hub.InstanceID, st, msg)
-					last = msg
-				}
-				return st == http.StatusServiceUnavailable && strings.Contains(msg, "takes writes")
-			})
-			if v := metricValue(t, h.URL(), "marconi_store_breaker_open"); v != 1 {
-				t.Errorf("%s: marconi_store_breaker_open = %v with no server taking writes, want 1", h.Config.Hub.InstanceID, v)
-			}
-		}
-		if round%2 == 1 {
-			// Not a wait for an event: the outage itself, held on purpose
-			// past the dead-after window of every heartbeat seen before it.
-			time.Sleep(failoverDeadAfter + time.Second)
-		}
-		c.Promote()
-		promoted := time.Now()
-		back := led.waitAllBack(t, agents, promoted)
-		refused, first, last := led.refusedSince(crashed)
-		t.Logf("round %d: primary %s crashed, %s promoted %v later; %d sends refused 503 from %v to %v after the crash; every agent answered 200 again %v after the promotion",
-			round+1, old.Name, c.Primary().Name, promoted.Sub(crashed).Round(time.Millisecond), refused,
-			first.Round(time.Millisecond), last.Round(time.Millisecond), back.Round(time.Millisecond))
-		if round < rounds-1 {
-			c.Rebuild(old)
-		}
+		failOver(t, c, hubs, led, agents, round, rounds)
 		for _, h := range hubs {
 			pollUntil(t, h.Config.Hub.InstanceID+" to see both processes connected on the new primary", func() bool {
 				return processesConnected(t, h, "hub-a", "hub-b")
@@ -150,8 +112,20 @@ func TestStoreFailover(t *testing.T) {
 			t.Errorf("%d sends refused with %s; the failover may refuse only registry_unavailable", k, code)
 		}
 	}
+	checkNobodyMoved(t, hubs, agents, health, c.URL(), sticky)
+	if st := quiet.c.Stats(); st.Reconnects > 0 {
+		t.Errorf("quiet's WebSocket was redialed %d times; it must hold one throughout, so that its signals came by wake-ups", st.Reconnects)
+	}
+}
+
+// checkNobodyMoved checks what a failover with every instance alive
+// throughout must leave as it was: no hub saw another unhealthy, no agent
+// was told affinity_reset, no hub counted a fallback or a reassignment,
+// and the sticky assignments read from dbURL are the ones given.
+func checkNobodyMoved(t *testing.T, hubs []*Main, agents []*failoverAgent, health *healthWatch, dbURL string, sticky map[string]string) {
+	t.Helper()
 	if bad := health.unhealthy(); len(bad) > 0 {
-		t.Errorf("an instance alive throughout was seen unhealthy by the other: %v", bad)
+		t.Errorf("an instance alive throughout was seen unhealthy by another: %v", bad)
 	}
 	for _, a := range agents {
 		if r := a.resets.Load(); r > 0 {
@@ -165,11 +139,63 @@ func TestStoreFailover(t *testing.T) {
 			}
 		}
 	}
-	if st := quiet.c.Stats(); st.Reconnects > 0 {
-		t.Errorf("quiet's WebSocket was redialed %d times; it must hold one throughout, so that its signals came by wake-ups", st.Reconnects)
-	}
-	if after := stickyAssignments(t, c.URL()); !mapsEqual(after, sticky) {
+	if after := stickyAssignments(t, dbURL); !mapsEqual(after, sticky) {
 		t.Errorf("sticky assignments moved: before %v, after %v", sticky, after)
+	}
+}
+
+// failoverRounds is how many times the failover tests switch the primary
+// over: twice (the standby promoted as soon as the hubs see the primary
+// gone, then, the roles swapped back, kept read-only past the instances'
+// dead-after window, as a failover manager may take its time), or eight
+// times with MARCONI_FAILOVER=long.
+func failoverRounds() int {
+	if os.Getenv(EnvFailover) == "long" {
+		return 8
+	}
+	return 2
+}
+
+// failOver runs round (of rounds) of a failover test: it crashes the
+// primary, waits until every hub's /readyz names the missing read-write
+// server (its breaker open), holds the outage past the dead-after window
+// in odd rounds, promotes the standby, waits until every agent has had a
+// send answered 200 again, logs the round, and rebuilds the old primary
+// as the standby unless the round is the last.
+func failOver(t *testing.T, c *pgcluster.Cluster, hubs []*Main, led *failoverLedger, agents []*failoverAgent, round, rounds int) {
+	t.Helper()
+	crashed := time.Now()
+	old := c.CrashPrimary()
+	// The hubs reach the standby, read-only, through the multi-host URL:
+	// not ready, and saying why.
+	for _, h := range hubs {
+		var last string
+		pollUntil(t, h.Config.Hub.InstanceID+"'s /readyz to name the missing read-write server", func() bool {
+			st, msg := readyzAdmin(t, h)
+			if last != msg {
+				t.Logf("%s /readyz: %d %s", h.Config.Hub.InstanceID, st, msg)
+				last = msg
+			}
+			return st == http.StatusServiceUnavailable && strings.Contains(msg, "takes writes")
+		})
+		if v := metricValue(t, h.URL(), "marconi_store_breaker_open"); v != 1 {
+			t.Errorf("%s: marconi_store_breaker_open = %v with no server taking writes, want 1", h.Config.Hub.InstanceID, v)
+		}
+	}
+	if round%2 == 1 {
+		// Not a wait for an event: the outage itself, held on purpose
+		// past the dead-after window of every heartbeat seen before it.
+		time.Sleep(failoverDeadAfter + time.Second)
+	}
+	c.Promote()
+	promoted := time.Now()
+	back := led.waitAllBack(t, agents, promoted)
+	refused, first, last := led.refusedSince(crashed)
+	t.Logf("round %d: primary %s crashed, %s promoted %v later; %d sends refused 503 from %v to %v after the crash; every agent answered 200 again %v after the promotion",
+		round+1, old.Name, c.Primary().Name, promoted.Sub(crashed).Round(time.Millisecond), refused,
+		first.Round(time.Millisecond), last.Round(time.Millisecond), back.Round(time.Millisecond))
+	if round < rounds-1 {
+		c.Rebuild(old)
 	}
 }
 
