@@ -5,11 +5,14 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"log/slog"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
+	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/mcpbridge"
 )
 
@@ -103,6 +106,9 @@ func TestMCPJoinRefusalSaysWhatToDo(t *testing.T) {
 		t.Fatalf("register alice: %+v", a)
 	}
 	stateDir := t.TempDir()
+	// carol's token kept in the state directory, which another server for
+	// carol, started with the same file, then resumed the session with.
+	keptCarol := keptThenResumed(t, m.URL(), key, "carol", filepath.Join(stateDir, "carol.json"))
 	for _, tt := range []struct {
 		name, key, session string
 		says               []string
@@ -110,6 +116,11 @@ func TestMCPJoinRefusalSaysWhatToDo(t *testing.T) {
 		{"unknown key", "mak_not-a-key-of-this-hub", "bob", []string{"401 unauthorized", "--api-key (MARCONI_API_KEY) is not a key of this hub"}},
 		{"live session", key, "alice", []string{"403 forbidden", `another host holds session "alice"`,
 			"its state directory " + stateDir + " holds no token", "--takeover (MARCONI_TAKEOVER=true)"}},
+		// The kept token is no longer current: another server resumed the
+		// session with it (a host that started the server twice).
+		{"kept token replaced", key, "carol", []string{"403 forbidden",
+			`session "carol" is live under a newer token than the one kept in ` + keptCarol,
+			"another marconi mcp with this --session", "--takeover (MARCONI_TAKEOVER=true)"}},
 	} {
 		code, _, stderr := runCLI(t, map[string]string{"MARCONI_API_KEY": tt.key}, "", false,
 			"mcp", "--hub", m.URL(), "--session", tt.session, "--state-dir", stateDir)
@@ -122,4 +133,30 @@ func TestMCPJoinRefusalSaysWhatToDo(t *testing.T) {
 			}
 		}
 	}
+}
+
+// keptThenResumed registers session id with its token kept in file, then
+// resumes it elsewhere with that token, and leaves file holding the token
+// the resume replaced, as a server finds it when another one resumed the
+// session before it. It returns file.
+func keptThenResumed(t *testing.T, hubURL, key, id, file string) string {
+	t.Helper()
+	dial := func() *bootstrap.Client {
+		c, err := bootstrap.DialPiggyback(t.Context(), bootstrap.Config{HubURL: hubURL, APIKey: key, SessionID: id,
+			Surface: "codex", TokenStore: bootstrap.FileTokenStore(file), Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatalf("dial %s: %v", id, err)
+		}
+		return c
+	}
+	_ = dial().Close()
+	old, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = dial().Close() // resumes with the kept token: it stops working
+	if err := os.WriteFile(file, old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
 }
