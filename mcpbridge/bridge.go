@@ -231,6 +231,10 @@ func (b *Bridge) ServeHTTP(ctx context.Context, ready func(addr string)) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", b.cfg.HTTPAddr, err)
 	}
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && !a.IP.IsLoopback() {
+		b.log.Warn("marconi mcp: serving MCP on an address other machines may reach, and MCP here asks for no credential: "+
+			"whoever reaches it acts as this agent; give --http a loopback address (127.0.0.1:PORT)", "addr", ln.Addr().String())
+	}
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
