@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -82,6 +83,10 @@ func (c cli) mcpCommand(ctx context.Context, args []string) error {
 func joinHint(err error, cfg mcpbridge.Config) string {
 	var he *bootstrap.Error
 	if !errors.As(err, &he) {
+		if ne := net.Error(nil); errors.As(err, &ne) {
+			return fmt.Sprintf("; no hub answers at %s: start it (marconi serve), or give --hub (MARCONI_HUB_URL) the URL it prints",
+				strings.Join(cfg.HubURLs, ", "))
+		}
 		return ""
 	}
 	switch {

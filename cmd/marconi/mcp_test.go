@@ -96,9 +96,11 @@ func TestMCPStateDir(t *testing.T) {
 	}
 }
 
-// TestMCPJoinRefusalSaysWhatToDo: a hub refusing the server at start (a key
-// it does not know, a live session this host holds no token for) stops it
-// with exit 1 and names the flag that fixes it, not the hub's HTTP terms.
+// TestMCPJoinRefusalSaysWhatToDo: no hub at --hub, or a hub refusing the
+// server at start (a key it does not know, a live session this host holds
+// no token for, or one whose kept token another server replaced) stops it
+// with exit 1 and says what to do, in the server's flags, not the hub's
+// HTTP terms.
 func TestMCPJoinRefusalSaysWhatToDo(t *testing.T) {
 	m, out := startMain(t, nil)
 	key := devKey(t, out.String())
@@ -106,6 +108,7 @@ func TestMCPJoinRefusalSaysWhatToDo(t *testing.T) {
 		t.Fatalf("register alice: %+v", a)
 	}
 	stateDir := t.TempDir()
+	deadURL := "http://" + closedPort(t)
 	// carol's token kept in the state directory, which another server for
 	// carol, started with the same file, then resumed the session with.
 	keptCarol := keptThenResumed(t, m.URL(), key, "carol", filepath.Join(stateDir, "carol.json"))
@@ -113,6 +116,7 @@ func TestMCPJoinRefusalSaysWhatToDo(t *testing.T) {
 		name, key, session string
 		says               []string
 	}{
+		{"no hub", key, "dave", []string{"no answer from the hub", "no hub answers at " + deadURL + ": start it (marconi serve)"}},
 		{"unknown key", "mak_not-a-key-of-this-hub", "bob", []string{"401 unauthorized", "--api-key (MARCONI_API_KEY) is not a key of this hub"}},
 		{"live session", key, "alice", []string{"403 forbidden", `another host holds session "alice"`,
 			"its state directory " + stateDir + " holds no token", "--takeover (MARCONI_TAKEOVER=true)"}},
@@ -122,8 +126,12 @@ func TestMCPJoinRefusalSaysWhatToDo(t *testing.T) {
 			`session "carol" is live under a newer token than the one kept in ` + keptCarol,
 			"another marconi mcp with this --session", "--takeover (MARCONI_TAKEOVER=true)"}},
 	} {
+		hub := m.URL()
+		if tt.name == "no hub" {
+			hub = deadURL
+		}
 		code, _, stderr := runCLI(t, map[string]string{"MARCONI_API_KEY": tt.key}, "", false,
-			"mcp", "--hub", m.URL(), "--session", tt.session, "--state-dir", stateDir)
+			"mcp", "--hub", hub, "--session", tt.session, "--state-dir", stateDir)
 		if code != 1 {
 			t.Errorf("%s: exit %d, want 1 (stderr %q)", tt.name, code, stderr)
 		}
