@@ -1,6 +1,9 @@
 package bootstrap_test
 
 import (
+	"log/slog"
+	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	bootstrap "github.com/marconihub/marconi/bootstrap-client"
@@ -46,5 +49,36 @@ func TestMemHubRestartReregisters(t *testing.T) {
 	waitFor(t, "b to receive after the restart", func() bool { return inB.len() == 3 })
 	if a.SessionID() != "agent-a" || b.SessionID() != "agent-b" {
 		t.Errorf("session ids %q %q, want the same ids re-registered", a.SessionID(), b.SessionID())
+	}
+}
+
+// TestKeptTokenOfALostSessionRegistersAnew: an agent that keeps its token
+// stops, the hub on the in-memory store restarts meanwhile, and the agent
+// starts again. Its resume finds no session: the id is registered anew, and
+// the agent is told what a restart cannot hide, that what was sent to the
+// old session is gone: a warning, OnAffinityReset once, and
+// Stats().Reregistrations.
+func TestKeptTokenOfALostSessionRegistersAnew(t *testing.T) {
+	h1 := hubtest.Start(t, hubtest.Options{})
+	store := bootstrap.FileTokenStore(filepath.Join(t.TempDir(), "token.json"))
+	first := dialConfig(t, bootstrap.Config{HubURL: h1.URL, APIKey: h1.APIKey, SessionID: "lost", TokenStore: store})
+	_ = first.Close()
+	h1.Close()
+	h2 := hubtest.Start(t, hubtest.Options{Config: hub.Config{
+		APIKeys:    map[string]hub.TenantProject{h1.APIKey: {TenantID: "t1", ProjectID: "p1"}},
+		AdminToken: h1.AdminToken,
+	}})
+
+	var logs logRecorder
+	var resets atomic.Int32
+	again := dialConfig(t, bootstrap.Config{HubURL: h2.URL, APIKey: h1.APIKey, SessionID: "lost", TokenStore: store,
+		Logger: slog.New(&logs), OnAffinityReset: func() { resets.Add(1) }})
+	waitFor(t, "OnAffinityReset", func() bool { return resets.Load() == 1 })
+	if st := again.Stats(); st.Reregistrations != 1 || st.Takeovers != 0 {
+		t.Errorf("stats %+v, want one re-registration", st)
+	}
+	gone := logs.find("marconi: the kept token's session is gone (expired, deregistered, or a hub on the in-memory store restarted); registered the id anew, and what was sent to the old session is not delivered")
+	if len(gone) != 1 || gone[0].level != slog.LevelWarn {
+		t.Errorf("logged %+v, want one warning that the kept session is gone", gone)
 	}
 }

@@ -221,10 +221,11 @@ const maxCallAttempts = 3
 // register makes the client's first registration, at Dial: a resume with the
 // token kept in Config.TokenStore when there is one (X-Marconi-Session-Token),
 // else a registration of the configured id. A kept token of a session the hub
-// no longer knows (410) becomes a registration of the same id; a registration
-// refused because the id is live (403) becomes a takeover when
-// Config.Takeover says so. The new token is kept, with the project the hub
-// named, which wins over a kept one.
+// no longer knows becomes a registration of the same id (the hub answers the
+// resume 201; an answer 410 is registered again), counted and told to the
+// application as a re-registration; a registration refused because the id is
+// live (403) becomes a takeover when Config.Takeover says so. The new token is
+// kept, with the project the hub named, which wins over a kept one.
 func (c *Client) register(ctx context.Context) error {
 	c.regMu.Lock()
 	defer c.regMu.Unlock()
@@ -236,7 +237,6 @@ func (c *Client) register(ctx context.Context) error {
 	res, status, err := c.postRegister(ctx, id, token, false)
 	var he *Error
 	if token != "" && errors.As(err, &he) && he.Code == marconi.CodeSessionExpired {
-		c.log.Info("marconi: the kept token's session is gone; registering the id anew", "session_id", id)
 		res, status, err = c.postRegister(ctx, id, "", false)
 	}
 	if c.cfg.Takeover && id != "" && errors.As(err, &he) && he.Status == http.StatusForbidden {
@@ -252,6 +252,13 @@ func (c *Client) register(ctx context.Context) error {
 	if now := c.project.Load(); kept != nil && (*now)[0] != (*kept)[0] {
 		c.log.Info("marconi: the hub names another project than the kept token's; following the hub's", "session_id", res.SessionID, "kept", (*kept)[0], "project", (*now)[0])
 	}
+	if token != "" && status == http.StatusCreated {
+		// The kept token named a session the hub no longer has: what was
+		// sent to it is gone with it, as after a 410 while running.
+		c.reregistrations.Add(1)
+		c.log.Warn(msgKeptSessionGone, "session_id", res.SessionID)
+		c.enqueue(ctx, delivery{affinityReset: true, epoch: c.currentAuth().epoch})
+	}
 	if res.TakenOver {
 		c.takeovers.Add(1)
 		c.log.Warn("marconi: session taken over; its former holder's token stopped working", "session_id", res.SessionID)
@@ -261,6 +268,15 @@ func (c *Client) register(ctx context.Context) error {
 	}
 	return c.keep(ctx)
 }
+
+// msgSessionGone and msgKeptSessionGone say that the hub no longer had the
+// session (its TTL passed, it was deregistered, or a hub on the in-memory
+// store restarted) and that the id was registered anew: the signals the old
+// session held are not delivered.
+const (
+	msgSessionGone     = "marconi: the hub no longer has the session (expired, deregistered, or a hub on the in-memory store restarted); registered the id again, and what the old session held is not delivered"
+	msgKeptSessionGone = "marconi: the kept token's session is gone (expired, deregistered, or a hub on the in-memory store restarted); registered the id anew, and what was sent to the old session is not delivered"
+)
 
 // errEnding is why a call answered 410 during Deregister is not made again.
 var errEnding = errors.New("bootstrap: the session is being deregistered; not registering it again")
@@ -291,7 +307,7 @@ func (c *Client) reregister(ctx context.Context, stale string) error {
 	}
 	c.adopt(res, status == http.StatusCreated)
 	c.reregistrations.Add(1)
-	c.log.Warn("marconi: session expired, registered again", "session_id", res.SessionID)
+	c.log.Warn(msgSessionGone, "session_id", res.SessionID)
 	if err := c.keep(ctx); err != nil {
 		c.log.Error("marconi: could not keep the new session token; a restart will not resume it", "session_id", res.SessionID, "err", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/marconihub/marconi/bootstrap-client"
@@ -40,6 +41,10 @@ type Bridge struct {
 	ackMu   sync.Mutex
 	ackNext *bootstrap.Signal // the newest ack not yet sent
 	ackWake chan struct{}     // cap 1
+
+	// stopped is why the client stopped for good, which every tool answers
+	// as its error from then on (nil until then).
+	stopped atomic.Pointer[stop]
 
 	closeOnce sync.Once
 	closeErr  error
@@ -97,10 +102,8 @@ func (b *Bridge) clientConfig() bootstrap.Config {
 		OnAffinityReset: func() {
 			b.log.Warn("marconi: the session's runtime-local state is gone (affinity reset or registered again)")
 		},
-		OnFatal: func(err error) {
-			b.log.Error("marconi: the client stopped for good; this server receives no more signals (restart it)", "err", err)
-		},
-		Logger: b.log,
+		OnFatal: b.onFatal,
+		Logger:  b.log,
 	}
 	return withState(c, b.cfg)
 }
@@ -111,6 +114,30 @@ func (b *Bridge) dial(ctx context.Context) (*bootstrap.Client, error) {
 	}
 	return bootstrap.Dial(ctx, b.clientConfig())
 }
+
+// onFatal records why the client stopped for good: from then on every tool
+// answers it as an error, and read_signals hands out none of the signals the
+// inbox still holds, which the hub delivers again to the session's holder.
+func (b *Bridge) onFatal(err error) {
+	st := stop{code: codeReplaced, message: "another connection took this session over: a second marconi mcp with the same " +
+		"--session (a host that started it twice, or another host), or a --takeover; this server no longer sends or receives. " +
+		"Stop one of the two, and give each agent its own --session"}
+	var he *bootstrap.Error
+	switch {
+	case errors.Is(err, bootstrap.ErrReplaced):
+	case errors.As(err, &he):
+		st = stop{code: string(he.Code), message: "the hub refused this session for good (" + he.Message +
+			"); this server no longer sends or receives: restart it"}
+	default:
+		st = stop{code: codeHubUnreachable, message: "the client stopped for good (" + err.Error() +
+			"); this server no longer sends or receives: restart it"}
+	}
+	b.stopped.Store(&st)
+	b.log.Error("marconi: "+st.message, "err", err)
+}
+
+// stop is a tool error: why the client stopped for good.
+type stop struct{ code, message string }
 
 // onSignal puts a signal from the client into the inbox, waiting while it is
 // full, and wakes the subscribers.
@@ -203,6 +230,10 @@ func (b *Bridge) ServeHTTP(ctx context.Context, ready func(addr string)) error {
 	ln, err := net.Listen("tcp", b.cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", b.cfg.HTTPAddr, err)
+	}
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && !a.IP.IsLoopback() {
+		b.log.Warn("marconi mcp: serving MCP on an address other machines may reach, and MCP here asks for no credential: "+
+			"whoever reaches it acts as this agent; give --http a loopback address (127.0.0.1:PORT)", "addr", ln.Addr().String())
 	}
 	if ready != nil {
 		ready(ln.Addr().String())

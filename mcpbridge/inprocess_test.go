@@ -3,7 +3,10 @@ package mcpbridge_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -100,5 +103,32 @@ func TestBridgeInProcessStdioAndHTTP(t *testing.T) {
 	cancel()
 	if err := <-httpDone; err != nil {
 		t.Fatalf("ServeHTTP: %v", err)
+	}
+}
+
+// --http on an address other machines may reach serves an MCP endpoint that
+// asks for no credential: the bridge warns, naming the fix; on loopback it
+// does not.
+func TestHTTPOffLoopbackWarns(t *testing.T) {
+	h := hubtest.Start(t, hubtest.Options{})
+	for i, c := range []struct {
+		addr string
+		warn bool
+	}{{"127.0.0.1:0", false}, {"0.0.0.0:0", true}} {
+		var logs syncBuffer
+		b := inProcess(t, h, fmt.Sprint("http-agent-", i), mcpbridge.Config{HTTPAddr: c.addr, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		ready := make(chan struct{})
+		go func() { done <- b.ServeHTTP(ctx, func(string) { close(ready) }) }()
+		<-ready
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("%s: ServeHTTP: %v", c.addr, err)
+		}
+		if warned := strings.Contains(logs.String(), "give --http a loopback address"); warned != c.warn {
+			t.Errorf("--http %s: warned %v, want %v:\n%s", c.addr, warned, c.warn, logs.String())
+		}
+		_ = b.Close(context.Background())
 	}
 }

@@ -11,14 +11,18 @@ import (
 // start of the bridge resumes the session, and take the session over when
 // asked.
 func withState(c bootstrap.Config, cfg Config) bootstrap.Config {
-	if cfg.StateDir != "" {
-		c.TokenStore = bootstrap.FileTokenStore(statePath(cfg))
+	if f := cfg.StateFile(); f != "" {
+		c.TokenStore = bootstrap.FileTokenStore(f)
 	}
 	c.Takeover = cfg.Takeover
 	return c
 }
 
-// statePath is the file that keeps the session's token.
-func statePath(cfg Config) string {
-	return filepath.Join(cfg.StateDir, cfg.SessionID+".json")
+// StateFile is the file in the state directory that keeps the session's
+// token (<state-dir>/<session>.json); empty when none is kept.
+func (c Config) StateFile() string {
+	if c.StateDir == "" || c.SessionID == "" {
+		return ""
+	}
+	return filepath.Join(c.StateDir, c.SessionID+".json")
 }

@@ -31,6 +31,7 @@ const (
 	codeInvalidJSON    = "invalid_json"
 	codeUnknownTool    = "unknown_tool"
 	codeHubUnreachable = "hub_unreachable"
+	codeReplaced       = "replaced"
 )
 
 func (b *Bridge) newServer() *mcp.Server {
@@ -51,8 +52,20 @@ func (b *Bridge) newServer() *mcp.Server {
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, b.whoami)
 	s.AddResource(&mcp.Resource{URI: InboxURI, Name: "inbox", Title: "Signals not yet read",
 		Description: inboxDescription, MIMEType: "application/json"}, b.readInbox)
-	s.AddReceivingMiddleware(unknownToolAsToolError)
+	s.AddReceivingMiddleware(b.stoppedAsToolError, unknownToolAsToolError)
 	return s
+}
+
+// stoppedAsToolError answers every tool call with why the client stopped,
+// once it has stopped for good, instead of an answer from a session this
+// server no longer holds.
+func (b *Bridge) stoppedAsToolError(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if st := b.stopped.Load(); st != nil && method == "tools/call" {
+			return toolError(st.code, st.message), nil
+		}
+		return next(ctx, method, req)
+	}
 }
 
 // unknownToolAsToolError answers a call of a tool the bridge does not have
@@ -276,6 +289,9 @@ func (b *Bridge) readSignals(ctx context.Context, req *mcp.CallToolRequest) (*mc
 	}
 	if ctx.Err() != nil {
 		return nil, ctx.Err() // cancelled: no answer will carry signals taken now
+	}
+	if st := b.stopped.Load(); st != nil { // while it waited
+		return toolError(st.code, st.message), nil
 	}
 	sigs, token, more := b.inbox.take(max)
 	sentence := "No signals."

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -141,4 +143,116 @@ func TestEveryMCPSettingIsDocumented(t *testing.T) {
 			t.Errorf("docs/mcp.md does not give --%s its default %s: %s", flag, def, rows[flag])
 		}
 	}
+}
+
+// TestMCPHostSnippetsStartTheServer holds the host configurations of
+// docs/mcp.md and the README to `marconi mcp`: each one's command is
+// marconi, its arguments are `mcp` and flags the server takes, its variables
+// are the server's, and together they make a configuration the server
+// accepts (${VAR} references given values, as the host would).
+func TestMCPHostSnippetsStartTheServer(t *testing.T) {
+	var snippets []mcpSnippet
+	for _, file := range []string{filepath.Join("docs", "mcp.md"), "README.md"} {
+		doc, err := os.ReadFile(filepath.Join("..", "..", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		snippets = append(snippets, mcpSnippets(t, file, string(doc))...)
+	}
+	if len(snippets) < 5 { // Claude Code twice, its .mcp.json, Codex, Cursor
+		t.Fatalf("found %d host configurations in docs/mcp.md and README.md, want 5: %+v", len(snippets), snippets)
+	}
+	settings := map[string]bool{}
+	for _, s := range mcpSettings {
+		settings[s.env] = true
+	}
+	for _, sn := range snippets {
+		if sn.command != "marconi" || len(sn.args) == 0 || sn.args[0] != "mcp" {
+			t.Errorf("%s: runs %s %q, want marconi mcp", sn.where, sn.command, sn.args)
+			continue
+		}
+		env := map[string]string{"HOME": "/home/agent"}
+		for k := range sn.env {
+			if !settings[k] {
+				t.Errorf("%s: sets %s, which marconi mcp does not read", sn.where, k)
+			}
+			env[k] = "from-the-host"
+		}
+		c := cli{getenv: func(k string) string { return env[k] }, stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}}
+		if _, err := c.loadMCPConfig(sn.args[1:]); err != nil {
+			t.Errorf("%s: marconi %q with %v: %v", sn.where, sn.args, sn.env, err)
+		}
+	}
+}
+
+// mcpSnippet is one host's configuration of the server.
+type mcpSnippet struct {
+	where   string
+	command string
+	args    []string
+	env     map[string]string
+}
+
+// mcpSnippets finds the host configurations in doc: `claude mcp add`
+// commands, Codex's [mcp_servers.*] tables and mcpServers JSON files.
+func mcpSnippets(t *testing.T, file, doc string) []mcpSnippet {
+	t.Helper()
+	var out []mcpSnippet
+	for _, m := range regexp.MustCompile(`(?m)^claude mcp add ((?:\\\n|[^\n])*)`).FindAllStringSubmatch(doc, -1) {
+		fields := strings.Fields(strings.ReplaceAll(m[1], "\\\n", " "))
+		sn := mcpSnippet{where: file + ": claude mcp add", env: map[string]string{}}
+		for i := 0; i < len(fields); i++ {
+			switch {
+			case fields[i] == "--env" && i+1 < len(fields):
+				k, v, _ := strings.Cut(fields[i+1], "=")
+				sn.env[k] = v
+				i++
+			case fields[i] == "--":
+				if i+1 < len(fields) {
+					sn.command, sn.args = fields[i+1], fields[i+2:]
+				}
+				i = len(fields)
+			}
+		}
+		out = append(out, sn)
+	}
+	for _, m := range regexp.MustCompile("(?s)```toml\n(\\[mcp_servers\\.[^\n]*)\n(.*?)```").FindAllStringSubmatch(doc, -1) {
+		sn := mcpSnippet{where: file + ": " + m[1], env: map[string]string{}}
+		for _, line := range strings.Split(m[2], "\n") {
+			k, v, ok := strings.Cut(line, " = ")
+			if !ok {
+				continue
+			}
+			switch k { // the values used here are JSON as well as TOML
+			case "command":
+				_ = json.Unmarshal([]byte(v), &sn.command)
+			case "args":
+				if err := json.Unmarshal([]byte(v), &sn.args); err != nil {
+					t.Errorf("%s: args %s: %v", sn.where, v, err)
+				}
+			case "env":
+				for _, kv := range regexp.MustCompile(`(\w+) = "[^"]*"`).FindAllStringSubmatch(v, -1) {
+					sn.env[kv[1]] = ""
+				}
+			}
+		}
+		out = append(out, sn)
+	}
+	for _, m := range regexp.MustCompile("(?s)```json\n(\\{\n  \"mcpServers\".*?)```").FindAllStringSubmatch(doc, -1) {
+		var f struct {
+			MCPServers map[string]struct {
+				Command string            `json:"command"`
+				Args    []string          `json:"args"`
+				Env     map[string]string `json:"env"`
+			} `json:"mcpServers"`
+		}
+		if err := json.Unmarshal([]byte(m[1]), &f); err != nil {
+			t.Errorf("%s: an mcpServers file that is not JSON: %v\n%s", file, err, m[1])
+			continue
+		}
+		for name, s := range f.MCPServers {
+			out = append(out, mcpSnippet{where: file + ": mcpServers." + name, command: s.Command, args: s.Args, env: s.Env})
+		}
+	}
+	return out
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -82,12 +83,22 @@ func (c cli) mcpCommand(ctx context.Context, args []string) error {
 func joinHint(err error, cfg mcpbridge.Config) string {
 	var he *bootstrap.Error
 	if !errors.As(err, &he) {
+		if ne := net.Error(nil); errors.As(err, &ne) {
+			return fmt.Sprintf("; no hub answers at %s: start it (marconi serve), or give --hub (MARCONI_HUB_URL) the URL it prints",
+				strings.Join(cfg.HubURLs, ", "))
+		}
 		return ""
 	}
 	switch {
 	case he.Code == marconi.CodeUnauthorized:
 		return "; --api-key (MARCONI_API_KEY) is not a key of this hub: use the one a development hub prints at start, or one of its MARCONI_API_KEYS"
 	case he.Code == marconi.CodeForbidden && cfg.SessionID != "" && !cfg.Takeover:
+		if f := cfg.StateFile(); f != "" && fileExists(f) {
+			return fmt.Sprintf("; session %q is live under a newer token than the one kept in %s: another marconi mcp "+
+				"with this --session resumed it or took it over (a host that started the server twice, or another host "+
+				"with this state directory): stop the other one, start with --takeover (MARCONI_TAKEOVER=true) to take it "+
+				"from it, or choose another --session", cfg.SessionID, f)
+		}
 		where := "no state directory is kept (--state-dir none)"
 		if cfg.StateDir != "" {
 			where = "its state directory " + cfg.StateDir + " holds no token for it"
@@ -96,6 +107,12 @@ func joinHint(err error, cfg mcpbridge.Config) string {
 			"start with --takeover (MARCONI_TAKEOVER=true) to take it over, or choose another --session", cfg.SessionID, where)
 	}
 	return ""
+}
+
+// fileExists reports whether path names a file that can be stat'ed.
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // stdio is the MCP transport on the command's stdin and stdout.

@@ -5,11 +5,14 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"log/slog"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
+	bootstrap "github.com/marconihub/marconi/bootstrap-client"
 	"github.com/marconihub/marconi/mcpbridge"
 )
 
@@ -93,9 +96,11 @@ func TestMCPStateDir(t *testing.T) {
 	}
 }
 
-// TestMCPJoinRefusalSaysWhatToDo: a hub refusing the server at start (a key
-// it does not know, a live session this host holds no token for) stops it
-// with exit 1 and names the flag that fixes it, not the hub's HTTP terms.
+// TestMCPJoinRefusalSaysWhatToDo: no hub at --hub, or a hub refusing the
+// server at start (a key it does not know, a live session this host holds
+// no token for, or one whose kept token another server replaced) stops it
+// with exit 1 and says what to do, in the server's flags, not the hub's
+// HTTP terms.
 func TestMCPJoinRefusalSaysWhatToDo(t *testing.T) {
 	m, out := startMain(t, nil)
 	key := devKey(t, out.String())
@@ -103,16 +108,30 @@ func TestMCPJoinRefusalSaysWhatToDo(t *testing.T) {
 		t.Fatalf("register alice: %+v", a)
 	}
 	stateDir := t.TempDir()
+	deadURL := "http://" + closedPort(t)
+	// carol's token kept in the state directory, which another server for
+	// carol, started with the same file, then resumed the session with.
+	keptCarol := keptThenResumed(t, m.URL(), key, "carol", filepath.Join(stateDir, "carol.json"))
 	for _, tt := range []struct {
 		name, key, session string
 		says               []string
 	}{
+		{"no hub", key, "dave", []string{"no answer from the hub", "no hub answers at " + deadURL + ": start it (marconi serve)"}},
 		{"unknown key", "mak_not-a-key-of-this-hub", "bob", []string{"401 unauthorized", "--api-key (MARCONI_API_KEY) is not a key of this hub"}},
 		{"live session", key, "alice", []string{"403 forbidden", `another host holds session "alice"`,
 			"its state directory " + stateDir + " holds no token", "--takeover (MARCONI_TAKEOVER=true)"}},
+		// The kept token is no longer current: another server resumed the
+		// session with it (a host that started the server twice).
+		{"kept token replaced", key, "carol", []string{"403 forbidden",
+			`session "carol" is live under a newer token than the one kept in ` + keptCarol,
+			"another marconi mcp with this --session", "--takeover (MARCONI_TAKEOVER=true)"}},
 	} {
+		hub := m.URL()
+		if tt.name == "no hub" {
+			hub = deadURL
+		}
 		code, _, stderr := runCLI(t, map[string]string{"MARCONI_API_KEY": tt.key}, "", false,
-			"mcp", "--hub", m.URL(), "--session", tt.session, "--state-dir", stateDir)
+			"mcp", "--hub", hub, "--session", tt.session, "--state-dir", stateDir)
 		if code != 1 {
 			t.Errorf("%s: exit %d, want 1 (stderr %q)", tt.name, code, stderr)
 		}
@@ -122,4 +141,30 @@ func TestMCPJoinRefusalSaysWhatToDo(t *testing.T) {
 			}
 		}
 	}
+}
+
+// keptThenResumed registers session id with its token kept in file, then
+// resumes it elsewhere with that token, and leaves file holding the token
+// the resume replaced, as a server finds it when another one resumed the
+// session before it. It returns file.
+func keptThenResumed(t *testing.T, hubURL, key, id, file string) string {
+	t.Helper()
+	dial := func() *bootstrap.Client {
+		c, err := bootstrap.DialPiggyback(t.Context(), bootstrap.Config{HubURL: hubURL, APIKey: key, SessionID: id,
+			Surface: "codex", TokenStore: bootstrap.FileTokenStore(file), Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatalf("dial %s: %v", id, err)
+		}
+		return c
+	}
+	_ = dial().Close()
+	old, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = dial().Close() // resumes with the kept token: it stops working
+	if err := os.WriteFile(file, old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
 }

@@ -30,6 +30,11 @@ const drainLimit = 50;
 const maxCallAttempts = 3;
 // Bound on sending, at close(), the ack that ackIntervalMs holds back.
 const flushAckMs = 2000;
+// The hub no longer had the session (its TTL passed, it was deregistered, or a
+// hub on the in-memory store restarted) and the id was registered anew: the
+// signals the old session held are not delivered. As the Go client's.
+const sessionGone = 'marconi: the hub no longer has the session (expired, deregistered, or a hub on the in-memory store restarted); registered the id again, and what the old session held is not delivered';
+const keptSessionGone = 'marconi: the kept token\'s session is gone (expired, deregistered, or a hub on the in-memory store restarted); registered the id anew, and what was sent to the old session is not delivered';
 // The warning of a kept tenant or project that cannot be named to the
 // balancer: not a string (dropped at load), or not an id of the contract.
 const keptProjectUnusable = 'marconi: the kept token\'s tenant or project is not an id of the contract; resuming without naming the project to the balancer until the hub answers';
@@ -728,10 +733,11 @@ export class Client extends EventEmitter {
    * The client's first registration, at dial: a resume with the token kept
    * in the token store when there is one (X-Marconi-Session-Token), else a
    * registration of the configured id. A kept token of a session the hub no
-   * longer knows (410) becomes a registration of the same id; a registration
-   * refused because the id is live (403) becomes a takeover when config
-   * says takeover. The new token is kept, with the project the hub named,
-   * which wins over a kept one.
+   * longer knows becomes a registration of the same id (the hub answers the
+   * resume 201; an answer 410 is registered again), counted and told as a
+   * re-registration; a registration refused because the id is live (403)
+   * becomes a takeover when config says takeover. The new token is kept,
+   * with the project the hub named, which wins over a kept one.
    * @param {AbortSignal} [signal]
    */
   #register(signal) {
@@ -745,7 +751,6 @@ export class Client extends EventEmitter {
           r = await this.#postRegister(id, token, signal);
         } catch (err) {
           if (!(token && err instanceof MarconiError && err.code === codes.sessionExpired)) throw err;
-          this.#log.info('marconi: the kept token\'s session is gone; registering the id anew', { session_id: id });
           r = await this.#postRegister(id, '', signal);
         }
       } catch (err) {
@@ -759,6 +764,11 @@ export class Client extends EventEmitter {
       const now = this.#hubs.sessionHeaders[projectHeader];
       if (kept && now !== kept) {
         this.#log.info('marconi: the hub names another project than the kept token\'s; following the hub\'s', { session_id: r.data.session_id, kept, project: now });
+      }
+      if (token && r.status === 201) {
+        // The kept token named a session the hub no longer has: what was sent
+        // to it is gone with it, as after a 410 while running.
+        this.#reregistered(r.data.session_id, keptSessionGone);
       }
       if (r.data.taken_over === true) {
         this.#stats.takeovers++;
@@ -844,10 +854,13 @@ export class Client extends EventEmitter {
     });
   }
 
-  /** @param {string} id */
-  #reregistered(id) {
+  /**
+   * @param {string} id
+   * @param {string} [msg]
+   */
+  #reregistered(id, msg = sessionGone) {
     this.#stats.reregistrations++;
-    this.#log.warn('marconi: session was gone, registered again', { session_id: id });
+    this.#log.warn(msg, { session_id: id });
     this.#delivery.enqueue({ signals: [], epoch: this.#epoch, reset: { reason: 'reregistered', dropped: 0 } });
   }
 

@@ -147,6 +147,31 @@ test('a token store the application provides is loaded at dial and saved on ever
   await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', tokenFile: '/x', tokenStore: store }), TypeError);
 });
 
+test('an agent whose kept token names a session the hub lost (a memory-store hub restarted meanwhile) registers its id anew, and is told', async (t) => {
+  const tokenFile = path.join(await tempDir(t), 'token.json');
+  const hub = await startHub(env.bins.marconi);
+  let current = hub;
+  t.after(() => current.stop());
+  const first = await dial({ hubURL: hub.url, apiKey, surface: 'claude_code', sessionID: 'lost-n', tokenFile });
+  await first.close();
+  await hub.stop();
+  current = await startHub(env.bins.marconi, { port: hub.port });
+
+  const logs = new LogRecorder();
+  /** @type {string[]} */
+  const resets = [];
+  const again = await dial({
+    hubURL: hub.url, apiKey, surface: 'claude_code', sessionID: 'lost-n', tokenFile, logger: logs,
+    onAffinityReset: ({ reason }) => { resets.push(reason); },
+  });
+  t.after(() => again.close());
+  await waitFor('onAffinityReset', () => resets.length > 0);
+  assert.deepEqual(resets, ['reregistered']);
+  assert.equal(again.stats().reregistrations, 1);
+  const gone = logs.find('marconi: the kept token\'s session is gone (expired, deregistered, or a hub on the in-memory store restarted); registered the id anew, and what was sent to the old session is not delivered');
+  assert.deepEqual(gone.map((l) => l.level), ['warn']);
+});
+
 test('a development hub restarted with a new API key: the client emits fatal once with the hub\'s 401 unauthorized', async (t) => {
   const hub = await startHub(env.bins.marconi);
   let current = hub;
