@@ -29,7 +29,9 @@ import (
 // -projects N spreads the load over N projects (sender i and its recipient
 // in project i mod N). Behind a balancer that does not (-alt-haproxy-config
 // with balance leastconn) a sender and its recipient mostly attach to
-// different instances, so the cross-instance path is what is paid. Per run it reports sends/s, send p50/p99, Postgres
+// different instances, so the cross-instance path is what is paid. Per run it reports sends/s, send p50/p99, the p99
+// of the time sends spent in the hubs (hub_p99: marconi_send_duration_seconds, the group commit included, HTTP not;
+// far below p99, the tail is made outside the hubs), Postgres
 // commits per send (pg_stat_database) and hub CPU per send (/proc), and the
 // three-instance figures as ratios of the one-instance ones. With -bus-url
 // each round also runs the three instances waking each other through NATS
@@ -268,6 +270,10 @@ type fleetResult struct {
 	// hubShares are each hub's share of the hubs' CPU time in the window,
 	// in their order: how the balancer spread the load.
 	hubShares []float64
+	// hubP99 is the p99 of the time the window's sends spent in a hub
+	// (marconi_send_duration_seconds: from validation to the answer, the
+	// group commit included, HTTP not), from the hubs' histogram buckets.
+	hubP99 time.Duration
 }
 
 func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
@@ -280,7 +286,7 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 	if o.ackInterval > 0 || len(o.hubEnv) > 0 {
 		fmt.Fprintf(out, "clients' ack interval %s; hubs' extra environment: %s\n", ackIntervalName(o.ackInterval), cmp.Or(o.hubEnv.String(), "none"))
 	}
-	fmt.Fprintf(out, "%-6s %-7s %-10s %-16s %10s %10s %10s %14s %14s %13s %14s %6s %8s %10s\n", "round", "build", "instances", "bus", "sends/s", "p50", "p99", "commits/send", "hub_cpu/send", "pg_cpu/send", "load_cpu/send", "idle", "failed", "acks/send")
+	fmt.Fprintf(out, "%-6s %-7s %-10s %-16s %10s %10s %10s %10s %14s %14s %13s %14s %6s %8s %10s\n", "round", "build", "instances", "bus", "sends/s", "p50", "p99", "hub_p99", "commits/send", "hub_cpu/send", "pg_cpu/send", "load_cpu/send", "idle", "failed", "acks/send")
 	builds := []string{o.marconi}
 	if o.before != "" {
 		builds = []string{o.before, o.marconi}
@@ -320,8 +326,8 @@ func runFleet(ctx context.Context, o fleetOptions, out, logs io.Writer) error {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(out, "%-6d %-7s %-10d %-16s %10.0f %10s %10s %14.2f %14s %13s %14s %5.0f%% %8d %10.2f\n", round, name, c.instances, c.label(), r.perSec,
-					r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.commitsPerSend, r.cpuPerSend.Round(time.Microsecond),
+				fmt.Fprintf(out, "%-6d %-7s %-10d %-16s %10.0f %10s %10s %10s %14.2f %14s %13s %14s %5.0f%% %8d %10.2f\n", round, name, c.instances, c.label(), r.perSec,
+					r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond), r.hubP99.Round(10*time.Microsecond), r.commitsPerSend, r.cpuPerSend.Round(time.Microsecond),
 					r.pgPerSend.Round(time.Microsecond), r.loadPerSend.Round(time.Microsecond), 100*r.idle, r.failed, r.acksPerSend())
 				if c.instances > 1 {
 					fmt.Fprintf(out, "       holder-routed (to recipient_instance_url): %d sends, warm-up included; %d found it unreachable; hub CPU shares %s\n", r.holderSends, r.holderFallbacks, formatShares(r.hubShares))
@@ -626,6 +632,7 @@ func fleetRun(ctx context.Context, o fleetOptions, k int, logs io.Writer) (fleet
 		out.pgPerSend = (after.pgCPU - before.pgCPU) / time.Duration(r.sends)
 		out.loadPerSend = (after.selfCPU - before.selfCPU) / time.Duration(r.sends)
 	}
+	out.hubP99 = after.sends.since(before.sends).quantile(0.99)
 	if total := after.cpu - before.cpu; total > 0 && len(after.hubCPU) == len(before.hubCPU) {
 		for i := range after.hubCPU {
 			out.hubShares = append(out.hubShares, float64(after.hubCPU[i]-before.hubCPU[i])/float64(total))
@@ -674,7 +681,9 @@ type fleetSample struct {
 	// pgCPU is the Postgres server's CPU time, selfCPU this process's.
 	pgCPU, selfCPU time.Duration
 	machine        machineTicks
-	started        bool // the sample was taken
+	// sends is the hubs' send-duration histogram, summed.
+	sends   sendHistogram
+	started bool // the sample was taken
 }
 
 // machineTicks are the machine's CPU time counters from /proc/stat, in
@@ -820,6 +829,9 @@ func sampleFleet(ctx context.Context, databaseURL string, hubs []*benchHub) flee
 	}
 	s.selfCPU = processCPU(os.Getpid())
 	s.machine = readMachineTicks()
+	for _, h := range hubs {
+		s.sends = s.sends.add(readSendHistogram(ctx, h.url))
+	}
 	return s
 }
 
