@@ -22,8 +22,12 @@ import (
 // one of that session too). Two batches running at once take their locks
 // and commit in an order of their own, so this is what keeps a recipient's
 // appends committing (and taking their seqs) in arrival order.
+//
+// Each running batch runs in a lane of its own, numbered 0 to maxInFlight-1
+// and free again once the batch is done: the store keeps a quota lease per
+// lane (append.go), which only one batch at a time may use.
 type committer struct {
-	run         func(batch []*appendReq) // sets every req's outcome
+	run         func(lane int, batch []*appendReq) // sets every req's outcome
 	maxBatch    int
 	maxInFlight int
 	// slots bounds the requests queued or in flight; a caller past it
@@ -32,15 +36,21 @@ type committer struct {
 
 	mu      sync.Mutex
 	queue   []*appendReq
-	running int // batches cut and not yet answered
+	running int   // batches cut and not yet answered
+	lanes   []int // the lanes no running batch holds
 	// busy counts, per session, its requests in running batches; kept only
 	// with maxInFlight > 1.
 	busy map[sessionstore.Key]int
 }
 
-func newCommitter(maxBatch, maxQueued, maxInFlight int, run func([]*appendReq)) *committer {
-	return &committer{run: run, maxBatch: maxBatch, maxInFlight: max(maxInFlight, 1),
-		slots: make(chan struct{}, maxQueued), busy: map[sessionstore.Key]int{}}
+func newCommitter(maxBatch, maxQueued, maxInFlight int, run func(int, []*appendReq)) *committer {
+	maxInFlight = max(maxInFlight, 1)
+	lanes := make([]int, maxInFlight)
+	for i := range lanes {
+		lanes[i] = maxInFlight - 1 - i // taken from the end: lane 0 first
+	}
+	return &committer{run: run, maxBatch: maxBatch, maxInFlight: maxInFlight,
+		slots: make(chan struct{}, maxQueued), busy: map[sessionstore.Key]int{}, lanes: lanes}
 }
 
 // do runs r in a batch and returns once r's outcome is set. It returns an
@@ -54,14 +64,14 @@ func (c *committer) do(ctx context.Context, r *appendReq) error {
 		return ctx.Err()
 	}
 	defer func() { <-c.slots }()
-	r.turn = make(chan []*appendReq, 1)
+	r.turn = make(chan turn, 1)
 	c.mu.Lock()
 	c.queue = append(c.queue, r)
 	c.dispatch()
 	c.mu.Unlock()
 	select {
-	case batch := <-r.turn:
-		c.serve(batch)
+	case t := <-r.turn:
+		c.serve(t)
 		return nil
 	case <-ctx.Done():
 		if c.withdraw(r) {
@@ -85,9 +95,16 @@ func (c *committer) withdraw(r *appendReq) bool {
 	return true
 }
 
+// turn is what a queued request is handed: nothing (batch nil) when its
+// outcome is set, or a batch to run (itself first) in lane.
+type turn struct {
+	lane  int
+	batch []*appendReq
+}
+
 // dispatch cuts batches while fewer than maxInFlight run and the queue
-// holds requests free to go, and hands each to its first request. c.mu is
-// held.
+// holds requests free to go, and hands each, with a free lane, to its first
+// request. c.mu is held.
 func (c *committer) dispatch() {
 	for c.running < c.maxInFlight && len(c.queue) > 0 {
 		batch := c.cut()
@@ -95,7 +112,9 @@ func (c *committer) dispatch() {
 			return // every queued session is in a running batch
 		}
 		c.running++
-		batch[0].turn <- batch
+		lane := c.lanes[len(c.lanes)-1]
+		c.lanes = c.lanes[:len(c.lanes)-1]
+		batch[0].turn <- turn{lane: lane, batch: batch}
 	}
 }
 
@@ -126,15 +145,17 @@ func (c *committer) cut() []*appendReq {
 	return batch
 }
 
-// serve runs batch, when r was handed one, then starts the batches it made
-// room for and answers its members (batch[0] is the caller).
-func (c *committer) serve(batch []*appendReq) {
+// serve runs t's batch, when r was handed one, then starts the batches it
+// made room for and answers its members (batch[0] is the caller).
+func (c *committer) serve(t turn) {
+	batch := t.batch
 	if batch == nil {
 		return // answered by another's batch
 	}
-	c.run(batch)
+	c.run(t.lane, batch)
 	c.mu.Lock()
 	c.running--
+	c.lanes = append(c.lanes, t.lane)
 	if c.maxInFlight > 1 {
 		for _, r := range batch {
 			k := r.recipient()
@@ -146,6 +167,6 @@ func (c *committer) serve(batch []*appendReq) {
 	c.dispatch()
 	c.mu.Unlock()
 	for _, r := range batch[1:] {
-		r.turn <- nil
+		r.turn <- turn{}
 	}
 }

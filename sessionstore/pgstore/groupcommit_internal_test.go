@@ -24,7 +24,7 @@ func TestCommitterBatches(t *testing.T) {
 		firstRunning            = make(chan struct{})
 		once                    sync.Once
 	)
-	c := newCommitter(maxBatch, 4*maxBatch, 1, func(batch []*appendReq) {
+	c := newCommitter(maxBatch, 4*maxBatch, 1, func(_ int, batch []*appendReq) {
 		n := inFlight.Add(1)
 		defer inFlight.Add(-1)
 		for {
@@ -109,7 +109,7 @@ func TestCommitterWithdrawsOnContextEnd(t *testing.T) {
 		firstRunning = make(chan struct{})
 		once         sync.Once
 	)
-	c := newCommitter(8, 32, 1, func(batch []*appendReq) {
+	c := newCommitter(8, 32, 1, func(_ int, batch []*appendReq) {
 		once.Do(func() { close(firstRunning); <-release })
 		for _, r := range batch {
 			ran.Store(r, true)
@@ -150,8 +150,9 @@ func TestCommitterWithdrawsOnContextEnd(t *testing.T) {
 }
 
 // TestCommitterBatchesInFlight: with maxInFlight 3, three batches run at
-// once, never more; no session is in two running batches at once, and each
-// session's requests run in the order they were queued, across batches.
+// once, never more, each in a lane no other running batch holds; no session
+// is in two running batches at once, and each session's requests run in the
+// order they were queued, across batches.
 // The first three batches are held while the rest queue one by one, so
 // that the order of arrival is known.
 func TestCommitterBatchesInFlight(t *testing.T) {
@@ -159,6 +160,7 @@ func TestCommitterBatchesInFlight(t *testing.T) {
 	var (
 		mu        sync.Mutex
 		running   = map[sessionstore.Key]bool{}
+		lanes     = map[int]bool{}             // the lanes of the running batches
 		next      = map[sessionstore.Key]int{} // the rank of each session's next request
 		rank      = map[*appendReq]int{}
 		now, most int
@@ -167,10 +169,14 @@ func TestCommitterBatchesInFlight(t *testing.T) {
 		heldOnce  atomic.Int64
 	)
 	held.Add(inFlight)
-	c := newCommitter(maxBatch, inFlight+sessions*perSession, inFlight, func(batch []*appendReq) {
+	c := newCommitter(maxBatch, inFlight+sessions*perSession, inFlight, func(lane int, batch []*appendReq) {
 		mu.Lock()
 		now++
 		most = max(most, now)
+		if lane < 0 || lane >= inFlight || lanes[lane] {
+			t.Errorf("a batch ran in lane %d, with lanes %v running", lane, lanes)
+		}
+		lanes[lane] = true
 		if len(batch) > maxBatch {
 			t.Errorf("batch of %d, want at most %d", len(batch), maxBatch)
 		}
@@ -196,6 +202,7 @@ func TestCommitterBatchesInFlight(t *testing.T) {
 		}
 		mu.Lock()
 		now--
+		delete(lanes, lane)
 		for k := range mine {
 			delete(running, k)
 		}
