@@ -30,6 +30,9 @@ type committer struct {
 	run         func(lane int, batch []*appendReq) // sets every req's outcome
 	maxBatch    int
 	maxInFlight int
+	// maxAcks is how many acknowledgements a batch carries beside other
+	// requests (cut); 0: no bound.
+	maxAcks int
 	// slots bounds the requests queued or in flight; a caller past it
 	// waits for room (or its context).
 	slots chan struct{}
@@ -119,30 +122,80 @@ func (c *committer) dispatch() {
 }
 
 // cut takes the next batch off the queue: up to maxBatch requests, in
-// arrival order, but for those whose session is in a running batch. c.mu
-// is held.
+// arrival order, but for those whose session is in a running batch, and
+// for acknowledgements past maxAcks (below). c.mu is held.
+//
+// An acknowledgement marks every signal it covers, and a fleet whose
+// agents were started together acknowledges in bursts (each client at most
+// every AckInterval): tens of acks of tens of signals each, a batch of which
+// held every append beside it several times its usual time (the p99 of a
+// durable send in docs/benchmarks-history.md, "The acknowledgement
+// bursts"). So a batch that carries other requests takes at most maxAcks
+// acks; the others wait for the next batches, spread among their appends,
+// and so do the later acks and row writes of their sessions, which keep
+// their order (an append does not need it: an ack covers only seqs given
+// before it). Acks go at once when nothing else waits, or when more than
+// maxBatch of them do (the cap must not hold acks back faster than the
+// batches can carry them).
 func (c *committer) cut() []*appendReq {
-	if c.maxInFlight == 1 { // nothing else runs: the head of the queue
+	capAcks := c.capsAcks()
+	if c.maxInFlight == 1 && !capAcks { // nothing else runs: the head of the queue
 		n := min(len(c.queue), c.maxBatch)
 		batch := slices.Clone(c.queue[:n])
 		c.queue = slices.Delete(c.queue, 0, n)
 		return batch
 	}
-	var batch []*appendReq
+	var (
+		batch []*appendReq
+		acks  int
+		held  map[sessionstore.Key]bool // sessions with an ack left for later
+	)
 	kept := c.queue[:0]
 	for _, r := range c.queue {
-		if len(batch) == c.maxBatch || c.busy[r.recipient()] > 0 {
+		k := r.recipient()
+		switch {
+		case len(batch) == c.maxBatch, c.busy[k] > 0,
+			held[k] && !r.isAppend():
 			kept = append(kept, r)
 			continue
+		case r.ack != nil && capAcks && acks == c.maxAcks:
+			if held == nil {
+				held = map[sessionstore.Key]bool{}
+			}
+			held[k] = true
+			kept = append(kept, r)
+			continue
+		case r.ack != nil:
+			acks++
 		}
 		batch = append(batch, r)
 	}
 	clear(c.queue[len(kept):]) // drop the references the batch took
 	c.queue = kept
-	for _, r := range batch {
-		c.busy[r.recipient()]++
+	if c.maxInFlight > 1 {
+		for _, r := range batch {
+			c.busy[r.recipient()]++
+		}
 	}
 	return batch
+}
+
+// capsAcks reports whether the next batch takes at most maxAcks acks: when
+// more than that wait beside requests of another kind, and no more than
+// maxBatch of them. c.mu is held.
+func (c *committer) capsAcks() bool {
+	if c.maxAcks <= 0 {
+		return false
+	}
+	acks, others := 0, false
+	for _, r := range c.queue {
+		if r.ack != nil {
+			acks++
+		} else {
+			others = true
+		}
+	}
+	return others && acks > c.maxAcks && acks <= c.maxBatch
 }
 
 // serve runs t's batch, when r was handed one, then starts the batches it

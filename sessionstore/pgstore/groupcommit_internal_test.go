@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -283,5 +284,59 @@ func waitCommitter(t *testing.T, c *committer, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		runtime.Gosched()
+	}
+}
+
+// TestCutSpreadsAnAckBurst: a batch carries at most maxAcks acks beside
+// other requests; an ack left for later holds its session's later acks and
+// row writes, not its appends; acks go at once when nothing else waits or
+// when more of them wait than a batch holds.
+func TestCutSpreadsAnAckBurst(t *testing.T) {
+	key := func(i int) sessionstore.Key {
+		return sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: fmt.Sprint("s", i)}
+	}
+	ack := func(i int) *appendReq { return &appendReq{ack: &ackReq{k: key(i)}} }
+	row := func(i int) *appendReq { return &appendReq{row: &rowReq{k: key(i)}} }
+	send := func(i int) *appendReq { return &appendReq{ns: sessionstore.NewSignal{To: key(i)}} }
+	names := map[*appendReq]string{}
+	named := func(name string, r *appendReq) *appendReq { names[r] = name; return r }
+	cuts := func(c *committer) [][]string { // each batch done before the next is cut
+		var out [][]string
+		for len(c.queue) > 0 && len(out) < 10 {
+			var b []string
+			for _, r := range c.cut() {
+				b = append(b, names[r])
+			}
+			out = append(out, b)
+			clear(c.busy)
+		}
+		return out
+	}
+	for _, inFlight := range []int{1, 3} { // cut's two paths
+		c := newCommitter(16, 64, inFlight, nil)
+		c.maxAcks = 2
+		c.queue = []*appendReq{named("ack0", ack(0)), named("ack1", ack(1)), named("ack2", ack(2)), named("send2", send(2)),
+			named("row2", row(2)), named("ack3", ack(3)), named("send0", send(0)), named("ack2'", ack(2))}
+		got := cuts(c)
+		want := [][]string{{"ack0", "ack1", "send2", "send0"}, {"ack2", "row2", "ack3"}, {"ack2'"}}
+		if !slices.EqualFunc(got, want, slices.Equal) {
+			t.Errorf("%d in flight: batches %v, want %v", inFlight, got, want)
+		}
+	}
+
+	c := newCommitter(16, 64, 1, nil)
+	c.maxAcks = 2
+	for i := range 20 {
+		c.queue = append(c.queue, named(fmt.Sprint("ack", i), ack(i)))
+	}
+	c.queue = append(c.queue, named("send0", send(0)))
+	if got := cuts(c); len(got[0]) != 16 {
+		t.Errorf("20 acks waiting beside a send, batches of 16: %v, want the first batch full", got)
+	}
+	for i := range 5 {
+		c.queue = append(c.queue, named(fmt.Sprint("ack", i), ack(i)))
+	}
+	if got := cuts(c); len(got) != 1 || len(got[0]) != 5 {
+		t.Errorf("5 acks alone: %v, want one batch of them all", got)
 	}
 }

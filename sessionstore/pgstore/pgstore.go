@@ -36,6 +36,9 @@ const (
 	DefaultMaxBatch = 256
 	// DefaultBatchesInFlight is how many group commits run at once.
 	DefaultBatchesInFlight = 1
+	// DefaultAcksPerBatch is how many acknowledgements a group commit
+	// carries beside appends and row writes.
+	DefaultAcksPerBatch = 4
 	// DefaultQuotaLeaseBytes is how many bytes of a project's pending-bytes
 	// room a batch lane leases at a time (migration 0015).
 	DefaultQuotaLeaseBytes = 1 << 20
@@ -52,6 +55,7 @@ type options struct {
 	groupCommitOff bool
 	maxBatch       int
 	inFlight       int
+	acksPerBatch   int
 	leaseBytes     int64
 	leaseHolder    string
 	registerer     prometheus.Registerer
@@ -78,6 +82,20 @@ func WithMaxBatch(n int) Option {
 // batch at a time, so they commit in arrival order whatever n.
 func WithBatchesInFlight(n int) Option {
 	return func(o *options) { o.inFlight = n }
+}
+
+// WithAcksPerBatch sets how many acknowledgements a group commit carries
+// beside other requests (default DefaultAcksPerBatch): a burst of acks,
+// each marking the signals it covers, is spread over the next batches
+// instead of holding the appends of one batch until all of it is written.
+// Acks go at once when nothing else waits, or when more than the batch
+// size wait. 0 means no bound; negative values keep the default.
+func WithAcksPerBatch(n int) Option {
+	return func(o *options) {
+		if n >= 0 {
+			o.acksPerBatch = n
+		}
+	}
 }
 
 // WithQuotaLease sets how many bytes of a project's pending-bytes room
@@ -220,7 +238,7 @@ func afterConnect(params map[string]string, hist *history) func(context.Context,
 // ErrUnavailable, and recover by itself when Postgres comes back. Open fails
 // only on a malformed URL.
 func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, error) {
-	o := options{connectTimeout: DefaultConnectTimeout, queryTimeout: DefaultQueryTimeout, leaseBytes: DefaultQuotaLeaseBytes}
+	o := options{connectTimeout: DefaultConnectTimeout, queryTimeout: DefaultQueryTimeout, leaseBytes: DefaultQuotaLeaseBytes, acksPerBatch: DefaultAcksPerBatch}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -279,6 +297,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 		lease: leases{bytes: o.leaseBytes, holders: holders}}
 	if !o.groupCommitOff {
 		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, o.inFlight, s.runBatch)
+		s.group.maxAcks = o.acksPerBatch
 	}
 	return s, nil
 }
