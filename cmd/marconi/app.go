@@ -74,6 +74,8 @@ func (m *Main) Run(ctx context.Context) error {
 		st, err := pgstore.Open(ctx, cfg.DatabaseURL, pgstore.WithQueryTimeout(cfg.Hub.StoreTimeout),
 			pgstore.WithGroupCommit(cfg.GroupCommit), pgstore.WithMaxBatch(cfg.GroupCommitMaxBatch),
 			pgstore.WithBatchesInFlight(cfg.StoreBatchesInFlight),
+			pgstore.WithQuotaLease(cfg.StoreQuotaLeaseBytes), pgstore.WithLeaseHolder(cfg.Hub.InstanceID),
+			pgstore.WithAcksPerBatch(cfg.StoreAcksPerBatch),
 			pgstore.WithMaxConns(int32(cfg.DatabaseMaxConns)), pgstore.WithBusKeyTimings(cfg.BusKey), pgstore.WithRegisterer(reg))
 		if err != nil {
 			return fmt.Errorf("MARCONI_DATABASE_URL: %w", err)

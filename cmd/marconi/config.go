@@ -49,6 +49,14 @@ type Config struct {
 	// StoreBatchesInFlight is how many group commits run at once
 	// (MARCONI_STORE_BATCHES_IN_FLIGHT); each holds a pooled connection.
 	StoreBatchesInFlight int
+	// StoreAcksPerBatch is how many acknowledgements a group commit
+	// carries beside other writes; 0: no bound
+	// (MARCONI_STORE_ACKS_PER_BATCH).
+	StoreAcksPerBatch int
+	// StoreQuotaLeaseBytes is how many bytes of a project's pending-bytes
+	// room a batch lane leases at a time; 0 turns leases off
+	// (MARCONI_STORE_QUOTA_LEASE_BYTES).
+	StoreQuotaLeaseBytes int64
 	// DatabaseMaxConns is the size of the Postgres connection pool.
 	DatabaseMaxConns int
 	// StoreBreaker puts the Postgres store behind a circuit breaker that
@@ -444,6 +452,22 @@ func settings(c *Config) []setting {
 				return fmt.Errorf("want a whole number from 1 to %d, got %q", maxBatchesInFlight, v)
 			}
 			c.StoreBatchesInFlight = n
+			return nil
+		}, public},
+		{"MARCONI_STORE_ACKS_PER_BATCH", strconv.Itoa(pgstore.DefaultAcksPerBatch), "acknowledgements one group commit carries beside sends and other writes, so that a burst of acks is spread over the next batches instead of holding one batch's sends; 0: no bound", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return fmt.Errorf("want a whole number, 0 or more, got %q", v)
+			}
+			c.StoreAcksPerBatch = n
+			return nil
+		}, public},
+		{"MARCONI_STORE_QUOTA_LEASE_BYTES", strconv.Itoa(pgstore.DefaultQuotaLeaseBytes), "bytes of a project's pending-bytes room each group commit lane leases at a time, so that batches of one project commit side by side; 0: every batch locks its projects' counters", func(c *Config, v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return fmt.Errorf("want a whole number of bytes, 0 or more, got %q", v)
+			}
+			c.StoreQuotaLeaseBytes = n
 			return nil
 		}, public},
 	}

@@ -230,7 +230,7 @@ func TestAcksInOneBatch(t *testing.T) {
 	ack := func(upTo int64) *appendReq { return &appendReq{ack: &ackReq{k: k, upTo: upTo, at: now}} }
 	batch := func(reqs []*appendReq, want []int, pending int) {
 		t.Helper()
-		if err := s.sendBatch(ctx, reqs); err != nil {
+		if err := s.sendBatch(ctx, 0, reqs); err != nil {
 			t.Fatalf("the batch failed: %v", err)
 		}
 		var got []int

@@ -42,15 +42,25 @@ const lockSessionsSQL = `SELECT 1 FROM sessions s
 	ORDER BY s.tenant_id COLLATE "C", s.project_id COLLATE "C", s.session_id COLLATE "C"
 	FOR NO KEY UPDATE OF s`
 
-// settleUsageSQL is the last statement of a batch that appends: it locks
-// the batch's projects' project_usage rows, in order, folds into them the
-// freed bytes (project_usage_deltas) and the bytes of the batch's stored
-// appends, and raises quotaSQLState when a project would pass its
-// pending-bytes limit (migration 0011).
+// settleUsageSQL is the last statement of a batch that appends, with quota
+// leases off: it locks the batch's projects' project_usage rows, in order,
+// folds into them the freed bytes (project_usage_deltas) and the bytes of
+// the batch's stored appends, and raises quotaSQLState when a project would
+// pass its pending-bytes limit (migration 0011).
 //
 // $1 ids, $2 tenants, $3 projects, $4 payload bytes, $5 pending-bytes
 // limits, one element per append of the batch.
 const settleUsageSQL = `SELECT marconi_settle_usage($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])`
+
+// settleLeasedSQL is settleUsageSQL with quota leases (the default): the
+// batch's appends are taken from its lane's lease of each project, and
+// only a project whose lease runs short has its project_usage row locked,
+// its freed bytes folded in and a new lease taken (migration 0015). So the
+// batches of one project, from the lanes of one instance or of several,
+// commit side by side instead of one after another behind that row.
+//
+// $1 the lane's lease holder, $2 the lease size, then settleUsageSQL's.
+const settleLeasedSQL = `SELECT marconi_settle_leased($1::text, $2::bigint, $3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[])`
 
 // quotaSQLState is what marconi_settle_usage raises when a batch would take
 // a project past its pending-bytes limit; its DETAIL is the project's bytes
@@ -60,9 +70,10 @@ const quotaSQLState = "MQ001"
 // appendSQL is one append in one statement: the idempotency lookup, the
 // recipient and quota checks, the seq bump, the recipient's byte counter and
 // the insert. Its project's counter is read, unlocked, as a cheap first
-// refusal; the batch's last statement (settleUsageSQL) adds the bytes and
-// checks the limit again under the project's lock. The bytes freed since
-// the last batch folded them (project_usage_deltas) are read only when the
+// refusal; the batch's last statement (settleLeasedSQL) adds the bytes and
+// checks the limit again under the project's lock. The counter counts the
+// bytes the lanes leased as used; the bytes freed since the last batch
+// folded them (project_usage_deltas) and the leases are read only when the
 // counter alone would refuse: near the limit, where they decide.
 // It always returns one row: the new seq and queue instance when it stored
 // the signal; otherwise what decided (the earlier signal, or the recipient's
@@ -105,6 +116,8 @@ const appendSQL = `WITH auth AS (
 	SELECT CASE WHEN $16::bigint <= 0 OR coalesce(u.b, 0) + $14::bigint <= $16::bigint
 	            THEN coalesce(u.b, 0)
 	            ELSE coalesce(u.b, 0) + coalesce((SELECT sum(delta) FROM project_usage_deltas
+	                 WHERE tenant_id = $1 AND project_id = $2), 0)
+	               - coalesce((SELECT sum(bytes) FROM project_leases
 	                 WHERE tenant_id = $1 AND project_id = $2), 0) END AS project_bytes
 	FROM (SELECT (SELECT pending_bytes FROM project_usage WHERE tenant_id = $1 AND project_id = $2) AS b OFFSET 0) u
 ), bump AS (
@@ -144,9 +157,9 @@ type appendReq struct {
 	wake *wakeReq // set for a wake-up instead of an append
 	row  *rowReq  // set for a session-row write instead of an append (rows.go)
 	out  appendOutcome
-	// turn receives nil when out is set, or the batch this request is to
-	// run (itself first).
-	turn chan []*appendReq
+	// turn receives an empty turn when out is set, or the batch this
+	// request is to run (itself first) and its lane.
+	turn chan turn
 }
 
 // ackReq is an acknowledgement of k's signals up to upTo.
@@ -204,7 +217,7 @@ func (s *Store) commit(ctx context.Context, r *appendReq) error {
 		return fmt.Errorf("store closed: %w", sessionstore.ErrUnavailable)
 	}
 	if s.group == nil {
-		s.runBatch([]*appendReq{r})
+		s.runBatch(0, []*appendReq{r})
 	} else if err := s.group.do(ctx, r); err != nil {
 		return fmt.Errorf("%w: %w", sessionstore.ErrUnavailable, err)
 	}
@@ -216,12 +229,14 @@ func (s *Store) commit(ctx context.Context, r *appendReq) error {
 // bad value aborts the transaction, a deadlock, or the batch would take a
 // project past its pending-bytes limit), nothing of it was stored: each
 // member then runs again alone, so only the one at fault fails. When the
-// store cannot be reached, every member fails closed.
-func (s *Store) runBatch(batch []*appendReq) {
+// store cannot be reached, every member fails closed. lane is the
+// committer's lane the batch runs in (0 with group commit off, when
+// concurrent batches share it: they then settle one after another).
+func (s *Store) runBatch(lane int, batch []*appendReq) {
 	ctx, cancel, err := s.call(context.Background())
 	defer cancel()
 	if err == nil {
-		err = s.sendBatch(ctx, batch)
+		err = s.sendBatch(ctx, lane, batch)
 	}
 	if err == nil {
 		s.metrics.size.Observe(float64(len(batch)))
@@ -233,7 +248,7 @@ func (s *Store) runBatch(batch []*appendReq) {
 		// of the batch is stored, so each member may run again.
 		s.metrics.reruns.WithLabelValues(rerunReason(err)).Inc()
 		for _, r := range batch {
-			s.runBatch([]*appendReq{r})
+			s.runBatch(lane, []*appendReq{r})
 		}
 		return
 	}
@@ -293,7 +308,7 @@ func projectQuotaError(err error, limit int64) *sessionstore.QuotaError {
 // server of another history (history.go) has counted it by then, and an
 // ack made under an earlier history is answered ErrHistoryChanged rather
 // than run.
-func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
+func (s *Store) sendBatch(ctx context.Context, lane int, batch []*appendReq) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -332,7 +347,7 @@ func (s *Store) sendBatch(ctx context.Context, batch []*appendReq) error {
 		}
 	}
 	queueRows(b, batch, layers)
-	settles := queueSettle(b, batch)
+	settles := s.queueSettle(b, lane, batch)
 	br := conn.SendBatch(ctx, b)
 	outs := make([]appendOutcome, len(batch))
 	err = readBatch(br, batch, prefix, outs)
@@ -370,9 +385,10 @@ func (s *Store) refuseStaleAcks(batch []*appendReq) []*appendReq {
 	return kept
 }
 
-// queueSettle queues settleUsageSQL for the appends of batch, when it has
-// any, and reports whether it did.
-func queueSettle(b *pgx.Batch, batch []*appendReq) bool {
+// queueSettle queues the settle of the appends of batch, run in lane, when
+// it has any (settleLeasedSQL, or settleUsageSQL with leases off), and
+// reports whether it did.
+func (s *Store) queueSettle(b *pgx.Batch, lane int, batch []*appendReq) bool {
 	var (
 		ids, tenants, projects []string
 		bytes, limits          []int64
@@ -388,7 +404,11 @@ func queueSettle(b *pgx.Batch, batch []*appendReq) bool {
 	if len(ids) == 0 {
 		return false
 	}
-	b.Queue(settleUsageSQL, ids, tenants, projects, bytes, limits)
+	if s.lease.bytes <= 0 {
+		b.Queue(settleUsageSQL, ids, tenants, projects, bytes, limits)
+	} else {
+		b.Queue(settleLeasedSQL, s.lease.holder(lane), s.lease.bytes, ids, tenants, projects, bytes, limits)
+	}
 	return true
 }
 

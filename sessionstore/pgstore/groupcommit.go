@@ -22,25 +22,38 @@ import (
 // one of that session too). Two batches running at once take their locks
 // and commit in an order of their own, so this is what keeps a recipient's
 // appends committing (and taking their seqs) in arrival order.
+//
+// Each running batch runs in a lane of its own, numbered 0 to maxInFlight-1
+// and free again once the batch is done: the store keeps a quota lease per
+// lane (append.go), which only one batch at a time may use.
 type committer struct {
-	run         func(batch []*appendReq) // sets every req's outcome
+	run         func(lane int, batch []*appendReq) // sets every req's outcome
 	maxBatch    int
 	maxInFlight int
+	// maxAcks is how many acknowledgements a batch carries beside other
+	// requests (cut); 0: no bound.
+	maxAcks int
 	// slots bounds the requests queued or in flight; a caller past it
 	// waits for room (or its context).
 	slots chan struct{}
 
 	mu      sync.Mutex
 	queue   []*appendReq
-	running int // batches cut and not yet answered
+	running int   // batches cut and not yet answered
+	lanes   []int // the lanes no running batch holds
 	// busy counts, per session, its requests in running batches; kept only
 	// with maxInFlight > 1.
 	busy map[sessionstore.Key]int
 }
 
-func newCommitter(maxBatch, maxQueued, maxInFlight int, run func([]*appendReq)) *committer {
-	return &committer{run: run, maxBatch: maxBatch, maxInFlight: max(maxInFlight, 1),
-		slots: make(chan struct{}, maxQueued), busy: map[sessionstore.Key]int{}}
+func newCommitter(maxBatch, maxQueued, maxInFlight int, run func(int, []*appendReq)) *committer {
+	maxInFlight = max(maxInFlight, 1)
+	lanes := make([]int, maxInFlight)
+	for i := range lanes {
+		lanes[i] = maxInFlight - 1 - i // taken from the end: lane 0 first
+	}
+	return &committer{run: run, maxBatch: maxBatch, maxInFlight: maxInFlight,
+		slots: make(chan struct{}, maxQueued), busy: map[sessionstore.Key]int{}, lanes: lanes}
 }
 
 // do runs r in a batch and returns once r's outcome is set. It returns an
@@ -54,14 +67,14 @@ func (c *committer) do(ctx context.Context, r *appendReq) error {
 		return ctx.Err()
 	}
 	defer func() { <-c.slots }()
-	r.turn = make(chan []*appendReq, 1)
+	r.turn = make(chan turn, 1)
 	c.mu.Lock()
 	c.queue = append(c.queue, r)
 	c.dispatch()
 	c.mu.Unlock()
 	select {
-	case batch := <-r.turn:
-		c.serve(batch)
+	case t := <-r.turn:
+		c.serve(t)
 		return nil
 	case <-ctx.Done():
 		if c.withdraw(r) {
@@ -85,9 +98,16 @@ func (c *committer) withdraw(r *appendReq) bool {
 	return true
 }
 
+// turn is what a queued request is handed: nothing (batch nil) when its
+// outcome is set, or a batch to run (itself first) in lane.
+type turn struct {
+	lane  int
+	batch []*appendReq
+}
+
 // dispatch cuts batches while fewer than maxInFlight run and the queue
-// holds requests free to go, and hands each to its first request. c.mu is
-// held.
+// holds requests free to go, and hands each, with a free lane, to its first
+// request. c.mu is held.
 func (c *committer) dispatch() {
 	for c.running < c.maxInFlight && len(c.queue) > 0 {
 		batch := c.cut()
@@ -95,46 +115,100 @@ func (c *committer) dispatch() {
 			return // every queued session is in a running batch
 		}
 		c.running++
-		batch[0].turn <- batch
+		lane := c.lanes[len(c.lanes)-1]
+		c.lanes = c.lanes[:len(c.lanes)-1]
+		batch[0].turn <- turn{lane: lane, batch: batch}
 	}
 }
 
 // cut takes the next batch off the queue: up to maxBatch requests, in
-// arrival order, but for those whose session is in a running batch. c.mu
-// is held.
+// arrival order, but for those whose session is in a running batch, and
+// for acknowledgements past maxAcks (below). c.mu is held.
+//
+// An acknowledgement marks every signal it covers, and a fleet whose
+// agents were started together acknowledges in bursts (each client at most
+// every AckInterval): tens of acks of tens of signals each, a batch of which
+// held every append beside it several times its usual time (the p99 of a
+// durable send in docs/benchmarks-history.md, "The acknowledgement
+// bursts"). So a batch that carries other requests takes at most maxAcks
+// acks; the others wait for the next batches, spread among their appends,
+// and so do the later acks and row writes of their sessions, which keep
+// their order (an append does not need it: an ack covers only seqs given
+// before it). Acks go at once when nothing else waits, or when more than
+// maxBatch of them do (the cap must not hold acks back faster than the
+// batches can carry them).
 func (c *committer) cut() []*appendReq {
-	if c.maxInFlight == 1 { // nothing else runs: the head of the queue
+	capAcks := c.capsAcks()
+	if c.maxInFlight == 1 && !capAcks { // nothing else runs: the head of the queue
 		n := min(len(c.queue), c.maxBatch)
 		batch := slices.Clone(c.queue[:n])
 		c.queue = slices.Delete(c.queue, 0, n)
 		return batch
 	}
-	var batch []*appendReq
+	var (
+		batch []*appendReq
+		acks  int
+		held  map[sessionstore.Key]bool // sessions with an ack left for later
+	)
 	kept := c.queue[:0]
 	for _, r := range c.queue {
-		if len(batch) == c.maxBatch || c.busy[r.recipient()] > 0 {
+		k := r.recipient()
+		switch {
+		case len(batch) == c.maxBatch, c.busy[k] > 0,
+			held[k] && !r.isAppend():
 			kept = append(kept, r)
 			continue
+		case r.ack != nil && capAcks && acks == c.maxAcks:
+			if held == nil {
+				held = map[sessionstore.Key]bool{}
+			}
+			held[k] = true
+			kept = append(kept, r)
+			continue
+		case r.ack != nil:
+			acks++
 		}
 		batch = append(batch, r)
 	}
 	clear(c.queue[len(kept):]) // drop the references the batch took
 	c.queue = kept
-	for _, r := range batch {
-		c.busy[r.recipient()]++
+	if c.maxInFlight > 1 {
+		for _, r := range batch {
+			c.busy[r.recipient()]++
+		}
 	}
 	return batch
 }
 
-// serve runs batch, when r was handed one, then starts the batches it made
-// room for and answers its members (batch[0] is the caller).
-func (c *committer) serve(batch []*appendReq) {
+// capsAcks reports whether the next batch takes at most maxAcks acks: when
+// more than that wait beside requests of another kind, and no more than
+// maxBatch of them. c.mu is held.
+func (c *committer) capsAcks() bool {
+	if c.maxAcks <= 0 {
+		return false
+	}
+	acks, others := 0, false
+	for _, r := range c.queue {
+		if r.ack != nil {
+			acks++
+		} else {
+			others = true
+		}
+	}
+	return others && acks > c.maxAcks && acks <= c.maxBatch
+}
+
+// serve runs t's batch, when r was handed one, then starts the batches it
+// made room for and answers its members (batch[0] is the caller).
+func (c *committer) serve(t turn) {
+	batch := t.batch
 	if batch == nil {
 		return // answered by another's batch
 	}
-	c.run(batch)
+	c.run(t.lane, batch)
 	c.mu.Lock()
 	c.running--
+	c.lanes = append(c.lanes, t.lane)
 	if c.maxInFlight > 1 {
 		for _, r := range batch {
 			k := r.recipient()
@@ -146,6 +220,6 @@ func (c *committer) serve(batch []*appendReq) {
 	c.dispatch()
 	c.mu.Unlock()
 	for _, r := range batch[1:] {
-		r.turn <- nil
+		r.turn <- turn{}
 	}
 }

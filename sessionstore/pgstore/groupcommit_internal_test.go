@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,7 +25,7 @@ func TestCommitterBatches(t *testing.T) {
 		firstRunning            = make(chan struct{})
 		once                    sync.Once
 	)
-	c := newCommitter(maxBatch, 4*maxBatch, 1, func(batch []*appendReq) {
+	c := newCommitter(maxBatch, 4*maxBatch, 1, func(_ int, batch []*appendReq) {
 		n := inFlight.Add(1)
 		defer inFlight.Add(-1)
 		for {
@@ -109,7 +110,7 @@ func TestCommitterWithdrawsOnContextEnd(t *testing.T) {
 		firstRunning = make(chan struct{})
 		once         sync.Once
 	)
-	c := newCommitter(8, 32, 1, func(batch []*appendReq) {
+	c := newCommitter(8, 32, 1, func(_ int, batch []*appendReq) {
 		once.Do(func() { close(firstRunning); <-release })
 		for _, r := range batch {
 			ran.Store(r, true)
@@ -150,8 +151,9 @@ func TestCommitterWithdrawsOnContextEnd(t *testing.T) {
 }
 
 // TestCommitterBatchesInFlight: with maxInFlight 3, three batches run at
-// once, never more; no session is in two running batches at once, and each
-// session's requests run in the order they were queued, across batches.
+// once, never more, each in a lane no other running batch holds; no session
+// is in two running batches at once, and each session's requests run in the
+// order they were queued, across batches.
 // The first three batches are held while the rest queue one by one, so
 // that the order of arrival is known.
 func TestCommitterBatchesInFlight(t *testing.T) {
@@ -159,6 +161,7 @@ func TestCommitterBatchesInFlight(t *testing.T) {
 	var (
 		mu        sync.Mutex
 		running   = map[sessionstore.Key]bool{}
+		lanes     = map[int]bool{}             // the lanes of the running batches
 		next      = map[sessionstore.Key]int{} // the rank of each session's next request
 		rank      = map[*appendReq]int{}
 		now, most int
@@ -167,10 +170,14 @@ func TestCommitterBatchesInFlight(t *testing.T) {
 		heldOnce  atomic.Int64
 	)
 	held.Add(inFlight)
-	c := newCommitter(maxBatch, inFlight+sessions*perSession, inFlight, func(batch []*appendReq) {
+	c := newCommitter(maxBatch, inFlight+sessions*perSession, inFlight, func(lane int, batch []*appendReq) {
 		mu.Lock()
 		now++
 		most = max(most, now)
+		if lane < 0 || lane >= inFlight || lanes[lane] {
+			t.Errorf("a batch ran in lane %d, with lanes %v running", lane, lanes)
+		}
+		lanes[lane] = true
 		if len(batch) > maxBatch {
 			t.Errorf("batch of %d, want at most %d", len(batch), maxBatch)
 		}
@@ -196,6 +203,7 @@ func TestCommitterBatchesInFlight(t *testing.T) {
 		}
 		mu.Lock()
 		now--
+		delete(lanes, lane)
 		for k := range mine {
 			delete(running, k)
 		}
@@ -276,5 +284,59 @@ func waitCommitter(t *testing.T, c *committer, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		runtime.Gosched()
+	}
+}
+
+// TestCutSpreadsAnAckBurst: a batch carries at most maxAcks acks beside
+// other requests; an ack left for later holds its session's later acks and
+// row writes, not its appends; acks go at once when nothing else waits or
+// when more of them wait than a batch holds.
+func TestCutSpreadsAnAckBurst(t *testing.T) {
+	key := func(i int) sessionstore.Key {
+		return sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: fmt.Sprint("s", i)}
+	}
+	ack := func(i int) *appendReq { return &appendReq{ack: &ackReq{k: key(i)}} }
+	row := func(i int) *appendReq { return &appendReq{row: &rowReq{k: key(i)}} }
+	send := func(i int) *appendReq { return &appendReq{ns: sessionstore.NewSignal{To: key(i)}} }
+	names := map[*appendReq]string{}
+	named := func(name string, r *appendReq) *appendReq { names[r] = name; return r }
+	cuts := func(c *committer) [][]string { // each batch done before the next is cut
+		var out [][]string
+		for len(c.queue) > 0 && len(out) < 10 {
+			var b []string
+			for _, r := range c.cut() {
+				b = append(b, names[r])
+			}
+			out = append(out, b)
+			clear(c.busy)
+		}
+		return out
+	}
+	for _, inFlight := range []int{1, 3} { // cut's two paths
+		c := newCommitter(16, 64, inFlight, nil)
+		c.maxAcks = 2
+		c.queue = []*appendReq{named("ack0", ack(0)), named("ack1", ack(1)), named("ack2", ack(2)), named("send2", send(2)),
+			named("row2", row(2)), named("ack3", ack(3)), named("send0", send(0)), named("ack2'", ack(2))}
+		got := cuts(c)
+		want := [][]string{{"ack0", "ack1", "send2", "send0"}, {"ack2", "row2", "ack3"}, {"ack2'"}}
+		if !slices.EqualFunc(got, want, slices.Equal) {
+			t.Errorf("%d in flight: batches %v, want %v", inFlight, got, want)
+		}
+	}
+
+	c := newCommitter(16, 64, 1, nil)
+	c.maxAcks = 2
+	for i := range 20 {
+		c.queue = append(c.queue, named(fmt.Sprint("ack", i), ack(i)))
+	}
+	c.queue = append(c.queue, named("send0", send(0)))
+	if got := cuts(c); len(got[0]) != 16 {
+		t.Errorf("20 acks waiting beside a send, batches of 16: %v, want the first batch full", got)
+	}
+	for i := range 5 {
+		c.queue = append(c.queue, named(fmt.Sprint("ack", i), ack(i)))
+	}
+	if got := cuts(c); len(got) != 1 || len(got[0]) != 5 {
+		t.Errorf("5 acks alone: %v, want one batch of them all", got)
 	}
 }

@@ -27,12 +27,13 @@ import (
 
 // inFlightStores opens n stores (instances) on u, each with inFlight
 // batches in flight of at most maxBatch, and creates sessions s0..s<count-1>
-// of project t/p; the stores close when the test ends.
-func inFlightStores(ctx context.Context, t *testing.T, u string, n, inFlight, maxBatch, count int) ([]*Store, []sessionstore.Key, time.Time) {
+// of project t/p; the stores close when the test ends. opts apply to
+// every store.
+func inFlightStores(ctx context.Context, t *testing.T, u string, n, inFlight, maxBatch, count int, opts ...Option) ([]*Store, []sessionstore.Key, time.Time) {
 	t.Helper()
 	var stores []*Store
 	for range n {
-		s, err := Open(ctx, u, WithBatchesInFlight(inFlight), WithMaxBatch(maxBatch), WithMaxConns(int32(inFlight+2)))
+		s, err := Open(ctx, u, append([]Option{WithBatchesInFlight(inFlight), WithMaxBatch(maxBatch), WithMaxConns(int32(inFlight + 2))}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -62,14 +63,24 @@ func sized(k sessionstore.Key, n int, now time.Time) sessionstore.NewSignal {
 // batches in flight each, many senders filling one project near its
 // pending-bytes limit while others acknowledge: no snapshot ever shows the
 // project's pending bytes past the limit, every refusal is the quota's,
-// and the project's counter ends equal to what its sessions hold.
+// and the project's counter, less its leases, ends equal to what its
+// sessions hold. With quota leases off, of three appends (each lane then
+// leases and reclaims often), and of the default size.
 func TestProjectQuotaExactWithBatchesInFlight(t *testing.T) {
+	for _, lease := range []int64{0, 3 * 100, DefaultQuotaLeaseBytes} {
+		t.Run(fmt.Sprint("lease=", lease), func(t *testing.T) {
+			t.Parallel()
+			projectQuotaExactWithBatchesInFlight(t, lease)
+		})
+	}
+}
+
+func projectQuotaExactWithBatchesInFlight(t *testing.T, lease int64) {
 	u := pgtest.Schema(t)
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const limit, size, senders, sends = 2000, 100, 12, 40
-	stores, keys, now := inFlightStores(ctx, t, u, 2, 3, 8, 8)
+	stores, keys, now := inFlightStores(ctx, t, u, 2, 3, 8, 8, WithQuotaLease(lease))
 
 	conn, err := pgx.Connect(ctx, u)
 	if err != nil {
@@ -155,7 +166,8 @@ func TestProjectQuotaExactWithBatchesInFlight(t *testing.T) {
 	var counter, sessions int64
 	if err := conn.QueryRow(ctx, `SELECT
 		(SELECT pending_bytes FROM project_usage WHERE tenant_id = 't' AND project_id = 'p')
-		  + (SELECT coalesce(sum(delta), 0) FROM project_usage_deltas WHERE tenant_id = 't' AND project_id = 'p'),
+		  + (SELECT coalesce(sum(delta), 0) FROM project_usage_deltas WHERE tenant_id = 't' AND project_id = 'p')
+		  - (SELECT coalesce(sum(bytes), 0) FROM project_leases WHERE tenant_id = 't' AND project_id = 'p'),
 		(SELECT sum(pending_bytes) FROM sessions WHERE tenant_id = 't' AND project_id = 'p')`).Scan(&counter, &sessions); err != nil {
 		t.Fatal(err)
 	}

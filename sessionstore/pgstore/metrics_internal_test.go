@@ -34,7 +34,7 @@ func TestBatchMetrics(t *testing.T) {
 		for _, ns := range nss {
 			batch = append(batch, &appendReq{ns: ns, now: now})
 		}
-		s.runBatch(batch)
+		s.runBatch(0, batch)
 		var errs []error
 		for _, r := range batch {
 			errs = append(errs, r.out.err)

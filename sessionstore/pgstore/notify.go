@@ -766,7 +766,7 @@ func (b *Bus) Publish(ctx context.Context, instance string, w sessionstore.Wake)
 // runWakes sends batch's wake-ups in one statement, a transaction of its
 // own that does not wait for its commit to be flushed (a wake-up is a hint:
 // one lost in a crash is the sweep's), and sets each one's outcome.
-func (b *Bus) runWakes(batch []*appendReq) {
+func (b *Bus) runWakes(_ int, batch []*appendReq) {
 	ctx, cancel, err := b.store.call(context.Background())
 	defer cancel()
 	if err == nil {

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"fmt"
 	"strconv"
 	"strings"
@@ -35,6 +36,12 @@ const (
 	DefaultMaxBatch = 256
 	// DefaultBatchesInFlight is how many group commits run at once.
 	DefaultBatchesInFlight = 1
+	// DefaultAcksPerBatch is how many acknowledgements a group commit
+	// carries beside appends and row writes.
+	DefaultAcksPerBatch = 4
+	// DefaultQuotaLeaseBytes is how many bytes of a project's pending-bytes
+	// room a batch lane leases at a time (migration 0015).
+	DefaultQuotaLeaseBytes = 1 << 20
 )
 
 // Option tunes Open.
@@ -48,6 +55,9 @@ type options struct {
 	groupCommitOff bool
 	maxBatch       int
 	inFlight       int
+	acksPerBatch   int
+	leaseBytes     int64
+	leaseHolder    string
 	registerer     prometheus.Registerer
 	busKey         BusKeyTimings
 }
@@ -72,6 +82,45 @@ func WithMaxBatch(n int) Option {
 // batch at a time, so they commit in arrival order whatever n.
 func WithBatchesInFlight(n int) Option {
 	return func(o *options) { o.inFlight = n }
+}
+
+// WithAcksPerBatch sets how many acknowledgements a group commit carries
+// beside other requests (default DefaultAcksPerBatch): a burst of acks,
+// each marking the signals it covers, is spread over the next batches
+// instead of holding the appends of one batch until all of it is written.
+// Acks go at once when nothing else waits, or when more than the batch
+// size wait. 0 means no bound; negative values keep the default.
+func WithAcksPerBatch(n int) Option {
+	return func(o *options) {
+		if n >= 0 {
+			o.acksPerBatch = n
+		}
+	}
+}
+
+// WithQuotaLease sets how many bytes of a project's pending-bytes room
+// each batch lane leases at a time (default DefaultQuotaLeaseBytes): a
+// batch whose lane's lease covers its appends settles them without
+// locking its projects' counters, so batches of one project commit side
+// by side. 0 turns leases off: every batch that appends locks its
+// projects' counters until it commits. Negative values keep the default.
+// A project can be refused up to the unused leases of the batches running
+// at that moment below its limit, never above it.
+func WithQuotaLease(bytes int64) Option {
+	return func(o *options) {
+		if bytes >= 0 {
+			o.leaseBytes = bytes
+		}
+	}
+}
+
+// WithLeaseHolder names the store's quota leases: lane n's are held as
+// name/n. Give it the instance's id, so that a restarted instance takes up
+// the leases it held. Without it, each Open draws a name of its own; the
+// leases of a name no store holds any more are reclaimed when their
+// project nears its limit.
+func WithLeaseHolder(name string) Option {
+	return func(o *options) { o.leaseHolder = name }
 }
 
 // WithRegisterer registers the store's group-commit metrics
@@ -121,7 +170,17 @@ type Store struct {
 	busKeys      *keyring        // the bus key, as this store's buses know it
 	connects     connectCounters // its buses' dedicated connections'
 	hist         *history        // the server histories its connections found (history.go)
+	lease        leases          // how the batch lanes lease quota (append.go)
 }
+
+// leases is how a store's batch lanes lease pending-bytes room.
+type leases struct {
+	bytes   int64    // a lease's size; 0: leases off
+	holders []string // lane n's holder name
+}
+
+// holder is the name lane's leases are held under.
+func (l leases) holder(lane int) string { return l.holders[lane] }
 
 // plannerParams are the planner settings of the store's connections.
 // Every statement the store runs finds its rows through an index (by
@@ -179,7 +238,7 @@ func afterConnect(params map[string]string, hist *history) func(context.Context,
 // ErrUnavailable, and recover by itself when Postgres comes back. Open fails
 // only on a malformed URL.
 func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, error) {
-	o := options{connectTimeout: DefaultConnectTimeout, queryTimeout: DefaultQueryTimeout}
+	o := options{connectTimeout: DefaultConnectTimeout, queryTimeout: DefaultQueryTimeout, leaseBytes: DefaultQuotaLeaseBytes, acksPerBatch: DefaultAcksPerBatch}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -191,6 +250,13 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	}
 	if o.inFlight < 1 {
 		o.inFlight = DefaultBatchesInFlight
+	}
+	if o.leaseHolder == "" {
+		o.leaseHolder = "store-" + rand.Text()[:12]
+	}
+	holders := make([]string, o.inFlight)
+	for i := range holders {
+		holders[i] = o.leaseHolder + "/" + strconv.Itoa(i)
 	}
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
@@ -227,9 +293,11 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 		return nil, fmt.Errorf("pgstore: open pool: %w", err)
 	}
 	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch, metrics: metrics, witness: w,
-		busKeys: newKeyring(o.busKey, keyMetrics), connects: connects, hist: hist}
+		busKeys: newKeyring(o.busKey, keyMetrics), connects: connects, hist: hist,
+		lease: leases{bytes: o.leaseBytes, holders: holders}}
 	if !o.groupCommitOff {
 		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, o.inFlight, s.runBatch)
+		s.group.maxAcks = o.acksPerBatch
 	}
 	return s, nil
 }

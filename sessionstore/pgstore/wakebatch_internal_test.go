@@ -138,7 +138,7 @@ func runWakes(t *testing.T, s *Store, reqs []*wakeReq) {
 	for i, w := range reqs {
 		batch[i] = &appendReq{wake: w}
 	}
-	NewBus(s, nil).runWakes(batch)
+	NewBus(s, nil).runWakes(0, batch)
 	for _, r := range batch {
 		if r.out.err != nil {
 			t.Fatalf("batch of %d wake-ups: %v", len(batch), r.out.err)
