@@ -116,7 +116,7 @@ func (s *Server) heartbeat(c echo.Context) error {
 	sess := session(c)
 	ctx := c.Request().Context()
 	now := s.now()
-	sess, err := s.heartbeatTouch(ctx, sess, now)
+	sess, err := s.heartbeatTouch(ctx, sess, tokenHash(c), now)
 	if err != nil {
 		return err
 	}

@@ -14,8 +14,8 @@ import (
 )
 
 // reRegistering is a store that registers a session again (a new
-// registration and token under the same id) while a drain of it reads its
-// signals: between the call's authentication and its proof of life.
+// registration and token under the same id) just before its first touch:
+// between a call's authentication and its proof of life.
 type reRegistering struct {
 	*memstore.Store
 	once  sync.Once
@@ -23,7 +23,7 @@ type reRegistering struct {
 	err   error
 }
 
-func (s *reRegistering) PendingSignals(ctx context.Context, k sessionstore.Key, after int64, limit int) ([]sessionstore.Signal, error) {
+func (s *reRegistering) registerAgain(ctx context.Context, k sessionstore.Key) {
 	s.once.Do(func() {
 		old, err := s.GetSession(ctx, k, time.Now())
 		if err != nil {
@@ -36,11 +36,37 @@ func (s *reRegistering) PendingSignals(ctx context.Context, k sessionstore.Key, 
 		now := time.Now().UTC().Truncate(time.Microsecond)
 		h := sha256.Sum256([]byte("the new registration's token"))
 		again := old
-		again.TokenHash, again.RegisteredAt, again.LastSeenAt, again.LastVerbAt = h[:], now, now, time.Time{}
+		again.TokenHash, again.RegisteredAt, again.LastSeenAt, again.LastVerbAt = h[:], now, time.Time{}, time.Time{}
 		again.ExpiresAt = now.Add(time.Minute)
 		s.again, s.err = s.CreateSession(ctx, again, now)
 	})
-	return s.Store.PendingSignals(ctx, k, after, limit)
+}
+
+func (s *reRegistering) TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error {
+	s.registerAgain(ctx, k)
+	return s.Store.TouchSession(ctx, k, t, now)
+}
+
+func (s *reRegistering) TouchSessionAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, t sessionstore.Touch, now time.Time) error {
+	s.registerAgain(ctx, k)
+	return s.Store.TouchSessionAs(ctx, k, h, t, now)
+}
+
+// untouched fails t unless the registration made meanwhile is as it was
+// made: the old token's call extended nothing.
+func (s *reRegistering) untouched(t *testing.T) {
+	t.Helper()
+	if s.err != nil {
+		t.Fatalf("registering bob again: %v", s.err)
+	}
+	got, err := s.GetSession(t.Context(), s.again.Key, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.ExpiresAt.Equal(s.again.ExpiresAt) || !got.LastVerbAt.IsZero() || !got.LastSeenAt.IsZero() {
+		t.Fatalf("the new registration after the old token's call: expires %v, last verb %v, last seen %v; want %v and none (untouched)",
+			got.ExpiresAt, got.LastVerbAt, got.LastSeenAt, s.again.ExpiresAt)
+	}
 }
 
 // TestCallDoesNotExtendTheRegistrationThatReplacedIt: a call authenticated
@@ -55,15 +81,20 @@ func TestCallDoesNotExtendTheRegistrationThatReplacedIt(t *testing.T) {
 	if st, resp := call(t, http.MethodGet, h.URL+"/v1/signals", bob.Token, nil); st != http.StatusOK {
 		t.Fatalf("drain: %d %v", st, resp)
 	}
-	if store.err != nil {
-		t.Fatalf("registering bob again: %v", store.err)
+	store.untouched(t)
+}
+
+// TestHeartbeatDoesNotExtendTheRegistrationThatReplacedIt: a heartbeat
+// whose session is registered again between its authentication and its
+// write extends nothing and answers 410 session_expired: its token holds
+// no live session.
+func TestHeartbeatDoesNotExtendTheRegistrationThatReplacedIt(t *testing.T) {
+	store := &reRegistering{Store: memstore.New()}
+	h := hubtest.Start(t, hubtest.Options{Store: store})
+	bob := register(t, h, "bob", "codex")
+
+	if st, resp := call(t, http.MethodPost, h.URL+"/v1/heartbeat", bob.Token, nil); st != http.StatusGone || errCode(resp) != "session_expired" {
+		t.Fatalf("heartbeat overtaken by a registration again: %d %v; want 410 session_expired", st, resp)
 	}
-	got, err := store.GetSession(t.Context(), store.again.Key, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !got.ExpiresAt.Equal(store.again.ExpiresAt) || !got.LastVerbAt.IsZero() {
-		t.Fatalf("the new registration after the old token's call: expires %v, last verb %v; want %v and none (untouched)",
-			got.ExpiresAt, got.LastVerbAt, store.again.ExpiresAt)
-	}
+	store.untouched(t)
 }
