@@ -77,7 +77,8 @@ type Error struct {
 	// Quota names the quota refused, with CodeQuotaExceeded.
 	Quota Quota
 	// RetryAfter, when positive, is sent as Retry-After (whole seconds,
-	// rounded up) with CodeTooManyRequests and CodeQuotaExceeded.
+	// rounded up): with CodeTooManyRequests, CodeQuotaExceeded, and
+	// CodeRegistryUnavailable when it answers a transient conflict.
 	RetryAfter time.Duration
 }
 

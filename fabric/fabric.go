@@ -118,10 +118,11 @@ type Deps struct {
 	// leaves health to the heartbeat alone.
 	Prober Prober
 	// BusKeyVersion is the version of the bus key this instance seals
-	// wake-ups with (pgstore.Store.BusKeyInUse; 0 until read), which each
-	// heartbeat writes so that the summary shows who picked a rotation up;
-	// nil writes 0, unknown (a store without a bus key).
-	BusKeyVersion func() int64
+	// wake-ups with (pgstore.Store.LoadBusKey: read at the first heartbeat
+	// if not before; 0 while it cannot be), which each heartbeat writes so
+	// that the summary shows who picked a rotation up; nil writes 0,
+	// unknown (a store without a bus key).
+	BusKeyVersion func(ctx context.Context) int64
 	// Now is the clock; nil means time.Now.
 	Now      func() time.Time
 	Registry prometheus.Registerer // nil: a registry of its own
@@ -157,7 +158,7 @@ func New(cfg Config, d Deps) (*Fabric, error) {
 		d.Now = time.Now
 	}
 	if d.BusKeyVersion == nil {
-		d.BusKeyVersion = func() int64 { return 0 }
+		d.BusKeyVersion = func(context.Context) int64 { return 0 }
 	}
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)

@@ -28,7 +28,7 @@ type Members struct {
 	store  membersStore
 	prober Prober // nil: heartbeat only
 	// busKeyVersion is Deps.BusKeyVersion: what each heartbeat writes.
-	busKeyVersion func() int64
+	busKeyVersion func(context.Context) int64
 	now           func() time.Time
 	log           *slog.Logger
 	startedAt     time.Time
@@ -114,9 +114,10 @@ func (m *Members) Tick(ctx context.Context) error {
 func (m *Members) heartbeat(ctx context.Context) error {
 	m.heartbeatMu.Lock()
 	defer m.heartbeatMu.Unlock()
+	busKey := m.busKeyVersion(ctx) // first: it may read the key, and the heartbeat's time follows
 	err := m.store.HeartbeatInstance(ctx, sessionstore.Instance{
 		ID: m.cfg.InstanceID, URL: m.cfg.PublicURL, Draining: m.draining.Load(),
-		StartedAt: m.startedAt, LastHeartbeatAt: m.now(), BusKeyVersion: m.busKeyVersion(),
+		StartedAt: m.startedAt, LastHeartbeatAt: m.now(), BusKeyVersion: busKey,
 	})
 	if err != nil {
 		return fmt.Errorf("heartbeat instance %s: %w", m.cfg.InstanceID, err)

@@ -353,6 +353,11 @@ func (w *writeCounter) TouchSession(ctx context.Context, k sessionstore.Key, t s
 	return w.Store.TouchSession(ctx, k, t, now)
 }
 
+func (w *writeCounter) TouchSessionAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, t sessionstore.Touch, now time.Time) error {
+	w.touches.Add(1)
+	return w.Store.TouchSessionAs(ctx, k, h, t, now)
+}
+
 func (w *writeCounter) AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) (int, error) {
 	w.attaches.Add(1)
 	return w.Store.AttachQueue(ctx, k, instance, at, t, now)

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -20,6 +21,9 @@ type BusKeys interface {
 	BusKey(ctx context.Context) (version int64, rotatedAt time.Time, err error)
 	// BusKeyInUse is the version this instance seals with (0: not read yet).
 	BusKeyInUse() int64
+	// LoadBusKey is BusKeyInUse, reading the key first when it was not
+	// read yet (0 while it cannot be); a new version is logged on log.
+	LoadBusKey(ctx context.Context, log *slog.Logger) int64
 	// BusKeyRefresh bounds how long every instance takes to seal with a
 	// rotated key.
 	BusKeyRefresh() time.Duration

@@ -104,7 +104,10 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		return
 	}
 	pe := publicError(err)
-	if pe.Code == marconi.CodeRegistryUnavailable {
+	// A conflict answered registry_unavailable (an ack whose session kept
+	// changing under it) is a refusal to retry, not a store outage.
+	outage := pe.Code == marconi.CodeRegistryUnavailable && !errors.Is(err, sessionstore.ErrConflict)
+	if outage {
 		pe = s.withStoreClass(pe, err)
 	}
 	if pe.Code == marconi.CodeQuotaExceeded {
@@ -113,7 +116,7 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	switch {
 	case pe.Code == marconi.CodeInternal:
 		s.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
-	case pe.Code == marconi.CodeRegistryUnavailable:
+	case outage:
 		s.metrics.registryErrors.Inc()
 		s.ready.forget() // the next /readyz asks the store again
 		s.storeLog(err)("store unavailable", "method", c.Request().Method, "path", c.Path(), "err", err)

@@ -379,7 +379,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	prober, _ := d.Bus.(fabric.Prober) // pgstore.Bus: death seen through the listener's connection
 	fd := fabric.Deps{Store: d.Store, Prober: prober, Now: d.Now, Registry: d.Registry, Logger: d.Logger}
 	if d.BusKeys != nil {
-		fd.BusKeyVersion = d.BusKeys.BusKeyInUse
+		// The first heartbeat, at start, reads the key if nothing has yet:
+		// a live instance's row never shows its version as unknown.
+		fd.BusKeyVersion = func(ctx context.Context) int64 { return d.BusKeys.LoadBusKey(ctx, d.Logger) }
 	}
 	s.fabric, err = fabric.New(cfg.Fabric, fd)
 	if err != nil {

@@ -116,7 +116,7 @@ func (s *Server) heartbeat(c echo.Context) error {
 	sess := session(c)
 	ctx := c.Request().Context()
 	now := s.now()
-	sess, err := s.heartbeatTouch(ctx, sess, now)
+	sess, err := s.heartbeatTouch(ctx, sess, tokenHash(c), now)
 	if err != nil {
 		return err
 	}
@@ -151,14 +151,17 @@ func (s *Server) deregister(c echo.Context) error {
 // TouchInterval per session (the loaded session says when it was last written).
 // A touch written raises the expiry that the token cache and the session's
 // WebSocket held here, if any, know (conns.Hub.SessionExtended), as a
-// heartbeat's does.
+// heartbeat's does. The touch applies only while the registration and token
+// the call authenticated still hold the session: one registered again or
+// resumed meanwhile is not the caller's to extend.
 func (s *Server) touchVerb(c echo.Context, sess sessionstore.Session) {
 	now := s.now()
 	if now.Sub(sess.LastVerbAt) < s.cfg.TouchInterval {
 		return
 	}
 	t := sessionstore.Touch{VerbAt: now, ExpiresAt: now.Add(s.cfg.SessionTTL)}
-	err := s.store.TouchSession(c.Request().Context(), sess.Key, t, now)
+	h := sessionstore.Holder{RegisteredAt: sess.RegisteredAt, TokenHash: tokenHash(c)}
+	err := s.store.TouchSessionAs(c.Request().Context(), sess.Key, h, t, now)
 	if err != nil {
 		s.log.Debug("touch verb", keyAttrs(sess.Key), "err", err)
 		return

@@ -330,13 +330,15 @@ func (s *Service) SpendRegistrationKey(ctx context.Context, sess sessionstore.Se
 	return sess, nil
 }
 
-// Heartbeat records sess's proof of life and extends its expiry; it
-// returns the new expiry. A session no longer live is session_expired.
-func (s *Service) Heartbeat(ctx context.Context, k sessionstore.Key) (time.Time, error) {
+// Heartbeat records the proof of life of session k, whose caller is h,
+// and extends its expiry; it returns the new expiry. A session no longer
+// live, or no longer h's (registered again or resumed since h
+// authenticated), is session_expired, and nothing is written.
+func (s *Service) Heartbeat(ctx context.Context, k sessionstore.Key, h sessionstore.Holder) (time.Time, error) {
 	now := s.now()
 	// The stores keep microseconds: the expiry answered is the one kept.
 	exp := now.Add(s.cfg.SessionTTL).Truncate(time.Microsecond)
-	if err := s.store.TouchSession(ctx, k, sessionstore.Touch{SeenAt: now, VerbAt: now, ExpiresAt: exp}, now); err != nil {
+	if err := s.store.TouchSessionAs(ctx, k, h, sessionstore.Touch{SeenAt: now, VerbAt: now, ExpiresAt: exp}, now); err != nil {
 		if errors.Is(err, sessionstore.ErrNotFound) {
 			return time.Time{}, marconi.Errorf(marconi.CodeSessionExpired, "this session expired; register again")
 		}

@@ -27,7 +27,7 @@ type Store interface {
 	SpendRegistrationKey(ctx context.Context, k sessionstore.Key, tokenHash []byte) error
 	GetSession(ctx context.Context, k sessionstore.Key, now time.Time) (sessionstore.Session, error)
 	CountSessions(ctx context.Context, f sessionstore.SessionFilter, now time.Time) (int, error)
-	TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error
+	TouchSessionAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, t sessionstore.Touch, now time.Time) error
 	DeleteSession(ctx context.Context, k sessionstore.Key) error
 }
 

@@ -330,6 +330,14 @@ type Store interface {
 	// on (the connection hub's expiry check relies on it). Returns
 	// ErrNotFound when no live session has the key.
 	TouchSession(ctx context.Context, k Key, t Touch, now time.Time) error
+	// TouchSessionAs records proof of life as TouchSession does, but only
+	// while h still speaks for k, checked in the same write: k is live at
+	// now, is the registration h.RegisteredAt and holds h.TokenHash (a row
+	// without a token hash proves nothing against h). A call authenticated
+	// before a registration again or a resume so never extends the session
+	// that replaced its own. Returns ErrNotFound otherwise (gone, registered
+	// again, or holding another token); nothing changes then.
+	TouchSessionAs(ctx context.Context, k Key, h Holder, t Touch, now time.Time) error
 	// DeleteSession removes a session with its signals. Returns ErrNotFound
 	// when no session has the key.
 	DeleteSession(ctx context.Context, k Key) error

@@ -3,6 +3,7 @@ package signals
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/sessionstore"
@@ -83,7 +84,11 @@ func (s *Service) Drain(ctx context.Context, req DrainRequest) (DrainResult, err
 // is made as h (AckAs) and only while the store stays on that history,
 // checked in the ack's own write: another history, now or before the ack
 // commits, is an *marconi.Error with CodeHistoryChanged and nothing is
-// acknowledged; h no longer speaking for k is CodeSessionExpired.
+// acknowledged; h no longer speaking for k is CodeSessionExpired. A session
+// that changed while the ack was checked is asked again once; changed again,
+// the ack is an *marconi.Error with CodeRegistryUnavailable and a
+// RetryAfter (a transient conflict, not a failure), wrapping the store's
+// sessionstore.ErrConflict, and nothing is acknowledged.
 func (s *Service) AckUnder(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, upToSeq int64, history string) (int, error) {
 	if history == "" || s.hist == nil {
 		return s.Ack(ctx, k, upToSeq)
@@ -107,9 +112,26 @@ func (s *Service) AckUnder(ctx context.Context, k sessionstore.Key, h sessionsto
 			return 0, marconi.Errorf(marconi.CodeSessionExpired, "this session token matches no live session; register again")
 		case errors.Is(err, sessionstore.ErrConflict) && attempt == 1:
 			continue // the session changed while the ack was checked: once more tells how
+		case errors.Is(err, sessionstore.ErrConflict):
+			return 0, ackRaced(err)
 		}
 		return 0, err
 	}
+}
+
+// ackRetryAfter is the Retry-After of an ack that lost its race twice: a
+// session changing under its ack settles within moments.
+const ackRetryAfter = time.Second
+
+// ackRaced answers an ack whose session changed under it twice running
+// (err, wrapping sessionstore.ErrConflict, the second time): a transient
+// conflict the client retries, with the wrapped error kept for the log.
+func ackRaced(err error) error {
+	return errors.Join(&marconi.Error{
+		Code:       marconi.CodeRegistryUnavailable,
+		Message:    "the session changed twice while this ack was checked; nothing was acknowledged: try again",
+		RetryAfter: ackRetryAfter,
+	}, err)
 }
 
 func historyChanged() error {

@@ -66,6 +66,15 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
+// exitError ends a command with an exit code of its own (attach's
+// exitSessionEnded), its message one line on stderr as any error's.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e exitError) Error() string { return e.msg }
+
 // commands lists the subcommands, in the order usage shows them.
 var commands = []struct{ name, args, help string }{
 	{"serve", "[flags]", "run the hub (the default command)"},
@@ -101,7 +110,10 @@ var commandAbout = map[string]string{
 	"demo": "Tells SPEC-168's self-heal story step by step: an in-memory hub and two agents (the Go client)\n" +
 		"in one process. Needs nothing else and changes nothing outside the process.",
 	"attach": "Holds a session's WebSocket, prints every frame and acks each signal, until Ctrl-C.\n" +
-		"SESSION_TOKEN is the token the session's registration answered.",
+		"SESSION_TOKEN is the token the session's registration answered. A close with 1012 (a restart, a\n" +
+		"drain, an operator's disconnect) or a dropped connection is reconnected with backoff, said on stderr.\n" +
+		"Exit codes: 0 Ctrl-C; 3 the hub ended the session (4410, or 410 to a reattach): register again;\n" +
+		"1 a newer connection replaced it (4409), or an attach was refused.",
 	"healthcheck": "Exits 0 when URL answers 200 within 3 s, else 1 (for container health checks, e.g. URL/readyz).",
 	"buskey": "Shows the version of the bus key (the key that seals the signals wake-ups carry between\n" +
 		"instances) or, with rotate, replaces it with a new random key: every instance seals with it within\n" +
@@ -229,6 +241,7 @@ func (c cli) run(ctx context.Context, args []string) int {
 		return 2
 	}
 	var ue usageError
+	var ee exitError
 	switch {
 	case err == nil:
 		return 0
@@ -237,6 +250,9 @@ func (c cli) run(ctx context.Context, args []string) int {
 	case errors.As(err, &ue):
 		fmt.Fprintf(c.stderr, "marconi %s: %v\n", cmd, err)
 		return 2
+	case errors.As(err, &ee):
+		fmt.Fprintf(c.stderr, "marconi %s: %v\n", cmd, err)
+		return ee.code
 	default:
 		fmt.Fprintf(c.stderr, "marconi %s: %v\n", cmd, err)
 		return 1
@@ -253,7 +269,7 @@ func (c cli) runPlain(ctx context.Context, cmd string, args []string) error {
 	case "attach":
 		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		return attach(ctx, args, c.stdout)
+		return attach(ctx, args, c.stdout, c.stderr)
 	case "buskey":
 		return c.buskey(ctx, args)
 	default:

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -342,6 +343,8 @@ func (k *fakeBusKeys) BusKeyInUse() int64 {
 	defer k.mu.Unlock()
 	return k.version
 }
+
+func (k *fakeBusKeys) LoadBusKey(context.Context, *slog.Logger) int64 { return k.BusKeyInUse() }
 
 func (k *fakeBusKeys) BusKeyRefresh() time.Duration { return 30 * time.Second }
 

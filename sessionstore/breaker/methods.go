@@ -75,6 +75,11 @@ func (b *Store) TouchSession(ctx context.Context, k sessionstore.Key, t sessions
 	return guardErr(b, ctx, func() error { return b.inner.TouchSession(ctx, k, t, now) })
 }
 
+// TouchSessionAs implements sessionstore.Store.
+func (b *Store) TouchSessionAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, t sessionstore.Touch, now time.Time) error {
+	return guardErr(b, ctx, func() error { return b.inner.TouchSessionAs(ctx, k, h, t, now) })
+}
+
 // DeleteSession implements sessionstore.Store.
 func (b *Store) DeleteSession(ctx context.Context, k sessionstore.Key) error {
 	return guardErr(b, ctx, func() error { return b.inner.DeleteSession(ctx, k) })

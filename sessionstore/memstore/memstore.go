@@ -516,6 +516,17 @@ func (m *Store) CountByClient(ctx context.Context, now time.Time, source marconi
 
 // TouchSession implements sessionstore.Store.
 func (m *Store) TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error {
+	return m.touchAs(k, nil, t, now)
+}
+
+// TouchSessionAs implements sessionstore.Store.
+func (m *Store) TouchSessionAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, t sessionstore.Touch, now time.Time) error {
+	return m.touchAs(k, &h, t, now)
+}
+
+// touchAs applies t to the live session k, when h is set only while h
+// holds it (TouchSessionAs).
+func (m *Store) touchAs(k sessionstore.Key, h *sessionstore.Holder, t sessionstore.Touch, now time.Time) error {
 	if err := m.lock(); err != nil {
 		return err
 	}
@@ -523,6 +534,9 @@ func (m *Store) TouchSession(ctx context.Context, k sessionstore.Key, t sessions
 	s, err := m.liveSession(k, now)
 	if err != nil {
 		return err
+	}
+	if h != nil && (!s.s.RegisteredAt.Equal(h.RegisteredAt) || (len(s.s.TokenHash) > 0 && !bytes.Equal(s.s.TokenHash, h.TokenHash))) {
+		return fmt.Errorf("memstore: session %v is no longer the caller's: %w", k, sessionstore.ErrNotFound)
 	}
 	s.touch(t)
 	return nil

@@ -182,14 +182,20 @@ func (r *keyring) readSoon(s *Store, log *slog.Logger) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.reading = false
-		switch {
-		case err != nil:
-			r.failedAt = r.now()
-			log.Debug("bus key not readable; wake-ups carry no signal until it is, or keep the keys read before", "err", err)
-		case row.version >= r.keys.version: // not older than a read that ended meanwhile
-			r.set(row, r.now(), log)
-		}
+		r.keep(row, err, log)
 	}()
+}
+
+// keep records a read of the row that ran without r.mu and ended now; r.mu
+// is held. A read that ended meanwhile with a newer version wins.
+func (r *keyring) keep(row keyRow, err error, log *slog.Logger) {
+	switch {
+	case err != nil:
+		r.failedAt = r.now()
+		log.Debug("bus key not readable; wake-ups carry no signal until it is, or keep the keys read before", "err", err)
+	case row.version >= r.keys.version:
+		r.set(row, r.now(), log)
+	}
 }
 
 // stop waits for a background read under way and starts none after it:
@@ -237,6 +243,19 @@ func (r *keyring) read(ctx context.Context, s *Store, now time.Time, log *slog.L
 		return
 	}
 	r.set(row, now, log)
+}
+
+// load reads the row now, whatever failed before, without holding r.mu
+// meanwhile (a slow store holds up no wake-up), and returns the version
+// known after it.
+func (r *keyring) load(ctx context.Context, s *Store, log *slog.Logger) int64 {
+	ctx, cancel := context.WithTimeout(ctx, keyReadTimeout)
+	defer cancel()
+	row, err := r.fetch(ctx, s)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.keep(row, err, log)
+	return r.keys.version
 }
 
 // set makes row the ring's keys, read at now; r.mu is held. A nil log
@@ -300,6 +319,18 @@ func (s *Store) BusKeyInUse() int64 {
 	s.busKeys.mu.Lock()
 	defer s.busKeys.mu.Unlock()
 	return s.busKeys.keys.version
+}
+
+// LoadBusKey is BusKeyInUse once the key was read; until then it reads the
+// key at each call, whenever a read failed before, so that what an instance
+// reports of its key from its first heartbeat on is the key, not "not read
+// yet". It is 0 while the key cannot be read. A change of version is logged
+// on log, as the buses log it.
+func (s *Store) LoadBusKey(ctx context.Context, log *slog.Logger) int64 {
+	if v := s.BusKeyInUse(); v != 0 {
+		return v
+	}
+	return s.busKeys.load(ctx, s, log)
 }
 
 // BusKeyRefresh is how often this store reads the bus key again

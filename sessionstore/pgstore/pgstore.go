@@ -658,6 +658,12 @@ func (s *Store) TouchSession(ctx context.Context, k sessionstore.Key, t sessions
 	return wrap("touch session", s.writeRow(ctx, &rowReq{k: k, touch: t, live: now}))
 }
 
+// TouchSessionAs implements sessionstore.Store: TouchSession whose
+// statement (sessionRowsSQL) matches the row only while h holds it.
+func (s *Store) TouchSessionAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, t sessionstore.Touch, now time.Time) error {
+	return wrap("touch session", s.writeRow(ctx, &rowReq{k: k, touch: t, live: now, as: &h}))
+}
+
 // deleteSessionSQL deletes a session (its signals go with it: the delete
 // trigger of sessions, migration 0012)
 // and takes its pending bytes off its project's by a delta; it returns how

@@ -24,7 +24,10 @@ type rowReq struct {
 	// live, when set, is the time at which the session must be live for the
 	// write to apply (a touch or an attach); zero, the row need only exist
 	// (SetQueue).
-	live  time.Time
+	live time.Time
+	// as, when set, is who must still hold the session for the write to
+	// apply (TouchSessionAs).
+	as    *sessionstore.Holder
 	queue *queuePlacement // nil: the queue is left alone
 	// clear, when set, makes this a ClearQueue (nothing else is set).
 	clear *queueClear
@@ -70,7 +73,9 @@ const queueCAS = `(x.inst IS NOT NULL AND (s.queue_latest_attach IS NULL OR s.qu
 //
 // $1 index, $2 tenant, $3 project, $4 session, $5 seen, $6 verb, $7 expires
 // (NULL: leave alone), $8 live (NULL: the row need only exist), $9 queue
-// instance (NULL: leave the queue alone), $10 queue attached at.
+// instance (NULL: leave the queue alone), $10 queue attached at, $11 the
+// registration that must hold the row (NULL: any) and $12 its token hash
+// (as AckSignalsAs checks it: a row without one proves nothing).
 const sessionRowsSQL = `UPDATE sessions AS s SET
 	last_seen_at        = GREATEST(s.last_seen_at, x.seen),
 	last_verb_at        = GREATEST(s.last_verb_at, x.verb),
@@ -79,10 +84,12 @@ const sessionRowsSQL = `UPDATE sessions AS s SET
 	queue_attached_at   = CASE WHEN ` + queueCAS + ` THEN x.at ELSE s.queue_attached_at END,
 	queue_latest_attach = CASE WHEN ` + queueCAS + ` THEN x.at ELSE s.queue_latest_attach END
 FROM unnest($1::int[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::timestamptz[],
-		$7::timestamptz[], $8::timestamptz[], $9::text[], $10::timestamptz[])
-	AS x(i, t, p, sid, seen, verb, exp, live, inst, at)
+		$7::timestamptz[], $8::timestamptz[], $9::text[], $10::timestamptz[], $11::timestamptz[], $12::bytea[])
+	AS x(i, t, p, sid, seen, verb, exp, live, inst, at, reg, tok)
 WHERE s.tenant_id = x.t AND s.project_id = x.p AND s.session_id = x.sid
   AND (x.live IS NULL OR s.expires_at >= x.live)
+  AND (x.reg IS NULL OR (s.registered_at = x.reg
+       AND (s.token_hash IS NULL OR octet_length(s.token_hash) = 0 OR s.token_hash = x.tok)))
 RETURNING x.i, s.last_seq - s.acked_seq`
 
 // writeRow runs w in the next batch (group commit on) or in a transaction
@@ -148,7 +155,8 @@ func queueWrites(b *pgx.Batch, batch []*appendReq, writes []int) {
 		tenants, projects, ids = make([]string, n), make([]string, n), make([]string, n)
 		seen, verb, exp, live  = make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n), make([]*time.Time, n)
 		inst                   = make([]*string, n)
-		at                     = make([]*time.Time, n)
+		at, reg                = make([]*time.Time, n), make([]*time.Time, n)
+		tok                    = make([][]byte, n)
 	)
 	for j, i := range writes {
 		w := batch[i].row
@@ -158,8 +166,11 @@ func queueWrites(b *pgx.Batch, batch []*appendReq, writes []int) {
 		if q := w.queue; q != nil {
 			inst[j], at[j] = &q.instance, toNull(q.at.Truncate(time.Microsecond))
 		}
+		if h := w.as; h != nil {
+			reg[j], tok[j] = &h.RegisteredAt, h.TokenHash
+		}
 	}
-	b.Queue(sessionRowsSQL, idx, tenants, projects, ids, seen, verb, exp, live, inst, at)
+	b.Queue(sessionRowsSQL, idx, tenants, projects, ids, seen, verb, exp, live, inst, at, reg, tok)
 }
 
 func queueClears(b *pgx.Batch, batch []*appendReq, clears []int) {

@@ -222,3 +222,59 @@ func testClearQueueConcurrent(t *testing.T, s sessionstore.Store) {
 		}
 	}
 }
+
+// testTouchAs: a touch made as a holder applies only while that holder
+// still speaks for the session (the same registration, live, with the same
+// token), so that a call authenticated before a resume or a registration
+// again never extends the session that replaced its own.
+func testTouchAs(t *testing.T, s sessionstore.Store) {
+	ctx := t.Context()
+	k := key("t", "p", "bob")
+	want := mustCreateSession(t, s, newSession(k, hash("first"), at(time.Hour)))
+	holder := sessionstore.Holder{RegisteredAt: want.RegisteredAt, TokenHash: want.TokenHash}
+	get := func(what string, now time.Time) {
+		t.Helper()
+		got, err := s.GetSession(ctx, k, now)
+		noErr(t, what, err)
+		wantSession(t, what, got, want)
+	}
+
+	noErr(t, "TouchSessionAs(the holder)", s.TouchSessionAs(ctx, k, holder,
+		sessionstore.Touch{VerbAt: at(time.Minute), ExpiresAt: at(90 * time.Minute)}, at(time.Minute)))
+	want.LastVerbAt, want.ExpiresAt = at(time.Minute), at(90*time.Minute)
+	get("after the holder's touch", at(time.Minute))
+
+	refused := sessionstore.Touch{VerbAt: at(2 * time.Minute), ExpiresAt: at(3 * time.Hour)}
+	other := holder
+	other.TokenHash = hash("another token")
+	wantErr(t, "TouchSessionAs(another token)", s.TouchSessionAs(ctx, k, other, refused, at(2*time.Minute)), sessionstore.ErrNotFound)
+	earlier := holder
+	earlier.RegisteredAt = at(-time.Hour)
+	wantErr(t, "TouchSessionAs(another registration)", s.TouchSessionAs(ctx, k, earlier, refused, at(2*time.Minute)), sessionstore.ErrNotFound)
+	wantErr(t, "TouchSessionAs(no such session)", s.TouchSessionAs(ctx, key("t", "p", "nobody"), holder, refused, at(2*time.Minute)), sessionstore.ErrNotFound)
+	get("after refused touches", at(2*time.Minute))
+
+	// A resume gives the session another token: the old one extends nothing.
+	resumed, err := s.ResumeSession(ctx, k, holder.TokenHash, hash("resumed"), sessionstore.Touch{}, at(3*time.Minute))
+	noErr(t, "ResumeSession", err)
+	want.TokenHash = resumed.TokenHash
+	wantErr(t, "TouchSessionAs(the token a resume replaced)", s.TouchSessionAs(ctx, k, holder, refused, at(4*time.Minute)), sessionstore.ErrNotFound)
+	get("after the replaced token's touch", at(4*time.Minute))
+	holder.TokenHash = resumed.TokenHash
+
+	// Expired, then registered again under the same id: the earlier
+	// registration's holder extends neither.
+	wantErr(t, "TouchSessionAs(after expiry)", s.TouchSessionAs(ctx, k, holder, refused, at(2*time.Hour)), sessionstore.ErrNotFound)
+	again := newSession(k, hash("again"), at(3*time.Hour))
+	again.RegisteredAt = at(2 * time.Hour)
+	again, err = s.CreateSession(ctx, again, at(2*time.Hour))
+	noErr(t, "CreateSession(again)", err)
+	late := sessionstore.Touch{VerbAt: at(2*time.Hour + time.Minute), ExpiresAt: at(5 * time.Hour)}
+	wantErr(t, "TouchSessionAs(the registration before)", s.TouchSessionAs(ctx, k, holder, late, at(2*time.Hour+time.Minute)), sessionstore.ErrNotFound)
+	want = again
+	get("after the registration before touched", at(2*time.Hour+time.Minute))
+	noErr(t, "TouchSessionAs(the registration again)", s.TouchSessionAs(ctx, k,
+		sessionstore.Holder{RegisteredAt: again.RegisteredAt, TokenHash: again.TokenHash}, late, at(2*time.Hour+time.Minute)))
+	want.LastVerbAt, want.ExpiresAt = late.VerbAt, late.ExpiresAt
+	get("after the registration again touched", at(2*time.Hour+time.Minute))
+}

@@ -66,6 +66,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"SpendRegistrationKey/clears the key of the token's session only", testSpendRegistrationKey},
 		{"Expired sessions are invisible to reads and touches", testExpiredInvisible},
 		{"TouchSession/never moves a time backwards and extends expiry", testTouch},
+		{"TouchSessionAs/touches only for the registration and token that still hold the session", testTouchAs},
 		{"ListSessions and CountSessions/filter, order and limit", testListSessions},
 		{"SessionHeads/live sessions only, with their last and acked seqs", testSessionHeads},
 		{"SessionHeads/many keys in one read", testSessionHeadsMany},
