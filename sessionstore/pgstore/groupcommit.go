@@ -134,11 +134,11 @@ func (c *committer) dispatch() {
 // acks; the others wait for the next batches, spread among their appends,
 // and so do the later acks and row writes of their sessions, which keep
 // their order (an append does not need it: an ack covers only seqs given
-// before it). Acks go at once when nothing else waits, or when more than
-// maxBatch of them do (the cap must not hold acks back faster than the
-// batches can carry them).
+// before it). Acks go at once when nothing else waits; when many wait, a
+// batch takes a sixteenth of them (ackLimit), so that no backlog outgrows
+// what the batches carry.
 func (c *committer) cut() []*appendReq {
-	capAcks := c.capsAcks()
+	limit, capAcks := c.ackLimit()
 	if c.maxInFlight == 1 && !capAcks { // nothing else runs: the head of the queue
 		n := min(len(c.queue), c.maxBatch)
 		batch := slices.Clone(c.queue[:n])
@@ -158,7 +158,7 @@ func (c *committer) cut() []*appendReq {
 			held[k] && !r.isAppend():
 			kept = append(kept, r)
 			continue
-		case r.ack != nil && capAcks && acks == c.maxAcks:
+		case r.ack != nil && capAcks && acks == limit:
 			if held == nil {
 				held = map[sessionstore.Key]bool{}
 			}
@@ -180,12 +180,16 @@ func (c *committer) cut() []*appendReq {
 	return batch
 }
 
-// capsAcks reports whether the next batch takes at most maxAcks acks: when
-// more than that wait beside requests of another kind, and no more than
-// maxBatch of them. c.mu is held.
-func (c *committer) capsAcks() bool {
+// ackSpread is how many batches at most a burst of acks is spread over:
+// beyond maxAcks, a batch takes this share of the acks waiting.
+const ackSpread = 16
+
+// ackLimit is how many acks the next batch takes, and whether that holds
+// any back: when acks wait beside requests of another kind, maxAcks, or a
+// ackSpread-th of those waiting when that is more. c.mu is held.
+func (c *committer) ackLimit() (int, bool) {
 	if c.maxAcks <= 0 {
-		return false
+		return 0, false
 	}
 	acks, others := 0, false
 	for _, r := range c.queue {
@@ -195,7 +199,8 @@ func (c *committer) capsAcks() bool {
 			others = true
 		}
 	}
-	return others && acks > c.maxAcks && acks <= c.maxBatch
+	limit := max(c.maxAcks, (acks+ackSpread-1)/ackSpread)
+	return limit, others && acks > limit
 }
 
 // serve runs t's batch, when r was handed one, then starts the batches it

@@ -288,9 +288,9 @@ func waitCommitter(t *testing.T, c *committer, what string, cond func() bool) {
 }
 
 // TestCutSpreadsAnAckBurst: a batch carries at most maxAcks acks beside
-// other requests; an ack left for later holds its session's later acks and
-// row writes, not its appends; acks go at once when nothing else waits or
-// when more of them wait than a batch holds.
+// other requests, or a sixteenth of those waiting when that is more; an ack
+// left for later holds its session's later acks and row writes, not its
+// appends; acks go at once when nothing else waits.
 func TestCutSpreadsAnAckBurst(t *testing.T) {
 	key := func(i int) sessionstore.Key {
 		return sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: fmt.Sprint("s", i)}
@@ -324,14 +324,18 @@ func TestCutSpreadsAnAckBurst(t *testing.T) {
 		}
 	}
 
-	c := newCommitter(16, 64, 1, nil)
+	c := newCommitter(256, 1024, 1, nil)
 	c.maxAcks = 2
-	for i := range 20 {
+	for i := range 100 {
 		c.queue = append(c.queue, named(fmt.Sprint("ack", i), ack(i)))
 	}
 	c.queue = append(c.queue, named("send0", send(0)))
-	if got := cuts(c); len(got[0]) != 16 {
-		t.Errorf("20 acks waiting beside a send, batches of 16: %v, want the first batch full", got)
+	got := cuts(c)
+	if len(got[0]) != 7+1 || got[0][7] != "send0" {
+		t.Errorf("100 acks waiting beside a send: first batch %v, want a sixteenth of them (7) and the send", got[0])
+	}
+	if len(got) > ackSpread+1 {
+		t.Errorf("100 acks spread over %d batches, want at most %d", len(got), ackSpread+1)
 	}
 	for i := range 5 {
 		c.queue = append(c.queue, named(fmt.Sprint("ack", i), ack(i)))

@@ -88,8 +88,9 @@ func WithBatchesInFlight(n int) Option {
 // beside other requests (default DefaultAcksPerBatch): a burst of acks,
 // each marking the signals it covers, is spread over the next batches
 // instead of holding the appends of one batch until all of it is written.
-// Acks go at once when nothing else waits, or when more than the batch
-// size wait. 0 means no bound; negative values keep the default.
+// When many wait, a batch takes a sixteenth of them if that is more; acks
+// go at once when nothing else waits. 0 means no bound; negative values
+// keep the default.
 func WithAcksPerBatch(n int) Option {
 	return func(o *options) {
 		if n >= 0 {
