@@ -71,6 +71,27 @@ func usage(ctx context.Context, t *testing.T, u string) (counter, deltas, leased
 	return counter, deltas, leased
 }
 
+// The lease tests' project: a limit of 1 000 bytes, filled by signals of
+// 100, leased 600 bytes at a time.
+const leaseLimit, leaseSize = 1000, 100
+
+// aLeasesFirst opens stores a and b, each of one lane, and has a append
+// one signal: a then holds a lease of 500 bytes it does not use. It
+// returns b, the session the signals go to and the time they are sent at.
+func aLeasesFirst(ctx context.Context, t *testing.T, u string) (*Store, sessionstore.Key, time.Time) {
+	t.Helper()
+	stores, k, now := leaseStores(ctx, t, u, 600, "a", "b")
+	ns := sized(k, leaseSize, now)
+	ns.Limits.PendingBytesPerProject = leaseLimit
+	if _, _, err := stores[0].AppendSignal(ctx, ns, now); err != nil {
+		t.Fatal(err)
+	}
+	if counter, _, leased := usage(ctx, t, u); counter != 600 || leased != 500 {
+		t.Fatalf("after a's append: counter %d, leased %d; want a lease of 600 taken, 500 of it left", counter, leased)
+	}
+	return stores[1], k, now
+}
+
 // TestLeasesAreReclaimedNearTheLimit: one instance leases room it does not
 // use; another fills the project to exactly its limit, reclaiming that
 // lease on the way, and is refused only at the limit.
@@ -78,30 +99,19 @@ func TestLeasesAreReclaimedNearTheLimit(t *testing.T) {
 	u := pgtest.Schema(t)
 	t.Parallel()
 	ctx := t.Context()
-	const limit, size = 1000, 100
-	stores, k, now := leaseStores(ctx, t, u, 600, "a", "b")
-	a, b := stores[0], stores[1]
+	b, k, now := aLeasesFirst(ctx, t, u)
 
-	ns := sized(k, size, now)
-	ns.Limits.PendingBytesPerProject = limit
-	if _, _, err := a.AppendSignal(ctx, ns, now); err != nil {
-		t.Fatal(err)
-	}
-	if counter, _, leased := usage(ctx, t, u); counter != 600 || leased != 500 {
-		t.Fatalf("after a's append: counter %d, leased %d; want a lease of 600 taken, 500 of it left", counter, leased)
-	}
-
-	stored, q := appendUpTo(ctx, t, b, k, size, limit, now)
-	if stored != limit/size-1 {
+	stored, q := appendUpTo(ctx, t, b, k, leaseSize, leaseLimit, now)
+	if stored != leaseLimit/leaseSize-1 {
 		t.Errorf("b stored %d appends of %d beside a's one under a limit of %d; want %d (a's unused lease reclaimed)",
-			stored, size, limit, limit/size-1)
+			stored, leaseSize, leaseLimit, leaseLimit/leaseSize-1)
 	}
-	if q.Current != limit || q.Limit != limit {
-		t.Errorf("the refusal says %d of %d bytes pending; want %d of %d", q.Current, q.Limit, limit, limit)
+	if q.Current != leaseLimit || q.Limit != leaseLimit {
+		t.Errorf("the refusal says %d of %d bytes pending; want %d of %d", q.Current, q.Limit, leaseLimit, leaseLimit)
 	}
 	counter, deltas, leased := usage(ctx, t, u)
-	if counter+deltas-leased != limit {
-		t.Errorf("counter %d + deltas %d - leases %d = %d, want the %d bytes stored", counter, deltas, leased, counter+deltas-leased, limit)
+	if counter+deltas-leased != leaseLimit {
+		t.Errorf("counter %d + deltas %d - leases %d = %d, want the %d bytes stored", counter, deltas, leased, counter+deltas-leased, leaseLimit)
 	}
 }
 
@@ -114,14 +124,7 @@ func TestLeaseOfARunningBatchIsNotReclaimed(t *testing.T) {
 	u := pgtest.Schema(t)
 	t.Parallel()
 	ctx := t.Context()
-	const limit, size = 1000, 100
-	stores, k, now := leaseStores(ctx, t, u, 600, "a", "b")
-	a, b := stores[0], stores[1]
-	ns := sized(k, size, now)
-	ns.Limits.PendingBytesPerProject = limit
-	if _, _, err := a.AppendSignal(ctx, ns, now); err != nil {
-		t.Fatal(err)
-	}
+	b, k, now := aLeasesFirst(ctx, t, u)
 
 	running, err := pgx.Connect(ctx, u)
 	if err != nil {
@@ -137,16 +140,16 @@ func TestLeaseOfARunningBatchIsNotReclaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	held, _ := appendUpTo(ctx, t, b, k, size, limit, now)
-	if want := (limit - 600) / size; held != want {
+	held, _ := appendUpTo(ctx, t, b, k, leaseSize, leaseLimit, now)
+	if want := (leaseLimit - 600) / leaseSize; held != want {
 		t.Errorf("with a's lease of 500 held: b stored %d appends, want %d (refused below the limit by that lease)", held, want)
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	more, _ := appendUpTo(ctx, t, b, k, size, limit, now)
-	if 1+held+more != limit/size {
-		t.Errorf("once a's lease was free: %d more appends, %d in all; want the project full at %d", more, 1+held+more, limit/size)
+	more, _ := appendUpTo(ctx, t, b, k, leaseSize, leaseLimit, now)
+	if 1+held+more != leaseLimit/leaseSize {
+		t.Errorf("once a's lease was free: %d more appends, %d in all; want the project full at %d", more, 1+held+more, leaseLimit/leaseSize)
 	}
 }
 
@@ -156,14 +159,14 @@ func TestLeaseTakenUnderAHigherLimit(t *testing.T) {
 	u := pgtest.Schema(t)
 	t.Parallel()
 	ctx := t.Context()
-	const limit, size = 300, 100
+	const lower = 300
 	stores, k, now := leaseStores(ctx, t, u, 600, "a")
-	if _, _, err := stores[0].AppendSignal(ctx, sized(k, size, now), now); err != nil {
+	if _, _, err := stores[0].AppendSignal(ctx, sized(k, leaseSize, now), now); err != nil {
 		t.Fatal(err)
 	}
-	stored, q := appendUpTo(ctx, t, stores[0], k, size, limit, now)
-	if 1+stored != limit/size || q.Current != limit {
+	stored, q := appendUpTo(ctx, t, stores[0], k, leaseSize, lower, now)
+	if 1+stored != lower/leaseSize || q.Current != lower {
 		t.Errorf("under a limit of %d after a lease of 600: %d appends stored in all, refused at %d; want %d, at %d",
-			limit, 1+stored, q.Current, limit/size, limit)
+			lower, 1+stored, q.Current, lower/leaseSize, lower)
 	}
 }
