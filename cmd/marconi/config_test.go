@@ -127,6 +127,8 @@ func TestConfigBadValuesNameTheVariable(t *testing.T) {
 		"MARCONI_BUS_URL":                           "http://127.0.0.1:4222",
 		"MARCONI_BUS_QUEUE_SIZE":                    "0",
 		"MARCONI_STORE_BATCHES_IN_FLIGHT":           "0",
+		"MARCONI_STORE_ACKS_PER_BATCH":              "-1",
+		"MARCONI_STORE_QUOTA_LEASE_BYTES":           "1MiB",
 		"MARCONI_READYZ_CACHE_MS":                   "-1",
 	}
 	for name, v := range bad {
