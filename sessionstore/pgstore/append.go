@@ -62,9 +62,9 @@ const settleUsageSQL = `SELECT marconi_settle_usage($1::text[], $2::text[], $3::
 // $1 the lane's lease holder, $2 the lease size, then settleUsageSQL's.
 const settleLeasedSQL = `SELECT marconi_settle_leased($1::text, $2::bigint, $3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[])`
 
-// quotaSQLState is what marconi_settle_usage raises when a batch would take
-// a project past its pending-bytes limit; its DETAIL is the project's bytes
-// before the batch's appends.
+// quotaSQLState is what marconi_settle_usage and marconi_settle_leased
+// raise when a batch would take a project past its pending-bytes limit; its
+// DETAIL is the project's bytes before the batch's appends.
 const quotaSQLState = "MQ001"
 
 // appendSQL is one append in one statement: the idempotency lookup, the
