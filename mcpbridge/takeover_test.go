@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/marconihub/marconi/hub/hubtest"
 )
 
@@ -61,6 +63,10 @@ func TestTheSameAgentStartedTwice(t *testing.T) {
 	}
 	if code, _ := first.toolErr("send_signal", map[string]any{"to": "alice", "text": "me too"}); code != "replaced" {
 		t.Errorf("the first bob's send_signal: %s, want replaced", code)
+	}
+	if res, err := first.session.ReadResource(t.Context(), &mcp.ReadResourceParams{URI: "marconi://inbox"}); err == nil ||
+		!strings.Contains(err.Error(), "replaced") {
+		t.Errorf("the first bob's marconi://inbox: %v, %v; want an error saying it was replaced, not the signal it held", res, err)
 	}
 	var got []signal
 	second.readUntil(1, &got)

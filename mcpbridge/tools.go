@@ -388,7 +388,13 @@ func (b *Bridge) whoami(ctx context.Context, req *mcp.CallToolRequest) (*mcp.Cal
 	return answer(fmt.Sprintf("You are %s (%s), route %s, %d signal(s) waiting.", out.SessionID, out.Surface, state, out.Pending), out, 0)
 }
 
+// readInbox lists the signals not yet read. Once the client has stopped for
+// good, it answers why instead: what the inbox still holds is the hub's to
+// deliver again to the session's holder, not this agent's to read.
 func (b *Bridge) readInbox(_ context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+	if st := b.stopped.Load(); st != nil {
+		return nil, fmt.Errorf("%s: %s", st.code, st.message)
+	}
 	raw, err := json.Marshal(struct {
 		Signals []signalOut `json:"signals"`
 	}{signalsOut(b.inbox.unread())})
