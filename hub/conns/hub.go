@@ -93,7 +93,7 @@ func (c Config) validate() error {
 type Store interface {
 	GetSession(ctx context.Context, k sessionstore.Key, now time.Time) (sessionstore.Session, error)
 	SessionHeads(ctx context.Context, keys []sessionstore.Key, now time.Time) (map[sessionstore.Key]sessionstore.SessionHead, error)
-	TouchSession(ctx context.Context, k sessionstore.Key, t sessionstore.Touch, now time.Time) error
+	TouchSessionAs(ctx context.Context, k sessionstore.Key, h sessionstore.Holder, t sessionstore.Touch, now time.Time) error
 	SetQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time) error
 	AttachQueue(ctx context.Context, k sessionstore.Key, instance string, at time.Time, t sessionstore.Touch, now time.Time) (pending int, err error)
 	ClearQueue(ctx context.Context, k sessionstore.Key, instance string, attachedAt, at time.Time) (bool, error)

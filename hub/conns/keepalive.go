@@ -42,16 +42,27 @@ func (c *Conn) ping() {
 	c.armPing()
 }
 
-// touchSeen records the connection's activity as proof of life. A session
-// that is gone (deregistered on another instance, or expired) has no live
-// row to touch: its connection is closed with 4410.
+// touchSeen records the connection's activity as proof of life, for the
+// registration and token the connection was opened with only: a session
+// registered again or resumed since (on another instance, which this one
+// may not have heard of yet) is not its to extend. When they no longer
+// hold the session, the connection is closed as stillCurrent says: 4410
+// when the session is gone or registered again, 4409 when another token
+// holds it.
 func (c *Conn) touchSeen(ctx context.Context, now time.Time) {
 	tctx, cancel := context.WithTimeout(ctx, c.h.cfg.StoreTimeout)
 	defer cancel()
 	t := sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(c.h.cfg.SessionTTL)}
-	err := c.h.store.TouchSession(tctx, c.key, t, now)
+	h := sessionstore.Holder{RegisteredAt: c.incarnation, TokenHash: c.tokenHash}
+	err := c.h.store.TouchSessionAs(tctx, c.key, h, t, now)
 	if errors.Is(err, sessionstore.ErrNotFound) {
-		c.kick(DisconnectSessionGone)
+		d, err := c.stillCurrent(ctx)
+		switch {
+		case err != nil:
+			c.h.log.Debug("touch from websocket: read the session", KeyAttrs(c.key), "err", err)
+		case d != nil:
+			c.kick(*d)
+		}
 		return
 	}
 	if err != nil {
