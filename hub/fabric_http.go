@@ -46,7 +46,7 @@ type fabricSummaryJSON struct {
 		ByMode   map[marconi.RuntimeMode]int `json:"by_mode"`
 		BySource map[marconi.ModeSource]int  `json:"by_source"`
 	} `json:"sessions"`
-	Instances []fabricInstanceJSON `json:"instances"`
+	Instances []FabricInstance `json:"instances"`
 	Summary   struct {
 		TotalFallbacks                   int64 `json:"total_fallbacks"`
 		TotalReassignments               int64 `json:"total_reassignments"`
@@ -63,7 +63,10 @@ type clientPlacementJSON struct {
 	OnAllowlist bool                        `json:"on_allowlist"`
 }
 
-type fabricInstanceJSON struct {
+// FabricInstance is one instance of the fabric summary
+// (GET /v1/ops/fabric/summary, docs/api.md), as the hub writes it and
+// `marconi fabric` reads it.
+type FabricInstance struct {
 	InstanceID      string    `json:"instance_id"`
 	URL             string    `json:"url"`
 	Healthy         bool      `json:"healthy"`
@@ -104,9 +107,9 @@ func (s *Server) fabricSummary(c echo.Context) error {
 	out.Sessions.Total = sum.Sessions.Total
 	out.Sessions.ByMode = sum.Sessions.ByMode
 	out.Sessions.BySource = sum.Sessions.BySource
-	out.Instances = make([]fabricInstanceJSON, 0, len(sum.Instances))
+	out.Instances = make([]FabricInstance, 0, len(sum.Instances))
 	for _, in := range sum.Instances {
-		out.Instances = append(out.Instances, fabricInstanceJSON{
+		out.Instances = append(out.Instances, FabricInstance{
 			InstanceID: in.ID, URL: in.URL, Healthy: in.Healthy, Draining: in.Draining, Process: in.Process,
 			Sessions: in.Sessions, AttachedQueues: in.AttachedQueues, LastHeartbeatAt: in.LastHeartbeatAt.UTC(),
 			BusKeyVersion: knownVersion(in.BusKeyVersion),

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/marconihub/marconi"
+	"github.com/marconihub/marconi/hub"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/signals"
 )
@@ -448,18 +449,8 @@ func (c cli) fabric(ctx context.Context, args []string) error {
 			ByMode   map[string]int `json:"by_mode"`
 			BySource map[string]int `json:"by_source"`
 		} `json:"sessions"`
-		Instances []struct {
-			InstanceID      string    `json:"instance_id"`
-			URL             string    `json:"url"`
-			Healthy         bool      `json:"healthy"`
-			Draining        bool      `json:"draining"`
-			Process         string    `json:"process"`
-			Sessions        int       `json:"sessions"`
-			AttachedQueues  int       `json:"attached_queues"`
-			LastHeartbeatAt time.Time `json:"last_heartbeat_at"`
-			BusKeyVersion   *int64    `json:"bus_key_version"`
-		} `json:"instances"`
-		Summary struct {
+		Instances []hub.FabricInstance `json:"instances"`
+		Summary   struct {
 			TotalFallbacks     int64 `json:"total_fallbacks"`
 			TotalReassignments int64 `json:"total_reassignments"`
 		} `json:"summary"`
