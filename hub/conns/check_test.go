@@ -72,27 +72,13 @@ func closeCode(t *testing.T, c *websocket.Conn) websocket.StatusCode {
 // with the code the row calls for, with the pending sweep off.
 func TestCheckWakeUpOnAFullQueueClosesTheConnection(t *testing.T) {
 	bob := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}
-	changes := []struct {
-		name   string
-		change func(t *testing.T, st sessionstore.Store)
-		want   websocket.StatusCode
-	}{
+	changes := []rowChange{
 		{"deregistered", func(t *testing.T, st sessionstore.Store) {
 			if err := st.DeleteSession(context.Background(), bob); err != nil {
 				t.Fatal(err)
 			}
 		}, 4410},
-		{"token replaced", func(t *testing.T, st sessionstore.Store) {
-			now := time.Now()
-			sess, err := st.GetSession(context.Background(), bob, now)
-			if err == nil {
-				_, err = st.ResumeSession(context.Background(), bob, sess.TokenHash, []byte("another token's hash"),
-					sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(time.Hour)}, now)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-		}, 4409},
+		tokenReplaced(bob),
 	}
 	for _, store := range stores {
 		for _, ch := range changes {
@@ -123,6 +109,29 @@ func TestCheckWakeUpOnAFullQueueClosesTheConnection(t *testing.T) {
 			})
 		}
 	}
+}
+
+// rowChange is what another instance does to a session's row, and the
+// close code a connection of the session then gets here.
+type rowChange struct {
+	name   string
+	change func(t *testing.T, st sessionstore.Store)
+	want   websocket.StatusCode
+}
+
+// tokenReplaced is k resumed with another token: 4409.
+func tokenReplaced(k sessionstore.Key) rowChange {
+	return rowChange{"token replaced", func(t *testing.T, st sessionstore.Store) {
+		now := time.Now()
+		sess, err := st.GetSession(context.Background(), k, now)
+		if err == nil {
+			_, err = st.ResumeSession(context.Background(), k, sess.TokenHash, []byte("another token's hash"),
+				sessionstore.Touch{SeenAt: now, ExpiresAt: now.Add(time.Hour)}, now)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}, 4409}
 }
 
 // noSweep is a pending-sweep interval no test outlives: what a test sees
