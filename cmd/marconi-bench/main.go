@@ -368,33 +368,18 @@ var scrapedMetrics = []string{
 
 // scrape reads scrapedMetrics from the hub's /metrics.
 func scrape(ctx context.Context, hubURL string) (map[string]float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, hubURL+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("scrape /metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("scrape /metrics: %s", resp.Status)
-	}
 	got := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), " ")
+	err := readMetrics(ctx, hubURL, func(line string) {
+		name, val, ok := strings.Cut(line, " ")
 		if !ok || !slices.Contains(scrapedMetrics, name) {
-			continue
+			return
 		}
 		if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
 			got[name] = v
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("scrape /metrics: %w", err)
+	})
+	if err != nil {
+		return nil, err
 	}
 	for _, m := range scrapedMetrics {
 		if _, ok := got[m]; !ok {
@@ -402,4 +387,32 @@ func scrape(ctx context.Context, hubURL string) (map[string]float64, error) {
 		}
 	}
 	return got, nil
+}
+
+// readMetrics hands each line of the hub's /metrics (Prometheus text) to
+// line, within 10 s.
+func readMetrics(ctx context.Context, hubURL string, line func(string)) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, hubURL+"/metrics", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("scrape /metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("scrape /metrics: %s", resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line(sc.Text())
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("scrape /metrics: %w", err)
+	}
+	return nil
 }

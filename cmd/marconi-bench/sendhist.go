@@ -1,11 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"io"
 	"math"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,40 +22,31 @@ type sendHistogram struct {
 // readSendHistogram reads a hub's histogram from its /metrics; the zero
 // histogram when it cannot.
 func readSendHistogram(ctx context.Context, hub string) sendHistogram {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, hub+"/metrics", nil)
-	if err != nil {
-		return sendHistogram{}
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return sendHistogram{}
-	}
-	defer resp.Body.Close()
-	return parseSendHistogram(resp.Body)
-}
-
-// parseSendHistogram reads marconi_send_duration_seconds' buckets from a
-// Prometheus text exposition.
-func parseSendHistogram(r io.Reader) sendHistogram {
-	const prefix = `marconi_send_duration_seconds_bucket{le="`
 	var h sendHistogram
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		le, rest, ok := strings.Cut(strings.TrimPrefix(sc.Text(), prefix), `"} `)
-		if !ok || len(le) == len(sc.Text()) {
-			continue
-		}
-		bound, err1 := strconv.ParseFloat(le, 64)
-		count, err2 := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-		if err1 != nil || err2 != nil {
-			continue
-		}
-		h.bounds, h.counts = append(h.bounds, bound), append(h.counts, count)
+	if readMetrics(ctx, hub, h.parseLine) != nil {
+		return sendHistogram{}
 	}
 	return h
+}
+
+// parseLine takes one line of a Prometheus text exposition into h when it
+// is one of marconi_send_duration_seconds' buckets.
+func (h *sendHistogram) parseLine(line string) {
+	const prefix = `marconi_send_duration_seconds_bucket{le="`
+	rest, ok := strings.CutPrefix(line, prefix)
+	if !ok {
+		return
+	}
+	le, count, ok := strings.Cut(rest, `"} `)
+	if !ok {
+		return
+	}
+	bound, err1 := strconv.ParseFloat(le, 64)
+	n, err2 := strconv.ParseFloat(strings.TrimSpace(count), 64)
+	if err1 != nil || err2 != nil {
+		return
+	}
+	h.bounds, h.counts = append(h.bounds, bound), append(h.counts, n)
 }
 
 // add is h and o summed, bucket by bucket (the zero histogram adds nothing).

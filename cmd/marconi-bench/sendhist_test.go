@@ -17,12 +17,12 @@ marconi_send_duration_seconds_sum 0.15
 marconi_send_duration_seconds_count 100
 marconi_signals_sent_total{delivery="pushed_to_ws"} 100
 `
-	h := parseSendHistogram(strings.NewReader(text))
+	h := parseSendHistogram(text)
 	if len(h.bounds) != 4 {
 		t.Fatalf("bounds %v, want the four buckets", h.bounds)
 	}
-	before := parseSendHistogram(strings.NewReader(strings.ReplaceAll(strings.ReplaceAll(strings.ReplaceAll(text,
-		"} 10\n", "} 5\n"), "} 90\n", "} 5\n"), "} 100\n", "} 5\n")))
+	before := parseSendHistogram(strings.ReplaceAll(strings.ReplaceAll(strings.ReplaceAll(text,
+		"} 10\n", "} 5\n"), "} 90\n", "} 5\n"), "} 100\n", "} 5\n"))
 	d := h.since(before)
 	// 95 sends in the window: 5, 80 and 10 in the three buckets.
 	for _, c := range []struct {
@@ -44,4 +44,14 @@ marconi_signals_sent_total{delivery="pushed_to_ws"} 100
 	if (sendHistogram{}).quantile(0.99) != 0 {
 		t.Error("an empty histogram has a p99")
 	}
+}
+
+// parseSendHistogram reads the buckets of a Prometheus text exposition, as
+// readSendHistogram does from a hub's /metrics.
+func parseSendHistogram(text string) sendHistogram {
+	var h sendHistogram
+	for line := range strings.Lines(text) {
+		h.parseLine(strings.TrimSuffix(line, "\n"))
+	}
+	return h
 }
