@@ -30,18 +30,57 @@ type rawHub struct {
 	url string
 	wg  sync.WaitGroup
 
+	// burst, when set, holds each send's answer until burst.n sends are
+	// in flight together. Set before the hub serves.
+	burst *burst
+	done  chan struct{} // closed by close: a held answer is abandoned
+
 	mu    sync.Mutex
 	conns []net.Conn
 	ws    chan net.Conn // the attached WebSocket, once
 	w     wsWriter      // every frame the stand-in writes
 }
 
-func newRawHub(tb testing.TB) *rawHub {
+// burst releases the answers to sends n at a time, once n have arrived, so
+// that a test knows n connections were in use at once.
+type burst struct {
+	n int
+
+	mu      sync.Mutex
+	arrived int
+	release chan struct{}
+}
+
+func newBurst(n int) *burst { return &burst{n: n, release: make(chan struct{})} }
+
+// wait returns when the n-th send of the current burst has arrived, or
+// false when done closes first.
+func (b *burst) wait(done <-chan struct{}) bool {
+	b.mu.Lock()
+	release := b.release
+	if b.arrived++; b.arrived == b.n {
+		close(release)
+		b.arrived, b.release = 0, make(chan struct{})
+	}
+	b.mu.Unlock()
+	select {
+	case <-release:
+		return true
+	case <-done:
+		return false
+	}
+}
+
+func newRawHub(tb testing.TB) *rawHub { return newBurstHub(tb, nil) }
+
+// newBurstHub is newRawHub whose send answers go out b.n at a time (b nil:
+// each at once).
+func newBurstHub(tb testing.TB, b *burst) *rawHub {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	h := &rawHub{ln: ln, url: "http://" + ln.Addr().String(), ws: make(chan net.Conn, 1)}
+	h := &rawHub{ln: ln, url: "http://" + ln.Addr().String(), ws: make(chan net.Conn, 1), burst: b, done: make(chan struct{})}
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
@@ -65,6 +104,7 @@ func newRawHub(tb testing.TB) *rawHub {
 }
 
 func (h *rawHub) close() {
+	close(h.done)
 	_ = h.ln.Close()
 	h.mu.Lock()
 	for _, c := range h.conns {
@@ -72,6 +112,13 @@ func (h *rawHub) close() {
 	}
 	h.mu.Unlock()
 	h.wg.Wait()
+}
+
+// opened is the number of connections accepted so far.
+func (h *rawHub) opened() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.conns)
 }
 
 const (
@@ -129,6 +176,9 @@ func (h *rawHub) serve(c net.Conn) {
 		var body []byte
 		switch {
 		case bytes.HasPrefix(req, []byte("POST /v1/signals ")):
+			if h.burst != nil && !h.burst.wait(h.done) {
+				return
+			}
 			seq++
 			body = append(strconv.AppendInt(append(out[:0], rawSendAnswerHead...), seq, 10), tail...)
 		case bytes.HasPrefix(req, []byte("POST /v1/sessions ")):

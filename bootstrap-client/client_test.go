@@ -1,6 +1,7 @@
 package bootstrap
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -111,32 +112,38 @@ func TestRequestSelfHealOncePerGeneration(t *testing.T) {
 
 // Sends made concurrently keep their connections: the client's own
 // transport does not close all but two after each burst and dial them
-// again for the next.
+// again for the next. The stand-in answers the sends of a burst only once
+// all of them are in flight, so each burst holds that many connections at
+// once; a Send returns after its answer's last byte, when its connection
+// is back among the idle ones, so the next burst finds them all.
 func TestConcurrentSendsReuseTheirConnections(t *testing.T) {
-	const senders, sends = 8, 200
-	h := newRawHub(t)
+	const senders, bursts = 8, 5
+	h := newBurstHub(t, newBurst(senders))
 	c, err := Dial(t.Context(), Config{HubURL: h.url, APIKey: "k", Surface: "headless_cc", PingInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	var wg sync.WaitGroup
-	for range senders {
-		wg.Go(func() {
-			for range sends {
-				if _, err := c.Send(t.Context(), "r", "k", "p"); err != nil {
+	for i := range bursts {
+		before := h.opened()
+		// A send that fails lets the others of its burst go.
+		ctx, cancel := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		for range senders {
+			wg.Go(func() {
+				if _, err := c.Send(ctx, "r", "k", "p"); err != nil {
 					t.Error(err)
-					return
+					cancel()
 				}
-			}
-		})
-	}
-	wg.Wait()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	// The registration's, the WebSocket, and one for each sender at most
-	// (a dial under way when another connection came free is kept too).
-	if n := len(h.conns); n > 2+2*senders {
-		t.Errorf("%d sends from %d goroutines opened %d connections, want at most %d", senders*sends, senders, n, 2+2*senders)
+			})
+		}
+		wg.Wait()
+		cancel()
+		if t.Failed() {
+			return
+		}
+		if opened := h.opened() - before; i > 0 && opened > 0 {
+			t.Errorf("burst %d of %d concurrent sends opened %d connections, want none: the first burst's are kept", i+1, senders, opened)
+		}
 	}
 }
