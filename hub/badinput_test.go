@@ -92,6 +92,12 @@ func TestOtherEndpointsBadInput(t *testing.T) {
 		{"delete no credential", "DELETE", "/v1/session", "", nil, 401, "unauthorized"},
 		{"drain API key", "GET", "/v1/signals", h.APIKey, nil, 401, "unauthorized"},
 		{"unknown endpoint", "GET", "/v1/nothing", bob.Token, nil, 404, "not_found"},
+		// Under /v1/ops, a path that names no route is the admin's to learn of.
+		{"unknown ops endpoint no credential", "GET", "/v1/ops/nothing", "", nil, 401, "unauthorized"},
+		{"unknown ops endpoint session token", "GET", "/v1/ops/nothing", bob.Token, nil, 401, "unauthorized"},
+		{"unknown ops endpoint", "GET", "/v1/ops/nothing", h.AdminToken, nil, 404, "not_found"},
+		{"ops root", "POST", "/v1/ops", h.AdminToken, nil, 404, "not_found"},
+		{"ops wrong method", "PUT", "/v1/ops/route_state", "", nil, 401, "unauthorized"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

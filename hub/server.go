@@ -469,29 +469,42 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	}
 
 	// Every credential is checked before the body is read (withBody): a
-	// request without one costs no body read (docs/security.md).
-	v1 := e.Group("/v1", s.storeDeadline)
-	v1.POST("/sessions", s.register, s.apiKeyAuth, s.withBody)
-	v1.POST("/heartbeat", s.heartbeat, s.sessionAuth, s.withBody)
-	v1.DELETE("/session", s.deregister, s.sessionAuth, s.withBody)
-	v1.POST("/signals", s.send, s.sendAuth, s.withBody, s.provesLife)
-	v1.GET("/signals", s.drain, s.sessionAuth, s.withBody, s.provesLife)
-	v1.POST("/signals/ack", s.ack, s.sessionAuth, s.withBody, s.provesLife)
-	v1.POST("/placement-mismatch", s.placementMismatch, s.sessionAuth, s.withBody, s.provesLife)
-	v1.GET("/ws", s.attach)
+	// request without one costs no body read (docs/security.md). Each
+	// route's middleware is composed once, here (chain): echo composes a
+	// route's or a group's again on every request, a closure each.
+	v1 := func(method, path string, h echo.HandlerFunc, m ...echo.MiddlewareFunc) {
+		e.Add(method, "/v1"+path, chain(h, append([]echo.MiddlewareFunc{s.storeDeadline}, m...)...))
+	}
+	v1(http.MethodPost, "/sessions", s.register, s.apiKeyAuth, s.withBody)
+	v1(http.MethodPost, "/heartbeat", s.heartbeat, s.sessionAuth, s.withBody)
+	v1(http.MethodDelete, "/session", s.deregister, s.sessionAuth, s.withBody)
+	v1(http.MethodPost, "/signals", s.send, s.sendAuth, s.withBody, s.provesLife)
+	v1(http.MethodGet, "/signals", s.drain, s.sessionAuth, s.withBody, s.provesLife)
+	v1(http.MethodPost, "/signals/ack", s.ack, s.sessionAuth, s.withBody, s.provesLife)
+	v1(http.MethodPost, "/placement-mismatch", s.placementMismatch, s.sessionAuth, s.withBody, s.provesLife)
+	v1(http.MethodGet, "/ws", s.attach)
 
-	ops := v1.Group("/ops", s.adminAuth, s.withBody)
-	ops.POST("/api_keys", s.createAPIKey)
-	ops.POST("/api_keys/revoke", s.revokeAPIKey)
-	ops.GET("/route_state", s.routeStateList)
-	ops.GET("/route_state/:tenant/:project/:session", s.routeStateOne)
-	ops.GET("/fabric/summary", s.fabricSummary)
-	ops.GET("/sessions/:tenant/:project/:session/signals", s.opsPending)
-	ops.POST("/sessions/:tenant/:project/:session/disconnect", s.opsDisconnect)
-	ops.DELETE("/sessions/:tenant/:project/:session", s.opsDeregister)
-	ops.GET("/selfheal/history", s.opsSelfhealHistory)
-	ops.GET("/bus_key", s.opsBusKey)
-	ops.POST("/bus_key/rotate", s.opsRotateBusKey)
+	ops := func(method, path string, h echo.HandlerFunc) {
+		v1(method, "/ops"+path, h, s.adminAuth, s.withBody)
+	}
+	ops(http.MethodPost, "/api_keys", s.createAPIKey)
+	ops(http.MethodPost, "/api_keys/revoke", s.revokeAPIKey)
+	ops(http.MethodGet, "/route_state", s.routeStateList)
+	ops(http.MethodGet, "/route_state/:tenant/:project/:session", s.routeStateOne)
+	ops(http.MethodGet, "/fabric/summary", s.fabricSummary)
+	ops(http.MethodGet, "/sessions/:tenant/:project/:session/signals", s.opsPending)
+	ops(http.MethodPost, "/sessions/:tenant/:project/:session/disconnect", s.opsDisconnect)
+	ops(http.MethodDelete, "/sessions/:tenant/:project/:session", s.opsDeregister)
+	ops(http.MethodGet, "/selfheal/history", s.opsSelfhealHistory)
+	ops(http.MethodGet, "/bus_key", s.opsBusKey)
+	ops(http.MethodPost, "/bus_key/rotate", s.opsRotateBusKey)
+	// Paths under /v1 and /v1/ops that name no route go through the same
+	// middleware as their routes (a 404 only once the store is up and, for
+	// /v1/ops, the admin token checked), as echo's groups would.
+	for _, p := range []string{"", "/*"} {
+		v1(echo.RouteNotFound, p, echo.NotFoundHandler)
+		ops(echo.RouteNotFound, p, echo.NotFoundHandler)
+	}
 
 	if s.cfg.Pprof {
 		dbg := e.Group("/debug/pprof", s.adminAuth)
@@ -507,6 +520,15 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		}
 		return dash(c)
 	})
+}
+
+// chain is h inside its middleware, m[0] outermost, as echo applies a
+// route's middleware.
+func chain(h echo.HandlerFunc, m ...echo.MiddlewareFunc) echo.HandlerFunc {
+	for i := len(m) - 1; i >= 0; i-- {
+		h = m[i](h)
+	}
+	return h
 }
 
 // Handler is the hub's http.Handler.
