@@ -55,6 +55,10 @@ func (s *Server) readBody(c echo.Context) error {
 		}
 		return marconi.Errorf(marconi.CodeInvalidJSON, "could not read the request body")
 	}
+	// Read to its end: closed, net/http knows there is nothing left to
+	// discard before the connection's next request (it would otherwise try,
+	// through a reader it allocates).
+	_ = req.Body.Close()
 	// The request's state, when it has one, holds the body's reader: one
 	// allocation less per request.
 	var bb *bufferedBody
@@ -80,7 +84,9 @@ func readAtMost(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, 
 	if n > limit {
 		return nil, &http.MaxBytesError{Limit: limit}
 	}
-	body := make([]byte, n)
+	// One byte more of room: the read that must find the body's end reads
+	// into it (a byte array of its own would escape, one allocation more).
+	body := make([]byte, n, n+1)
 	if _, err := io.ReadFull(req.Body, body); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF // a body shorter than declared
@@ -89,8 +95,7 @@ func readAtMost(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, 
 	}
 	// net/http never yields more than the declared length; a Body that
 	// would is refused as too large rather than cut.
-	var one [1]byte
-	if m, err := req.Body.Read(one[:]); m > 0 {
+	if m, err := req.Body.Read(body[n : n+1]); m > 0 {
 		return nil, &http.MaxBytesError{Limit: limit}
 	} else if err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
