@@ -24,6 +24,7 @@ type recipients struct {
 
 type recipientEntry struct {
 	sess sessionstore.Session
+	seen *sessionstore.RecipientSeen // sess's, made once for all its sends
 	read time.Time
 }
 
@@ -31,18 +32,19 @@ func newRecipients(maxAge time.Duration, max int) *recipients {
 	return &recipients{maxAge: maxAge, max: max, m: make(map[sessionstore.Key]recipientEntry)}
 }
 
-// get returns k's session as read less than maxAge before now.
-func (r *recipients) get(k sessionstore.Key, now time.Time) (sessionstore.Session, bool) {
+// get returns k's session as read less than maxAge before now, and what it
+// showed of itself as a recipient (shared: never changed).
+func (r *recipients) get(k sessionstore.Key, now time.Time) (sessionstore.Session, *sessionstore.RecipientSeen, bool) {
 	if r.maxAge <= 0 {
-		return sessionstore.Session{}, false
+		return sessionstore.Session{}, nil, false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.m[k]
 	if !ok || now.Sub(e.read) >= r.maxAge || now.Before(e.read) {
-		return sessionstore.Session{}, false
+		return sessionstore.Session{}, nil, false
 	}
-	return e.sess, true
+	return e.sess, e.seen, true
 }
 
 // put keeps sess, read at read. When full it forgets another entry first.
@@ -58,7 +60,7 @@ func (r *recipients) put(sess sessionstore.Session, read time.Time) {
 			break
 		}
 	}
-	r.m[sess.Key] = recipientEntry{sess: sess, read: read}
+	r.m[sess.Key] = recipientEntry{sess: sess, seen: sessionstore.SeenOf(sess), read: read}
 }
 
 // drop forgets k.

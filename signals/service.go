@@ -311,7 +311,7 @@ func (s *Service) persist(ctx context.Context, req *SendRequest, start time.Time
 	// retention (a page read and, after every checkpoint, a full page in
 	// the WAL per send once the index outgrows memory).
 	id := uuid.Must(uuid.NewV7()).String()
-	recipient, cached := s.recipients.get(toKey, start)
+	recipient, seen, cached := s.recipients.get(toKey, start)
 	for {
 		if !cached {
 			s.metrics.recipientMiss.Inc()
@@ -343,7 +343,7 @@ func (s *Service) persist(ctx context.Context, req *SendRequest, start time.Time
 			SenderTokenHash:  req.SenderTokenHash,
 		}
 		if cached {
-			ns.Seen = sessionstore.SeenOf(recipient)
+			ns.Seen = seen
 		}
 		sig, dup, err := s.store.AppendSignal(ctx, ns, start)
 		switch {
