@@ -278,39 +278,52 @@ func bench(ctx context.Context, o options, out io.Writer) error {
 	}
 
 	var sendLat recorder
-	var sent, failed atomic.Int64
+	var offered, sent, failed atomic.Int64
 	acksBefore := sumAcks(clients)
 	var dbBefore fleetSample
 	if o.databaseURL != "" {
 		dbBefore = sampleFleet(ctx, o.databaseURL, nil)
 	}
-	lctx, cancel := context.WithTimeout(ctx, o.duration)
-	defer cancel()
 	var wg sync.WaitGroup
 	interval := time.Duration(float64(time.Second) / o.rate)
 	loadStart := time.Now()
+	loadEnd := loadStart.Add(o.duration)
 	next := partners(len(clients), len(o.apiKeys))
 	for i, c := range clients {
 		to := clients[next[i]].SessionID()
+		// The agents' first sends are spread over one interval. Each send is
+		// due at a fixed time, first + k intervals, not one interval after
+		// the last: a timer that fires late, or a send that answers late,
+		// delays the next ones only until the agent has caught up, and the
+		// load offered is the rate asked for, as long as the hub keeps up.
+		first := loadStart.Add(time.Duration(int64(interval) * int64(i) / int64(len(clients))))
+		if first.Before(loadEnd) {
+			offered.Add(int64((loadEnd.Sub(first)-1)/interval) + 1)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// Spread the agents' first sends over one interval.
-			t := time.NewTimer(time.Duration(int64(interval) * int64(i) / int64(len(clients))))
-			defer t.Stop()
-			for {
-				select {
-				case <-lctx.Done():
+			t := time.NewTimer(time.Hour)
+			t.Stop()
+			// A send started before the load's end runs to its answer; one
+			// still due at the end (the hub fell behind) is not made.
+			for due := first; due.Before(loadEnd); due = due.Add(interval) {
+				if wait := time.Until(due); wait > 0 {
+					t.Reset(wait)
+					select {
+					case <-ctx.Done():
+						return
+					case <-t.C:
+					}
+				} else if ctx.Err() != nil || !time.Now().Before(loadEnd) {
 					return
-				case <-t.C:
 				}
-				t.Reset(interval)
-				sctx, scancel := context.WithTimeout(lctx, 10*time.Second)
+				sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
 				t0 := time.Now()
 				_, err := c.Send(sctx, to, "bench", payload{SentNS: t0.UnixNano()})
 				scancel()
 				if err != nil {
-					if lctx.Err() == nil {
+					if ctx.Err() == nil {
 						failed.Add(1)
 					}
 					continue
@@ -336,7 +349,8 @@ func bench(ctx context.Context, o options, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "sent %d (%.0f/s), failed %d, received %d\n", sent.Load(), float64(sent.Load())/elapsed.Seconds(), failed.Load(), received.Load())
+	fmt.Fprintf(out, "offered %d (%.0f/s), sent %d (%.0f/s), failed %d, received %d\n", offered.Load(), float64(offered.Load())/o.duration.Seconds(),
+		sent.Load(), float64(sent.Load())/elapsed.Seconds(), failed.Load(), received.Load())
 	if n := sent.Load(); n > 0 {
 		fmt.Fprintf(out, "hub CPU per send:  %.0f µs (process_cpu_seconds_total over the load, idle agents included)\n",
 			(loaded["process_cpu_seconds_total"]-attached["process_cpu_seconds_total"])/float64(n)*1e6)
