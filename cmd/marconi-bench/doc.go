@@ -2,7 +2,11 @@
 // machine: it attaches N agents with the Go client (bootstrap-client) over
 // real HTTP and WebSocket, optionally has each send to the next at a fixed
 // rate for a bounded time, and reports send and delivery latency and what the
-// attached agents cost the hub process (from the hub's /metrics).
+// attached agents cost the hub process (from the hub's /metrics). Each
+// agent's sends are due on a fixed schedule (a late one is made at once, and
+// the next ones catch up), so the load offered is the rate asked for; the
+// report gives what was offered beside what was sent, and a send still due
+// when the time is up, because the hub fell behind, is not made.
 //
 // It is bounded on purpose: loopback URLs only, at most 2000 agents, at most
 // five minutes of load and 5000 sends a second in all. docs/benchmarks.md
