@@ -30,6 +30,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"golang.org/x/term"
 )
 
 func main() {
@@ -38,8 +40,10 @@ func main() {
 		environ:  os.Environ,
 		stdin:    os.Stdin,
 		terminal: isTerminal(os.Stdin),
-		stdout:   os.Stdout,
-		stderr:   os.Stderr,
+		// A secret typed at the terminal is not shown as it is typed.
+		readSecret: func() ([]byte, error) { return term.ReadPassword(int(os.Stdin.Fd())) },
+		stdout:     os.Stdout,
+		stderr:     os.Stderr,
 	}
 	os.Exit(c.run(context.Background(), os.Args[1:]))
 }
@@ -50,7 +54,10 @@ type cli struct {
 	environ func() []string // KEY=value pairs, for the unknown-variable warning; nil: none
 	stdin   io.Reader
 	// terminal says stdin is an interactive terminal (a confirmation may be asked).
-	terminal       bool
+	terminal bool
+	// readSecret reads one line from that terminal without echoing it; nil:
+	// a secret is read from stdin as any line is.
+	readSecret     func() ([]byte, error)
 	stdout, stderr io.Writer
 }
 
@@ -142,8 +149,9 @@ var commandAbout = map[string]string{
 		opsCommon,
 	"apikey": "create prints a new API key of TENANT and PROJECT on stdout, alone, once: the hub keeps only its\n" +
 		"hash. revoke reads the key from stdin (never the command line, where shell history and ps keep\n" +
-		"it): 'marconi apikey revoke HUB_URL < key-file'. A revoked key authenticates nothing, on every\n" +
-		"instance; sessions it registered keep their tokens until they expire.\n" +
+		"it): 'marconi apikey revoke HUB_URL < key-file'; on a terminal it asks, and what is typed does not\n" +
+		"show. A revoked key authenticates nothing, on every instance; sessions it registered keep their\n" +
+		"tokens until they expire.\n" +
 		opsCommon,
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -562,10 +563,21 @@ func (c cli) apikeyRevoke(ctx context.Context, pos []string) error {
 	if err != nil {
 		return err
 	}
+	in := c.stdin
 	if c.terminal {
-		fmt.Fprint(c.stdout, "API key to revoke (it shows as you type; or pipe it in): ")
+		if c.readSecret == nil {
+			fmt.Fprint(c.stdout, "API key to revoke (it shows as you type; or pipe it in): ")
+		} else {
+			fmt.Fprint(c.stdout, "API key to revoke (not shown as you type; or pipe it in): ")
+			b, err := c.readSecret()
+			fmt.Fprintln(c.stdout) // the Enter typed was not echoed either
+			if err != nil {
+				return fmt.Errorf("read the API key from the terminal: %w", err)
+			}
+			in = bytes.NewReader(b)
+		}
 	}
-	key, err := readOneLine(c.stdin, c.terminal)
+	key, err := readOneLine(in, c.terminal)
 	if err != nil {
 		return err
 	}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"regexp"
 	"strings"
@@ -240,6 +242,35 @@ func TestAPIKeyCreateAndRevoke(t *testing.T) {
 		if code != tc.code || !strings.Contains(errOut, tc.stderr) || out != "" || strings.Contains(errOut, configured) {
 			t.Errorf("revoke %q: exit %d, stdout %q, stderr %q; want exit %d naming %q", tc.stdin, code, out, errOut, tc.code, tc.stderr)
 		}
+	}
+	// On a terminal the key is read without echo, not from stdin's lines.
+	_, other, _ := h.run(nil, "", false, "apikey", "create", hub, "acme", "api")
+	other = strings.TrimSuffix(other, "\n")
+	for _, tc := range []struct {
+		secret []byte
+		err    error
+		code   int
+		says   string
+	}{
+		{[]byte("  " + other + " "), nil, 0, "revoked the API key of tenant acme, project api"},
+		{nil, io.EOF, 1, "read the API key from the terminal: EOF"},
+	} {
+		var stdout, stderr bytes.Buffer
+		c := cli{
+			getenv: env(map[string]string{"MARCONI_ADMIN_TOKEN": opsAdmin}),
+			stdin:  strings.NewReader("not-this-key\n"), terminal: true,
+			readSecret: func() ([]byte, error) { return tc.secret, tc.err },
+			stdout:     &stdout, stderr: &stderr,
+		}
+		code := c.run(context.Background(), []string{"apikey", "revoke", hub})
+		out := stdout.String() + stderr.String()
+		if code != tc.code || !strings.Contains(stdout.String(), "API key to revoke (not shown as you type") ||
+			!strings.Contains(out, tc.says) || strings.Contains(out, other) {
+			t.Errorf("apikey revoke on a terminal, read %q %v: exit %d, output %q; want exit %d naming %q", tc.secret, tc.err, code, out, tc.code, tc.says)
+		}
+	}
+	if a := post(t, hub+"/v1/sessions", other, `{"session_id":"frank","surface":"claude_code"}`); a.status != http.StatusUnauthorized {
+		t.Errorf("register with the key revoked on a terminal: %+v, want 401", a)
 	}
 	// The key never goes on the command line: an argument is a usage error.
 	if code, _, errOut := h.run(nil, "", false, "apikey", "revoke", hub, newKey); code != 2 || strings.Contains(errOut, newKey) {
