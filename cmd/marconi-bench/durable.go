@@ -376,8 +376,9 @@ func durableStepMarked(ctx context.Context, o durableOptions, senderHub, recipie
 }
 
 // settledTables are the tables a step writes, found by the URL's
-// search_path like the hubs' own statements.
-const settledTables = "sessions, signals, project_usage, project_usage_deltas, instances"
+// search_path like the hubs' own statements; those an older build's schema
+// lacks (project_leases before migration 0015) are left out.
+var settledTables = []string{"sessions", "signals", "project_usage", "project_usage_deltas", "project_leases", "instances"}
 
 // settleDatabase vacuums the hubs' tables and checkpoints the server, so
 // that every step starts from the same state: neither the dead rows of the
@@ -390,7 +391,15 @@ const settledTables = "sessions, signals, project_usage, project_usage_deltas, i
 // "Issue 18, third session".)
 func settleDatabase(ctx context.Context, databaseURL string) error {
 	err := withConn(ctx, databaseURL, func(ctx context.Context, conn *pgx.Conn) error {
-		if _, err := conn.Exec(ctx, `VACUUM `+settledTables); err != nil {
+		rows, err := conn.Query(ctx, `SELECT t FROM unnest($1::text[]) AS t WHERE to_regclass(t) IS NOT NULL`, settledTables)
+		if err != nil {
+			return fmt.Errorf("find the tables to vacuum: %w", err)
+		}
+		tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("find the tables to vacuum: %w", err)
+		}
+		if _, err := conn.Exec(ctx, `VACUUM `+strings.Join(tables, ", ")); err != nil {
 			return fmt.Errorf("VACUUM: %w", err)
 		}
 		// CHECKPOINT also writes what other databases dirtied: it is the
