@@ -190,7 +190,9 @@ type mcpSnippet struct {
 	where   string
 	command string
 	args    []string
-	env     map[string]string
+	// toolTimeout is a Codex table's tool_timeout_sec (0: not set).
+	toolTimeout int
+	env         map[string]string
 }
 
 // mcpSnippets finds the host configurations in doc: `claude mcp add`
@@ -234,7 +236,16 @@ func mcpSnippets(t *testing.T, file, doc string) []mcpSnippet {
 				for _, kv := range regexp.MustCompile(`(\w+) = "[^"]*"`).FindAllStringSubmatch(v, -1) {
 					sn.env[kv[1]] = ""
 				}
+			case "tool_timeout_sec":
+				sn.toolTimeout, _ = strconv.Atoi(v)
 			}
+		}
+		// Codex gives up on a tool after tool_timeout_sec (60 by default);
+		// an answer that ends read_signals's longest wait (60 s, the
+		// contract's) must reach it before then, or the signals the
+		// bridge acknowledged with it are never seen.
+		if sn.toolTimeout <= 60 {
+			t.Errorf("%s: tool_timeout_sec %d, want more than read_signals's longest wait, 60 s", sn.where, sn.toolTimeout)
 		}
 		out = append(out, sn)
 	}
