@@ -63,7 +63,9 @@ test('an agent restarted with its token file resumes its session and gets what w
   await sender.send('keep-agent', 'chat', { n: 1 });
   await sender.send('keep-agent', 'chat', { n: 2 });
 
-  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: 'keep-agent' }), { status: 403, code: 'forbidden' });
+  // The hub's message names a header and a field; the error also names the client's own settings.
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: 'keep-agent' }),
+    { status: 403, code: 'forbidden', message: /set tokenFile \(or tokenStore\).*takeover: true/ });
 
   const inbox = new Inbox();
   /** @type {unknown[]} */
