@@ -245,7 +245,7 @@ func (c *Client) register(ctx context.Context) error {
 		res, status, err = c.postRegister(ctx, id, "", true)
 	}
 	if err != nil {
-		return err
+		return c.liveHint(err, id)
 	}
 	kept := c.project.Load()
 	c.adopt(res, status == http.StatusCreated)
@@ -267,6 +267,23 @@ func (c *Client) register(ctx context.Context) error {
 		c.enqueue(ctx, delivery{affinityReset: true, epoch: c.currentAuth().epoch})
 	}
 	return c.keep(ctx)
+}
+
+// liveHint adds to the hub's refusal of a live id at Dial (403) which of the
+// client's settings brings the session back: the hub's message names a header
+// and a JSON field, which a Go application never sets itself. The hub's
+// *Error stays reachable with errors.As.
+func (c *Client) liveHint(err error, id string) error {
+	var he *Error
+	if id == "" || c.cfg.Takeover || !errors.As(err, &he) || he.Code != marconi.CodeForbidden {
+		return err
+	}
+	if c.cfg.TokenStore == nil {
+		return fmt.Errorf("%w (another process holds session %q, or this one kept no token: set Config.TokenStore "+
+			"so that a restart resumes the session, or Config.Takeover to take it over)", err, id)
+	}
+	return fmt.Errorf("%w (another process holds session %q, or the token in Config.TokenStore is no longer "+
+		"current: stop the other one, or set Config.Takeover to take the session over)", err, id)
 }
 
 // msgSessionGone and msgKeptSessionGone say that the hub no longer had the

@@ -3,6 +3,7 @@ package bootstrap_test
 import (
 	"errors"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -29,6 +30,20 @@ func TestTakeoverBringsALostAgentBack(t *testing.T) {
 		_ = refused.Close()
 	}
 	wantHubError(t, err, 403, "forbidden")
+	// The hub's message names a header and a JSON field; the Go application
+	// is told which of its own settings brings the session back.
+	if !strings.Contains(err.Error(), "Config.TokenStore") || !strings.Contains(err.Error(), "Config.Takeover") {
+		t.Errorf("the refusal %q does not name Config.TokenStore and Config.Takeover", err)
+	}
+	stale := bootstrap.FileTokenStore(filepath.Join(t.TempDir(), "stale.json"))
+	if err := stale.Save(t.Context(), bootstrap.SessionToken{SessionID: "donna", Token: "mst_no-longer-current"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = bootstrap.Dial(t.Context(), bootstrap.Config{HubURL: h.URL, APIKey: h.APIKey, SessionID: "donna", Surface: "claude_code", TokenStore: stale})
+	wantHubError(t, err, 403, "forbidden")
+	if !strings.Contains(err.Error(), "no longer current") || !strings.Contains(err.Error(), "Config.Takeover") {
+		t.Errorf("the refusal of a stale kept token %q does not say so", err)
+	}
 
 	store := bootstrap.FileTokenStore(filepath.Join(t.TempDir(), "token.json"))
 	var in inbox

@@ -19,6 +19,11 @@ func TestRouteStateExplanation(t *testing.T) {
 	if e := routeState(t, h, "agent")["explanation"].(string); !strings.Contains(e, "sender_route_stale and its client reconnects") {
 		t.Errorf("live surface: %q", e)
 	}
+	// An agent killed mid-stream looks the same to the hub: the sentence must
+	// also say what brings that one back, or the operator waits for a send.
+	if e := routeState(t, h, "agent")["explanation"].(string); !strings.Contains(e, "If its process stopped") || !strings.Contains(e, "resumes the session") {
+		t.Errorf("live surface, a process that stopped: %q", e)
+	}
 	if e := routeState(t, h, "batch")["explanation"].(string); !strings.Contains(e, "piggyback-only") || strings.Contains(e, "sender_route_stale") {
 		t.Errorf("codex: %q", e)
 	}
@@ -30,7 +35,7 @@ func TestRouteStateExplanation(t *testing.T) {
 	off.Enabled = false
 	h2 := hubtest.Start(t, hubtest.Options{Config: hub.Config{Mode: "lan", SelfHeal: off}})
 	register(t, h2, "agent", "claude_code")
-	if e := routeState(t, h2, "agent")["explanation"].(string); !strings.Contains(e, "Self-heal is off") {
+	if e := routeState(t, h2, "agent")["explanation"].(string); !strings.Contains(e, "Self-heal is off") || !strings.Contains(e, "If its process stopped") {
 		t.Errorf("self-heal off: %q", e)
 	}
 

@@ -181,7 +181,8 @@ func (s *Server) routeState(ctx context.Context, k sessionstore.Key, sess *sessi
 				string(sess.Surface) + ") is piggyback-only, so this is its normal state. It collects signals by heartbeat, drain or the pending of its own sends."
 		case !out.Selfheal.Enabled:
 			out.Explanation = "The agent proved it was alive " + now.Sub(pol).Round(time.Second).String() + " ago but holds no WebSocket on a healthy instance. " +
-				"Self-heal is off (MARCONI_SELFHEAL), so its sends carry no sender_route_stale: it heals when its client redials by itself. Signals are stored and wait."
+				"Self-heal is off (MARCONI_SELFHEAL), so its sends carry no sender_route_stale: it heals when its client redials by itself. Signals are stored and wait. " +
+				processStopped
 		}
 	}
 	switch {
@@ -205,6 +206,13 @@ func freshestSource(s sessionstore.Session) string {
 	}
 }
 
+// processStopped ends the explanation of a live surface's route_without_queue:
+// the hub cannot tell an agent whose WebSocket merely dropped from one whose
+// process was killed, and an operator watching a crashed agent must not wait
+// for a send that will never come.
+const processStopped = "If its process stopped (a crash, kill -9), nothing comes until the agent starts again: " +
+	"a client that kept its token resumes the session and receives what waits."
+
 // explain says in one sentence what a route state means and what heals it.
 func explain(state marconi.RouteState, age, fresh time.Duration) string {
 	a := age.Round(time.Second).String()
@@ -213,7 +221,8 @@ func explain(state marconi.RouteState, age, fresh time.Duration) string {
 		return "A WebSocket queue is attached on a healthy instance: sends are pushed at once."
 	case marconi.StateRouteWithoutQueue:
 		return "The agent proved it was alive " + a + " ago but holds no WebSocket on a healthy instance. " +
-			"Signals are stored and wait. Its own next send carries sender_route_stale and its client reconnects; a heartbeat or drain also collects them."
+			"Signals are stored and wait. Its own next send carries sender_route_stale and its client reconnects; a heartbeat or drain also collects them. " +
+			processStopped
 	case marconi.StateStale:
 		return "No WebSocket, and no proof of life for " + a + " (more than the " + fresh.String() + " freshness window): " +
 			"the agent looks genuinely offline. Signals are stored until it attaches or drains, or the session expires."

@@ -163,6 +163,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		  return e?.dataset.routeState === 'route_without_queue' &&
 		    /The agent proved it was alive \d+ s ago but holds no WebSocket on a healthy instance\./.test(e.textContent) &&
 		    e.textContent.includes('Its own next send will carry sender_route_stale and its client will reconnect.') &&
+		    e.textContent.includes('If its process stopped (a crash, kill -9), nothing comes until the agent starts again') &&
 		    document.querySelector('[data-testid="freshest"]') !== null &&
 		    document.querySelector('[data-testid="detail-pending"]')?.textContent === '1'; })()`)
 	screenshot(t, ctx)

@@ -64,7 +64,12 @@ func (c cli) mcpCommand(ctx context.Context, args []string) error {
 	b, err := mcpbridge.New(dctx, cfg)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("join the hub: %w%s", err, joinHint(err, cfg))
+		hint := joinHint(err, cfg)
+		var he *bootstrap.Error
+		if hint != "" && errors.As(err, &he) {
+			err = he // the hint says it in the server's flags, not in the Go client's fields
+		}
+		return fmt.Errorf("join the hub: %w%s", err, hint)
 	}
 	if cfg.HTTPAddr != "" {
 		err = b.ServeHTTP(ctx, func(addr string) {

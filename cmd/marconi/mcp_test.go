@@ -140,6 +140,11 @@ func TestMCPJoinRefusalSaysWhatToDo(t *testing.T) {
 				t.Errorf("%s: stderr lacks %q:\n%s", tt.name, want, stderr)
 			}
 		}
+		// The Go client's own advice (its Config fields) means nothing to
+		// the user of a host: the server says it in its flags only.
+		if strings.Contains(stderr, "Config.") {
+			t.Errorf("%s: stderr speaks of the Go client's Config:\n%s", tt.name, stderr)
+		}
 	}
 }
 

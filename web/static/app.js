@@ -965,6 +965,8 @@
           out.push('The agent proved it was alive ' + age + ' s ago but holds no WebSocket on a healthy instance. Self-heal is off on this hub (MARCONI_SELFHEAL), so its sends carry no sender_route_stale hint: the route heals only when its client reconnects by itself (a dropped WebSocket is redialed) or the agent restarts.');
         } else {
           out.push('The agent proved it was alive ' + age + ' s ago but holds no WebSocket on a healthy instance. Its own next send will carry sender_route_stale and its client will reconnect.');
+          // The hub cannot tell a dropped WebSocket from a killed process: say what heals that one too.
+          out.push('If its process stopped (a crash, kill -9), nothing comes until the agent starts again: a client that kept its token resumes the session and receives what waits.');
           if (sh.sender_tokens !== undefined && sh.sender_tokens !== null && sh.sender_tokens < 1) {
             out.push('Its sender bucket is empty just now: a send before a token refills is answered rate_limited with no hint.');
           }

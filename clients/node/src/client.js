@@ -754,7 +754,7 @@ export class Client extends EventEmitter {
           r = await this.#postRegister(id, '', signal);
         }
       } catch (err) {
-        if (!(this.#cfg.takeover && id && err instanceof MarconiError && err.status === 403)) throw err;
+        if (!(this.#cfg.takeover && id && err instanceof MarconiError && err.status === 403)) throw this.#liveHint(err, id);
         this.#log.warn('marconi: session is live under a token this client does not hold; taking it over', { session_id: id });
         this.#regKey = ''; // another registration: the refused one stored nothing
         r = await this.#postRegister(id, '', signal, true);
@@ -778,6 +778,22 @@ export class Client extends EventEmitter {
       }
       await this.#keep();
     });
+  }
+
+  /**
+   * Adds to the hub's refusal of a live id at dial (403) which of the client's
+   * settings brings the session back: the hub's message names a header and a
+   * JSON field, which an application never sets itself. `hubMessage` stays the
+   * hub's; only `message` says more.
+   * @param {unknown} err
+   * @param {string} id
+   */
+  #liveHint(err, id) {
+    if (!id || this.#cfg.takeover || !(err instanceof MarconiError) || err.code !== codes.forbidden) return err;
+    err.message += this.#tokens
+      ? ` (another process holds session "${id}", or the kept token is no longer current: stop the other one, or set takeover: true to take the session over)`
+      : ` (another process holds session "${id}", or this one kept no token: set tokenFile (or tokenStore) so that a restart resumes the session, or takeover: true to take it over)`;
+    return err;
   }
 
   /** Loads the kept token at dial: one of the configured session (or of any, when none is configured) is resumed with. */

@@ -63,7 +63,9 @@ test('an agent restarted with its token file resumes its session and gets what w
   await sender.send('keep-agent', 'chat', { n: 1 });
   await sender.send('keep-agent', 'chat', { n: 2 });
 
-  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: 'keep-agent' }), { status: 403, code: 'forbidden' });
+  // The hub's message names a header and a field; the error also names the client's own settings.
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: 'keep-agent' }),
+    { status: 403, code: 'forbidden', message: /set tokenFile \(or tokenStore\).*takeover: true/ });
 
   const inbox = new Inbox();
   /** @type {unknown[]} */
@@ -80,6 +82,12 @@ test('an agent restarted with its token file resumes its session and gets what w
   assert.notEqual(kept2?.token, kept1?.token, 'a resume rotates the token, and the new one is kept');
   assert.deepEqual(resets, []);
   assert.equal(second.stats().reregistrations, 0);
+
+  // A file still holding the token the resume replaced: the error says so.
+  const staleFile = path.join(await tempDir(t), 'stale.json');
+  await fileTokenStore(staleFile).save({ sessionID: 'keep-agent', token: kept1?.token ?? '' });
+  await assert.rejects(dial({ hubURL: env.hub.url, apiKey, surface: 'claude_code', sessionID: 'keep-agent', tokenFile: staleFile }),
+    { status: 403, code: 'forbidden', message: /the kept token is no longer current.*takeover: true/ });
 });
 
 test('an agent restarted with its token file names its kept project from its first request; an older file, a bad project, another project', async (t) => {
