@@ -183,9 +183,10 @@ func failOver(t *testing.T, c *pgcluster.Cluster, hubs []*Main, led *failoverLed
 		}
 	}
 	if round%2 == 1 {
-		// Not a wait for an event: the outage itself, held on purpose
-		// past the dead-after window of every heartbeat seen before it.
-		time.Sleep(failoverDeadAfter + time.Second)
+		// Not a wait for an event: the outage itself, the behaviour under
+		// test, held on purpose until the dead-after window of every
+		// heartbeat written before the crash has run out.
+		holdOutage(t, crashed.Add(failoverDeadAfter+time.Second))
 	}
 	c.Promote()
 	promoted := time.Now()
@@ -196,6 +197,18 @@ func failOver(t *testing.T, c *pgcluster.Cluster, hubs []*Main, led *failoverLed
 		first.Round(time.Millisecond), last.Round(time.Millisecond), back.Round(time.Millisecond))
 	if round < rounds-1 {
 		c.Rebuild(old)
+	}
+}
+
+// holdOutage keeps the store without a primary until until, or until the
+// test ends.
+func holdOutage(t *testing.T, until time.Time) {
+	t.Helper()
+	hold := time.NewTimer(time.Until(until))
+	defer hold.Stop()
+	select {
+	case <-hold.C:
+	case <-t.Context().Done():
 	}
 }
 
