@@ -64,7 +64,7 @@ func ackInTx(t *testing.T, tx pgx.Tx, k sessionstore.Key, upTo int64) int {
 // counter and writes no signal: each signal is written once, by its append,
 // and deleted once, by Prune. Until acked_seq alone acknowledged, an
 // ack marked every signal it passed (acked_at set, payload dropped), a
-// HOT update per signal, and that cost a quarter of the durable sends/s
+// HOT update per signal, about a tenth of a durable send's WAL
 // (docs/benchmarks-history.md, "Acknowledged by acked_seq alone"). The
 // counters still lose exactly the bytes acknowledged, and the signals stay
 // readable for a duplicate send until Prune.

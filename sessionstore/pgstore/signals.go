@@ -145,10 +145,13 @@ const ackSeqSQL = `UPDATE sessions SET ack_floor = acked_seq, acked_seq = GREATE
 // day of acknowledged signals keeps: docs/security.md); one of small
 // payloads is written once, by its append, and deleted once, by Prune.
 // Marking every acknowledged row (acked_at set, payload dropped: a HOT
-// update per signal, until 0016) cost a quarter of the durable sends/s
-// (docs/benchmarks-history.md, "Acknowledged by acked_seq alone"). A binary
-// from before 0016 marks the signals its own acks pass, and counts only its
-// own range too, so the two count the same bytes during a rolling deploy.
+// update per signal, until 0016) wrote about a tenth of a durable send's
+// WAL and more than doubled the ack's time in Postgres; the sends/s it
+// cost were within the noise of a two-core machine
+// (docs/benchmarks-history.md, "Acknowledged by acked_seq alone"). A
+// binary from before 0016 marks the signals its own acks pass, and counts
+// only its own range too, so the two count the same bytes during a
+// rolling deploy.
 //
 // The range is read on the primary key, bounded at both ends, so that no
 // plan walks the session's acknowledged signals (migration 0009); it is read
