@@ -151,7 +151,8 @@ type Config struct {
 // Retention is how long the store keeps what is done with.
 type Retention struct {
 	// Acked is MARCONI_RETAIN_ACKED_SECONDS (86400): acknowledged signals are
-	// kept this long (it is also the floor of the idempotency window).
+	// kept this long after they were made (it is also the floor of the
+	// idempotency window, which counts from there too).
 	Acked time.Duration
 	// Expired is MARCONI_RETAIN_EXPIRED_SECONDS (3600): expired sessions and
 	// their signals are kept this long after expiry, for operators.

@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -642,5 +643,69 @@ func TestBusKeyRotationMigration(t *testing.T) {
 	}
 	if err := conn.QueryRow(ctx, `SELECT version FROM bus_key`).Scan(&version); err != nil || version != 1 {
 		t.Fatalf("at 0013 again: version %d, %v; want 1", version, err)
+	}
+}
+
+// TestAckByAckedSeqStepBack: from 0016 an ack marks no signal; a step down
+// to 0015 marks every signal at or below its session's acked_seq
+// acknowledged, its payload dropped, as an ack of a binary from before 0016
+// would have (whose retention loop finds acknowledged signals by acked_at),
+// and leaves the pending ones as they are.
+func TestAckByAckedSeqStepBack(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptySchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := migrations.Steps(ctx, u, 16); err != nil {
+		t.Fatalf("up to 0016: %v", err)
+	}
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	now := time.Now()
+	// bob acknowledged 3 of his 5 signals, carol none of her 2.
+	for _, s := range []struct {
+		id          string
+		last, acked int
+	}{{"bob", 5, 3}, {"carol", 2, 0}} {
+		if _, err := conn.Exec(ctx, `INSERT INTO sessions (tenant_id, project_id, session_id, token_hash, registered_at, expires_at, last_seq, acked_seq)
+			VALUES ('t', 'p', $1, $1::text::bytea, $2, $3, $4, $5)`, s.id, now, now.Add(time.Hour), s.last, s.acked); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, `INSERT INTO signals (tenant_id, project_id, to_session, seq, id, from_session, kind, payload, created_at)
+			SELECT 't', 'p', $1, g, $1 || '-' || g, 'alice', 'k', '{"n":1}', $2 FROM generate_series(1, $3::int) g`, s.id, now, s.last); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := migrations.Steps(ctx, u, -1); err != nil {
+		t.Fatalf("down to 0015: %v", err)
+	}
+	rows, err := conn.Query(ctx, `SELECT to_session || '-' || seq, acked_at IS NOT NULL, payload IS NULL FROM signals ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][2]bool{}
+	for rows.Next() {
+		var id string
+		var marked, dropped bool
+		if err := rows.Scan(&id, &marked, &dropped); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = [2]bool{marked, dropped}
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	want := map[string][2]bool{
+		"bob-1": {true, true}, "bob-2": {true, true}, "bob-3": {true, true}, "bob-4": {}, "bob-5": {},
+		"carol-1": {}, "carol-2": {},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("at 0015 again, signals (acked_at set, payload dropped):\n%v\nwant\n%v", got, want)
+	}
+	if err := migrations.Steps(ctx, u, 1); err != nil {
+		t.Fatalf("up to 0016 again: %v", err)
 	}
 }

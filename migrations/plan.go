@@ -75,6 +75,8 @@ var (
 	dropConstr  = regexp.MustCompile(`(?i)^DROP\s+CONSTRAINT\s+` + ifExists + ident)
 	addForeign  = regexp.MustCompile(`(?i)^ADD\s+(?:CONSTRAINT\s+` + ident + `\s+)?FOREIGN\s+KEY\b`)
 	alterType   = regexp.MustCompile(`(?i)^ALTER\s+(?:COLUMN\s+)?` + ident + `\s+(?:SET\s+DATA\s+)?TYPE\s+([A-Za-z0-9_]+)`)
+	updateSet   = regexp.MustCompile(`(?i)^UPDATE\s+(?:ONLY\s+)?` + ident + `(?:\s+(?:AS\s+)?[A-Za-z_][A-Za-z0-9_]*)?\s+SET\s+(.+?)(?:\s+FROM\s.*|\s+WHERE\s.*)?$`)
+	setNull     = regexp.MustCompile(`(?i)^` + ident + `\s*=\s*NULL$`)
 	dropWord    = regexp.MustCompile(`(?i)\b(DROP|DELETE|TRUNCATE|TYPE)\b`)
 )
 
@@ -102,6 +104,16 @@ func recognise(stmt string) []string {
 		var out []string
 		for _, name := range strings.Split(m[2], ",") {
 			out = append(out, kind+" "+unquote(strings.TrimSpace(name)))
+		}
+		return out
+	}
+	if m := updateSet.FindStringSubmatch(stmt); m != nil {
+		table := unquote(m[1])
+		out := []string{} // recognised, though it may clear nothing
+		for _, set := range splitTopLevel(m[2]) {
+			if c := setNull.FindStringSubmatch(strings.TrimSpace(set)); c != nil {
+				out = append(out, "column "+table+"."+unquote(c[1])+" set to NULL in the rows it updates")
+			}
 		}
 		return out
 	}

@@ -22,6 +22,9 @@ func TestDropsOfDownSQL(t *testing.T) {
 		{"CREATE INDEX x ON t (a);", nil},
 		{"ALTER TABLE signals ADD CONSTRAINT fk FOREIGN KEY (a) REFERENCES sessions (a) ON DELETE CASCADE;", nil},
 		{"DROP TRIGGER sessions_delete_signals ON sessions;", []string{"trigger sessions_delete_signals ON sessions"}},
+		{"UPDATE signals g SET acked_at = now(), payload = NULL FROM sessions e WHERE g.seq <= e.acked_seq;",
+			[]string{"column signals.payload set to NULL in the rows it updates"}},
+		{"UPDATE project_usage u SET pending_bytes = u.pending_bytes - l.bytes FROM l WHERE true;", nil},
 	}
 	for _, tt := range tests {
 		if got := dropsOf(tt.sql); !reflect.DeepEqual(got, tt.want) {

@@ -400,10 +400,11 @@ type Store interface {
 	PendingSignals(ctx context.Context, k Key, afterSeq int64, limit int) ([]Signal, error)
 	// AckSignals acknowledges every signal of k with seq <= upToSeq and
 	// returns how many this call acknowledged. An acknowledged signal is
-	// never delivered again, so its payload is dropped at once: what stays
-	// until Prune (id, seq, sender, idempotency key, the send's answer) is
-	// what ordering and a duplicate send need, and a duplicate of it is
-	// answered with a Signal whose Payload is nil.
+	// never delivered again and its bytes no longer count against the
+	// pending quotas; it stays until Prune (id, seq, sender, idempotency key,
+	// the send's answer: what ordering and a duplicate send need; a store
+	// may keep its payload too, or drop it at once), and a duplicate of it
+	// is answered with a Signal whose Payload is nil.
 	AckSignals(ctx context.Context, k Key, upToSeq int64, at time.Time) (int, error)
 	// AckSignalsAs acknowledges as AckSignals does, in the same write as it
 	// checks that h still speaks for k: k is live at at, is the
@@ -422,7 +423,8 @@ type Store interface {
 	// DropPending acknowledges every pending signal of k without delivery
 	// (disconnect policy drop) and returns how many.
 	DropPending(ctx context.Context, k Key, at time.Time) (int, error)
-	// Prune deletes signals acknowledged before ackedBefore, sessions (with
+	// Prune deletes the acknowledged signals made before ackedMadeBefore
+	// (when they were acknowledged does not matter), sessions (with
 	// all their signals) that expired before expiredBefore, instances whose
 	// last heartbeat is before expiredBefore (an instance id may be new per
 	// process, such as a pod's host name, so the registry would otherwise
@@ -430,12 +432,13 @@ type Store interface {
 	// registered again), and fallback events beyond the newest
 	// KeepFallbackEvents. It returns
 	// how many signals and sessions it removed. An acknowledged signal keeps
-	// its idempotency key until pruned, so callers keep acknowledged signals
-	// at least as long as the idempotency window. A store may delete in
+	// its idempotency key until pruned, and the idempotency window counts
+	// from when a signal was made, so callers keep acknowledged signals at
+	// least as long as that window. A store may delete in
 	// batches, each committed on its own, so that a backlog of any size
 	// shrinks under a per-call timeout: on an error (ctx ending included) the
 	// counts are what it removed before the error, and a later Prune goes on.
-	Prune(ctx context.Context, ackedBefore, expiredBefore time.Time) (signals, sessions int, err error)
+	Prune(ctx context.Context, ackedMadeBefore, expiredBefore time.Time) (signals, sessions int, err error)
 
 	// HeartbeatInstance inserts or updates an instance row.
 	HeartbeatInstance(ctx context.Context, in Instance) error

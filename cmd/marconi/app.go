@@ -76,6 +76,7 @@ func (m *Main) Run(ctx context.Context) error {
 			pgstore.WithBatchesInFlight(cfg.StoreBatchesInFlight),
 			pgstore.WithQuotaLease(cfg.StoreQuotaLeaseBytes), pgstore.WithLeaseHolder(cfg.Hub.InstanceID),
 			pgstore.WithAcksPerBatch(cfg.StoreAcksPerBatch),
+			pgstore.WithAckedPayloadBytes(cfg.AckedPayloadBytes),
 			pgstore.WithMaxConns(int32(cfg.DatabaseMaxConns)), pgstore.WithBusKeyTimings(cfg.BusKey), pgstore.WithRegisterer(reg))
 		if err != nil {
 			return fmt.Errorf("MARCONI_DATABASE_URL: %w", err)

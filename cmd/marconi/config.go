@@ -53,6 +53,9 @@ type Config struct {
 	// carries beside other writes; 0: no bound
 	// (MARCONI_STORE_ACKS_PER_BATCH).
 	StoreAcksPerBatch int
+	// AckedPayloadBytes is the largest payload an acknowledged signal keeps
+	// until pruned, Postgres store (MARCONI_RETAIN_ACKED_PAYLOAD_BYTES).
+	AckedPayloadBytes int
 	// StoreQuotaLeaseBytes is how many bytes of a project's pending-bytes
 	// room a batch lane leases at a time; 0 turns leases off
 	// (MARCONI_STORE_QUOTA_LEASE_BYTES).
@@ -413,7 +416,15 @@ func settings(c *Config) []setting {
 		{"MARCONI_RECIPIENT_CACHE_MS", strconv.Itoa(int(signals.DefaultRecipientCacheAge / time.Millisecond)), "how long a recipient read by a send serves the next sends to it without a read (its registration, token and queue are checked by the append; its proof of life may be this old); 0 turns it off", cacheMillis(&h.RecipientCacheAge), public},
 		{"MARCONI_RECIPIENT_CACHE_SIZE", strconv.Itoa(signals.DefaultRecipientCacheSize), "how many recipients the send path keeps read at most (MARCONI_RECIPIENT_CACHE_MS)", positiveInt(&h.RecipientCacheSize), public},
 		{"MARCONI_IDEMPOTENCY_WINDOW_SECONDS", secs(signals.DefaultIdempotencyWindow), "how long a send's idempotency_key is remembered (a retry within it is the same call)", seconds(&h.IdempotencyWindow), public},
-		{"MARCONI_RETAIN_ACKED_SECONDS", secs(hub.DefaultRetainAcked), "how long acknowledged signals are kept (also bounds idempotency)", seconds(&h.Retention.Acked), public},
+		{"MARCONI_RETAIN_ACKED_SECONDS", secs(hub.DefaultRetainAcked), "how long acknowledged signals are kept after they were made (also bounds idempotency)", seconds(&h.Retention.Acked), public},
+		{"MARCONI_RETAIN_ACKED_PAYLOAD_BYTES", strconv.Itoa(pgstore.DefaultAckedPayloadBytes), "Postgres store: the largest payload an acknowledged signal keeps until pruned; a larger one is dropped by the ack (one more write per signal; the memory store drops every payload at the ack); 0: every payload is dropped at the ack", func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return fmt.Errorf("want a whole number of bytes, 0 or more, got %q", v)
+			}
+			c.AckedPayloadBytes = n
+			return nil
+		}, public},
 		{"MARCONI_RETAIN_EXPIRED_SECONDS", secs(hub.DefaultRetainExpired), "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired), public},
 		{"MARCONI_PRUNE_INTERVAL_SECONDS", secs(hub.DefaultPruneEvery), "how often the retention loop runs", seconds(&h.Retention.Every), public},
 		{"MARCONI_PENDING_SWEEP_SECONDS", secs(hub.DefaultPendingSweep), "how often the attached queues are checked against the store and those with signals left are woken (bounds the delay of a lost cross-instance wake-up)", seconds(&h.PendingSweep), public},

@@ -129,6 +129,7 @@ func TestConfigBadValuesNameTheVariable(t *testing.T) {
 		"MARCONI_STORE_BATCHES_IN_FLIGHT":           "0",
 		"MARCONI_STORE_ACKS_PER_BATCH":              "-1",
 		"MARCONI_STORE_QUOTA_LEASE_BYTES":           "1MiB",
+		"MARCONI_RETAIN_ACKED_PAYLOAD_BYTES":        "-1",
 		"MARCONI_READYZ_CACHE_MS":                   "-1",
 	}
 	for name, v := range bad {

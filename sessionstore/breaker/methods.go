@@ -173,11 +173,11 @@ func (b *Store) DropPending(ctx context.Context, k sessionstore.Key, at time.Tim
 // batches each finished under the store's own timeout, so the store answered
 // and the backlog is simply long; the next run goes on. A batch that times
 // out on its own, or a store that cannot be reached, opens it as usual.
-func (b *Store) Prune(ctx context.Context, ackedBefore, expiredBefore time.Time) (int, int, error) {
+func (b *Store) Prune(ctx context.Context, ackedMadeBefore, expiredBefore time.Time) (int, int, error) {
 	if err := b.before(); err != nil {
 		return 0, 0, err
 	}
-	sigs, sess, err := b.inner.Prune(ctx, ackedBefore, expiredBefore)
+	sigs, sess, err := b.inner.Prune(ctx, ackedMadeBefore, expiredBefore)
 	if err != nil && ctx.Err() != nil {
 		return sigs, sess, err
 	}

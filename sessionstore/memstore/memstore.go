@@ -888,18 +888,18 @@ func (m *Store) DropPending(ctx context.Context, k sessionstore.Key, at time.Tim
 // Prune implements sessionstore.Store. The signals count is the acknowledged
 // signals removed; the signals of a removed session are not counted. It
 // works in one go: a memstore holds nothing a timeout would cut short.
-func (m *Store) Prune(ctx context.Context, ackedBefore, expiredBefore time.Time) (int, int, error) {
+func (m *Store) Prune(ctx context.Context, ackedMadeBefore, expiredBefore time.Time) (int, int, error) {
 	if err := m.lock(); err != nil {
 		return 0, 0, err
 	}
 	defer m.mu.Unlock()
-	ackedBefore, expiredBefore = ts(ackedBefore), ts(expiredBefore)
+	ackedMadeBefore, expiredBefore = ts(ackedMadeBefore), ts(expiredBefore)
 	nsig, nsess := 0, 0
 	for k, s := range m.sessions {
 		// Only acknowledged signals go, and they are the first s.acked.
 		before := len(s.signals)
 		s.signals = slices.DeleteFunc(s.signals, func(sg *signal) bool {
-			if sg.ackedAt.IsZero() || !sg.ackedAt.Before(ackedBefore) {
+			if sg.ackedAt.IsZero() || !sg.sig.CreatedAt.Before(ackedMadeBefore) {
 				return false
 			}
 			m.unindex(sg)

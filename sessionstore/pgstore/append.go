@@ -105,7 +105,7 @@ const appendSQL = `WITH auth AS (
 	SELECT $17::bytea IS NULL OR EXISTS (SELECT 1 FROM sessions
 		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $5 AND token_hash = $17 AND expires_at >= $13) AS ok
 ), dup AS (
-	SELECT ` + signalCols + ` FROM (
+	SELECT ` + dupCols + ` FROM (
 		SELECT ` + signalCols + ` FROM signals
 		WHERE $9::text IS NOT NULL AND from_session = $5 AND idempotency_key = $9
 		  AND ($12::timestamptz IS NULL OR created_at >= $12)
@@ -142,6 +142,17 @@ SELECT auth.ok, bump.last_seq, bump.queue_instance,
 	dup.id, dup.seq, dup.tenant_id, dup.project_id, dup.to_session, dup.from_session, dup.kind,
 	dup.payload, dup.created_at, dup.idempotency_key, dup.delivery, dup.route_state
 FROM auth LEFT JOIN bump ON true LEFT JOIN dup ON true`
+
+// dupCols is signalCols of the earlier signal d a duplicate send is
+// answered with, but its payload when it is acknowledged (at or below its
+// recipient's acked_seq): the store keeps it until Prune (ackSQL), but an
+// acknowledged signal is never delivered again, and the store's contract
+// answers its duplicate without it (sessionstore.Store.AckSignals).
+const dupCols = `id, seq, tenant_id, project_id, to_session, from_session, kind,
+	CASE WHEN seq <= (SELECT e.acked_seq FROM sessions e
+	                  WHERE e.tenant_id = d.tenant_id AND e.project_id = d.project_id AND e.session_id = d.to_session)
+	     THEN NULL ELSE payload END AS payload,
+	created_at, idempotency_key, delivery, route_state`
 
 // seenSQL is true when the sessions row in scope is the recipient the
 // sender saw ($18 to $21), or when that is not checked.
@@ -341,7 +352,7 @@ func (s *Store) sendBatch(ctx context.Context, lane int, batch []*appendReq) err
 			} else {
 				b.Queue(ackSeqSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo)
 			}
-			b.Queue(ackSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.at)
+			b.Queue(ackSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, s.ackedPayload)
 		case r.isAppend():
 			b.Queue(appendSQL, appendArgs(r.ns, r.now)...)
 		}

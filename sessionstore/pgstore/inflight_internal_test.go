@@ -89,8 +89,9 @@ func projectQuotaExactWithBatchesInFlight(t *testing.T, lease int64) {
 	defer conn.Close(context.Background())
 	pendingBytes := func() int64 {
 		var n int64
-		if err := conn.QueryRow(ctx, `SELECT coalesce(sum(octet_length(payload::text)), 0) FROM signals
-			WHERE acked_at IS NULL`).Scan(&n); err != nil {
+		if err := conn.QueryRow(ctx, `SELECT coalesce(sum(octet_length(g.payload::text)), 0) FROM signals g
+			JOIN sessions e ON e.tenant_id = g.tenant_id AND e.project_id = g.project_id AND e.session_id = g.to_session
+			WHERE g.seq > e.acked_seq`).Scan(&n); err != nil {
 			t.Error(err)
 		}
 		return n

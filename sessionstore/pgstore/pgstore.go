@@ -42,6 +42,12 @@ const (
 	// DefaultQuotaLeaseBytes is how many bytes of a project's pending-bytes
 	// room a batch lane leases at a time (migration 0015).
 	DefaultQuotaLeaseBytes = 1 << 20
+	// DefaultAckedPayloadBytes is the largest payload an acknowledged
+	// signal keeps until Prune (WithAckedPayloadBytes): about the size of
+	// what its row keeps anyway (ids, key, the send's answer, and their
+	// index entries), so that what a day of acknowledged signals holds is
+	// at most about twice what it held when every payload went at the ack.
+	DefaultAckedPayloadBytes = 256
 )
 
 // Option tunes Open.
@@ -58,6 +64,7 @@ type options struct {
 	acksPerBatch   int
 	leaseBytes     int64
 	leaseHolder    string
+	ackedPayload   int
 	registerer     prometheus.Registerer
 	busKey         BusKeyTimings
 }
@@ -95,6 +102,20 @@ func WithAcksPerBatch(n int) Option {
 	return func(o *options) {
 		if n >= 0 {
 			o.acksPerBatch = n
+		}
+	}
+}
+
+// WithAckedPayloadBytes sets the largest payload, in bytes, an
+// acknowledged signal keeps with its row until Prune (default
+// DefaultAckedPayloadBytes); a larger one is dropped by the ack that passes
+// it. An ack otherwise writes no signal (ackSQL): 0 drops every payload at
+// the ack, one write more per signal acknowledged (about a tenth more WAL
+// per durable send). Negative values keep the default.
+func WithAckedPayloadBytes(n int) Option {
+	return func(o *options) {
+		if n >= 0 {
+			o.ackedPayload = n
 		}
 	}
 }
@@ -172,6 +193,7 @@ type Store struct {
 	connects     connectCounters // its buses' dedicated connections'
 	hist         *history        // the server histories its connections found (history.go)
 	lease        leases          // how the batch lanes lease quota (append.go)
+	ackedPayload int64           // the largest payload an ack keeps (WithAckedPayloadBytes)
 }
 
 // leases is how a store's batch lanes lease pending-bytes room.
@@ -239,7 +261,8 @@ func afterConnect(params map[string]string, hist *history) func(context.Context,
 // ErrUnavailable, and recover by itself when Postgres comes back. Open fails
 // only on a malformed URL.
 func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, error) {
-	o := options{connectTimeout: DefaultConnectTimeout, queryTimeout: DefaultQueryTimeout, leaseBytes: DefaultQuotaLeaseBytes, acksPerBatch: DefaultAcksPerBatch}
+	o := options{connectTimeout: DefaultConnectTimeout, queryTimeout: DefaultQueryTimeout, leaseBytes: DefaultQuotaLeaseBytes, acksPerBatch: DefaultAcksPerBatch,
+		ackedPayload: DefaultAckedPayloadBytes}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -295,7 +318,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	}
 	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch, metrics: metrics, witness: w,
 		busKeys: newKeyring(o.busKey, keyMetrics), connects: connects, hist: hist,
-		lease: leases{bytes: o.leaseBytes, holders: holders}}
+		lease: leases{bytes: o.leaseBytes, holders: holders}, ackedPayload: int64(o.ackedPayload)}
 	if !o.groupCommitOff {
 		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, o.inFlight, s.runBatch)
 		s.group.maxAcks = o.acksPerBatch

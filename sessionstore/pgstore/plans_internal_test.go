@@ -47,7 +47,7 @@ func genericPlansKeepTheirIndexes(t *testing.T, statistics string) {
 		name, sql string
 		args      []any
 	}{
-		{"ack", ackSQL, []any{"t", "p", "r", now}},
+		{"ack", ackSQL, []any{"t", "p", "r", int64(DefaultAckedPayloadBytes)}},
 		{"idempotent append", appendSQL, []any{"t", "p", "r", "id", "s", "k", `1`, now, "idem-key", "pushed_to_ws", "attached",
 			now.Add(-time.Hour), now, int64(1), int64(0), int64(0), nil, nil, "", nil, nil}},
 		{"pending", pendingSQL, []any{"t", "p", "r", int64(0), int64(100)}},

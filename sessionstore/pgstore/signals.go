@@ -38,11 +38,11 @@ func scanSignal(row pgx.Row) (sessionstore.Signal, error) {
 }
 
 // pendingSQL reads a session's unacknowledged signals after seq $4, at
-// most $5, on the primary key. It is bounded below by acked_seq too: every
-// signal at or below it is marked (ackSQL) and stays in the primary key
+// most $5, on the primary key. A session's pending signals are those above
+// its acked_seq (ackSQL); the acknowledged ones stay in the primary key
 // until Prune, so a scan from seq 0 would walk them all.
 const pendingSQL = `SELECT ` + signalCols + ` FROM signals
-	WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL
+	WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3
 	  AND seq > GREATEST($4::bigint, coalesce((SELECT acked_seq FROM sessions
 		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3), 0))
 	ORDER BY seq LIMIT $5`
@@ -68,7 +68,7 @@ func (s *Store) PendingSignals(ctx context.Context, k sessionstore.Key, afterSeq
 
 // AckSignals implements sessionstore.Store. Acknowledgements are
 // cumulative: the recipient's acked_seq moves up to upToSeq (never past its
-// last seq), and the signals up to it are marked, their bytes taken off the
+// last seq), and the bytes of the signals it passed are taken off the
 // pending counters. With group commit on, an ack rides the next batch.
 func (s *Store) AckSignals(ctx context.Context, k sessionstore.Key, upToSeq int64, at time.Time) (int, error) {
 	n, err := s.ack(ctx, k, upToSeq, at)
@@ -123,42 +123,53 @@ func ackVerdict(moved, ours, holds bool) error {
 
 // ackSeqSQL moves k's acked_seq up to $4, never past its last seq, and
 // keeps the value it had in ack_floor (the right-hand sides read the row as
-// it was), so that ackSQL marks only what this ack acknowledges. It locks
+// it was), so that ackSQL counts only what this ack acknowledges. It locks
 // the session's row first, as an append to it does.
 const ackSeqSQL = `UPDATE sessions SET ack_floor = acked_seq, acked_seq = GREATEST(acked_seq, LEAST($4::bigint, last_seq))
 	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3`
 
-// ackSQL marks k's pending signals in (ack_floor, acked_seq], drops their
-// payloads (never delivered again, they would be kept for nothing until
-// Prune) and takes their bytes off the session's counter, and off its
-// project's by a delta (see migration 0005); it returns how many it marked.
-// The session's row, locked by ackSeqSQL, keeps another ack out meanwhile.
+// ackSQL counts the signals of k in (ack_floor, acked_seq], the ones the
+// ack that moved acked_seq passed, takes their bytes off the session's
+// pending counter, and off its project's by a delta (see migration 0005),
+// and drops the payloads among them larger than $4 bytes; it returns how
+// many they are. The session's row, locked by ackSeqSQL, keeps another ack
+// out meanwhile. It is a statement of its own, after ackSeqSQL: its
+// snapshot, taken once the row lock was granted, sees the appends committed
+// meanwhile (and its CTEs all read that snapshot: the bytes are counted
+// before the drop).
 //
-// Every signal at or below ack_floor is already marked: acked_seq only ever
-// moves in ackSeqSQL or ackSeqAsSQL, always followed by this statement in
-// the same transaction, and a session registered again starts from a new
-// row. The lower bound matters: acknowledged signals stay in the primary
-// key until Prune, and a scan from the recipient's first seq visited every
-// one of them (migration 0009). Both the scan and the update are bounded,
-// so that no join order walks them.
+// A signal is acknowledged by its session's acked_seq alone (migration
+// 0016): every reader of pending signals is bounded by it, and Prune
+// deletes the signals at or below it. So an ack writes a signal only to
+// drop a payload above $4 (WithAckedPayloadBytes, the bound on what a
+// day of acknowledged signals keeps: docs/security.md); one of small
+// payloads is written once, by its append, and deleted once, by Prune.
+// Marking every acknowledged row (acked_at set, payload dropped: a HOT
+// update per signal, until 0016) wrote about a tenth of a durable send's
+// WAL and more than doubled the ack's time in Postgres; the sends/s it
+// cost were within the noise of a two-core machine
+// (docs/benchmarks-history.md, "Acknowledged by acked_seq alone"). A
+// binary from before 0016 marks the signals its own acks pass, and counts
+// only its own range too, so the two count the same bytes during a
+// rolling deploy.
 //
-// The update is HOT (heap-only): no index of signals holds acked_at or
-// payload (migration 0010), so the new version goes into the old one's
-// page, kept roomy by the table's fillfactor, and no index is written.
-// It is a statement of its own, after ackSeqSQL: its snapshot, taken once
-// the row lock was granted, sees the appends committed meanwhile.
+// The range is read on the primary key, bounded at both ends, so that no
+// plan walks the session's acknowledged signals (migration 0009); it is read
+// a second time, to drop payloads, only when the first read found one too
+// large ((SELECT m FROM t), evaluated once, gates the update's scan).
 const ackSQL = `WITH r AS (
 	SELECT ack_floor, acked_seq FROM sessions WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3
-), o AS (
-	SELECT seq, coalesce(octet_length(payload::text), 0) AS n FROM signals
-	WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3 AND acked_at IS NULL
+), n AS (
+	SELECT coalesce(octet_length(payload::text), 0) AS n FROM signals
+	WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3
 	  AND seq > (SELECT ack_floor FROM r) AND seq <= (SELECT acked_seq FROM r)
-), a AS (
-	UPDATE signals g SET acked_at = $4, payload = NULL FROM o
-	WHERE g.tenant_id = $1 AND g.project_id = $2 AND g.to_session = $3 AND g.seq = o.seq AND g.acked_at IS NULL
-	  AND g.seq > (SELECT ack_floor FROM r) AND g.seq <= (SELECT acked_seq FROM r)
-	RETURNING o.n
-), t AS (SELECT count(*) AS c, coalesce(sum(n), 0)::bigint AS b FROM a
+), t AS (
+	SELECT count(*) AS c, coalesce(sum(n), 0)::bigint AS b, coalesce(max(n), 0) AS m FROM n
+), d AS (
+	UPDATE signals SET payload = NULL
+	WHERE tenant_id = $1 AND project_id = $2 AND to_session = $3
+	  AND seq > (SELECT ack_floor FROM r) AND seq <= (SELECT acked_seq FROM r)
+	  AND (SELECT m FROM t) > $4::bigint AND octet_length(payload::text) > $4::bigint
 ), s AS (
 	UPDATE sessions SET pending_bytes = pending_bytes - t.b FROM t
 	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND t.b <> 0
@@ -223,14 +234,19 @@ func (s *Store) DropPending(ctx context.Context, k sessionstore.Key, at time.Tim
 // cheap, the outer WHERE repeats the condition, so that a row changed since
 // the subselect read it is judged again.
 const (
-	// Acknowledged signals are found through signals_created_at_idx: no
-	// index holds acked_at, so that an ack is a HOT update (migration
-	// 0010). A signal is acknowledged after it is made, so created_at < $1
-	// adds nothing to acked_at < $1 but when the clocks of the instance
-	// that stored a signal and of the one that acknowledged it disagree;
-	// such a signal goes then at a later Prune, at most that skew later.
-	pruneAckedSQL = `DELETE FROM signals WHERE created_at < $1 AND acked_at < $1 AND ctid = ANY (ARRAY(
-		SELECT ctid FROM signals WHERE created_at < $1 AND acked_at < $1 LIMIT $2))`
+	// Acknowledged signals (at or below their session's acked_seq: ackSQL)
+	// made before $1, found through signals_created_at_idx, their session's
+	// acked_seq read by its primary key. A signal is kept for the retention
+	// from when it was made, as the idempotency window counts, not from its
+	// ack: no row says when it was acknowledged. acked_seq only ever grows
+	// on a session's row, and a session registered again starts from a new
+	// row with none of the old signals, so a row the subselect picked is
+	// still acknowledged when the DELETE reaches it.
+	pruneAckedSQL = `DELETE FROM signals WHERE created_at < $1 AND ctid = ANY (ARRAY(
+		SELECT g.ctid FROM signals g WHERE g.created_at < $1
+		  AND g.seq <= (SELECT e.acked_seq FROM sessions e
+		    WHERE e.tenant_id = g.tenant_id AND e.project_id = g.project_id AND e.session_id = g.to_session)
+		LIMIT $2))`
 	// The LIMIT inside LATERAL keeps it a per-session index lookup: a join
 	// the planner may flatten could scan all of signals to find a few rows.
 	// A session expired before the cutoff cannot come back to life, so the
@@ -278,8 +294,8 @@ const (
 // The signals count includes the signals of the sessions it removes: they
 // are deleted before their sessions, so that no statement's cascade is
 // unbounded.
-func (s *Store) Prune(ctx context.Context, ackedBefore, expiredBefore time.Time) (signals, sessions int, err error) {
-	signals, err = s.deleteInBatches(ctx, pruneAckedSQL, ackedBefore)
+func (s *Store) Prune(ctx context.Context, ackedMadeBefore, expiredBefore time.Time) (signals, sessions int, err error) {
+	signals, err = s.deleteInBatches(ctx, pruneAckedSQL, ackedMadeBefore)
 	if err != nil {
 		return signals, sessions, wrap("prune acknowledged signals", err)
 	}

@@ -106,7 +106,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"PendingTotal counts live sessions' unacked signals", testPendingTotal},
 		{"CountPending and PendingTotal agree with PendingSignals through every path", testPendingCountsAgree},
 		{"Prune keeps the newest KeepFallbackEvents fallback events", testPruneFallbacks},
-		{"Prune/acked signals before the cutoff, unacked kept, idempotency kept until pruned", testPruneSignals},
+		{"Prune/acked signals made before the cutoff, unacked kept, idempotency kept until pruned", testPruneSignals},
 		{"Prune/seq continues after every signal was pruned", testPruneSeqContinues},
 		{"Prune/expired sessions go with their signals", testPruneSessions},
 		{"Prune/a backlog of many batches goes whole, counted", testPruneBacklog},
@@ -1645,23 +1645,32 @@ func testPendingCountsAgree(t *testing.T, s sessionstore.Store) {
 	agree("DeleteSession", at(2*time.Hour))
 }
 
+// testPruneSignals: Prune deletes the acknowledged signals made before its
+// cutoff, whenever they were acknowledged (the idempotency window counts
+// from when a signal was made, and no store need remember when a signal was
+// acknowledged), and keeps the pending ones, however old, and the
+// acknowledged ones made since.
 func testPruneSignals(t *testing.T, s sessionstore.Store) {
 	ctx := t.Context()
 	k := key("t", "p", "bob")
 	mustCreate(t, s, k)
 	mustCreate(t, s, key("t", "p", "alice"))
-	withKey := func(idem string) sessionstore.NewSignal {
+	withKey := func(idem string, made time.Time) sessionstore.NewSignal {
 		ns := send(k, "alice")
 		ns.IdempotencyKey = idem
 		ns.IdempotencySince = at(-time.Hour)
+		ns.CreatedAt = made
 		return ns
 	}
-	for i := 1; i <= 5; i++ {
-		mustAppend(t, s, withKey(fmt.Sprintf("k%d", i)))
+	// Made before the cutoff (2 min): k1, k2 and the pending k5; after it:
+	// k3 and k4.
+	for i, made := range []time.Time{t0, t0, at(3 * time.Minute), at(3 * time.Minute), t0} {
+		mustAppend(t, s, withKey(fmt.Sprintf("k%d", i+1), made))
 	}
-	_, err := s.AckSignals(ctx, k, 2, at(time.Minute))
-	noErr(t, "AckSignals(<=2)", err)
-	_, err = s.AckSignals(ctx, k, 4, at(3*time.Minute))
+	_, err := s.AckSignals(ctx, k, 1, at(time.Minute))
+	noErr(t, "AckSignals(<=1)", err)
+	// k2 is acknowledged after the cutoff; it was made before it.
+	_, err = s.AckSignals(ctx, k, 4, at(5*time.Minute))
 	noErr(t, "AckSignals(<=4)", err)
 
 	// This prune removes no session, so its signal count is exactly the
@@ -1674,23 +1683,25 @@ func testPruneSignals(t *testing.T, s sessionstore.Store) {
 	wantCount(t, s, k, 1)
 
 	// Pruned signals lost their idempotency keys; kept acked ones did not.
-	sig, dup, err := s.AppendSignal(ctx, withKey("k3"), t0)
+	sig, dup, err := s.AppendSignal(ctx, withKey("k3", t0), t0)
 	noErr(t, "AppendSignal(k3)", err)
 	if !dup || sig.Seq != 3 {
 		t.Fatalf("repeat of kept acked k3: seq %d duplicate %v, want 3 true", sig.Seq, dup)
 	}
-	sig, dup, err = s.AppendSignal(ctx, withKey("k1"), t0)
-	noErr(t, "AppendSignal(k1)", err)
-	if dup || sig.Seq != 6 {
-		t.Fatalf("repeat of pruned k1: seq %d duplicate %v, want 6 false", sig.Seq, dup)
+	for _, idem := range []string{"k1", "k2"} {
+		sig, dup, err = s.AppendSignal(ctx, withKey(idem, at(4*time.Minute)), t0)
+		noErr(t, "AppendSignal("+idem+")", err)
+		if dup {
+			t.Fatalf("repeat of pruned %s: seq %d duplicate %v, want a new signal", idem, sig.Seq, dup)
+		}
 	}
 
-	// Nothing acked before the cutoff: nothing goes.
+	// Nothing acknowledged made before the cutoff: nothing goes.
 	nsig, nsess, err = s.Prune(ctx, at(2*time.Minute), at(-time.Hour))
 	noErr(t, "Prune again", err)
 	wantInt(t, "pruned signals again", nsig, 0)
 	wantInt(t, "pruned sessions again", nsess, 0)
-	wantPending(t, s, k, 5, 6)
+	wantPending(t, s, k, 5, 6, 7)
 }
 
 func testPruneSeqContinues(t *testing.T, s sessionstore.Store) {
