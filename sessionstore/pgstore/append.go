@@ -303,7 +303,8 @@ func projectQuotaError(err error, limit int64) *sessionstore.QuotaError {
 // wait for a lock the other holds. The sessions rows: the batch is sorted
 // by recipient (stably, so each recipient's appends and acks keep their
 // arrival order), and an append or an ack locks its recipient's row first
-// (the signals rows an ack marks are written only under that row's lock).
+// (the signals rows an ack passes are counted, and their large payloads
+// dropped, only under that row's lock).
 // The row writes (touches, queue placements and detaches) run after the
 // appends, in statements of their own, each in key order, which would break
 // the order (a touch of A after an append to B): a batch with row writes
@@ -448,8 +449,8 @@ func readBatch(br pgx.BatchResults, batch []*appendReq, prefix int, outs []appen
 			if err := readAckSeq(br, r.ack, &outs[i]); err != nil {
 				return err
 			}
-			// ackSQL marks up to the row's acked_seq, moved or not: what
-			// it marks is acknowledged by the row, whoever asked.
+			// ackSQL counts up to the row's acked_seq, moved or not: what
+			// it counts is acknowledged by the row, whoever asked.
 			var n int
 			if err := br.QueryRow().Scan(&n); err != nil {
 				return err

@@ -125,9 +125,10 @@ func (c *committer) dispatch() {
 // arrival order, but for those whose session is in a running batch, and
 // for acknowledgements past maxAcks (below). c.mu is held.
 //
-// An acknowledgement marks every signal it covers, and a fleet whose
-// agents were started together acknowledges in bursts (each client at most
-// every AckInterval): tens of acks of tens of signals each, a batch of which
+// An acknowledgement reads every signal it covers (and wrote each one,
+// until migration 0016), and a fleet whose agents were started together
+// acknowledges in bursts (each client at most every AckInterval): tens of
+// acks of tens of signals each, a batch of which
 // held every append beside it several times its usual time (the p99 of a
 // durable send in docs/benchmarks-history.md, "The acknowledgement
 // bursts"). So a batch that carries other requests takes at most maxAcks

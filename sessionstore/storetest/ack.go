@@ -198,13 +198,13 @@ func testAppendSeen(t *testing.T, s sessionstore.Store) {
 	wantErr(t, "AppendSignal(seen before a registration again)", err, sessionstore.ErrRecipientChanged)
 }
 
-// testAckMarksItsRange: each ack marks the signals it acknowledges, those
+// testAckCountsItsRange: each ack counts the signals it acknowledges, those
 // after what was acknowledged before it: none when it does not move (up to
 // a seq already acknowledged, or past the last one once all are), the
 // signals an append added in between when it does, and after a
 // registration again the new registration's from its first seq, however
 // far the one before had gone.
-func testAckMarksItsRange(t *testing.T, s sessionstore.Store) {
+func testAckCountsItsRange(t *testing.T, s sessionstore.Store) {
 	ctx := t.Context()
 	k := key("t", "p", "bob")
 	mustCreateSession(t, s, newSession(k, hash("first"), at(time.Minute)))

@@ -98,7 +98,7 @@ func Run(t *testing.T, newStore func(t *testing.T) sessionstore.Store) {
 		{"Quota/pending bytes per project: refused stores nothing, acking or deleting frees room", testQuotaPendingBytesPerProject},
 		{"PendingSignals/after seq, limit, order, acked excluded", testPending},
 		{"AckSignals/returns how many this call acknowledged", testAck},
-		{"AckSignals/each marks what it acknowledges, none when it does not move, also after a registration again", testAckMarksItsRange},
+		{"AckSignals/each counts what it acknowledges, none when it does not move, also after a registration again", testAckCountsItsRange},
 		{"AckSignals/drops acknowledged payloads; a duplicate still gets the first answer", testAckDropsPayload},
 		{"AckSignalsAs/acknowledges only for the registration and token that still hold the session", testAckAs},
 		{"AppendSignal/with Seen stores only while the recipient is what the sender saw", testAppendSeen},
