@@ -167,6 +167,17 @@ const defaultDatabaseMaxConns = 8
 // batches only wait on one another's locks and WAL flushes.
 const maxBatchesInFlight = 16
 
+func nonNegativeInt(dst *int) func(*Config, string) error {
+	return func(_ *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return fmt.Errorf("want a whole number, 0 or more, got %q", v)
+		}
+		*dst = n
+		return nil
+	}
+}
+
 func positiveInt64(dst *int64) func(*Config, string) error {
 	return func(_ *Config, v string) error {
 		n, err := strconv.ParseInt(v, 10, 64)
@@ -417,14 +428,7 @@ func settings(c *Config) []setting {
 		{"MARCONI_RECIPIENT_CACHE_SIZE", strconv.Itoa(signals.DefaultRecipientCacheSize), "how many recipients the send path keeps read at most (MARCONI_RECIPIENT_CACHE_MS)", positiveInt(&h.RecipientCacheSize), public},
 		{"MARCONI_IDEMPOTENCY_WINDOW_SECONDS", secs(signals.DefaultIdempotencyWindow), "how long a send's idempotency_key is remembered (a retry within it is the same call)", seconds(&h.IdempotencyWindow), public},
 		{"MARCONI_RETAIN_ACKED_SECONDS", secs(hub.DefaultRetainAcked), "how long acknowledged signals are kept after they were made (also bounds idempotency)", seconds(&h.Retention.Acked), public},
-		{"MARCONI_RETAIN_ACKED_PAYLOAD_BYTES", strconv.Itoa(pgstore.DefaultAckedPayloadBytes), "Postgres store: the largest payload an acknowledged signal keeps until pruned; a larger one is dropped by the ack (one more write per signal; the memory store drops every payload at the ack); 0: every payload is dropped at the ack", func(c *Config, v string) error {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return fmt.Errorf("want a whole number of bytes, 0 or more, got %q", v)
-			}
-			c.AckedPayloadBytes = n
-			return nil
-		}, public},
+		{"MARCONI_RETAIN_ACKED_PAYLOAD_BYTES", strconv.Itoa(pgstore.DefaultAckedPayloadBytes), "Postgres store: the largest payload an acknowledged signal keeps until pruned; a larger one is dropped by the ack (one more write per signal; the memory store drops every payload at the ack); 0: every payload is dropped at the ack", nonNegativeInt(&c.AckedPayloadBytes), public},
 		{"MARCONI_RETAIN_EXPIRED_SECONDS", secs(hub.DefaultRetainExpired), "how long expired sessions are kept before pruning", seconds(&h.Retention.Expired), public},
 		{"MARCONI_PRUNE_INTERVAL_SECONDS", secs(hub.DefaultPruneEvery), "how often the retention loop runs", seconds(&h.Retention.Every), public},
 		{"MARCONI_PENDING_SWEEP_SECONDS", secs(hub.DefaultPendingSweep), "how often the attached queues are checked against the store and those with signals left are woken (bounds the delay of a lost cross-instance wake-up)", seconds(&h.PendingSweep), public},
@@ -465,14 +469,7 @@ func settings(c *Config) []setting {
 			c.StoreBatchesInFlight = n
 			return nil
 		}, public},
-		{"MARCONI_STORE_ACKS_PER_BATCH", strconv.Itoa(pgstore.DefaultAcksPerBatch), "acknowledgements one group commit carries beside sends and other writes, so that a burst of acks is spread over the next batches instead of holding one batch's sends; 0: no bound", func(c *Config, v string) error {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return fmt.Errorf("want a whole number, 0 or more, got %q", v)
-			}
-			c.StoreAcksPerBatch = n
-			return nil
-		}, public},
+		{"MARCONI_STORE_ACKS_PER_BATCH", strconv.Itoa(pgstore.DefaultAcksPerBatch), "acknowledgements one group commit carries beside sends and other writes, so that a burst of acks is spread over the next batches instead of holding one batch's sends; 0: no bound", nonNegativeInt(&c.StoreAcksPerBatch), public},
 		{"MARCONI_STORE_QUOTA_LEASE_BYTES", strconv.Itoa(pgstore.DefaultQuotaLeaseBytes), "bytes of a project's pending-bytes room each group commit lane leases at a time, so that batches of one project commit side by side; 0: every batch locks its projects' counters", func(c *Config, v string) error {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n < 0 {
