@@ -16,22 +16,25 @@ import (
 	"github.com/marconihub/marconi/fabric/natsbus"
 	"github.com/marconihub/marconi/hub/hubtest"
 	"github.com/marconihub/marconi/internal/natstest"
+	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/pgstore"
 )
 
 // fakeStore stands for pgstore.Bus: bare wake-ups, a channel of its own
 // per test, and a listener that only waits. OpenWakes blocks until gate is
-// closed, as a listener stuck behind a slow hub would.
+// closed, as a listener stuck behind a slow hub would, and says on entered
+// that it does.
 type fakeStore struct {
-	prefix string
-	gate   chan struct{}
+	prefix  string
+	gate    chan struct{}
+	entered chan struct{}
 }
 
 func newFakeStore() *fakeStore {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
-	return &fakeStore{prefix: "t" + hex.EncodeToString(b), gate: make(chan struct{})}
+	return &fakeStore{prefix: "t" + hex.EncodeToString(b), gate: make(chan struct{}), entered: make(chan struct{}, 1)}
 }
 
 func (f *fakeStore) Publish(context.Context, string, sessionstore.Wake) error { return nil }
@@ -46,6 +49,10 @@ func (f *fakeStore) SealWakes(_ context.Context, wakes []sessionstore.Wake) ([]s
 	return pgstore.EncodeWakes(wakes)
 }
 func (f *fakeStore) OpenWakes(ctx context.Context, payload string) ([]sessionstore.Wake, error) {
+	select {
+	case f.entered <- struct{}{}:
+	default:
+	}
 	select {
 	case <-f.gate:
 	case <-ctx.Done():
@@ -92,13 +99,24 @@ func TestNATSBusQueueIsBounded(t *testing.T) {
 
 	const n = 100
 	k := sessionstore.Key{TenantID: "t1", ProjectID: "p1", SessionID: "bob"}
-	for i := 1; i <= n; i++ {
-		if err := b.Publish(context.Background(), "b", sessionstore.Wake{Key: k, Seq: int64(i)}); err != nil {
+	publish := func(seq int) {
+		t.Helper()
+		if err := b.Publish(context.Background(), "b", sessionstore.Wake{Key: k, Seq: int64(seq)}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// The listener takes the first wake-up and is stuck on it before the
+	// others come. Were it not, a catch-up already under way when the queue
+	// overflows (such as the one the client's connect handler asks for)
+	// could take the overflow's signal and end before connects is read
+	// here, and no catch-up would follow (a CI run saw it).
+	publish(1)
+	testwait.Receive(t, "the listener stuck on the first wake-up", 15*time.Second, st.entered)
+	before := connects.Load() // no catch-up runs until the gate opens
+	for i := 2; i <= n; i++ {
+		publish(i)
+	}
 	hubtest.WaitFor(t, "the queue to overflow", func() bool { return metric(t, reg, "marconi_nats_bus_slow_consumer_total") >= 1 })
-	before := connects.Load() // the listener is stuck on the first wake-up
 	close(st.gate)
 	hubtest.WaitFor(t, "a catch-up after the overflow", func() bool { return connects.Load() > before })
 	if got := wakes.Load(); got >= n {
