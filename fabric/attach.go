@@ -131,6 +131,9 @@ func (p *Placer) place(ctx context.Context, sess sessionstore.Session, hasLocalQ
 	if err := p.members.ensureLoaded(ctx); err != nil {
 		return Placement{}, err
 	}
+	if err := p.refreshUnlessHealthy(ctx, sess.AssignedInstance); err != nil {
+		return Placement{}, err
+	}
 	self := p.self
 	switch assigned := sess.AssignedInstance; {
 	case assigned == "":
@@ -207,12 +210,23 @@ func (p *Placer) current(ctx context.Context, k sessionstore.Key) (sessionstore.
 	if err != nil {
 		return sessionstore.Session{}, fmt.Errorf("re-read session after a lost assignment race: %w", err)
 	}
-	if a := sess.AssignedInstance; a != "" && !p.members.Healthy(ctx, a) {
-		if err := p.members.Refresh(ctx); err != nil {
-			return sessionstore.Session{}, err
-		}
+	if err := p.refreshUnlessHealthy(ctx, sess.AssignedInstance); err != nil {
+		return sessionstore.Session{}, err
 	}
 	return sess, nil
+}
+
+// refreshUnlessHealthy reads the instance table again when assigned is
+// another instance that the view does not hold healthy: it may have joined
+// since the last tick (two instances started together, or a winner of an
+// assignment race), and a stale view would take its session over while it
+// is healthy. A takeover is rare, so is this read; an instance that is
+// really dead stays so after it.
+func (p *Placer) refreshUnlessHealthy(ctx context.Context, assigned string) error {
+	if assigned == "" || assigned == p.self || p.members.Healthy(ctx, assigned) {
+		return nil
+	}
+	return p.members.Refresh(ctx)
 }
 
 // replace decides again on the session as it is now, after the assignment

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/marconihub/marconi"
 	"github.com/marconihub/marconi/internal/testwait"
 	"github.com/marconihub/marconi/sessionstore"
 	"github.com/marconihub/marconi/sessionstore/memstore"
@@ -707,5 +708,45 @@ func TestHeartbeatsAreWrittenInTheOrderTheyAreBuilt(t *testing.T) {
 	}
 	if got := list[0]; !got.LastHeartbeatAt.Equal(now()) || !got.Draining {
 		t.Fatalf("b's row: heartbeat at %v, draining %v; want %v, draining", got.LastHeartbeatAt, got.Draining, now())
+	}
+}
+
+// An instance that heartbeated after this one last read the instance table
+// (two instances started together) is not taken for absent: an attach of a
+// sticky session placed on it reads the table before deciding, and answers
+// wrong_instance naming it, as the attach after a lost assignment race does
+// (current). The view without it took the session over, resetting its
+// affinity, while its instance was healthy.
+func TestPlaceReadsTheTableForAnInstanceNotYetSeen(t *testing.T) {
+	ctx := context.Background()
+	st := &countingStore{Store: memstore.New()}
+	clk := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	b := newTestFabric(t, st, clk, "b")
+	if err := b.Tick(ctx); err != nil { // b's view: b alone
+		t.Fatal(err)
+	}
+	a := newTestFabric(t, st, clk, "a")
+	if err := a.Tick(ctx); err != nil { // a's first heartbeat, after b's read
+		t.Fatal(err)
+	}
+	k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "sticky"}
+	sess, err := st.CreateSession(ctx, sessionstore.Session{Key: k, RuntimeMode: ModeSticky, TokenHash: []byte("x"),
+		RegisteredAt: clk.t, ExpiresAt: clk.t.Add(time.Hour), AssignedInstance: "a"}, clk.t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lists := st.lists.Load()
+	p, err := b.Placer.Place(ctx, sess, false)
+	if me := (*marconi.Error)(nil); !errors.As(err, &me) || me.Code != marconi.CodeWrongInstance || me.InstanceID != "a" {
+		t.Fatalf("attach on b of a session placed on a, a healthy but not yet in b's view: %+v, %v; want wrong_instance naming a", p, err)
+	}
+	if n := st.lists.Load() - lists; n != 1 {
+		t.Errorf("the attach read the instance table %d times, want once", n)
+	}
+	if _, err := b.Placer.Place(ctx, sess, false); err == nil {
+		t.Fatal("the second attach on b was accepted")
+	}
+	if n := st.lists.Load() - lists; n != 1 {
+		t.Errorf("after a second attach the table was read %d times in all, want once: a is in the view now", n)
 	}
 }
