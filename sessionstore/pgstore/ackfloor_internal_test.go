@@ -210,9 +210,16 @@ func TestAckScanBoundedBelow(t *testing.T) {
 // transaction) each mark their own range, in order: a second ack that moves
 // acked_seq marks the signals after the first's, one that does not move it
 // marks nothing, and one after an append in the same batch marks that
-// signal too. The batch is sent as one, so a failure is not hidden by the
-// one-by-one retry of runBatch.
+// signal too, whether the batch's appends are one statement or one each.
+// The batch is sent as one, so a failure is not hidden by the one-by-one
+// retry of runBatch.
 func TestAcksInOneBatch(t *testing.T) {
+	for _, mode := range []appendMode{setAppends, eachAppend} {
+		t.Run(fmt.Sprint(mode), func(t *testing.T) { acksInOneBatch(t, mode) })
+	}
+}
+
+func acksInOneBatch(t *testing.T, mode appendMode) {
 	u := pgtest.Schema(t)
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -230,8 +237,8 @@ func TestAcksInOneBatch(t *testing.T) {
 	ack := func(upTo int64) *appendReq { return &appendReq{ack: &ackReq{k: k, upTo: upTo, at: now}} }
 	batch := func(reqs []*appendReq, want []int, pending int) {
 		t.Helper()
-		if err := s.sendBatch(ctx, 0, reqs); err != nil {
-			t.Fatalf("the batch failed: %v", err)
+		if left, err := s.sendBatch(ctx, 0, reqs, mode); err != nil || len(left) > 0 {
+			t.Fatalf("the batch failed: %v, or left %d appends", err, len(left))
 		}
 		var got []int
 		for _, r := range reqs {

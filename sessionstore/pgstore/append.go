@@ -236,21 +236,33 @@ func (s *Store) commit(ctx context.Context, r *appendReq) error {
 }
 
 // runBatch stores the appends of batch in one transaction and sets each
-// one's outcome. When Postgres refuses the batch as a whole (one member's
-// bad value aborts the transaction, a deadlock, or the batch would take a
-// project past its pending-bytes limit), nothing of it was stored: each
-// member then runs again alone, so only the one at fault fails. When the
-// store cannot be reached, every member fails closed. lane is the
+// one's outcome: by one statement (appendSetSQL) unless the store runs a
+// statement per append (WithStatementPerAppend), and what that statement
+// did not store then by a statement each (appendSQL), in a transaction
+// after the batch's. When Postgres refuses the batch as a whole (one
+// member's bad value aborts the transaction, a deadlock, or the batch would
+// take a project past its pending-bytes limit), nothing of it was stored:
+// each member then runs again alone, so only the one at fault fails. When
+// the store cannot be reached, every member fails closed. lane is the
 // committer's lane the batch runs in (0 with group commit off, when
 // concurrent batches share it: they then settle one after another).
 func (s *Store) runBatch(lane int, batch []*appendReq) {
+	s.runBatchAs(lane, batch, s.appends)
+}
+
+func (s *Store) runBatchAs(lane int, batch []*appendReq, mode appendMode) {
 	ctx, cancel, err := s.call(context.Background())
 	defer cancel()
+	var left []*appendReq
 	if err == nil {
-		err = s.sendBatch(ctx, lane, batch)
+		left, err = s.sendBatch(ctx, lane, batch, mode)
 	}
 	if err == nil {
 		s.metrics.size.Observe(float64(len(batch)))
+		if len(left) > 0 {
+			s.metrics.alone.Add(float64(len(left)))
+			s.runBatchAs(lane, left, eachAppend)
+		}
 		return
 	}
 	var pgErr *pgconn.PgError
@@ -259,7 +271,7 @@ func (s *Store) runBatch(lane int, batch []*appendReq) {
 		// of the batch is stored, so each member may run again.
 		s.metrics.reruns.WithLabelValues(rerunReason(err)).Inc()
 		for _, r := range batch {
-			s.runBatch(lane, []*appendReq{r})
+			s.runBatchAs(lane, []*appendReq{r}, mode)
 		}
 		return
 	}
@@ -272,6 +284,21 @@ func (s *Store) runBatch(lane int, batch []*appendReq) {
 		r.out = appendOutcome{err: err}
 	}
 }
+
+// appendMode is how a batch stores its appends.
+type appendMode int
+
+func (m appendMode) String() string {
+	if m == eachAppend {
+		return "statement per append"
+	}
+	return "one statement"
+}
+
+const (
+	setAppends appendMode = iota // in one statement (appendSetSQL), the rest by eachAppend
+	eachAppend                   // a statement each (appendSQL)
+)
 
 // projectQuotaError is the *sessionstore.QuotaError of a batch of one
 // append, of pending-bytes limit limit, that settleUsageSQL refused; nil
@@ -291,7 +318,9 @@ func projectQuotaError(err error, limit int64) *sessionstore.QuotaError {
 // sendBatch sends batch as one pipelined implicit transaction and reads its
 // outcomes. It returns an error when the transaction did not commit (or may
 // not have: a lost connection leaves that unknown, and the members fail
-// closed); outcomes are set only when it returns nil.
+// closed); outcomes are set only when it returns nil, and then for every
+// member but the appends it returns: those appendSetSQL did not store,
+// for runBatch to run again each by appendSQL.
 //
 // Every lock a batch takes comes in one global order, so that batches (of
 // this instance, with several in flight, and of others) cannot deadlock on
@@ -302,12 +331,14 @@ func projectQuotaError(err error, limit int64) *sessionstore.QuotaError {
 // project's lock. Two batches that both take locks in one order cannot each
 // wait for a lock the other holds. The sessions rows: the batch is sorted
 // by recipient (stably, so each recipient's appends and acks keep their
-// arrival order), and an append or an ack locks its recipient's row first
-// (the signals rows an ack passes are counted, and their large payloads
-// dropped, only under that row's lock).
-// The row writes (touches, queue placements and detaches) run after the
-// appends, in statements of their own, each in key order, which would break
-// the order (a touch of A after an append to B): a batch with row writes
+// arrival order), and, with a statement per append, an append or an ack
+// locks its recipient's row first (the signals rows an ack passes are
+// counted, and their large payloads dropped, only under that row's lock).
+// The statement of a batch's appends (appendSetSQL) updates its recipients'
+// rows in an order of its own plan, and the row writes (touches, queue
+// placements and detaches) run after the appends, in statements of their
+// own, each in key order, which would break the order (a touch of A after
+// an append to B): a batch with either, and more than one session,
 // therefore locks all of its sessions rows first, in order
 // (lockSessionsSQL), and its later statements take none that it does not
 // hold. What stays outside the order: writes that are not batched (a
@@ -316,69 +347,172 @@ func projectQuotaError(err error, limit int64) *sessionstore.QuotaError {
 // plan; should one of them deadlock with a batch, Postgres aborts one, and
 // runBatch runs an aborted batch's members again one by one.
 //
+// With appendSetSQL, the acks that arrived before any append to their
+// session run before it, the others after it, so an ack never passes a
+// signal that arrived after it.
+//
 // The connection is taken before the batch is made: a connection new to a
 // server of another history (history.go) has counted it by then, and an
 // ack made under an earlier history is answered ErrHistoryChanged rather
 // than run.
-func (s *Store) sendBatch(ctx context.Context, lane int, batch []*appendReq) error {
+func (s *Store) sendBatch(ctx context.Context, lane int, batch []*appendReq, mode appendMode) ([]*appendReq, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer conn.Release()
 	batch = s.refuseStaleAcks(batch)
 	if len(batch) == 0 {
-		return nil
+		return nil, nil
 	}
 	slices.SortStableFunc(batch, func(a, b *appendReq) int { return compareKeys(a.recipient(), b.recipient()) })
-	b := &pgx.Batch{}
-	prefix := 0
+	var set *appendSet
+	if mode == setAppends && !keysRepeat(batch) {
+		if set = newAppendSet(batch); set.size() < s.setFrom {
+			set = nil // too few to gain: a statement each
+		}
+	}
+	q := &batchQueue{b: &pgx.Batch{}, outs: make([]appendOutcome, len(batch))}
+	if set != nil {
+		q.exec(genericPlansSQL)
+	}
 	if keys := idempotencyLockKeys(batch); len(keys) > 0 {
-		b.Queue(lockIdempotencySQL, keys)
-		prefix++
+		q.exec(lockIdempotencySQL, keys)
 	}
 	layers := rowLayers(batch)
-	if len(layers) > 0 {
+	if len(layers) > 0 || set != nil {
 		if tenants, projects, ids := batchSessions(batch); len(ids) > 1 {
-			b.Queue(lockSessionsSQL, tenants, projects, ids)
-			prefix++
+			q.exec(lockSessionsSQL, tenants, projects, ids)
 		}
 	}
-	for _, r := range batch {
-		switch {
-		case r.ack != nil:
-			a := r.ack
-			if a.as != nil {
-				b.Queue(ackSeqAsSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo, a.as.RegisteredAt, a.at, a.as.TokenHash)
-			} else {
-				b.Queue(ackSeqSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo)
+	var left []int
+	if set == nil {
+		for i := range batch {
+			q.member(batch, i, s.ackedPayload)
+		}
+	} else {
+		early := earlyAcks(batch)
+		for i := range batch {
+			if early[i] {
+				q.member(batch, i, s.ackedPayload)
 			}
-			b.Queue(ackSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, s.ackedPayload)
-		case r.isAppend():
-			b.Queue(appendSQL, appendArgs(r.ns, r.now)...)
+		}
+		set.queue(q.b, batch)
+		q.reads = append(q.reads, func(br pgx.BatchResults) (err error) {
+			left, err = set.read(br, batch, q.outs)
+			return err
+		})
+		for i, r := range batch {
+			if r.ack != nil && !early[i] {
+				q.member(batch, i, s.ackedPayload)
+			}
+		}
+		for _, i := range set.alone {
+			q.member(batch, i, s.ackedPayload)
 		}
 	}
-	queueRows(b, batch, layers)
-	settles := s.queueSettle(b, lane, batch)
-	br := conn.SendBatch(ctx, b)
-	outs := make([]appendOutcome, len(batch))
-	err = readBatch(br, batch, prefix, outs)
-	if err == nil {
-		err = readRows(br, batch, layers, outs)
+	if len(layers) > 0 {
+		queueRows(q.b, batch, layers)
+		q.reads = append(q.reads, func(br pgx.BatchResults) error { return readRows(br, batch, layers, q.outs) })
 	}
-	if err == nil && settles {
-		_, err = br.Exec()
+	if s.queueSettle(q.b, lane, batch) {
+		q.reads = append(q.reads, execResult)
+	}
+	br := conn.SendBatch(ctx, q.b)
+	for _, read := range q.reads {
+		if err = read(br); err != nil {
+			break
+		}
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return err
+		return nil, err
+	}
+	again := make([]bool, len(batch))
+	retry := make([]*appendReq, 0, len(left))
+	for _, i := range left {
+		again[i] = true
+		retry = append(retry, batch[i])
 	}
 	for i, r := range batch {
-		r.out = outs[i]
+		if !again[i] {
+			r.out = q.outs[i]
+		}
 	}
-	return nil
+	return retry, nil
+}
+
+// batchQueue is a batch's statements, each with how its result is read
+// (in queue order) into outs, the outcomes of the batch's members.
+type batchQueue struct {
+	b     *pgx.Batch
+	reads []func(pgx.BatchResults) error
+	outs  []appendOutcome
+}
+
+// exec queues a statement whose result says nothing but its error.
+func (q *batchQueue) exec(sql string, args ...any) {
+	q.b.Queue(sql, args...)
+	q.reads = append(q.reads, execResult)
+}
+
+func execResult(br pgx.BatchResults) error {
+	_, err := br.Exec()
+	return err
+}
+
+// member queues the statements of batch[i], an ack or an append by
+// appendSQL, ackedPayload being the largest payload an ack leaves.
+func (q *batchQueue) member(batch []*appendReq, i int, ackedPayload int64) {
+	r, out := batch[i], &q.outs[i]
+	switch {
+	case r.ack != nil:
+		a := r.ack
+		if a.as != nil {
+			q.b.Queue(ackSeqAsSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo, a.as.RegisteredAt, a.at, a.as.TokenHash)
+		} else {
+			q.b.Queue(ackSeqSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, a.upTo)
+		}
+		q.b.Queue(ackSQL, a.k.TenantID, a.k.ProjectID, a.k.SessionID, ackedPayload)
+		q.reads = append(q.reads, func(br pgx.BatchResults) error {
+			if err := readAckSeq(br, a, out); err != nil {
+				return err
+			}
+			// ackSQL counts up to the row's acked_seq, moved or not: what
+			// it counts is acknowledged by the row, whoever asked.
+			var n int
+			if err := br.QueryRow().Scan(&n); err != nil {
+				return err
+			}
+			if out.err == nil {
+				out.acked = n
+			}
+			return nil
+		})
+	case r.isAppend():
+		q.b.Queue(appendSQL, appendArgs(r.ns, r.now)...)
+		q.reads = append(q.reads, func(br pgx.BatchResults) (err error) {
+			*out, err = scanAppend(br.QueryRow(), r.ns)
+			return err
+		})
+	}
+}
+
+// earlyAcks marks the acks of batch (sorted by recipient) that arrived
+// before any append to their session in it.
+func earlyAcks(batch []*appendReq) []bool {
+	early := make([]bool, len(batch))
+	appended := false
+	for i, r := range batch {
+		if i == 0 || r.recipient() != batch[i-1].recipient() {
+			appended = false
+		}
+		appended = appended || r.isAppend()
+		early[i] = r.ack != nil && !appended
+	}
+	return early
 }
 
 // refuseStaleAcks answers ErrHistoryChanged to the acks of batch made
@@ -435,38 +569,6 @@ func batchSessions(batch []*appendReq) (tenants, projects, ids []string) {
 		}
 	}
 	return tenants, projects, ids
-}
-
-func readBatch(br pgx.BatchResults, batch []*appendReq, prefix int, outs []appendOutcome) error {
-	for range prefix {
-		if _, err := br.Exec(); err != nil {
-			return err
-		}
-	}
-	for i, r := range batch {
-		switch {
-		case r.ack != nil:
-			if err := readAckSeq(br, r.ack, &outs[i]); err != nil {
-				return err
-			}
-			// ackSQL counts up to the row's acked_seq, moved or not: what
-			// it counts is acknowledged by the row, whoever asked.
-			var n int
-			if err := br.QueryRow().Scan(&n); err != nil {
-				return err
-			}
-			if outs[i].err == nil {
-				outs[i].acked = n
-			}
-		case r.isAppend():
-			out, err := scanAppend(br.QueryRow(), r.ns)
-			if err != nil {
-				return err
-			}
-			outs[i] = out
-		}
-	}
-	return nil
 }
 
 // readAckSeq reads the result of a's first statement; a refused
@@ -611,11 +713,7 @@ func scanAppend(row pgx.Row, ns sessionstore.NewSignal) (appendOutcome, error) {
 	case !authorized:
 		return appendOutcome{err: sessionstore.ErrTokenMismatch}, nil
 	case seq != nil:
-		return appendOutcome{sig: sessionstore.Signal{
-			ID: ns.ID, Seq: *seq, To: ns.To, FromSession: ns.FromSession, Kind: ns.Kind,
-			Payload: append(json.RawMessage(nil), ns.Payload...), CreatedAt: ns.CreatedAt.Truncate(time.Microsecond).UTC(),
-			IdempotencyKey: ns.IdempotencyKey, Delivery: ns.Delivery, RouteState: ns.RouteState,
-		}}, nil
+		return appendOutcome{sig: storedSignal(ns, *seq)}, nil
 	case d.id != nil:
 		sig := sessionstore.Signal{
 			ID: *d.id, Seq: *d.seq, To: sessionstore.Key{TenantID: *d.tenant, ProjectID: *d.project, SessionID: *d.to},

@@ -8,12 +8,14 @@ import (
 )
 
 // batchMetrics describe the group commit: how much each transaction
-// carries, and how often Postgres refused a batch whole so that its
-// members ran again one by one (each then a transaction of its own, the
-// cost a contended fleet pays).
+// carries, how often Postgres refused a batch whole so that its members
+// ran again one by one (each then a transaction of its own, the cost a
+// contended fleet pays), and how many appends the batch's one statement
+// left to a statement each, in a transaction after the batch's.
 type batchMetrics struct {
 	size   prometheus.Histogram
 	reruns *prometheus.CounterVec
+	alone  prometheus.Counter
 }
 
 // Rerun reasons (the reason label of marconi_store_batch_reruns_total).
@@ -34,6 +36,10 @@ func newBatchMetrics() *batchMetrics {
 			Name: "marconi_store_batch_reruns_total",
 			Help: "Group commits Postgres refused whole, whose members then ran again one by one, by reason.",
 		}, []string{"reason"}),
+		alone: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "marconi_store_appends_alone_total",
+			Help: "Appends the statement of their group commit's appends did not store (refused, a duplicate, a recipient changed or gone), run again each by a statement of its own, in a transaction after the group commit's.",
+		}),
 	}
 	for _, r := range []string{rerunDeadlock, rerunQuota, rerunRefused} {
 		m.reruns.WithLabelValues(r) // present from the start
@@ -43,7 +49,7 @@ func newBatchMetrics() *batchMetrics {
 
 // register registers m with reg; nil registers nowhere.
 func (m *batchMetrics) register(reg prometheus.Registerer) error {
-	return registerAll(reg, m.size, m.reruns)
+	return registerAll(reg, m.size, m.reruns, m.alone)
 }
 
 // connectCounters count the connects of the two dedicated connections of

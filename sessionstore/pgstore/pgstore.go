@@ -65,6 +65,7 @@ type options struct {
 	leaseBytes     int64
 	leaseHolder    string
 	ackedPayload   int
+	eachAppend     bool
 	registerer     prometheus.Registerer
 	busKey         BusKeyTimings
 }
@@ -104,6 +105,14 @@ func WithAcksPerBatch(n int) Option {
 			o.acksPerBatch = n
 		}
 	}
+}
+
+// WithStatementPerAppend runs each append of a group commit as a statement
+// of its own when on, instead of the batch's appends in one statement (the
+// default): kept to measure what the one statement gains, and as a way
+// back should it ever plan badly.
+func WithStatementPerAppend(on bool) Option {
+	return func(o *options) { o.eachAppend = on }
 }
 
 // WithAckedPayloadBytes sets the largest payload, in bytes, an
@@ -194,6 +203,12 @@ type Store struct {
 	hist         *history        // the server histories its connections found (history.go)
 	lease        leases          // how the batch lanes lease quota (append.go)
 	ackedPayload int64           // the largest payload an ack keeps (WithAckedPayloadBytes)
+	appends      appendMode      // how a batch stores its appends (WithStatementPerAppend)
+	// setFrom is the fewest appends of a batch appendSetSQL stores
+	// (defaultSetFrom; the tests' 1 sends every append through it): one
+	// append alone costs no less by it, and a refusal costs it a second
+	// transaction.
+	setFrom int
 }
 
 // leases is how a store's batch lanes lease pending-bytes room.
@@ -318,7 +333,10 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 	}
 	s := &Store{pool: pool, queryTimeout: o.queryTimeout, pruneBatch: o.pruneBatch, maxBatch: o.maxBatch, metrics: metrics, witness: w,
 		busKeys: newKeyring(o.busKey, keyMetrics), connects: connects, hist: hist,
-		lease: leases{bytes: o.leaseBytes, holders: holders}, ackedPayload: int64(o.ackedPayload)}
+		lease: leases{bytes: o.leaseBytes, holders: holders}, ackedPayload: int64(o.ackedPayload), setFrom: defaultSetFrom}
+	if o.eachAppend {
+		s.appends = eachAppend
+	}
 	if !o.groupCommitOff {
 		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, o.inFlight, s.runBatch)
 		s.group.maxAcks = o.acksPerBatch

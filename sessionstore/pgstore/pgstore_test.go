@@ -36,6 +36,16 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) sessionstore.Store { return newStore(t) })
 }
 
+// TestConformanceStatementPerAppend runs the suite on stores that store
+// each append by a statement of its own (WithStatementPerAppend), the way
+// back from the statement of a batch's appends.
+func TestConformanceStatementPerAppend(t *testing.T) {
+	pgtest.DatabaseURL(t)
+	storetest.Run(t, func(t *testing.T) sessionstore.Store {
+		return newStore(t, pgstore.WithStatementPerAppend(true))
+	})
+}
+
 // TestConformanceBatchesInFlight runs the suite on stores with three group
 // commits in flight (MARCONI_STORE_BATCHES_IN_FLIGHT=3).
 func TestConformanceBatchesInFlight(t *testing.T) {
