@@ -373,9 +373,6 @@ func (s *Store) sendBatch(ctx context.Context, lane int, batch []*appendReq, mod
 		}
 	}
 	q := &batchQueue{b: &pgx.Batch{}, outs: make([]appendOutcome, len(batch))}
-	if set != nil {
-		q.exec(genericPlansSQL)
-	}
 	if keys := idempotencyLockKeys(batch); len(keys) > 0 {
 		q.exec(lockIdempotencySQL, keys)
 	}

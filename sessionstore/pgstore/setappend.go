@@ -100,17 +100,26 @@ const appendSetSQL = `WITH m AS (
 )
 SELECT g, base FROM bump`
 
-// genericPlansSQL starts a batch that runs appendSetSQL: for the rest of
-// the batch's transaction, every prepared statement runs on its generic
-// plan. Postgres plans a prepared statement for its arguments at its first
-// five runs and keeps the generic plan only once it looks no dearer than
-// those; appendSetSQL planned for arrays of two or three appends (a light
-// load's batches) looks cheaper than its generic plan, made for arrays of
-// any length, so a connection whose first batches were small planned it
-// again at every batch (seen: 10 custom plans in 30 batches, the first five
-// of two appends). Every statement of a batch is made for its generic plan
-// (TestGenericPlansKeepTheirIndexes, TestGenericPlanOfAppendSet).
-const genericPlansSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`
+// genericPlanSQL and autoPlanSQL run just before and just after
+// appendSetSQL: it runs on its generic plan, and the batch's other
+// statements as Postgres chooses (plan_cache_mode for the rest of the
+// transaction). Postgres plans a prepared statement for its arguments at
+// its first five runs and keeps the generic plan only once it looks no
+// dearer than those; appendSetSQL planned for arrays of two or three
+// appends (a light load's batches) looks cheaper than its generic plan,
+// made for arrays of any length, so a connection whose first batches were
+// small planned it again at every batch (seen: 10 custom plans in 30
+// batches, the first five of two appends). Its generic plan finds every
+// row through an index whatever the statistics (TestGenericPlanOfAppendSet).
+// The other statements keep Postgres's choice: forced generic at a fresh
+// database's first batch, the settle's (marconi_settle_leased) read of the
+// batch's signals by id became a walk of every signal, at every batch (seen:
+// a fleet run stalled at 0.6x its sends/s, 16 % of the machine in
+// heap_hot_search_buffer under plpgsql_exec_function).
+const (
+	genericPlanSQL = `SET LOCAL plan_cache_mode = force_generic_plan`
+	autoPlanSQL    = `SET LOCAL plan_cache_mode TO DEFAULT`
+)
 
 // appendSet is the appends of a batch (sorted by recipient) as
 // appendSetSQL stores them: groups of one recipient each, in the batch's
@@ -193,7 +202,8 @@ func keysRepeat(batch []*appendReq) bool {
 	return false
 }
 
-// queue queues appendSetSQL for the groups of set.
+// queue queues appendSetSQL for the groups of set, between genericPlanSQL
+// and autoPlanSQL, each of the three a result to read.
 func (set *appendSet) queue(b *pgx.Batch, batch []*appendReq) {
 	n, gs := set.size(), len(set.groups)
 	var (
@@ -249,15 +259,21 @@ func (set *appendSet) queue(b *pgx.Batch, batch []*appendReq) {
 		gGroup[gi], gN[gi] = int32(gi), int64(len(group))
 		gTenant[gi], gProject[gi], gSession[gi] = k.TenantID, k.ProjectID, k.SessionID
 	}
+	b.Queue(genericPlanSQL)
 	b.Queue(appendSetSQL,
 		mGroup, mK, mID, mFrom, mKind, mPayload, mCreated, mIdem, mDelivery, mRoute, mSince, mBytes, mBytesLimit, mToken, mNow,
 		gGroup, gTenant, gProject, gSession, gN, gBytes, gCap, gNow, gSeenAt, gSeenQueue, gSeenQueueAt, gSeenToken)
+	b.Queue(autoPlanSQL)
 }
 
-// read reads appendSetSQL's rows into outs, the outcomes of batch, and
-// returns the positions of the appends of its groups it did not store.
+// read reads what queue queued: appendSetSQL's rows into outs, the
+// outcomes of batch; it returns the positions of the appends of its groups
+// it did not store.
 func (set *appendSet) read(br pgx.BatchResults, batch []*appendReq, outs []appendOutcome) ([]int, error) {
 	stored := make([]bool, len(set.groups))
+	if _, err := br.Exec(); err != nil { // genericPlanSQL
+		return nil, err
+	}
 	var g int32
 	var base int64
 	err := forEachRow(br, []any{&g, &base}, func() {
@@ -267,6 +283,9 @@ func (set *appendSet) read(br pgx.BatchResults, batch []*appendReq, outs []appen
 		}
 	})
 	if err != nil {
+		return nil, err
+	}
+	if _, err := br.Exec(); err != nil { // autoPlanSQL
 		return nil, err
 	}
 	var left []int

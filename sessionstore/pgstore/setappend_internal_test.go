@@ -399,7 +399,7 @@ func genericPlanOfAppendSet(t *testing.T, statistics string) {
 			Limits: sessionstore.Limits{PendingPerRecipient: 1000, PendingBytesPerProject: 1 << 30}}})
 	}
 	newAppendSet(batch).queue(b, batch)
-	args := b.QueuedQueries[0].Arguments
+	args := b.QueuedQueries[1].Arguments // after genericPlanSQL
 	tx := func(f func(pgx.Tx)) {
 		txn, err := conn.Begin(ctx)
 		if err != nil {
@@ -546,7 +546,8 @@ func TestConformanceOneStatementForEveryAppend(t *testing.T) {
 // TestAppendSetRunsOnItsGenericPlan: a connection whose first batches are
 // of two appends (where a plan for the arguments looks cheaper than the
 // generic plan) runs the statement of a batch's appends on its generic
-// plan from the first batch on, never planning it again.
+// plan from the first batch on, never planning it again, and the batch's
+// later statements as Postgres chooses.
 func TestAppendSetRunsOnItsGenericPlan(t *testing.T) {
 	u := pgtest.Schema(t)
 	t.Parallel()
@@ -571,19 +572,30 @@ func TestAppendSetRunsOnItsGenericPlan(t *testing.T) {
 		for i, r := range batch {
 			r.ns.IdempotencyKey = fmt.Sprint("key-", b, "-", i)
 		}
+		if b < 3 { // an ack after the appends, run after the statement
+			batch = append(batch, &appendReq{ack: &ackReq{k: keys[0], upTo: int64(b), at: now}})
+		}
 		s.runBatch(0, batch)
-		for _, r := range batch {
+		for _, r := range batch[:2] {
 			if r.out.err != nil || r.out.sig.Seq != int64(b+1) {
 				t.Fatalf("batch %d: %+v, want stored as %d", b, r.out, b+1)
 			}
 		}
 	}
-	var generic, custom int64
-	if err := s.pool.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1`,
-		appendSetSQL).Scan(&generic, &custom); err != nil {
-		t.Fatal(err)
+	plans := func(sql string) (generic, custom int64) {
+		t.Helper()
+		if err := s.pool.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1`,
+			sql).Scan(&generic, &custom); err != nil {
+			t.Fatal(err)
+		}
+		return generic, custom
 	}
-	if generic != 8 || custom != 0 {
+	if generic, custom := plans(appendSetSQL); generic != 8 || custom != 0 {
 		t.Errorf("the statement ran on %d generic and %d custom plans, want 8 and 0", generic, custom)
+	}
+	// The batch's other statements are planned as Postgres chooses: the
+	// first five runs for their arguments.
+	if generic, custom := plans(ackSQL); generic != 0 || custom != 3 {
+		t.Errorf("the ack after the statement ran on %d generic and %d custom plans, want 0 and 3", generic, custom)
 	}
 }
