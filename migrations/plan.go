@@ -78,12 +78,14 @@ var (
 	updateSet   = regexp.MustCompile(`(?i)^UPDATE\s+(?:ONLY\s+)?` + ident + `(?:\s+(?:AS\s+)?[A-Za-z_][A-Za-z0-9_]*)?\s+SET\s+(.+?)(?:\s+FROM\s.*|\s+WHERE\s.*)?$`)
 	setNull     = regexp.MustCompile(`(?i)^` + ident + `\s*=\s*NULL$`)
 	dropWord    = regexp.MustCompile(`(?i)\b(DROP|DELETE|TRUNCATE|TYPE)\b`)
+	replaceFunc = regexp.MustCompile(`(?i)^CREATE\s+OR\s+REPLACE\s+FUNCTION\s+` + ident + `\s*\(`)
+	dollarTag   = regexp.MustCompile(`\$[A-Za-z_]*\$`)
 )
 
 // dropsOf is Drops of one down file's text.
 func dropsOf(sql string) []string {
 	var out []string
-	for _, stmt := range strings.Split(lineComment.ReplaceAllString(sql, ""), ";") {
+	for _, stmt := range strings.Split(lineComment.ReplaceAllString(withoutBodies(sql), ""), ";") {
 		stmt = strings.TrimSpace(spaces.ReplaceAllString(stmt, " "))
 		if stmt == "" {
 			continue
@@ -97,8 +99,32 @@ func dropsOf(sql string) []string {
 	return out
 }
 
+// withoutBodies is sql with each dollar-quoted string ($$ … $$, $tag$ …
+// $tag$: a function's body) emptied, so that the statements inside a body
+// are not read as the file's own.
+func withoutBodies(sql string) string {
+	var b strings.Builder
+	for {
+		open := dollarTag.FindStringIndex(sql)
+		if open == nil {
+			return b.String() + sql
+		}
+		tag := sql[open[0]:open[1]]
+		end := strings.Index(sql[open[1]:], tag)
+		if end < 0 {
+			return b.String() + sql // unterminated: left as written
+		}
+		b.WriteString(sql[:open[1]])
+		b.WriteString(tag)
+		sql = sql[open[1]+end+len(tag):]
+	}
+}
+
 // recognise names what one statement drops or rewrites, or returns nil.
 func recognise(stmt string) []string {
+	if m := replaceFunc.FindStringSubmatch(stmt); m != nil {
+		return []string{"function " + unquote(m[1]) + " replaced by its earlier definition"}
+	}
 	if m := dropObject.FindStringSubmatch(stmt); m != nil {
 		kind := strings.ToLower(spaces.ReplaceAllString(m[1], " "))
 		var out []string

@@ -25,6 +25,10 @@ func TestDropsOfDownSQL(t *testing.T) {
 		{"UPDATE signals g SET acked_at = now(), payload = NULL FROM sessions e WHERE g.seq <= e.acked_seq;",
 			[]string{"column signals.payload set to NULL in the rows it updates"}},
 		{"UPDATE project_usage u SET pending_bytes = u.pending_bytes - l.bytes FROM l WHERE true;", nil},
+		{"CREATE OR REPLACE FUNCTION f(a text[]) RETURNS void LANGUAGE plpgsql AS $$\nBEGIN\n  DELETE FROM t;\nEND\n$$;\n" +
+			"CREATE OR REPLACE FUNCTION g() RETURNS int LANGUAGE sql AS $body$ SELECT 1; $body$;\nDROP TABLE x;",
+			[]string{"function f replaced by its earlier definition", "function g replaced by its earlier definition", "table x"}},
+		{"CREATE FUNCTION f() RETURNS void LANGUAGE plpgsql AS $$ BEGIN DROP TABLE t; END $$;", nil},
 	}
 	for _, tt := range tests {
 		if got := dropsOf(tt.sql); !reflect.DeepEqual(got, tt.want) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/marconihub/marconi/internal/netcount"
 	"github.com/marconihub/marconi/internal/pgtest"
+	"github.com/marconihub/marconi/sessionstore"
 )
 
 // Postgres plans a prepared statement generically from its sixth run on,
@@ -304,5 +305,84 @@ func TestNewConnectionCostsOneRoundTrip(t *testing.T) {
 	}
 	if seqscan != "off" || jit != "off" {
 		t.Errorf("the connection has enable_seqscan %s and jit %s, want both off", seqscan, jit)
+	}
+}
+
+// TestSettleKeepsItsIndexAfterSmallBatches: the settle of a batch
+// (settleLeasedSQL) finds the batch's signals by id through an index on
+// the plans its plpgsql function keeps for the connection's life, made at
+// its first batches on a fresh database's small table, as the batches
+// plan it (appendSetSQL alone forced onto its generic plan). Forced generic
+// for the whole batch, it kept a plan made then that walked every signal
+// at every batch (seen: a fleet run stalled at 0.6x its sends/s).
+func TestSettleKeepsItsIndexAfterSmallBatches(t *testing.T) {
+	u := pgtest.Schema(t)
+	t.Parallel()
+	ctx := t.Context()
+	s, err := Open(ctx, u, WithGroupCommit(false), WithMaxConns(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.pool.Exec(ctx, `VACUUM signals`); err != nil { // a fresh database's, empty
+		t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	var keys []sessionstore.Key
+	for i := range 4 {
+		k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "r" + strconv.Itoa(i)}
+		if _, err := s.CreateSession(ctx, sessionstore.Session{Key: k, TokenHash: []byte(k.SessionID),
+			RegisteredAt: now, ExpiresAt: now.Add(time.Hour)}, now); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	batch := func() []string {
+		var reqs []*appendReq
+		for _, k := range keys {
+			reqs = append(reqs, &appendReq{ns: sized(k, 10, now), now: now})
+		}
+		s.runBatch(0, reqs)
+		var ids []string
+		for _, r := range reqs {
+			if r.out.err != nil {
+				t.Fatal(r.out.err)
+			}
+			ids = append(ids, r.ns.ID)
+		}
+		return ids
+	}
+	for range 8 {
+		batch()
+	}
+	conn, err := s.pool.Acquire(ctx) // the one connection, and its cached plans
+	if err != nil {
+		t.Fatal(err)
+	}
+	grow(t, conn.Conn(), 1, 20000)
+	conn.Release()
+	ids := batch()
+	conn, err = s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	txn, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Rollback(ctx)
+	n := len(ids)
+	var plan []struct {
+		Plan explainNode `json:"Plan"`
+	}
+	if err := txn.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+settleLeasedSQL, s.lease.holder(0), s.lease.bytes,
+		ids, slices.Repeat([]string{"t"}, n), slices.Repeat([]string{"p"}, n), slices.Repeat([]int64{10}, n), make([]int64, n)).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	// The function's statements count in the buffers of the node that
+	// calls it: four lookups by id, and the settle's rows.
+	if b := plan[0].Plan.blocks(); b > 100 {
+		t.Errorf("the settle, planned at the first batches, touched %d buffers: it walks the signals", b)
 	}
 }
