@@ -349,7 +349,9 @@ func projectQuotaError(err error, limit int64) *sessionstore.QuotaError {
 //
 // With appendSetSQL, the acks that arrived before any append to their
 // session run before it, the others after it, so an ack never passes a
-// signal that arrived after it.
+// signal that arrived after it; they all run before the appends it leaves
+// (in the next transaction), as if they had arrived first, which they
+// might have: an ack covers only seqs its client was given.
 //
 // The connection is taken before the batch is made: a connection new to a
 // server of another history (history.go) has counted it by then, and an

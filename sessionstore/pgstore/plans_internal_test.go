@@ -15,7 +15,6 @@ import (
 
 	"github.com/marconihub/marconi/internal/netcount"
 	"github.com/marconihub/marconi/internal/pgtest"
-	"github.com/marconihub/marconi/sessionstore"
 )
 
 // Postgres plans a prepared statement generically from its sixth run on,
@@ -30,14 +29,17 @@ import (
 // statement on signals on an index that finds its rows, whatever the
 // statistics said: neither a sequential scan nor the walk of an index.
 func TestGenericPlansKeepTheirIndexes(t *testing.T) {
-	for _, stats := range []struct {
-		name, sql string
-	}{
-		{"analyzed while small", `VACUUM ANALYZE signals`},
-		{"never analyzed", `VACUUM signals`},
-	} {
+	for _, stats := range smallTableStatistics {
 		t.Run(stats.name, func(t *testing.T) { genericPlansKeepTheirIndexes(t, stats.sql) })
 	}
+}
+
+// smallTableStatistics are the ways a small signals table is counted
+// before the plans under test are made: by ANALYZE (autovacuum's first,
+// or anyone's), or never.
+var smallTableStatistics = []struct{ name, sql string }{
+	{"analyzed while small", `VACUUM ANALYZE signals`},
+	{"never analyzed", `VACUUM signals`},
 }
 
 func genericPlansKeepTheirIndexes(t *testing.T, statistics string) {
@@ -56,26 +58,8 @@ func genericPlansKeepTheirIndexes(t *testing.T, statistics string) {
 		{"prune signals of expired sessions", pruneExpiredSignalsSQL, []any{now, int64(100)}},
 		{"prune expired sessions", pruneExpiredSessionsSQL, []any{now, int64(100)}},
 	}
-	tx := func(f func(pgx.Tx)) {
-		// Rolled back: each run is planned and executed, and leaves nothing.
-		txn, err := conn.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer txn.Rollback(ctx)
-		f(txn)
-	}
-	// A store's first minutes: a few rows, counted by a VACUUM or ANALYZE
-	// (autovacuum's, or anyone's), or by none.
-	grow(t, conn, 1, 20)
-	if _, err := conn.Exec(ctx, statistics); err != nil {
-		t.Fatal(err)
-	}
-	// Which plan Postgres keeps past the fifth run depends on costs it
-	// compares then; ask for the generic plan, the one that can be kept.
-	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
-		t.Fatal(err)
-	}
+	tx := rolledBack(t, conn)
+	smallTable(t, conn, statistics)
 	for _, s := range statements {
 		for range 2 {
 			tx(func(txn pgx.Tx) {
@@ -122,6 +106,34 @@ func genericPlansKeepTheirIndexes(t *testing.T, statistics string) {
 			}
 		}
 		if _, err := conn.Exec(ctx, `DISCARD PLANS`); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// rolledBack runs f in a transaction of conn that it rolls back: each
+// statement f runs is planned and executed, and leaves nothing.
+func rolledBack(t *testing.T, conn *pgx.Conn) func(f func(pgx.Tx)) {
+	return func(f func(pgx.Tx)) {
+		txn, err := conn.Begin(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer txn.Rollback(t.Context())
+		f(txn)
+	}
+}
+
+// smallTable is a store's first minutes: a few signals, counted by
+// statistics (a VACUUM or ANALYZE, autovacuum's or anyone's, or none);
+// conn then plans each prepared statement generically. Which plan
+// Postgres keeps past the fifth run depends on costs it compares then;
+// the generic plan is the one that can be kept.
+func smallTable(t *testing.T, conn *pgx.Conn, statistics string) {
+	t.Helper()
+	grow(t, conn, 1, 20)
+	for _, q := range []string{statistics, `SET plan_cache_mode = force_generic_plan`} {
+		if _, err := conn.Exec(t.Context(), q); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -311,32 +323,18 @@ func TestNewConnectionCostsOneRoundTrip(t *testing.T) {
 // TestSettleKeepsItsIndexAfterSmallBatches: the settle of a batch
 // (settleLeasedSQL) finds the batch's signals by id through an index on
 // the plans its plpgsql function keeps for the connection's life, made at
-// its first batches on a fresh database's small table, as the batches
-// plan it (appendSetSQL alone forced onto its generic plan). Forced generic
-// for the whole batch, it kept a plan made then that walked every signal
-// at every batch (seen: a fleet run stalled at 0.6x its sends/s).
+// its first batches on a fresh database's small table. Until migration 0017
+// the plan Postgres took for it after its first five runs, made then,
+// walked every signal at every batch (4 437 buffers here at 20 000
+// signals; seen in a fleet run as a stall at 0.6x its sends/s).
 func TestSettleKeepsItsIndexAfterSmallBatches(t *testing.T) {
-	u := pgtest.Schema(t)
 	t.Parallel()
 	ctx := t.Context()
-	s, err := Open(ctx, u, WithGroupCommit(false), WithMaxConns(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s, now := oneConnStore(t, pgtest.Schema(t))
 	if _, err := s.pool.Exec(ctx, `VACUUM signals`); err != nil { // a fresh database's, empty
 		t.Fatal(err)
 	}
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	var keys []sessionstore.Key
-	for i := range 4 {
-		k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "r" + strconv.Itoa(i)}
-		if _, err := s.CreateSession(ctx, sessionstore.Session{Key: k, TokenHash: []byte(k.SessionID),
-			RegisteredAt: now, ExpiresAt: now.Add(time.Hour)}, now); err != nil {
-			t.Fatal(err)
-		}
-		keys = append(keys, k)
-	}
+	keys := createRecipients(ctx, t, s, 4, now)
 	batch := func() []string {
 		var reqs []*appendReq
 		for _, k := range keys {

@@ -362,12 +362,7 @@ func TestAppendSetStoresWholeGroups(t *testing.T) {
 // append's earlier signal under its idempotency key, and its sender's and
 // recipient's rows, through their indexes once the table has grown.
 func TestGenericPlanOfAppendSet(t *testing.T) {
-	for _, stats := range []struct {
-		name, sql string
-	}{
-		{"analyzed while small", `VACUUM ANALYZE signals`},
-		{"never analyzed", `VACUUM signals`},
-	} {
+	for _, stats := range smallTableStatistics {
 		t.Run(stats.name, func(t *testing.T) { genericPlanOfAppendSet(t, stats.sql) })
 	}
 }
@@ -375,46 +370,23 @@ func TestGenericPlanOfAppendSet(t *testing.T) {
 func genericPlanOfAppendSet(t *testing.T, statistics string) {
 	u, conn := plannedConn(t)
 	ctx := t.Context()
-	s, err := Open(ctx, u, WithGroupCommit(false), WithMaxConns(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	for _, id := range []string{"r", "s"} {
-		if _, err := s.CreateSession(ctx, sessionstore.Session{Key: sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: id},
-			TokenHash: []byte("tok-" + id), RegisteredAt: now, ExpiresAt: now.Add(time.Hour)}, now); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Two appends from s to r, each with an idempotency key, s's token and
-	// a pending limit, as the hub sends them.
+	s, now := oneConnStore(t, u)
+	keys := createRecipients(ctx, t, s, 2, now)
+	// Two appends from r1 to r0, each with an idempotency key, r1's token
+	// and a pending limit, as the hub sends them.
 	b := &pgx.Batch{}
 	var batch []*appendReq
 	for i := range 2 {
 		batch = append(batch, &appendReq{now: now, ns: sessionstore.NewSignal{ID: "plan-" + strconv.Itoa(i),
-			To: sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "r"}, FromSession: "s", Kind: "k",
+			To: keys[0], FromSession: keys[1].SessionID, Kind: "k",
 			Payload: json.RawMessage(`1`), CreatedAt: now, IdempotencyKey: "idem-" + strconv.Itoa(i), IdempotencySince: now.Add(-time.Hour),
-			Delivery: marconi.DeliveryPushed, RouteState: marconi.StateAttached, SenderTokenHash: []byte("tok-s"),
+			Delivery: marconi.DeliveryPushed, RouteState: marconi.StateAttached, SenderTokenHash: []byte(keys[1].SessionID),
 			Limits: sessionstore.Limits{PendingPerRecipient: 1000, PendingBytesPerProject: 1 << 30}}})
 	}
 	newAppendSet(batch).queue(b, batch)
 	args := b.QueuedQueries[1].Arguments // after genericPlanSQL
-	tx := func(f func(pgx.Tx)) {
-		txn, err := conn.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer txn.Rollback(ctx)
-		f(txn)
-	}
-	grow(t, conn, 1, 20)
-	if _, err := conn.Exec(ctx, statistics); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
-		t.Fatal(err)
-	}
+	tx := rolledBack(t, conn)
+	smallTable(t, conn, statistics)
 	for range 2 {
 		tx(func(txn pgx.Tx) {
 			rows, err := txn.Query(ctx, appendSetSQL, args...)
@@ -556,24 +528,10 @@ func TestConformanceOneStatementForEveryAppend(t *testing.T) {
 // plan from the first batch on, never planning it again, and the batch's
 // later statements as Postgres chooses.
 func TestAppendSetRunsOnItsGenericPlan(t *testing.T) {
-	u := pgtest.Schema(t)
 	t.Parallel()
 	ctx := t.Context()
-	s, err := Open(ctx, u, WithGroupCommit(false), WithMaxConns(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	var keys []sessionstore.Key
-	for i := range 2 {
-		k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "r" + strconv.Itoa(i)}
-		if _, err := s.CreateSession(ctx, sessionstore.Session{Key: k, TokenHash: []byte(k.SessionID),
-			RegisteredAt: now, ExpiresAt: now.Add(time.Hour)}, now); err != nil {
-			t.Fatal(err)
-		}
-		keys = append(keys, k)
-	}
+	s, now := oneConnStore(t, pgtest.Schema(t))
+	keys := createRecipients(ctx, t, s, 2, now)
 	for b := range 8 {
 		batch := []*appendReq{{ns: sized(keys[0], 10, now), now: now}, {ns: sized(keys[1], 10, now), now: now}}
 		for i, r := range batch {
@@ -605,4 +563,33 @@ func TestAppendSetRunsOnItsGenericPlan(t *testing.T) {
 	if generic, custom := plans(ackSQL); generic != 0 || custom != 3 {
 		t.Errorf("the ack after the statement ran on %d generic and %d custom plans, want 0 and 3", generic, custom)
 	}
+}
+
+// oneConnStore is a store on u with one connection, so that a test sees
+// the plans that connection keeps, and group commit off (the test runs its
+// batches), and the time now.
+func oneConnStore(t *testing.T, u string) (*Store, time.Time) {
+	t.Helper()
+	s, err := Open(t.Context(), u, WithGroupCommit(false), WithMaxConns(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, time.Now().UTC().Truncate(time.Microsecond)
+}
+
+// createRecipients creates the live sessions r0 to r(n-1) of tenant t and
+// project p, each holding its name as its token hash.
+func createRecipients(ctx context.Context, t *testing.T, s *Store, n int, now time.Time) []sessionstore.Key {
+	t.Helper()
+	var keys []sessionstore.Key
+	for i := range n {
+		k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: "r" + strconv.Itoa(i)}
+		if _, err := s.CreateSession(ctx, sessionstore.Session{Key: k, TokenHash: []byte(k.SessionID),
+			RegisteredAt: now, ExpiresAt: now.Add(time.Hour)}, now); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	return keys
 }
