@@ -258,7 +258,8 @@ func (s *Store) runBatchAs(lane int, batch []*appendReq, mode appendMode) {
 		left, err = s.sendBatch(ctx, lane, batch, mode)
 	}
 	if err == nil {
-		s.metrics.size.Observe(float64(len(batch)))
+		// The appends it left count in the transaction that answers them.
+		s.metrics.size.Observe(float64(len(batch) - len(left)))
 		if len(left) > 0 {
 			s.metrics.alone.Add(float64(len(left)))
 			s.runBatchAs(lane, left, eachAppend)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/marconihub/marconi"
@@ -273,7 +274,8 @@ func TestAppendSetAgreesWithStatementPerAppend(t *testing.T) {
 // duplicate is answered with its original, a sender with a wrong token is
 // refused, all beside the appends to a fourth recipient, stored by the
 // batch's statement. What it left is counted in
-// marconi_store_appends_alone_total.
+// marconi_store_appends_alone_total, and each append in
+// marconi_store_batch_size once, in the transaction that answered it.
 func TestAppendSetStoresWholeGroups(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -334,9 +336,20 @@ func TestAppendSetStoresWholeGroups(t *testing.T) {
 	// set store only: the other stores them too).
 	f.each.runBatch(0, []*appendReq{send("x1", "r3", "b"), send("x2", "r3", "c")})
 	before := testutil.ToFloat64(s.metrics.alone)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(s.metrics.size)
+	var sizes dtoHistogram
+	sizes.read(t, reg, "marconi_store_batch_size")
 	got := f.run(t, batch("x3", "x4"))
 	if n := testutil.ToFloat64(s.metrics.alone) - before; n != 5 {
 		t.Errorf("marconi_store_appends_alone_total grew by %v, want 5", n)
+	}
+	// The batch's transaction answered r3's two, the next the five left:
+	// each append counts once, in the transaction that answered it.
+	count, sum := sizes.count, sizes.sum
+	sizes.read(t, reg, "marconi_store_batch_size")
+	if sizes.count-count != 2 || sizes.sum-sum != 7 {
+		t.Errorf("marconi_store_batch_size: %v transactions of %v appends, want 2 of 7", sizes.count-count, sizes.sum-sum)
 	}
 	var q *sessionstore.QuotaError
 	switch {
