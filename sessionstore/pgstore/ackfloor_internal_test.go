@@ -214,12 +214,15 @@ func TestAckScanBoundedBelow(t *testing.T) {
 // The batch is sent as one, so a failure is not hidden by the one-by-one
 // retry of runBatch.
 func TestAcksInOneBatch(t *testing.T) {
-	for _, mode := range []appendMode{setAppends, eachAppend} {
-		t.Run(fmt.Sprint(mode), func(t *testing.T) { acksInOneBatch(t, mode) })
+	for _, mode := range []struct {
+		name    string
+		setFrom int
+	}{{"one statement", 1}, {"statement per append", statementPerAppend}} {
+		t.Run(mode.name, func(t *testing.T) { acksInOneBatch(t, mode.setFrom) })
 	}
 }
 
-func acksInOneBatch(t *testing.T, mode appendMode) {
+func acksInOneBatch(t *testing.T, setFrom int) {
 	u := pgtest.Schema(t)
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -237,7 +240,7 @@ func acksInOneBatch(t *testing.T, mode appendMode) {
 	ack := func(upTo int64) *appendReq { return &appendReq{ack: &ackReq{k: k, upTo: upTo, at: now}} }
 	batch := func(reqs []*appendReq, want []int, pending int) {
 		t.Helper()
-		if left, err := s.sendBatch(ctx, 0, reqs, mode); err != nil || len(left) > 0 {
+		if left, err := s.sendBatch(ctx, 0, reqs, setFrom); err != nil || len(left) > 0 {
 			t.Fatalf("the batch failed: %v, or left %d appends", err, len(left))
 		}
 		var got []int

@@ -69,12 +69,9 @@ const quotaSQLState = "MQ001"
 
 // appendSQL is one append in one statement: the idempotency lookup, the
 // recipient and quota checks, the seq bump, the recipient's byte counter and
-// the insert. Its project's counter is read, unlocked, as a cheap first
+// the insert. Its project's bytes are read as roomSQL says, a cheap first
 // refusal; the batch's last statement (settleLeasedSQL) adds the bytes and
-// checks the limit again under the project's lock. The counter counts the
-// bytes the lanes leased as used; the bytes freed since the last batch
-// folded them (project_usage_deltas) and the leases are read only when the
-// counter alone would refuse: near the limit, where they decide.
+// checks the limit again under the project's lock.
 // It always returns one row: the new seq and queue instance when it stored
 // the signal; otherwise what decided (the earlier signal, or the recipient's
 // pending count and its project's bytes, NULL when it is not live). What
@@ -101,7 +98,7 @@ const quotaSQLState = "MQ001"
 // (every estimate then alike) chose it about as often as the right index,
 // and walked every signal of the project at every append (seen in durable
 // runs: a third of the sends/s, for the life of the connection).
-const appendSQL = `WITH auth AS (
+var appendSQL = `WITH auth AS (
 	SELECT $17::bytea IS NULL OR EXISTS (SELECT 1 FROM sessions
 		WHERE tenant_id = $1 AND project_id = $2 AND session_id = $5 AND token_hash = $17 AND expires_at >= $13) AS ok
 ), dup AS (
@@ -113,13 +110,7 @@ const appendSQL = `WITH auth AS (
 	WHERE tenant_id = $1 AND project_id = $2
 	ORDER BY created_at DESC, seq DESC LIMIT 1
 ), room AS (
-	SELECT CASE WHEN $16::bigint <= 0 OR coalesce(u.b, 0) + $14::bigint <= $16::bigint
-	            THEN coalesce(u.b, 0)
-	            ELSE coalesce(u.b, 0) + coalesce((SELECT sum(delta) FROM project_usage_deltas
-	                 WHERE tenant_id = $1 AND project_id = $2), 0)
-	               - coalesce((SELECT sum(bytes) FROM project_leases
-	                 WHERE tenant_id = $1 AND project_id = $2), 0) END AS project_bytes
-	FROM (SELECT (SELECT pending_bytes FROM project_usage WHERE tenant_id = $1 AND project_id = $2) AS b OFFSET 0) u
+	` + roomSQL("$1", "$2", "$14::bigint", "$16::bigint") + `
 ), bump AS (
 	UPDATE sessions SET last_seq = last_seq + 1, pending_bytes = pending_bytes + $14::bigint
 	WHERE tenant_id = $1 AND project_id = $2 AND session_id = $3 AND expires_at >= $13
@@ -142,6 +133,23 @@ SELECT auth.ok, bump.last_seq, bump.queue_instance,
 	dup.id, dup.seq, dup.tenant_id, dup.project_id, dup.to_session, dup.from_session, dup.kind,
 	dup.payload, dup.created_at, dup.idempotency_key, dup.delivery, dup.route_state
 FROM auth LEFT JOIN bump ON true LEFT JOIN dup ON true`
+
+// roomSQL is a query of one row, project_bytes: the pending bytes of the
+// project (tenant, project) an append of bytes, under a pending-bytes limit
+// of limit (0 or less: none), is checked against. Its counter is read,
+// unlocked, as a cheap first refusal; it counts the bytes the lanes leased
+// as used, so the bytes freed since the last batch folded them
+// (project_usage_deltas) and the leases are read only when the counter
+// alone would refuse: near the limit, where they decide. Each argument is
+// an SQL expression.
+func roomSQL(tenant, project, bytes, limit string) string {
+	inProject := `WHERE tenant_id = ` + tenant + ` AND project_id = ` + project
+	return `SELECT CASE WHEN ` + limit + ` <= 0 OR coalesce(u.b, 0) + ` + bytes + ` <= ` + limit + `
+	            THEN coalesce(u.b, 0)
+	            ELSE coalesce(u.b, 0) + coalesce((SELECT sum(delta) FROM project_usage_deltas ` + inProject + `), 0)
+	               - coalesce((SELECT sum(bytes) FROM project_leases ` + inProject + `), 0) END AS project_bytes
+	FROM (SELECT (SELECT pending_bytes FROM project_usage ` + inProject + `) AS b OFFSET 0) u`
+}
 
 // dupCols is signalCols of the earlier signal d a duplicate send is
 // answered with, but its payload when it is acknowledged (at or below its
@@ -247,22 +255,24 @@ func (s *Store) commit(ctx context.Context, r *appendReq) error {
 // committer's lane the batch runs in (0 with group commit off, when
 // concurrent batches share it: they then settle one after another).
 func (s *Store) runBatch(lane int, batch []*appendReq) {
-	s.runBatchAs(lane, batch, s.appends)
+	s.runBatchFrom(lane, batch, s.setFrom)
 }
 
-func (s *Store) runBatchAs(lane int, batch []*appendReq, mode appendMode) {
+// runBatchFrom is runBatch with appendSetSQL for batches of setFrom appends
+// or more (statementPerAppend: none).
+func (s *Store) runBatchFrom(lane int, batch []*appendReq, setFrom int) {
 	ctx, cancel, err := s.call(context.Background())
 	defer cancel()
 	var left []*appendReq
 	if err == nil {
-		left, err = s.sendBatch(ctx, lane, batch, mode)
+		left, err = s.sendBatch(ctx, lane, batch, setFrom)
 	}
 	if err == nil {
 		// The appends it left count in the transaction that answers them.
 		s.metrics.size.Observe(float64(len(batch) - len(left)))
 		if len(left) > 0 {
 			s.metrics.alone.Add(float64(len(left)))
-			s.runBatchAs(lane, left, eachAppend)
+			s.runBatchFrom(lane, left, statementPerAppend)
 		}
 		return
 	}
@@ -272,7 +282,7 @@ func (s *Store) runBatchAs(lane int, batch []*appendReq, mode appendMode) {
 		// of the batch is stored, so each member may run again.
 		s.metrics.reruns.WithLabelValues(rerunReason(err)).Inc()
 		for _, r := range batch {
-			s.runBatchAs(lane, []*appendReq{r}, mode)
+			s.runBatchFrom(lane, []*appendReq{r}, setFrom)
 		}
 		return
 	}
@@ -285,21 +295,6 @@ func (s *Store) runBatchAs(lane int, batch []*appendReq, mode appendMode) {
 		r.out = appendOutcome{err: err}
 	}
 }
-
-// appendMode is how a batch stores its appends.
-type appendMode int
-
-func (m appendMode) String() string {
-	if m == eachAppend {
-		return "statement per append"
-	}
-	return "one statement"
-}
-
-const (
-	setAppends appendMode = iota // in one statement (appendSetSQL), the rest by eachAppend
-	eachAppend                   // a statement each (appendSQL)
-)
 
 // projectQuotaError is the *sessionstore.QuotaError of a batch of one
 // append, of pending-bytes limit limit, that settleUsageSQL refused; nil
@@ -358,7 +353,7 @@ func projectQuotaError(err error, limit int64) *sessionstore.QuotaError {
 // server of another history (history.go) has counted it by then, and an
 // ack made under an earlier history is answered ErrHistoryChanged rather
 // than run.
-func (s *Store) sendBatch(ctx context.Context, lane int, batch []*appendReq, mode appendMode) ([]*appendReq, error) {
+func (s *Store) sendBatch(ctx context.Context, lane int, batch []*appendReq, setFrom int) ([]*appendReq, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -369,14 +364,17 @@ func (s *Store) sendBatch(ctx context.Context, lane int, batch []*appendReq, mod
 		return nil, nil
 	}
 	slices.SortStableFunc(batch, func(a, b *appendReq) int { return compareKeys(a.recipient(), b.recipient()) })
+	keys := idempotencyLockKeys(batch)
 	var set *appendSet
-	if mode == setAppends && !keysRepeat(batch) {
-		if set = newAppendSet(batch); set.size() < s.setFrom {
+	// A key twice: the later append is a duplicate of the earlier, which
+	// only appendSQL, run after it, can see.
+	if setFrom <= len(batch) && len(slices.Compact(slices.Sorted(slices.Values(keys)))) == len(keys) {
+		if set = newAppendSet(batch); set.size() < setFrom {
 			set = nil // too few to gain: a statement each
 		}
 	}
 	q := &batchQueue{b: &pgx.Batch{}, outs: make([]appendOutcome, len(batch))}
-	if keys := idempotencyLockKeys(batch); len(keys) > 0 {
+	if len(keys) > 0 {
 		q.exec(lockIdempotencySQL, keys)
 	}
 	layers := rowLayers(batch)

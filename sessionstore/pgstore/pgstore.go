@@ -203,11 +203,10 @@ type Store struct {
 	hist         *history        // the server histories its connections found (history.go)
 	lease        leases          // how the batch lanes lease quota (append.go)
 	ackedPayload int64           // the largest payload an ack keeps (WithAckedPayloadBytes)
-	appends      appendMode      // how a batch stores its appends (WithStatementPerAppend)
 	// setFrom is the fewest appends of a batch appendSetSQL stores
-	// (defaultSetFrom; the tests' 1 sends every append through it): one
-	// append alone costs no less by it, and a refusal costs it a second
-	// transaction.
+	// (defaultSetFrom; statementPerAppend with WithStatementPerAppend; the
+	// tests' 1 sends every append through it): one append alone costs no
+	// less by it, and a refusal costs it a second transaction.
 	setFrom int
 }
 
@@ -335,7 +334,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*Store, erro
 		busKeys: newKeyring(o.busKey, keyMetrics), connects: connects, hist: hist,
 		lease: leases{bytes: o.leaseBytes, holders: holders}, ackedPayload: int64(o.ackedPayload), setFrom: defaultSetFrom}
 	if o.eachAppend {
-		s.appends = eachAppend
+		s.setFrom = statementPerAppend
 	}
 	if !o.groupCommitOff {
 		s.group = newCommitter(o.maxBatch, 8*o.maxBatch, o.inFlight, s.runBatch)

@@ -3,7 +3,6 @@ package pgstore
 import (
 	"encoding/json"
 	"math"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,16 +21,21 @@ import (
 // once the batch committed.
 
 // defaultSetFrom is the fewest appends of a batch that appendSetSQL stores
-// (Store.setFrom).
-const defaultSetFrom = 2
+// (Store.setFrom); statementPerAppend is the setFrom of a store that runs
+// every append by appendSQL (WithStatementPerAppend), and of the appends
+// appendSetSQL left.
+const (
+	defaultSetFrom     = 2
+	statementPerAppend = math.MaxInt
+)
 
 // appendSetSQL stores whole groups: the appends of a batch to one recipient
 // are stored together or not at all. A group is stored when every one of
 // its appends would be stored by appendSQL, one after another in the
-// group's order: each sender holds its token ($15, NULL: not checked), no
-// earlier signal has its idempotency key, its project's counter leaves
-// room for its bytes (appendSQL's room, the cheap first refusal: the
-// settle checks the limit under the project's lock), and the recipient is live, is the one its
+// group's order: each sender holds its token ($14, NULL: not checked), no
+// earlier signal has its idempotency key, its project leaves room for its
+// bytes (roomSQL, the cheap first refusal: the settle checks the limit
+// under the project's lock), and the recipient is live, is the one its
 // senders saw, and stays under its pending limit with the group's signals
 // in it (cap: the recipient's pending count before the group must be below
 // it). The group's signals take the seqs after the recipient's last, in the
@@ -56,7 +60,7 @@ const defaultSetFrom = 2
 // $23 now (the latest of its appends'), $24 $25 $26 $27 the recipient's
 // registered_at, queue_instance, queue_attached_at and token_hash as its
 // senders saw them ($24 NULL: not checked).
-const appendSetSQL = `WITH m AS (
+var appendSetSQL = `WITH m AS (
 	SELECT * FROM unnest($1::int[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[],
 		$8::text[], $9::text[], $10::text[], $11::timestamptz[], $12::bigint[], $13::bigint[], $14::bytea[], $15::timestamptz[])
 		AS m(g, k, id, from_session, kind, payload, created_at, idem, delivery, route, since, bytes, bytes_limit, token, now)
@@ -75,13 +79,8 @@ const appendSetSQL = `WITH m AS (
 	          AND (m.since IS NULL OR d.created_at >= m.since)
 	        OFFSET 0) d
 	        WHERE d.tenant_id = g.tenant_id AND d.project_id = g.project_id))
-	   OR (m.bytes_limit > 0 AND (SELECT CASE WHEN coalesce(u.b, 0) + m.bytes <= m.bytes_limit THEN false
-	        ELSE coalesce(u.b, 0) + coalesce((SELECT sum(delta) FROM project_usage_deltas
-	                 WHERE tenant_id = g.tenant_id AND project_id = g.project_id), 0)
-	               - coalesce((SELECT sum(bytes) FROM project_leases
-	                 WHERE tenant_id = g.tenant_id AND project_id = g.project_id), 0) + m.bytes > m.bytes_limit END
-	        FROM (SELECT (SELECT pending_bytes FROM project_usage
-	              WHERE tenant_id = g.tenant_id AND project_id = g.project_id) AS b OFFSET 0) u))
+	   OR (m.bytes_limit > 0 AND (SELECT r.project_bytes FROM (
+	        ` + roomSQL("g.tenant_id", "g.project_id", "m.bytes", "m.bytes_limit") + `) r) + m.bytes > m.bytes_limit)
 ), bump AS (
 	UPDATE sessions s SET last_seq = s.last_seq + g.n, pending_bytes = s.pending_bytes + g.bytes
 	FROM g
@@ -183,23 +182,6 @@ func seenAlike(batch []*appendReq, group []int) bool {
 		}
 	}
 	return true
-}
-
-// keysRepeat reports whether two appends of batch carry one idempotency
-// key of one sender: the later is a duplicate of the earlier, which only
-// appendSQL, run after it, can see.
-func keysRepeat(batch []*appendReq) bool {
-	seen := map[string]bool{}
-	for _, r := range batch {
-		if ns := r.ns; r.isAppend() && ns.IdempotencyKey != "" {
-			k := strings.Join([]string{ns.To.TenantID, ns.To.ProjectID, ns.FromSession, ns.IdempotencyKey}, "\x1f")
-			if seen[k] {
-				return true
-			}
-			seen[k] = true
-		}
-	}
-	return false
 }
 
 // queue queues appendSetSQL for the groups of set, between genericPlanSQL

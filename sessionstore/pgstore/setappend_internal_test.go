@@ -41,18 +41,18 @@ func newSetFixture(ctx context.Context, t *testing.T) *setFixture {
 	f := &setFixture{seen: map[string]*sessionstore.RecipientSeen{}}
 	start := time.Now().UTC().Truncate(time.Microsecond)
 	f.now = start.Add(2 * time.Minute)
-	for i, mode := range []appendMode{setAppends, eachAppend} {
+	for i, perAppend := range []bool{false, true} {
 		f.urls[i] = pgtest.Schema(t)
-		s, err := Open(ctx, f.urls[i], WithGroupCommit(false), WithMaxConns(2), WithStatementPerAppend(mode == eachAppend))
+		s, err := Open(ctx, f.urls[i], WithGroupCommit(false), WithMaxConns(2), WithStatementPerAppend(perAppend))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
-		s.setFrom = 1
-		if mode == setAppends {
-			f.set = s
-		} else {
+		if perAppend {
 			f.each = s
+		} else {
+			s.setFrom = 1
+			f.set = s
 		}
 		create := func(id string, token string, expires time.Time) {
 			k := sessionstore.Key{TenantID: "t", ProjectID: "p", SessionID: id}
@@ -311,7 +311,7 @@ func TestAppendSetStoresWholeGroups(t *testing.T) {
 
 	// The statement alone, as sendBatch runs it: only r3's group stored.
 	trial := batch("x1", "x2")
-	left, err := s.sendBatch(ctx, 0, trial, setAppends)
+	left, err := s.sendBatch(ctx, 0, trial, s.setFrom)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,6 +343,9 @@ func TestAppendSetStoresWholeGroups(t *testing.T) {
 	got := f.run(t, batch("x3", "x4"))
 	if n := testutil.ToFloat64(s.metrics.alone) - before; n != 5 {
 		t.Errorf("marconi_store_appends_alone_total grew by %v, want 5", n)
+	}
+	if n := testutil.ToFloat64(f.each.metrics.alone); n != 0 {
+		t.Errorf("the store of a statement per append left %v appends, want none", n)
 	}
 	// The batch's transaction answered r3's two, the next the five left:
 	// each append counts once, in the transaction that answered it.
